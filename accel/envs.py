@@ -1,0 +1,45 @@
+"""Every environment variable meshserve reads, typed, read once, one prefix.
+
+Environment variables tune where things live and how noisy they are; they never pick a class or
+the application's topology (config does that). Variables that belong to other projects (vLLM's
+``VLLM_*``, tt-metal's ``MESH_DEVICE``, ``EXTRA_MODELS_DIR``) are read where those projects
+define them, and listed here only when we read them ourselves.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _bool(value: str | None, default: bool) -> bool:
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Envs:
+    # Folder holding the tiny offline checkpoints (tiny-llama, tiny-qwen3).
+    checkpoint_dir: Path
+    # Log level for meshserve loggers.
+    log_level: str
+    # tt-metal registry knobs, spelled as vllm-tt-plugin spells them.
+    extra_models_dir: str | None
+    tt_builtin_models: bool
+    mesh_device: str | None
+
+
+def _read() -> Envs:
+    default_ckpt = Path.home() / ".cache" / "meshserve" / "checkpoints"
+    return Envs(
+        checkpoint_dir=Path(os.environ.get("MESHSERVE_CHECKPOINT_DIR", default_ckpt)).expanduser(),
+        log_level=os.environ.get("MESHSERVE_LOG_LEVEL", "INFO"),
+        extra_models_dir=os.environ.get("EXTRA_MODELS_DIR") or None,
+        tt_builtin_models=_bool(os.environ.get("TT_VLLM_BUILTIN_MODELS"), True),
+        mesh_device=os.environ.get("MESH_DEVICE") or None,
+    )
+
+
+ENVS = _read()

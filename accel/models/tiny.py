@@ -1,0 +1,193 @@
+"""Tiny offline checkpoints: ``python -m accel.models.tiny OUT_DIR``.
+
+Writes ``OUT_DIR/tiny-llama`` (LlamaForCausalLM, GQA 8:2, head_dim 32, llama3 RoPE scaling) and
+``OUT_DIR/tiny-qwen3`` (Qwen3ForCausalLM, q/k norm, tied embeddings), each with config.json,
+model.safetensors, generation_config.json and a byte-level BPE tokenizer trained with the
+``tokenizers`` library on source text that ships with Python. No hub access.
+
+Everything is seeded and serialized in a fixed order, so two runs give byte-identical files.
+Weights are drawn with a larger spread than a real model's init so that logits are peaked: greedy
+decoding then has clear winners and comparisons between implementations are token-exact rather
+than decided by float noise between near-tied logits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+VOCAB_SIZE = 1024
+SPECIAL_TOKENS = ("<s>", "</s>", "<pad>", "<|im_start|>", "<|im_end|>")
+BOS, EOS, PAD = "<s>", "</s>", "<pad>"
+
+# Renders {"role", "content"} messages; bos first, like Llama templates.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# Modules whose source is the tokenizer's training text (ships with every CPython 3.11).
+_CORPUS_MODULES = ("textwrap", "string", "difflib", "heapq", "bisect", "fractions", "shlex", "this")
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    name: str
+    architecture: str
+    hidden_size: int = 256
+    intermediate_size: int = 768
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 8
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    seed: int = 0
+    weight_std: float = 0.15
+
+
+TINY_LLAMA = TinySpec("tiny-llama", "LlamaForCausalLM", seed=1234)
+TINY_QWEN3 = TinySpec("tiny-qwen3", "Qwen3ForCausalLM", tie_word_embeddings=True, seed=4321)
+TINY_SPECS = (TINY_LLAMA, TINY_QWEN3)
+
+
+def training_text() -> list[str]:
+    lines: list[str] = []
+    for module in _CORPUS_MODULES:
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and spec.origin is not None, module
+        lines.extend(Path(spec.origin).read_text(encoding="utf-8").splitlines())
+    # A few non-ASCII lines so multi-byte characters appear in the merges.
+    lines += ["café naïve résumé — “quotes” ½ ∑ π ≈ 3.14159", "日本語のテキスト 中文 한국어 😀 🚀"]
+    return lines
+
+
+def build_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(training_text(), trainer=trainer)
+    bos_id = tok.token_to_id(BOS)
+    # Completions get bos prepended (what Llama tokenizers do); chat templates carry bos themselves.
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD,
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        chat_template=CHAT_TEMPLATE, clean_up_tokenization_spaces=False,
+        model_max_length=TINY_LLAMA.max_position_embeddings,
+    )
+
+
+def build_config(spec: TinySpec, tokenizer):
+    from transformers import LlamaConfig, Qwen3Config
+
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        initializer_range=spec.weight_std,
+    )
+    if spec.architecture == "LlamaForCausalLM":
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 512}
+        return LlamaConfig(rope_parameters=rope, **common)
+    rope = {"rope_type": "default", "rope_theta": 1000000.0}
+    return Qwen3Config(rope_parameters=rope, **common)
+
+
+def build_model(spec: TinySpec, tokenizer):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = build_config(spec, tokenizer)
+    torch.manual_seed(spec.seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        # Seeded, fixed-order re-init: independent of transformers' own init code paths.
+        gen = torch.Generator().manual_seed(spec.seed)
+        for name, param in sorted(model.named_parameters()):
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=gen) * spec.weight_std)
+    return model.eval()
+
+
+def write_checkpoint(spec: TinySpec, out_dir: Path, tokenizer) -> Path:
+    from transformers import GenerationConfig
+
+    path = out_dir / spec.name
+    path.mkdir(parents=True, exist_ok=True)
+    model = build_model(spec, tokenizer)
+    model.save_pretrained(str(path), safe_serialization=True)
+    tokenizer.save_pretrained(str(path))
+    GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                     pad_token_id=tokenizer.pad_token_id, do_sample=False).save_pretrained(str(path))
+    _canonicalize_json(path)
+    return path
+
+
+def _canonicalize_json(path: Path) -> None:
+    """Rewrite JSON files with sorted keys so reruns are byte-identical."""
+    for f in sorted(path.glob("*.json")):
+        data = json.loads(f.read_text(encoding="utf-8"))
+        f.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def build_all(out_dir: Path) -> list[Path]:
+    tokenizer = build_tokenizer()
+    return [write_checkpoint(spec, out_dir, tokenizer) for spec in TINY_SPECS]
+
+
+def ensure_checkpoints(out_dir: Path) -> list[Path]:
+    """Build the checkpoints unless they already exist (idempotent, cheap on the second call)."""
+    paths = [out_dir / spec.name for spec in TINY_SPECS]
+    if all((p / "model.safetensors").exists() and (p / "tokenizer.json").exists() for p in paths):
+        return paths
+    return build_all(out_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from accel.envs import ENVS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", nargs="?", default=str(ENVS.checkpoint_dir),
+                        help=f"output folder (default: {ENVS.checkpoint_dir})")
+    parser.add_argument("--if-missing", action="store_true", help="do nothing if they already exist")
+    args = parser.parse_args(argv)
+    out = Path(args.out_dir).expanduser()
+    paths = ensure_checkpoints(out) if args.if_missing else build_all(out)
+    for p in paths:
+        print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

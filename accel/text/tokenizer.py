@@ -1,0 +1,75 @@
+"""Loading a checkpoint's tokenizer, its eos ids and its chat template.
+
+One ``TextTokenizer`` per process and model: the HF fast tokenizer (for chat templates and
+encoding, as vLLM does it) plus its Rust ``tokenizers.Tokenizer`` (fast decode in hot loops).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from accel.contract import InvalidRequestError
+
+
+def _eos_ids(model_dir: Path, hf_tok: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    if hf_tok.eos_token_id is not None:
+        ids.add(int(hf_tok.eos_token_id))
+    gen = model_dir / "generation_config.json"
+    if gen.exists():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, list):
+            ids.update(int(e) for e in eos)
+    return frozenset(ids)
+
+
+@dataclass(frozen=True)
+class TextTokenizer:
+    hf: Any                 # transformers.PreTrainedTokenizerFast
+    fast: Tokenizer         # the Rust tokenizer inside it
+    eos_token_ids: frozenset[int]
+    vocab_size: int
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.fast.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.fast.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
+                            add_generation_prompt: bool = True,
+                            chat_template: str | None = None) -> list[int]:
+        """Render and tokenize a conversation. The template carries bos itself, so the rendered
+        text is encoded without adding special tokens again (what vLLM does)."""
+        if chat_template is None and not self.hf.chat_template:
+            raise InvalidRequestError("messages", "this model has no chat template; use /v1/completions")
+        try:
+            text = self.hf.apply_chat_template(list(messages), tokenize=False,
+                                               add_generation_prompt=add_generation_prompt,
+                                               chat_template=chat_template)
+        except Exception as exc:  # jinja errors on malformed messages
+            raise InvalidRequestError("messages", f"chat template failed: {exc}") from None
+        return self.encode(text, add_special_tokens=False)
+
+
+@lru_cache(maxsize=8)
+def load_tokenizer(model_dir: str | Path) -> TextTokenizer:
+    from transformers import AutoTokenizer
+
+    path = Path(model_dir)
+    hf_tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    return TextTokenizer(
+        hf=hf_tok,
+        fast=hf_tok.backend_tokenizer,
+        eos_token_ids=_eos_ids(path, hf_tok),
+        vocab_size=len(hf_tok),
+    )
