@@ -26,6 +26,10 @@ class InvalidRequestError(ValueError):
         self.message = message
 
 
+class ConfigError(ValueError):
+    """A configuration value is wrong. The message names the key (and the file, when known)."""
+
+
 def _require(cond: bool, field_name: str, message: str) -> None:
     if not cond:
         raise InvalidRequestError(field_name, message)

@@ -1,0 +1,34 @@
+"""Chained hashes of full token blocks, identical in every process.
+
+``h(i) = H(h(i-1) || tokens of block i)``, so equal hashes mean equal prefixes up to and
+including the block. Engines key their prefix caches on these; the router keys its prefix index
+on the same values, which is why the hash must never depend on the process (Python's ``hash()``
+is salted per process): blake2b over a fixed little-endian encoding, 128-bit result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+
+BlockHash = int
+
+ROOT_HASH: BlockHash = 0  # the "parent" of a prompt's first block
+
+
+def hash_block(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(parent.to_bytes(16, "little"))
+    h.update(struct.pack(f"<{len(token_ids)}I", *token_ids))
+    return int.from_bytes(h.digest(), "little")
+
+
+def hash_prompt_blocks(token_ids: Sequence[int], block_size: int,
+                       parent: BlockHash = ROOT_HASH) -> list[BlockHash]:
+    """Chained hashes of every *full* block of ``token_ids`` (a trailing partial block has none)."""
+    hashes: list[BlockHash] = []
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash_block(parent, token_ids[start:start + block_size])
+        hashes.append(parent)
+    return hashes
