@@ -1,0 +1,25 @@
+import os
+import subprocess
+import sys
+
+from accel.block_hash import ROOT_HASH, hash_block, hash_prompt_blocks
+
+
+def test_chained_hashes_identify_prefixes():
+    a = hash_prompt_blocks(list(range(40)), 16)
+    b = hash_prompt_blocks(list(range(32)) + [99] * 8, 16)
+    assert len(a) == 2 and a == b            # the partial third block has no hash
+    c = hash_prompt_blocks([1] + list(range(1, 40)), 16)
+    assert c[0] != a[0] and c[1] != a[1]     # a change in block 0 changes every later hash
+    assert hash_block(ROOT_HASH, list(range(16))) == a[0]
+
+
+def test_hash_is_stable_across_processes():
+    code = "from accel.block_hash import hash_prompt_blocks; print(hash_prompt_blocks(list(range(64)), 16))"
+    outs = set()
+    for seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        outs.add(subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                                capture_output=True, text=True).stdout)
+    assert len(outs) == 1
+    assert outs.pop().strip() == str(hash_prompt_blocks(list(range(64)), 16))

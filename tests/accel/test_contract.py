@@ -1,0 +1,75 @@
+import pytest
+
+from accel.contract import (
+    EngineStats, GenerateRequest, InvalidRequestError, KVTransferParams, SamplingParams,
+    sampling_from_mapping,
+)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"max_tokens": -1}, "max_tokens"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"temperature": -0.1}, "temperature"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"top_k": -2}, "top_k"),
+    ({"min_p": 1.5}, "min_p"),
+    ({"stop": 5}, "stop"),
+    ({"stop": ["ok", 3]}, "stop"),
+    ({"logprobs": 21}, "logprobs"),
+    ({"presence_penalty": 3}, "presence_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"logit_bias": {"5": 101}}, "logit_bias"),
+    ({"min_tokens": 20, "max_tokens": 10}, "min_tokens"),
+    ({"seed": 1.5}, "seed"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids"),
+])
+def test_invalid_sampling_params_name_the_field(kwargs, field):
+    with pytest.raises(InvalidRequestError) as err:
+        SamplingParams(**kwargs)
+    assert err.value.field == field
+    assert field in str(err.value)
+
+
+def test_sampling_normalization():
+    sp = SamplingParams(top_k=-1, stop="END", logit_bias={"7": -100, "3": 2.5})
+    assert sp.top_k == 0
+    assert sp.stop == ("END",)
+    assert sp.logit_bias == ((3, 2.5), (7, -100.0))
+    assert SamplingParams(temperature=0).is_greedy and not SamplingParams().is_greedy
+    assert SamplingParams(stop=["ab", "abcd"]).max_stop_str_len == 4
+    hash(sp)  # frozen and hashable
+
+
+def test_sampling_from_mapping_refuses_unknown_keys():
+    with pytest.raises(InvalidRequestError) as err:
+        sampling_from_mapping({"temperature": 0.5, "best_of": 2})
+    assert err.value.field == "best_of"
+    assert sampling_from_mapping({"temperature": 0.5}).temperature == 0.5
+
+
+def test_generate_request_validation():
+    with pytest.raises(InvalidRequestError) as err:
+        GenerateRequest("r1", ())
+    assert err.value.field == "prompt"
+    with pytest.raises(InvalidRequestError):
+        GenerateRequest("", (1, 2))
+    with pytest.raises(InvalidRequestError):
+        GenerateRequest("r1", (1, -3))
+    req = GenerateRequest("r1", [5, 6, 7])
+    assert req.prompt_token_ids == (5, 6, 7) and req.num_prompt_tokens == 3
+
+
+def test_kv_transfer_params_validation():
+    with pytest.raises(InvalidRequestError):
+        KVTransferParams(do_remote_decode=True, do_remote_prefill=True)
+    with pytest.raises(InvalidRequestError):
+        KVTransferParams(do_remote_prefill=True)
+    assert KVTransferParams(do_remote_prefill=True, transfer_id="t").transfer_id == "t"
+
+
+def test_engine_stats_usage():
+    assert EngineStats(0, 0, 100, 25).kv_usage == pytest.approx(0.75)
+    assert EngineStats(0, 0, 0, 0).kv_usage == 0.0
