@@ -29,6 +29,8 @@ class Envs:
     extra_models_dir: str | None
     tt_builtin_models: bool
     mesh_device: str | None
+    # Root of the per-model XLA compile caches of TPU replicas (VLLM_XLA_CACHE_PATH per model).
+    xla_cache_dir: Path
 
 
 def _read() -> Envs:
@@ -39,6 +41,8 @@ def _read() -> Envs:
         extra_models_dir=os.environ.get("EXTRA_MODELS_DIR") or None,
         tt_builtin_models=_bool(os.environ.get("TT_VLLM_BUILTIN_MODELS"), True),
         mesh_device=os.environ.get("MESH_DEVICE") or None,
+        xla_cache_dir=Path(os.environ.get("MESHSERVE_XLA_CACHE_DIR",
+                                          Path.home() / ".cache" / "meshserve" / "xla_cache")).expanduser(),
     )
 
 
