@@ -1,0 +1,115 @@
+"""Decoder building blocks, computed the way HF transformers computes them for Llama and Qwen3.
+
+Pure functions over weight tensors (no nn.Module state), so the mesh program in ``model.py`` reads
+top to bottom: RMSNorm, rotary embedding (default / linear / llama3 scaling from
+``rope_parameters``), the q/k/v projections with optional per-head q/k norm, and the SwiGLU MLP.
+Tensor shapes: ``T`` = tokens in the step (rows x padded length, flattened), ``H``/``Hkv`` = query /
+kv heads, ``D`` = head_dim.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from accel.tt.torch_model.config import DecoderConfig
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # HF computes the statistic in fp32 and casts back before scaling.
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def rope_inv_freq(config: DecoderConfig) -> torch.Tensor:
+    """Inverse frequencies ``[D/2]`` (fp32) incl. the scaling named by ``rope_parameters``."""
+    params = config.rope_parameters
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / float(params["factor"])
+    if rope_type == "llama3":
+        return _llama3_scale(inv_freq, params)
+    raise ValueError(f"rope_type {rope_type!r} is not implemented by the torch mesh model")
+
+
+def _llama3_scale(inv_freq: torch.Tensor, params) -> torch.Tensor:
+    factor = float(params["factor"])
+    low_freq_factor = float(params["low_freq_factor"])
+    high_freq_factor = float(params["high_freq_factor"])
+    old_context_len = float(params["original_max_position_embeddings"])
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    # Long wavelengths are divided by factor, short ones kept, the band between interpolated.
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+@dataclass(frozen=True)
+class RotaryTables:
+    """cos/sin for every position ``[max_positions, D]``, precomputed once (fp32, on device)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    @staticmethod
+    def build(config: DecoderConfig, max_positions: int, device: torch.device,
+              dtype: torch.dtype) -> "RotaryTables":
+        inv_freq = rope_inv_freq(config)
+        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return RotaryTables(emb.cos().to(device=device, dtype=dtype), emb.sin().to(device=device, dtype=dtype))
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[T, heads, D]`` rotated at ``positions`` ``[T]`` (rotate-half convention)."""
+        cos = self.cos[positions][:, None, :]
+        sin = self.sin[positions][:, None, :]
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One decoder layer; q/k/v and gate/up are fused along the output dim for fewer matmuls."""
+
+    input_norm: torch.Tensor  # [hidden]
+    qkv: torch.Tensor  # [(H + 2*Hkv) * D, hidden]
+    qkv_bias: torch.Tensor | None
+    o_proj: torch.Tensor  # [hidden, H * D]
+    q_norm: torch.Tensor | None  # [D] (Qwen3)
+    k_norm: torch.Tensor | None  # [D]
+    post_attention_norm: torch.Tensor  # [hidden]
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    down: torch.Tensor  # [hidden, intermediate]
+
+
+def project_qkv(h: torch.Tensor, layer: LayerWeights, config: DecoderConfig, rope: RotaryTables,
+                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``h`` ``[T, hidden]`` -> q ``[T, H, D]``, k and v ``[T, Hkv, D]`` (q/k normed and rotated)."""
+    num_q = config.num_heads * config.head_dim
+    num_kv = config.num_kv_heads * config.head_dim
+    qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+    q = qkv[:, :num_q].view(-1, config.num_heads, config.head_dim)
+    k = qkv[:, num_q:num_q + num_kv].view(-1, config.num_kv_heads, config.head_dim)
+    v = qkv[:, num_q + num_kv:].view(-1, config.num_kv_heads, config.head_dim)
+    if layer.q_norm is not None:
+        q = rms_norm(q, layer.q_norm, config.rms_norm_eps)
+        k = rms_norm(k, layer.k_norm, config.rms_norm_eps)
+    return rope.apply(q, positions), rope.apply(k, positions), v
+
+
+def swiglu_mlp(h: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+    gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, layer.down)

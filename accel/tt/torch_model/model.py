@@ -1,0 +1,323 @@
+"""``TorchMeshModel``: the ``MeshModel`` contract implemented in torch, behaving like a mesh program.
+
+What makes it "compiled-like" (and therefore a faithful stand-in for a tt-metal generator):
+- decode always runs the full slot batch ``B_wire = lanes x per_lane`` (row == global slot; rows
+  with ``start_pos == -1`` write no KV and their outputs are garbage the engine ignores);
+- prefill pads each step's chunk length to a bucket (<= 128 -> 128, else the next power of two);
+- KV is paged per lane (``paged_attention.PagedKVStore``); the row's lane is ``slot // per_lane``;
+- sampling (``sampler.py``) runs inside the program and returns token ids (+ logprobs);
+- every forward runs on a single-worker device queue, so ``decode_forward(read_from_device=False)``
+  returns at once and the host overlaps the next step's scheduling with this step's compute.
+Runs on CUDA when available (fp32; warmup logs each shape), on CPU otherwise (fp32, eager).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from accel.tt.mesh_model import (MAX_DEVICE_TOP_K, SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING,
+                                 SUPPORTS_SAMPLE_ON_DEVICE, SampledOutput, TTSamplingParams)
+from accel.tt.torch_model.config import DecoderConfig
+from accel.tt.torch_model.device_queue import DeviceQueue, FutureEvent, PendingDecode
+from accel.tt.torch_model.layers import RotaryTables, project_qkv, rms_norm, swiglu_mlp
+from accel.tt.torch_model.paged_attention import AttentionMetadata, PagedKVStore, paged_attention, write_kv
+from accel.tt.torch_model.sampler import prepare_sampling, sample
+from accel.tt.torch_model.weights import ModelWeights, load_weights
+
+logger = logging.getLogger(__name__)
+
+MIN_PREFILL_BUCKET_TOKENS = 128
+
+
+def prefill_bucket(num_tokens: int) -> int:
+    """Padded prefill length: <= 128 -> 128, else the next power of two."""
+    return MIN_PREFILL_BUCKET_TOKENS if num_tokens <= MIN_PREFILL_BUCKET_TOKENS else 1 << (num_tokens - 1).bit_length()
+
+
+def _next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+class TorchMeshModel:
+    model_capabilities: ClassVar[dict[str, Any]] = {
+        SUPPORTS_PREFIX_CACHING: True,
+        SUPPORTS_ASYNC_DECODE: True,
+        SUPPORTS_SAMPLE_ON_DEVICE: True,
+        MAX_DEVICE_TOP_K: 32,
+    }
+
+    def __init__(self, config: DecoderConfig, weights: ModelWeights, *, max_batch_size: int,
+                 max_seq_len: int, num_lanes: int, device: torch.device, dtype: torch.dtype,
+                 seed: int | None = None) -> None:
+        if num_lanes < 1 or max_batch_size % num_lanes:
+            raise ValueError(f"max_batch_size {max_batch_size} must be a multiple of the lane count {num_lanes}")
+        self.config = config
+        self.weights = weights
+        self.max_batch_size = max_batch_size  # B_wire: global decode slots
+        self.max_seq_len = max_seq_len
+        self.num_lanes = num_lanes
+        self.per_lane = max_batch_size // num_lanes
+        self.device = device
+        self.dtype = dtype
+        self.rope = RotaryTables.build(config, max_seq_len + 1, device, dtype)
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
+        self.captured_shapes: list[tuple[str, tuple[int, ...], str]] = []  # (phase, shape, variant)
+        self._store: PagedKVStore | None = None
+        self._queue = DeviceQueue()
+
+    # ---- construction (the tt-metal classmethods) ----
+
+    @classmethod
+    def initialize_vllm_model(cls, hf_config: Any, mesh_device: Any, max_batch_size: int,
+                              max_seq_len: int | None = None, n_layers: int | None = None,
+                              tt_data_parallel: int = 1, optimizations: str | None = None,
+                              checkpoint_dir: str | Path | None = None) -> "TorchMeshModel":
+        """Build from an HF config. Weights come from ``checkpoint_dir`` or, as with
+        ``AutoConfig.from_pretrained(dir)``, ``hf_config._name_or_path``. ``mesh_device`` is
+        ignored (None off-hardware); ``optimizations`` is accepted for interface parity."""
+        model_dir = Path(checkpoint_dir or getattr(hf_config, "_name_or_path", "") or "")
+        if not str(model_dir) or not model_dir.is_dir():
+            raise ValueError(f"TorchMeshModel needs a local checkpoint folder; got {str(model_dir)!r} "
+                             "(pass checkpoint_dir= or load hf_config with AutoConfig.from_pretrained(dir))")
+        config = DecoderConfig.from_hf(hf_config, n_layers)
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = torch.float32
+        max_seq_len = int(max_seq_len or config.max_position_embeddings)
+        weights = load_weights(model_dir, config, device, dtype)
+        logger.info("TorchMeshModel %s: %d layers, %d lanes x %d slots, max_seq_len %d on %s",
+                    config.architecture, config.num_layers, tt_data_parallel,
+                    max_batch_size // max(tt_data_parallel, 1), max_seq_len, device)
+        return cls(config, weights, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
+                   num_lanes=tt_data_parallel, device=device, dtype=dtype)
+
+    @classmethod
+    def get_max_tokens_all_users(cls, model_name: str | None = None, num_devices: int = 1,
+                                 tt_data_parallel: int = 1, max_model_len: int = 0,
+                                 max_num_seqs: int = 0) -> int:
+        """KV token pool per lane: every per-lane sequence at full length."""
+        return max_num_seqs * max_model_len
+
+    def close(self) -> None:
+        self._queue.close()
+
+    # ---- KV ----
+
+    def allocate_kv_cache(self, kv_cache_shape: tuple[int, int, int, int], dtype: Any,
+                          num_layers: int) -> list[list[list[torch.Tensor]]]:
+        """``[lane][layer] = [K, V]`` zeroed ``(num_blocks, Hkv, block_size, D)`` lane-local views.
+        A torch float ``dtype`` is honoured; anything else (e.g. a ttnn dtype) means the model's."""
+        _, num_kv_heads, _, head_dim = kv_cache_shape
+        cfg = self.config
+        if (num_kv_heads, head_dim, num_layers) != (cfg.num_kv_heads, cfg.head_dim, cfg.num_layers):
+            raise ValueError(f"kv_cache_shape {tuple(kv_cache_shape)} x {num_layers} layers does not fit "
+                             f"the model (Hkv {cfg.num_kv_heads}, head_dim {cfg.head_dim}, {cfg.num_layers} layers)")
+        kv_dtype = dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else self.dtype
+        self._store = PagedKVStore.allocate(self.num_lanes, num_layers, tuple(kv_cache_shape), self.device, kv_dtype)
+        return self._store.lane_views()
+
+    def _store_for(self, kv_cache: Any) -> PagedKVStore:
+        if self._store is None or not self._store.is_backing(kv_cache):
+            raise ValueError("kv_cache must be the structure returned by this model's allocate_kv_cache")
+        return self._store
+
+    # ---- prefill ----
+
+    def prefill_forward(self, tokens: Any, page_table: Any, kv_cache: Any, prompt_lens: Sequence[int],
+                        start_pos: Sequence[int] | None = None, empty_slots: Sequence[int] | None = None,
+                        sampling_params: TTSamplingParams | None = None, enable_trace: bool = False,
+                        **kwargs: Any) -> Any:
+        """Processes ``tokens[i, start_pos[i]:prompt_lens[i]]`` of each row; returns logits
+        ``[n, 1, vocab]`` of each chunk's last token, or a ``SampledOutput`` of ``[n]``."""
+        store = self._store_for(kv_cache)
+        tokens = torch.as_tensor(tokens, dtype=torch.int64)
+        n = tokens.shape[0]
+        ends = torch.as_tensor(list(prompt_lens), dtype=torch.int64)
+        starts = torch.zeros(n, dtype=torch.int64) if start_pos is None else torch.as_tensor(list(start_pos), dtype=torch.int64)
+        slots = list(range(n)) if empty_slots is None else [int(s) for s in empty_slots]
+        if empty_slots is None and self.num_lanes > 1:
+            raise ValueError("prefill_forward needs empty_slots (the global slot of each row) with lanes > 1")
+        if int(ends.max()) > self.max_seq_len or bool((starts >= ends).any()) or int(ends.max()) > tokens.shape[1]:
+            raise ValueError(f"bad prefill chunk: start_pos={starts.tolist()} prompt_lens={ends.tolist()} "
+                             f"tokens width {tokens.shape[1]} max_seq_len {self.max_seq_len}")
+        length = prefill_bucket(int((ends - starts).max()))
+        offsets = torch.arange(length)[None, :]
+        is_written = offsets < (ends - starts)[:, None]
+        positions = torch.minimum(starts[:, None] + offsets, (ends - 1)[:, None])  # padding clamped
+        step_tokens = tokens.gather(1, positions)
+        lanes = torch.as_tensor([s // self.per_lane for s in slots], dtype=torch.int64)
+        last_index = ends - starts - 1
+        page_table = torch.as_tensor(page_table, dtype=torch.int64)
+        num_ctx_blocks = self._num_ctx_blocks(int(ends.max()), store, page_table.shape[1])
+        prep = (prepare_sampling(sampling_params, ends.tolist(), self.config.vocab_size, self.device)
+                if sampling_params is not None else None)
+
+        def program() -> Any:
+            logits = self._forward(store, step_tokens, positions, is_written, lanes, page_table,
+                                   num_ctx_blocks, last_index)
+            if prep is None:
+                return logits[:, None, :].float().cpu()
+            return _to_host(sample(logits, prep, self.generator, self.model_capabilities[MAX_DEVICE_TOP_K]))
+
+        return self._queue.run(program)
+
+    # ---- decode ----
+
+    def decode_forward(self, tokens: Any, start_pos: Any, page_table: Any, kv_cache: Any,
+                       enable_trace: bool = True, read_from_device: bool = True,
+                       sampling_params: TTSamplingParams | None = None, reset_batch: bool = False,
+                       **kwargs: Any) -> Any:
+        """One token for every slot. ``read_from_device=True``: logits ``[B_wire, vocab]`` or a
+        ``SampledOutput``; False: a ``PendingDecode`` handle (the forward runs on the device queue)."""
+        store = self._store_for(kv_cache)
+        # Copies: the engine may reuse its host buffers for step N+1 while step N runs.
+        tokens = torch.as_tensor(tokens, dtype=torch.int64).reshape(-1, 1).clone()
+        start_pos = torch.as_tensor(start_pos, dtype=torch.int64).reshape(-1).clone()
+        page_table = torch.as_tensor(page_table, dtype=torch.int64).clone()
+        if tokens.shape[0] != self.max_batch_size or start_pos.shape[0] != self.max_batch_size:
+            raise ValueError(f"decode runs the full slot batch: expected {self.max_batch_size} rows, "
+                             f"got tokens {tuple(tokens.shape)} start_pos {tuple(start_pos.shape)}")
+        if int(start_pos.max()) >= self.max_seq_len:
+            raise ValueError(f"decode position {int(start_pos.max())} >= max_seq_len {self.max_seq_len}")
+        slot_remap = kwargs.get("slot_remap")
+        if slot_remap is not None and list(slot_remap) != list(range(len(slot_remap))):
+            raise NotImplementedError("TorchMeshModel keeps device state per slot; slot_remap must be the identity")
+        is_written = (start_pos >= 0)[:, None]
+        positions = start_pos.clamp_min(0)[:, None]
+        lanes = torch.arange(self.max_batch_size) // self.per_lane
+        num_ctx_blocks = self._num_ctx_blocks(int(start_pos.max()) + 1, store, page_table.shape[1])
+        prep = (prepare_sampling(sampling_params, (start_pos + 1).tolist(), self.config.vocab_size, self.device)
+                if sampling_params is not None else None)
+
+        def program() -> Any:
+            logits = self._forward(store, tokens, positions, is_written, lanes, page_table, num_ctx_blocks,
+                                   torch.zeros(self.max_batch_size, dtype=torch.int64))
+            if prep is None:
+                return logits.float().cpu()
+            return _to_host(sample(logits, prep, self.generator, self.model_capabilities[MAX_DEVICE_TOP_K]))
+
+        pending = PendingDecode(self._queue.submit(program), is_sampled=prep is not None)
+        return pending.result() if read_from_device else pending
+
+    def read_decode_output(self, out: Any, async_read: bool = False) -> tuple[Any, list[FutureEvent]]:
+        """Start the copy to host: ``(out, [event])``; with ``async_read=False`` waits, no events."""
+        if isinstance(out, PendingDecode):
+            if async_read:
+                return out, [FutureEvent(out.future)]
+            out.result()
+        return out, []
+
+    def process_decode_output_host(self, out: Any, is_tokens: bool = False) -> Any:
+        """Logits ``[B_wire, vocab]`` or a ``SampledOutput`` (host tensors)."""
+        result = out.result() if isinstance(out, PendingDecode) else out
+        if is_tokens != isinstance(result, SampledOutput):
+            raise ValueError(f"is_tokens={is_tokens} but the decode produced {type(result).__name__}")
+        return result
+
+    # ---- warmup ("trace capture") ----
+
+    def warmup_model_prefill(self, enable_trace: bool, kv_cache: Any, can_sample_on_device: bool) -> None:
+        """Runs every prefill bucket (128 .. max_seq_len) once, batch 1; writes only the scratch block."""
+        store = self._store_for(kv_cache)
+        length = MIN_PREFILL_BUCKET_TOKENS
+        while True:
+            self._warm_prefill(store, length, sampled=False)
+            if can_sample_on_device:
+                self._warm_prefill(store, length, sampled=True)
+            if length >= self.max_seq_len:
+                break
+            length *= 2
+
+    def warmup_model_decode(self, enable_trace: bool, kv_cache: Any, max_batch_size: int, num_blocks: int,
+                            can_sample_on_device: bool) -> None:
+        """Runs the full-width decode (every slot empty, so no KV write) per sampling variant."""
+        store = self._store_for(kv_cache)
+        batch = self.max_batch_size
+        tokens = torch.zeros(batch, 1, dtype=torch.int64)
+        positions = torch.zeros(batch, 1, dtype=torch.int64)
+        is_written = torch.zeros(batch, 1, dtype=torch.bool)
+        lanes = torch.arange(batch) // self.per_lane
+        table = torch.zeros(batch, num_blocks, dtype=torch.int64)
+        variants = ["logits"] + (["greedy", "sampled", "sampled+logprobs"] if can_sample_on_device else [])
+        for variant in variants:
+            def program(variant: str = variant) -> None:
+                logits = self._forward(store, tokens, positions, is_written, lanes, table, num_blocks,
+                                       torch.zeros(batch, dtype=torch.int64))
+                if variant != "logits":
+                    sample(logits, _warmup_sampling(batch, variant, self.config.vocab_size, self.device),
+                           self.generator, self.model_capabilities[MAX_DEVICE_TOP_K])
+            self._queue.run(program)
+            self._log_capture("decode", (batch, 1, num_blocks), variant, enable_trace)
+
+    def _warm_prefill(self, store: PagedKVStore, length: int, sampled: bool) -> None:
+        tokens = torch.zeros(1, length, dtype=torch.int64)
+        positions = torch.arange(length)[None, :]
+        is_written = torch.zeros(1, length, dtype=torch.bool)
+        num_blocks = _next_pow2(-(-length // store.block_size))
+        table = torch.zeros(1, num_blocks, dtype=torch.int64)  # reads block 0 of lane 0, writes nothing
+
+        def program() -> None:
+            logits = self._forward(store, tokens, positions, is_written, torch.zeros(1, dtype=torch.int64),
+                                   table, num_blocks, torch.tensor([length - 1]))
+            if sampled:
+                sample(logits, _warmup_sampling(1, "sampled", self.config.vocab_size, self.device),
+                       self.generator, self.model_capabilities[MAX_DEVICE_TOP_K])
+        self._queue.run(program)
+        self._log_capture("prefill", (1, length), "sampled" if sampled else "logits", True)
+
+    def _log_capture(self, phase: str, shape: tuple[int, ...], variant: str, enable_trace: bool) -> None:
+        mode = "captured" if enable_trace else "compiled"
+        self.captured_shapes.append((phase, shape, variant))
+        logger.info("%s %s shape %s (%s, eager on %s)", mode, phase, shape, variant, self.device)
+
+    # ---- the program ----
+
+    def _num_ctx_blocks(self, max_end: int, store: PagedKVStore, table_width: int) -> int:
+        needed = -(-max_end // store.block_size)
+        if needed > table_width:
+            raise ValueError(f"page table width {table_width} < {needed} blocks needed for {max_end} tokens")
+        return min(_next_pow2(needed), table_width)
+
+    @torch.inference_mode()
+    def _forward(self, store: PagedKVStore, tokens: torch.Tensor, positions: torch.Tensor,
+                 is_written: torch.Tensor, lanes: torch.Tensor, page_table: torch.Tensor,
+                 num_ctx_blocks: int, last_index: torch.Tensor) -> torch.Tensor:
+        """``tokens``/``positions``/``is_written`` ``[n, L]`` -> logits ``[n, vocab]`` at ``last_index``."""
+        dev = self.device
+        tokens, positions, is_written = tokens.to(dev), positions.to(dev), is_written.to(dev)
+        n, length = tokens.shape
+        cfg, w = self.config, self.weights
+        meta = AttentionMetadata.build(store, page_table.to(dev), lanes.to(dev), positions, is_written, num_ctx_blocks)
+        flat_positions = positions.reshape(-1)
+        scale = cfg.head_dim ** -0.5
+        h = w.embed[tokens.reshape(-1)]  # [n * L, hidden]
+        for i, layer in enumerate(w.layers):
+            x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
+            q, k, v = project_qkv(x, layer, cfg, self.rope, flat_positions)
+            write_kv(store, i, meta, k.to(store.keys[i].dtype), v.to(store.values[i].dtype))
+            attn = paged_attention(store, i, meta, q.view(n, length, cfg.num_heads, cfg.head_dim).to(store.keys[i].dtype), scale)
+            h = h + F.linear(attn.reshape(n * length, -1).to(h.dtype), layer.o_proj)
+            h = h + swiglu_mlp(rms_norm(h, layer.post_attention_norm, cfg.rms_norm_eps), layer)
+        last = h.view(n, length, -1)[torch.arange(n, device=dev), last_index.to(dev)]
+        return F.linear(rms_norm(last, w.final_norm, cfg.rms_norm_eps), w.lm_head)
+
+
+def _to_host(out: SampledOutput) -> SampledOutput:
+    return SampledOutput(token_ids=out.token_ids.cpu(),
+                         logprobs=None if out.logprobs is None else out.logprobs.float().cpu())
+
+
+def _warmup_sampling(rows: int, variant: str, vocab_size: int, device: torch.device):
+    greedy = variant == "greedy"
+    params = TTSamplingParams(
+        temperature=[0.0 if greedy else 0.8] * rows, top_k=[1 if greedy else 32] * rows,
+        top_p=[1.0 if greedy else 0.9] * rows, presence_penalty=[0.0] * rows, frequency_penalty=[0.0] * rows,
+        repetition_penalty=[1.0] * rows, seed=[-1] * rows,
+        num_logprobs=[1 if variant.endswith("logprobs") else -2] * rows)
+    return prepare_sampling(params, [0] * rows, vocab_size, device)

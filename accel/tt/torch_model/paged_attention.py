@@ -1,0 +1,111 @@
+"""Paged KV per lane, addressed by lane-local page tables, and attention over it.
+
+Storage: one tensor per layer and K/V, ``[num_lanes * num_blocks + 1, Hkv, block_size, D]``. Lane
+``l`` owns blocks ``[l * num_blocks, (l + 1) * num_blocks)``; the engine sees each lane's slice as
+its own ``(num_blocks, Hkv, block_size, D)`` tensor (``kv[lane][layer] == [K, V]``), so a block id
+in a page table is lane-local exactly as on a mesh. The one extra block at the end is a scratch
+sink: tokens that must not write KV (padding, empty decode slots) write there, which keeps every
+write a fixed-shape scatter (what a captured program needs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class PagedKVStore:
+    keys: tuple[torch.Tensor, ...]  # per layer [num_lanes * num_blocks + 1, Hkv, block_size, D]
+    values: tuple[torch.Tensor, ...]
+    num_lanes: int
+    num_blocks: int  # per lane
+    block_size: int
+
+    @staticmethod
+    def allocate(num_lanes: int, num_layers: int, block_shape: tuple[int, int, int, int],
+                 device: torch.device, dtype: torch.dtype) -> "PagedKVStore":
+        num_blocks, num_kv_heads, block_size, head_dim = block_shape
+        shape = (num_lanes * num_blocks + 1, num_kv_heads, block_size, head_dim)
+        keys = tuple(torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers))
+        values = tuple(torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers))
+        return PagedKVStore(keys, values, num_lanes, num_blocks, block_size)
+
+    @property
+    def scratch_block(self) -> int:
+        return self.num_lanes * self.num_blocks
+
+    def lane_views(self) -> list[list[list[torch.Tensor]]]:
+        """``[lane][layer] = [K, V]``, each a view ``(num_blocks, Hkv, block_size, D)``."""
+        nb = self.num_blocks
+        return [[[k[lane * nb:(lane + 1) * nb], v[lane * nb:(lane + 1) * nb]]
+                 for k, v in zip(self.keys, self.values)] for lane in range(self.num_lanes)]
+
+    def is_backing(self, kv_cache) -> bool:
+        """True if ``kv_cache`` (``[lane][layer] = [K, V]``) is a view of this store."""
+        try:
+            first = kv_cache[0][0][0]
+            return (len(kv_cache) == self.num_lanes and len(kv_cache[0]) == len(self.keys)
+                    and first.data_ptr() == self.keys[0].data_ptr())
+        except (TypeError, IndexError, AttributeError):
+            return False
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Where a step's tokens write and what they may read; built once per forward.
+
+    ``n`` rows x ``L`` padded tokens per row; ``C`` = ``num_ctx_blocks * block_size`` keys per row.
+    """
+
+    write_blocks: torch.Tensor  # int64 [n * L], global block id (scratch block if no write)
+    write_offsets: torch.Tensor  # int64 [n * L]
+    ctx_blocks: torch.Tensor  # int64 [n, num_ctx_blocks], global block ids
+    mask: torch.Tensor  # bool [n, 1, L, C]: key j visible to query t (j <= position)
+
+    @staticmethod
+    def build(store: PagedKVStore, page_table: torch.Tensor, lanes: torch.Tensor,
+              positions: torch.Tensor, is_written: torch.Tensor, num_ctx_blocks: int) -> "AttentionMetadata":
+        """``page_table`` int ``[n, W]`` lane-local; ``lanes`` int64 ``[n]``; ``positions`` int64
+        ``[n, L]`` (every entry a valid position, padding clamped); ``is_written`` bool ``[n, L]``."""
+        bs = store.block_size
+        base = (lanes * store.num_blocks)[:, None]
+        table = page_table.to(torch.int64)
+        local_block = torch.gather(table, 1, torch.div(positions, bs, rounding_mode="floor"))
+        write_blocks = torch.where(is_written, base + local_block, store.scratch_block)
+        write_offsets = torch.where(is_written, positions % bs, 0)
+        ctx_blocks = base + table[:, :num_ctx_blocks]
+        keys_pos = torch.arange(num_ctx_blocks * bs, device=positions.device)
+        mask = keys_pos[None, None, :] <= positions[:, :, None]
+        return AttentionMetadata(write_blocks.reshape(-1), write_offsets.reshape(-1), ctx_blocks,
+                                 mask[:, None])
+
+
+def write_kv(store: PagedKVStore, layer: int, meta: AttentionMetadata, k: torch.Tensor,
+             v: torch.Tensor) -> None:
+    """Scatter ``k``/``v`` ``[n * L, Hkv, D]`` into their pages (fixed shape, no host sync)."""
+    store.keys[layer][meta.write_blocks, :, meta.write_offsets] = k
+    store.values[layer][meta.write_blocks, :, meta.write_offsets] = v
+
+
+def paged_attention(store: PagedKVStore, layer: int, meta: AttentionMetadata, q: torch.Tensor,
+                    scale: float) -> torch.Tensor:
+    """``q`` ``[n, L, H, D]`` over each row's pages -> ``[n, L, H * D]`` (GQA: head h reads kv h // G)."""
+    n, length, num_heads, head_dim = q.shape
+    k = _gather(store.keys[layer], meta.ctx_blocks)  # [n, Hkv, C, D]
+    v = _gather(store.values[layer], meta.ctx_blocks)
+    num_kv = k.shape[1]
+    group = num_heads // num_kv
+    # Queries of one kv head side by side: [n, Hkv, G * L, D]; the mask repeats per group.
+    qg = q.view(n, length, num_kv, group, head_dim).permute(0, 2, 3, 1, 4).reshape(n, num_kv, group * length, head_dim)
+    mask = meta.mask.expand(n, group, length, meta.mask.shape[-1]).reshape(n, 1, group * length, -1)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
+    return out.view(n, num_kv, group, length, head_dim).permute(0, 3, 1, 2, 4).reshape(n, length, num_heads * head_dim)
+
+
+def _gather(storage: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    n, num_blocks = blocks.shape
+    pages = storage[blocks]  # [n, Cb, Hkv, bs, D]
+    return pages.permute(0, 2, 1, 3, 4).reshape(n, storage.shape[1], num_blocks * storage.shape[2], storage.shape[3])

@@ -1,0 +1,100 @@
+"""The sampler inside the torch mesh program (what tt-metal's on-device sampler does).
+
+Two stages: ``prepare_sampling`` turns per-row ``TTSamplingParams`` lists into tensors on the host
+(§6 normalization: ``top_k <= 0`` or ``>= vocab`` -> vocab, ``top_k == 1`` or temperature 0 ->
+greedy); ``sample`` is the pure device-side function. Like the device, it draws from a fixed
+candidate set of the ``max_top_k`` (32) largest logits, then applies per-row top-k, top-p and
+temperature. Seeded rows (``seed != -1``) draw from a generator seeded by ``(seed, position)``, so a
+seeded request reproduces regardless of slot, batch composition or host/device history; unseeded
+rows share the program's generator. Logprobs are of the sampled token under the raw logits
+(vLLM's default ``raw_logprobs``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from accel.tt.mesh_model import SampledOutput, TTSamplingParams
+
+NO_SEED = -1
+NO_LOGPROBS = -2
+_SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, position) over the seed space
+
+
+def normalize_top_k(top_k: int, vocab_size: int) -> int:
+    return vocab_size if top_k <= 0 or top_k >= vocab_size else top_k
+
+
+@dataclass(frozen=True)
+class PreparedSampling:
+    """Per-row tensors ``[rows]`` on the program's device; positions are host ints for seeding."""
+
+    temperature: torch.Tensor  # float; 0 = greedy
+    top_k: torch.Tensor  # int64, normalized
+    top_p: torch.Tensor  # float
+    is_greedy: torch.Tensor  # bool
+    seeds: tuple[int, ...]  # -1 = unseeded
+    positions: tuple[int, ...]  # position of the token being sampled (seeds the row generator)
+    wants_logprobs: bool
+
+
+def prepare_sampling(params: TTSamplingParams, positions: Sequence[int], vocab_size: int,
+                     device: torch.device) -> PreparedSampling:
+    rows = len(positions)
+    fields = {name: list(getattr(params, name)) for name in ("temperature", "top_k", "top_p", "seed", "num_logprobs")}
+    for name, values in fields.items():
+        if len(values) != rows:
+            raise ValueError(f"sampling_params.{name} has {len(values)} rows, the batch has {rows}")
+    top_k = [normalize_top_k(int(k), vocab_size) for k in fields["top_k"]]
+    temperature = [float(t) for t in fields["temperature"]]
+    greedy = [k == 1 or t <= 0.0 for k, t in zip(top_k, temperature)]
+    seeds = tuple(NO_SEED if s is None else int(s) for s in fields["seed"])
+    return PreparedSampling(
+        temperature=torch.tensor([1.0 if g else t for g, t in zip(greedy, temperature)], device=device),
+        top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
+        # top_k == 1 collapses the nucleus (tt-metal #46827); greedy rows never reach top-p anyway.
+        top_p=torch.tensor([0.0 if g else float(p) for g, p in zip(greedy, fields["top_p"])], device=device),
+        is_greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+        seeds=seeds,
+        positions=tuple(int(p) for p in positions),
+        wants_logprobs=any(n is not None and int(n) >= 0 for n in fields["num_logprobs"]),
+    )
+
+
+def sample(logits: torch.Tensor, prep: PreparedSampling, generator: torch.Generator,
+           max_top_k: int) -> SampledOutput:
+    """``logits`` ``[rows, vocab]`` -> token ids int64 ``[rows]`` (+ logprobs ``[rows]``)."""
+    logits = logits.float()
+    num_candidates = min(max_top_k, logits.shape[-1])
+    values, indices = logits.topk(num_candidates, dim=-1)  # sorted, descending
+    rank = torch.arange(num_candidates, device=logits.device)
+    scaled = values / prep.temperature[:, None]
+    scaled = scaled.masked_fill(rank[None, :] >= prep.top_k[:, None], float("-inf"))
+    probs = scaled.softmax(dim=-1)
+    # Nucleus: drop a candidate once the mass before it already reaches top_p (the first one stays).
+    mass_before = probs.cumsum(dim=-1) - probs
+    probs = probs.masked_fill((mass_before > prep.top_p[:, None]) & (rank[None, :] > 0), 0.0)
+    # Exponential race (argmax p / E) == sampling from p; E drawn per row.
+    noise = _exponential_noise(probs.shape, prep, generator, logits.device)
+    choice = (probs / noise).argmax(dim=-1)
+    choice = torch.where(prep.is_greedy, torch.zeros_like(choice), choice)
+    token_ids = indices.gather(1, choice[:, None]).squeeze(1)
+    logprobs = None
+    if prep.wants_logprobs:
+        logprobs = logits.log_softmax(dim=-1).gather(1, token_ids[:, None]).squeeze(1)
+    return SampledOutput(token_ids=token_ids, logprobs=logprobs)
+
+
+def _exponential_noise(shape: torch.Size, prep: PreparedSampling, generator: torch.Generator,
+                       device: torch.device) -> torch.Tensor:
+    noise = torch.empty(shape, device=device).exponential_(generator=generator)
+    seeded = [i for i, s in enumerate(prep.seeds) if s != NO_SEED]
+    if seeded:
+        row_gen = torch.Generator(device=device)
+        for i in seeded:
+            row_gen.manual_seed((prep.seeds[i] * _SEED_MIX + prep.positions[i]) % (2**63))
+            noise[i] = torch.empty(shape[1], device=device).exponential_(generator=row_gen)
+    return noise.clamp_min_(1e-10)

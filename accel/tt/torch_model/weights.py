@@ -1,0 +1,78 @@
+"""Load an HF ``LlamaForCausalLM`` / ``Qwen3ForCausalLM`` safetensors checkpoint into fused tensors.
+
+Reads ``model.safetensors`` or the shards listed in ``model.safetensors.index.json``. Tied
+embeddings (no ``lm_head.weight``, or ``tie_word_embeddings``) reuse the embedding matrix.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from accel.tt.torch_model.config import DecoderConfig
+from accel.tt.torch_model.layers import LayerWeights
+
+
+@dataclass(frozen=True)
+class ModelWeights:
+    embed: torch.Tensor  # [vocab, hidden]
+    layers: tuple[LayerWeights, ...]
+    final_norm: torch.Tensor  # [hidden]
+    lm_head: torch.Tensor  # [vocab, hidden] (the embedding itself when tied)
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / s for s in shards]
+    single = model_dir / "model.safetensors"
+    if not single.exists():
+        raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {model_dir}")
+    return [single]
+
+
+def read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for path in checkpoint_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                tensors[name] = f.get_tensor(name)
+    return tensors
+
+
+def load_weights(model_dir: str | Path, config: DecoderConfig, device: torch.device,
+                 dtype: torch.dtype) -> ModelWeights:
+    raw = read_tensors(Path(model_dir))
+
+    def get(name: str) -> torch.Tensor:
+        if name not in raw:
+            raise KeyError(f"checkpoint {model_dir} lacks tensor {name!r}")
+        return raw[name].to(device=device, dtype=dtype)
+
+    def maybe(name: str) -> torch.Tensor | None:
+        return get(name) if name in raw else None
+
+    layers = []
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        biases = [maybe(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
+        layers.append(LayerWeights(
+            input_norm=get(p + "input_layernorm.weight"),
+            qkv=torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"], dim=0).contiguous(),
+            qkv_bias=torch.cat(biases).contiguous() if all(b is not None for b in biases) else None,
+            o_proj=get(p + "self_attn.o_proj.weight"),
+            q_norm=maybe(p + "self_attn.q_norm.weight") if config.has_qk_norm else None,
+            k_norm=maybe(p + "self_attn.k_norm.weight") if config.has_qk_norm else None,
+            post_attention_norm=get(p + "post_attention_layernorm.weight"),
+            gate_up=torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]).contiguous(),
+            down=get(p + "mlp.down_proj.weight"),
+        ))
+    embed = get("model.embed_tokens.weight")
+    is_tied = config.tie_word_embeddings or "lm_head.weight" not in raw
+    return ModelWeights(embed=embed, layers=tuple(layers), final_norm=get("model.norm.weight"),
+                        lm_head=embed if is_tied else get("lm_head.weight"))
