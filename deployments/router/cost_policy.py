@@ -1,0 +1,59 @@
+"""The default policy, ``prefix+session+load``: session stickiness, then a prefill-vs-load cost.
+
+Per decision, over one pool:
+1. Load view: each candidate's load score (in-flight, plus engine queue and KV usage when fresh)
+   and the acceptable window ``score <= min_score + max(window_abs, window_rel * min_score)``.
+2. Session: a bound replica inside the window, with the session under its in-flight cap, wins.
+   Outside the window the session spills and moves (``rebind_session``); at the cap the request
+   spills to another replica and the binding stays.
+3. Cost (Dynamo-like), over the candidates inside the window only:
+   ``cost = w_prefill * uncached_prompt_blocks + w_load_blocks * load_score``.
+   The window is the imbalance fallback that keeps affinity: an overloaded replica is never
+   chosen, yet among acceptable replicas the best prefix match still wins unless its extra load
+   costs more than the prefill it saves. A cold miss (no replica holds any block) has equal
+   prefill everywhere, so it goes by load — never by "smallest tree" — with ties spread by
+   rendezvous hashing of the prompt's first block.
+"""
+
+from __future__ import annotations
+
+from .policy import Choice, RoutingContext, RoutingPolicy, load_view, register_policy, tie_rank
+
+
+@register_policy
+class PrefixSessionLoadPolicy(RoutingPolicy):
+    name = "prefix+session+load"
+
+    def choose(self, ctx: RoutingContext) -> Choice:
+        weights = self.weights
+        view = load_view(ctx, weights)
+        bound = ctx.session_replica
+        is_overloaded = False
+        if bound is not None:
+            is_overloaded = not view.is_acceptable(bound)
+            if ctx.can_stick and not is_overloaded:
+                return Choice(bound, "session")
+        # A spill (session at its cap) must leave the bound replica unless it is the only one.
+        excluded = bound if bound is not None and len(ctx.candidates) > 1 else None
+
+        matched, num_blocks = ctx.matched_blocks, ctx.num_prompt_blocks
+        scores, limit = view.scores, view.limit
+        hashes, key = ctx.replica_hashes, ctx.tie_key
+        w_prefill, w_load = weights.w_prefill, weights.w_load_blocks
+        best_id, best_rank = None, None
+        for replica_id in ctx.candidates:
+            score = scores[replica_id]
+            if score > limit or replica_id == excluded:
+                continue
+            cost = w_prefill * (num_blocks - matched.get(replica_id, 0)) + w_load * score
+            rank = (cost, tie_rank(key, hashes[replica_id]))
+            if best_rank is None or rank < best_rank:
+                best_id, best_rank = replica_id, rank
+        if best_id is None:  # only the excluded replica was acceptable
+            best_id = self.least_loaded(ctx, view, tuple(r for r in ctx.candidates if r != excluded))
+
+        if bound is not None:
+            reason = "overloaded" if is_overloaded else "spill"
+        else:
+            reason = "prefix" if matched.get(best_id, 0) > 0 else "load"
+        return Choice(best_id, reason, rebind_session=is_overloaded)

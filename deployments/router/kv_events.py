@@ -1,0 +1,36 @@
+"""KV-cache events an engine publishes about its prefix cache, in the router's hash space.
+
+Spelled after vLLM's ``vllm.distributed.kv_events`` (``BlockStored``, ``BlockRemoved``,
+``AllBlocksCleared``), but every hash is an ``accel.block_hash`` chained hash, so the router's
+index and every engine agree on keys across processes. The TT engine publishes these directly; an
+adapter for vLLM's events recomputes our hashes from ``BlockStored.token_ids`` and the parent
+(vLLM's own hashes are seeded per deployment and are not ours).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from accel.block_hash import BlockHash
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    """Full blocks the engine now holds, in chain order (block i's parent is block i-1)."""
+
+    block_hashes: tuple[BlockHash, ...]
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    """Blocks the engine evicted; they no longer give prefix hits."""
+
+    block_hashes: tuple[BlockHash, ...]
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    """The engine dropped its whole prefix cache (``reset_prefix_cache``, restart)."""
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared

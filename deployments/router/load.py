@@ -1,0 +1,126 @@
+"""Per-replica load as the router sees it: local in-flight counts plus engine stats snapshots.
+
+In-flight counts are the primary signal and never go stale: the router increments them when it
+dispatches a request (before the request is sent) and decrements them when the request ends by
+completion, error or cancellation — ``on_finished`` is idempotent, so reporting an end twice
+cannot under-count. Engine stats (queue length, KV usage) arrive periodically and may lag; a
+snapshot older than ``stats_max_age_s`` is ignored, so missing or stale stats degrade the load
+signal to in-flight counts instead of freezing it (the "everything to replica A" failure).
+
+With prefill/decode disaggregation a request counts on both replicas; the prefill replica's count
+is released as soon as the prefill phase ends (``on_phase_done``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from accel.contract import EngineStats
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    stats_max_age_s: float = 5.0  # engine stats older than this are ignored
+
+    def __post_init__(self) -> None:
+        if not self.stats_max_age_s > 0:
+            raise ValueError(f"stats_max_age_s must be positive, got {self.stats_max_age_s}")
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    num_in_flight: int  # dispatched by this router and not finished
+    num_waiting: int  # engine wait queue from fresh stats, else 0
+    kv_usage: float  # engine KV usage in [0, 1] from fresh stats, else 0.0
+    is_stats_fresh: bool
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    num_waiting: int
+    kv_usage: float
+    received_s: float
+
+
+class LoadTracker:
+    """In-flight accounting per request and the latest engine stats per replica."""
+
+    def __init__(self, config: LoadConfig, clock: Callable[[], float]) -> None:
+        self._config = config
+        self._clock = clock
+        self._in_flight: dict[str, int] = {}
+        self._replicas_of_request: dict[str, list[str]] = {}
+        self._stats: dict[str, _Snapshot] = {}
+
+    def add_replica(self, replica_id: str) -> None:
+        self._in_flight.setdefault(replica_id, 0)
+
+    def remove_replica(self, replica_id: str) -> None:
+        """Drop the replica; requests still recorded on it release nothing there later."""
+        self._in_flight.pop(replica_id, None)
+        self._stats.pop(replica_id, None)
+
+    # ----- in-flight ------------------------------------------------------------------------
+    def on_dispatched(self, request_id: str, replica_ids: Iterable[str]) -> None:
+        """Count ``request_id`` on each replica (one per phase). A repeated id is finished first."""
+        if request_id in self._replicas_of_request:
+            self.on_finished(request_id)
+        replicas = list(replica_ids)
+        for replica_id in replicas:
+            self._in_flight[replica_id] += 1
+        self._replicas_of_request[request_id] = replicas
+
+    def on_phase_done(self, request_id: str, replica_id: str) -> None:
+        """One phase (e.g. prefill) on ``replica_id`` ended; the request stays counted elsewhere."""
+        replicas = self._replicas_of_request.get(request_id)
+        if replicas is None or replica_id not in replicas:
+            return
+        replicas.remove(replica_id)
+        self._release(replica_id)
+        if not replicas:
+            del self._replicas_of_request[request_id]
+
+    def on_finished(self, request_id: str) -> None:
+        """The request ended (completed, failed or cancelled). Unknown ids are ignored."""
+        for replica_id in self._replicas_of_request.pop(request_id, ()):
+            self._release(replica_id)
+
+    def _release(self, replica_id: str) -> None:
+        count = self._in_flight.get(replica_id)
+        if count:  # a removed replica has no entry; counts never go below zero
+            self._in_flight[replica_id] = count - 1
+
+    def num_in_flight(self, replica_id: str) -> int:
+        return self._in_flight[replica_id]
+
+    @property
+    def in_flight(self) -> Mapping[str, int]:
+        """Live read-only view, replica id -> in-flight count (for the hot path)."""
+        return self._in_flight
+
+    @property
+    def num_requests_in_flight(self) -> int:
+        return len(self._replicas_of_request)
+
+    # ----- engine stats ---------------------------------------------------------------------
+    def apply_stats(self, replica_id: str, stats: EngineStats) -> None:
+        if replica_id not in self._in_flight:
+            return  # a late report from a removed replica
+        self._stats[replica_id] = _Snapshot(stats.num_waiting, stats.kv_usage, self._clock())
+
+    def fresh_stats(self) -> dict[str, tuple[int, float]]:
+        """Replica id -> (num_waiting, kv_usage) for snapshots younger than the staleness bound."""
+        oldest_s = self._clock() - self._config.stats_max_age_s
+        return {replica_id: (snap.num_waiting, snap.kv_usage)
+                for replica_id, snap in self._stats.items() if snap.received_s >= oldest_s}
+
+    def load(self, replica_id: str) -> ReplicaLoad:
+        snap = self._stats.get(replica_id)
+        is_fresh = snap is not None and snap.received_s >= self._clock() - self._config.stats_max_age_s
+        return ReplicaLoad(
+            num_in_flight=self._in_flight[replica_id],
+            num_waiting=snap.num_waiting if is_fresh else 0,
+            kv_usage=snap.kv_usage if is_fresh else 0.0,
+            is_stats_fresh=is_fresh,
+        )

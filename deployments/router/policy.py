@@ -1,0 +1,157 @@
+"""Routing policies: a small abstract base plus a registry by config name.
+
+A policy sees one ``RoutingContext`` (the candidate replicas of one pool with their prefix
+matches, loads and the session binding) and returns a ``Choice``. It holds no state about
+replicas, so ``RouterCore`` owns all bookkeeping; the only policy state is round-robin's counter.
+
+Load score (``load_score``), in requests: ``in_flight + w_queue * waiting + w_kv_usage * kv_usage``,
+the engine terms only from fresh stats. In-flight is always present (tracked locally), so the score
+never freezes when stats are stale or missing.
+
+Ties are broken deterministically by rendezvous hashing of (request tie key, replica): equal
+candidates spread over replicas by the prompt's first block (or the session key), yet every router
+process given the same state picks the same replica.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from accel.contract import ConfigError
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN64 = 0x9E3779B97F4A7C15
+
+
+def tie_rank(tie_key: int, replica_hash: int) -> int:
+    """Rendezvous rank of a replica for a request: smaller wins among equal candidates."""
+    x = ((tie_key ^ replica_hash) * _GOLDEN64) & _MASK64
+    return x ^ (x >> 29)
+
+
+@dataclass(frozen=True)
+class CostWeights:
+    """Weights of ``prefix+session+load`` (and the load score every policy uses).
+
+    ``cost = w_prefill * uncached_prompt_blocks + w_load_blocks * load_score`` over the replicas
+    whose load score is within ``min_score + max(window_abs, window_rel * min_score)``; replicas
+    outside that window are overloaded (never chosen, and a session bound to one moves).
+    Defaults chosen on ``bench/router_sim.py``.
+    """
+
+    w_prefill: float = 1.0  # per uncached prompt block
+    w_load_blocks: float = 12.0  # blocks of prefill one unit of load score is worth
+    w_queue: float = 1.0  # load score per engine-waiting request (fresh stats only)
+    w_kv_usage: float = 4.0  # load score at 100% KV usage (fresh stats only)
+    window_abs: float = 2.0  # acceptable load-score excess over the least-loaded replica ...
+    window_rel: float = 0.25  # ... or this fraction of the least-loaded score, whichever is larger
+
+    def __post_init__(self) -> None:
+        for name in ("w_prefill", "w_load_blocks", "w_queue", "w_kv_usage", "window_abs", "window_rel"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"router.weights.{name}: must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class RoutingContext:
+    """Everything a policy may look at for one decision over one pool."""
+
+    candidates: tuple[str, ...]  # replica ids of the pool, sorted, non-empty
+    num_prompt_blocks: int  # full blocks of the prompt
+    matched_blocks: Mapping[str, int]  # replica -> leading prompt blocks cached; absent = 0
+    in_flight: Mapping[str, int]  # replica -> requests in flight
+    fresh_stats: Mapping[str, tuple[int, float]]  # replica -> (num_waiting, kv_usage), fresh only
+    replica_hashes: Mapping[str, int]  # replica -> stable 64-bit hash (tie-breaks)
+    tie_key: int  # stable 64-bit key of the request (first block hash or session key)
+    session_replica: str | None = None  # bound replica when it is among the candidates
+    can_stick: bool = True  # the session is under its in-flight cap
+
+
+@dataclass(frozen=True)
+class Choice:
+    replica_id: str
+    reason: str  # "session", "prefix", "load", "round_robin", "spill", "overloaded"
+    rebind_session: bool = False  # the session's replica was overloaded: bind it here now
+
+
+@dataclass
+class LoadView:
+    """Load scores of a context's candidates, and the acceptable window."""
+
+    scores: dict[str, float] = field(default_factory=dict)
+    min_score: float = 0.0
+    limit: float = 0.0  # scores <= limit are acceptable
+
+    def is_acceptable(self, replica_id: str) -> bool:
+        return self.scores[replica_id] <= self.limit
+
+
+def load_view(ctx: RoutingContext, weights: CostWeights) -> LoadView:
+    in_flight, stats = ctx.in_flight, ctx.fresh_stats
+    scores: dict[str, float] = {}
+    for replica_id in ctx.candidates:
+        score = float(in_flight[replica_id])
+        snap = stats.get(replica_id)
+        if snap is not None:
+            score += weights.w_queue * snap[0] + weights.w_kv_usage * snap[1]
+        scores[replica_id] = score
+    min_score = min(scores.values())
+    limit = min_score + max(weights.window_abs, weights.window_rel * min_score)
+    return LoadView(scores, min_score, limit)
+
+
+class RoutingPolicy(ABC):
+    """Picks one replica of ``ctx.candidates``. Must be deterministic given the context (and,
+    for round-robin, its own counter)."""
+
+    name: ClassVar[str]
+
+    def __init__(self, weights: CostWeights) -> None:
+        self.weights = weights
+
+    @abstractmethod
+    def choose(self, ctx: RoutingContext) -> Choice: ...
+
+    def least_loaded(self, ctx: RoutingContext, view: LoadView,
+                     among: tuple[str, ...] | None = None) -> str:
+        hashes, key = ctx.replica_hashes, ctx.tie_key
+        return min(among or ctx.candidates, key=lambda r: (view.scores[r], tie_rank(key, hashes[r])))
+
+
+def without(candidates: tuple[str, ...], replica_id: str) -> tuple[str, ...]:
+    """``candidates`` minus one replica, or all of them when it is the only one (a spill needs
+    somewhere to go; with one replica it queues where it is)."""
+    others = tuple(r for r in candidates if r != replica_id)
+    return others or candidates
+
+
+_POLICIES: dict[str, type[RoutingPolicy]] = {}
+
+
+def register_policy(cls: type[RoutingPolicy]) -> type[RoutingPolicy]:
+    if cls.name in _POLICIES:
+        raise ValueError(f"routing policy {cls.name!r} registered twice")
+    _POLICIES[cls.name] = cls
+    return cls
+
+
+def policy_names() -> tuple[str, ...]:
+    _load_builtin_policies()
+    return tuple(sorted(_POLICIES))
+
+
+def make_policy(name: str, weights: CostWeights | None = None) -> RoutingPolicy:
+    """The policy registered as ``name``; unknown names raise ``ConfigError`` listing the known."""
+    _load_builtin_policies()
+    cls = _POLICIES.get(name)
+    if cls is None:
+        raise ConfigError(f"router.policy: unknown policy {name!r}; known: {', '.join(policy_names())}")
+    return cls(weights or CostWeights())
+
+
+def _load_builtin_policies() -> None:
+    # The built-ins register themselves on import; imported here to avoid an import cycle.
+    from . import cost_policy, simple_policies  # noqa: F401

@@ -1,0 +1,118 @@
+"""Session table: which replica a conversation is bound to, with an idle TTL and an in-flight cap.
+
+A session key comes from the ``x-session-id`` header, else the OpenAI ``user`` field, else
+``prompt_cache_key`` (``session_key_from``). A binding is sticky: the policy keeps routing the
+session to its replica unless that replica is gone or overloaded, or the session already has
+``max_in_flight_per_session`` requests there (then the extra request spills without moving the
+binding — parallel calls of one agent should not pile onto one replica).
+
+Rebalancing moves as few sessions as possible: adding a replica moves none (new sessions find it
+by load), removing one unbinds only its own sessions, and an overloaded replica loses a session
+only when one of that session's requests actually spills (the session then follows its newest
+context). Bindings idle longer than ``ttl_s`` expire; a session with requests in flight is never
+idle.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+SESSION_HEADER = "x-session-id"
+
+
+def session_key_from(headers: Mapping[str, str] | None = None, user: str | None = None,
+                     prompt_cache_key: str | None = None) -> str | None:
+    """The request's session key: ``x-session-id`` header (any case), else ``user``, else
+    ``prompt_cache_key``; ``None`` when none is set or all are empty."""
+    if headers:
+        for name, value in headers.items():
+            if name.lower() == SESSION_HEADER and value:
+                return value
+    return user or prompt_cache_key or None
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    ttl_s: float = 600.0  # idle time after which a binding is forgotten
+    max_in_flight_per_session: int = 2  # more concurrent requests of one session spill
+
+    def __post_init__(self) -> None:
+        if not self.ttl_s > 0:
+            raise ValueError(f"ttl_s must be positive, got {self.ttl_s}")
+        if self.max_in_flight_per_session < 1:
+            raise ValueError(f"max_in_flight_per_session must be >= 1, got {self.max_in_flight_per_session}")
+
+
+@dataclass
+class _Binding:
+    replica_id: str
+    last_used_s: float
+    num_in_flight: int = 0
+
+
+class SessionTable:
+    """Session key -> bound replica. Ordered by last use, so expiry pops from the front."""
+
+    def __init__(self, config: SessionConfig, clock: Callable[[], float]) -> None:
+        self._config = config
+        self._clock = clock
+        self._bindings: OrderedDict[str, _Binding] = OrderedDict()
+
+    def __len__(self) -> int:
+        self._expire()
+        return len(self._bindings)
+
+    def bound_replica(self, key: str) -> str | None:
+        """The replica ``key`` is bound to, or ``None`` (unknown or expired)."""
+        self._expire()
+        binding = self._bindings.get(key)
+        return binding.replica_id if binding is not None else None
+
+    def can_stick(self, key: str) -> bool:
+        """False when the session already has the maximum number of requests in flight."""
+        binding = self._bindings.get(key)
+        return binding is None or binding.num_in_flight < self._config.max_in_flight_per_session
+
+    def on_dispatched(self, key: str, replica_id: str, *, rebind: bool) -> None:
+        """A request of ``key`` went to ``replica_id``. An unbound session binds there; a bound
+        one moves only when ``rebind`` (its replica was overloaded), not on a cap spill."""
+        binding = self._bindings.get(key)
+        now_s = self._clock()
+        if binding is None:
+            binding = self._bindings[key] = _Binding(replica_id, now_s)
+        elif rebind:
+            binding.replica_id = replica_id
+        binding.num_in_flight += 1
+        binding.last_used_s = now_s
+        self._bindings.move_to_end(key)
+
+    def on_finished(self, key: str) -> None:
+        binding = self._bindings.get(key)
+        if binding is None:
+            return
+        binding.num_in_flight = max(0, binding.num_in_flight - 1)
+        binding.last_used_s = self._clock()
+        self._bindings.move_to_end(key)
+
+    def remove_replica(self, replica_id: str) -> int:
+        """Unbind the sessions of a gone replica (only those); returns how many."""
+        gone = [key for key, binding in self._bindings.items() if binding.replica_id == replica_id]
+        for key in gone:
+            del self._bindings[key]
+        return len(gone)
+
+    def _expire(self) -> None:
+        oldest_s = self._clock() - self._config.ttl_s
+        bindings = self._bindings
+        while bindings:
+            key, binding = next(iter(bindings.items()))
+            if binding.last_used_s >= oldest_s:
+                return
+            if binding.num_in_flight > 0:
+                # A request still running keeps the session alive; treat now as its last use.
+                binding.last_used_s = self._clock()
+                bindings.move_to_end(key)
+                continue
+            del bindings[key]
