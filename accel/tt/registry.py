@@ -1,0 +1,171 @@
+"""HF architecture -> ``TT<arch>`` mesh model class, as vllm-tt-plugin registers them.
+
+Every ``hf_config.architectures[i]`` is looked up with a ``TT`` prefix. An entry names the
+tt-metal generator class (``"module:Class"``, loaded only on the TTNN path, where tt-metal's
+``models`` package is importable) and, for Llama and Qwen3 only, the torch implementation that runs
+without a mesh. Sources, in registration order (the first registration of a name wins):
+
+1. ``EXTRA_MODELS_DIR``: each subfolder with a ``vllm_metadata.json`` ``{"arch": "<HF arch>",
+   "main_class": "module:Class"}`` is appended to ``sys.path`` and registered as ``TT<arch>``.
+   An optional ``"backend": "torch"`` marks a class that runs without hardware (default ``"ttnn"``).
+2. The built-ins below, unless ``TT_VLLM_BUILTIN_MODELS=0``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from accel.contract import ConfigError
+
+logger = logging.getLogger(__name__)
+
+BACKEND_TORCH = "torch"
+BACKEND_TTNN = "ttnn"
+BACKENDS = (BACKEND_TORCH, BACKEND_TTNN)
+TORCH_MESH_MODEL = "accel.tt.torch_model:TorchMeshModel"
+METADATA_FILE = "vllm_metadata.json"
+
+_TT_TRANSFORMERS = "models.tt_transformers.tt.generator_vllm"
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    tt_arch: str  # "TTLlamaForCausalLM"
+    ttnn_class: str | None  # "module:Class" of the tt-metal generator
+    torch_class: str | None = None  # "module:Class" runnable without a mesh
+    source: str = "builtin"  # "builtin" or the EXTRA_MODELS_DIR folder
+
+    def class_path(self, backend: str) -> str | None:
+        return self.torch_class if backend == BACKEND_TORCH else self.ttnn_class
+
+
+# tt-metal default generator paths (vllm-tt-plugin model_registry, TT_*_TEXT_VER defaults).
+BUILTIN_MODELS: tuple[ModelEntry, ...] = (
+    ModelEntry("TTLlamaForCausalLM", f"{_TT_TRANSFORMERS}:LlamaForCausalLM", TORCH_MESH_MODEL),
+    ModelEntry("TTMllamaForConditionalGeneration", f"{_TT_TRANSFORMERS}:MllamaForConditionalGeneration"),
+    ModelEntry("TTQwen2ForCausalLM", f"{_TT_TRANSFORMERS}:QwenForCausalLM"),
+    ModelEntry("TTQwen3ForCausalLM", f"{_TT_TRANSFORMERS}:QwenForCausalLM", TORCH_MESH_MODEL),
+    ModelEntry("TTQwen3_5ForConditionalGeneration", "models.demos.blackhole.qwen36.tt.qwen36_vllm:Qwen36ForCausalLM"),
+    ModelEntry("TTQwen2_5_VLForConditionalGeneration",
+               "models.demos.qwen25_vl.tt.generator_vllm:Qwen2_5_VLForConditionalGeneration"),
+    ModelEntry("TTQwen3VLForConditionalGeneration",
+               "models.demos.qwen3_vl.tt.generator_vllm:Qwen3VLForConditionalGeneration"),
+    ModelEntry("TTMistralForCausalLM", f"{_TT_TRANSFORMERS}:MistralForCausalLM"),
+    ModelEntry("TTMistral3ForConditionalGeneration", f"{_TT_TRANSFORMERS}:Mistral3ForConditionalGeneration"),
+    ModelEntry("TTGemma3ForConditionalGeneration", f"{_TT_TRANSFORMERS}:Gemma3ForConditionalGeneration"),
+    ModelEntry("TTGemma4ForCausalLM", "models.demos.gemma4.tt.generator_vllm:Gemma4ForCausalLM"),
+    ModelEntry("TTDeepseekV3ForCausalLM", "models.demos.deepseek_v3.tt.generator_vllm:DeepseekV3ForCausalLM"),
+    ModelEntry("TTGptOssForCausalLM", f"{_TT_TRANSFORMERS}:GptOssForCausalLM"),
+)
+
+
+def tt_arch_name(arch: str) -> str:
+    return arch if arch.startswith("TT") else "TT" + arch
+
+
+class ModelRegistry:
+    def __init__(self, entries: Iterable[ModelEntry] = ()) -> None:
+        self._entries: dict[str, ModelEntry] = {}
+        for entry in entries:
+            self.register(entry)
+
+    def register(self, entry: ModelEntry) -> bool:
+        """Adds ``entry`` unless its name is taken (first registration wins, like the plugin)."""
+        if entry.tt_arch in self._entries:
+            return False
+        self._entries[entry.tt_arch] = entry
+        return True
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def get(self, tt_arch: str) -> ModelEntry | None:
+        return self._entries.get(tt_arch)
+
+    def resolve_entry(self, hf_config: Any) -> ModelEntry:
+        archs = list(getattr(hf_config, "architectures", None) or [])
+        for arch in archs:
+            entry = self._entries.get(tt_arch_name(arch))
+            if entry is not None:
+                return entry
+        raise ConfigError(f"no TT model registered for architectures {archs} "
+                          f"(looked up {[tt_arch_name(a) for a in archs]}; registered: {self.names()})")
+
+    def resolve(self, hf_config: Any, backend: str) -> type:
+        if backend not in BACKENDS:
+            raise ConfigError(f"unknown mesh backend {backend!r}; expected one of {BACKENDS}")
+        entry = self.resolve_entry(hf_config)
+        path = entry.class_path(backend)
+        if path is None:
+            raise ConfigError(f"{entry.tt_arch} needs a Tenstorrent mesh (ttnn): it has no torch "
+                              "implementation; only Llama and Qwen3 run without TT hardware")
+        return load_class(path)
+
+
+def load_class(path: str) -> type:
+    module_name, _, class_name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load mesh model class {path!r}: {exc}") from exc
+
+
+def extra_model_entries(extra_models_dir: str | Path) -> list[ModelEntry]:
+    """Entries from ``EXTRA_MODELS_DIR`` subfolders (sorted); each folder is put on ``sys.path``."""
+    root = Path(extra_models_dir)
+    if not root.is_dir():
+        raise ConfigError(f"EXTRA_MODELS_DIR {str(root)!r} is not a directory")
+    entries = []
+    for folder in sorted(p for p in root.iterdir() if (p / METADATA_FILE).is_file()):
+        meta = _read_metadata(folder / METADATA_FILE)
+        if str(folder) not in sys.path:
+            sys.path.append(str(folder))
+        backend = meta.get("backend", BACKEND_TTNN)
+        if backend not in BACKENDS:
+            raise ConfigError(f"{folder / METADATA_FILE}: backend must be one of {BACKENDS}, got {backend!r}")
+        main_class = meta["main_class"]
+        entries.append(ModelEntry(tt_arch_name(meta["arch"]), ttnn_class=main_class if backend == BACKEND_TTNN else None,
+                                  torch_class=main_class if backend == BACKEND_TORCH else None, source=str(folder)))
+        logger.info("registered %s -> %s (%s, from %s)", entries[-1].tt_arch, main_class, backend, folder.name)
+    return entries
+
+
+def _read_metadata(path: Path) -> Mapping[str, Any]:
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    for key in ("arch", "main_class"):
+        if not isinstance(meta.get(key), str) or not meta[key]:
+            raise ConfigError(f"{path}: missing string field {key!r}")
+    if ":" not in meta["main_class"]:
+        raise ConfigError(f"{path}: main_class must be 'module:Class', got {meta['main_class']!r}")
+    return meta
+
+
+def build_registry(extra_models_dir: str | Path | None = None, include_builtins: bool | None = None) -> ModelRegistry:
+    """Defaults come from ``accel.envs`` (``EXTRA_MODELS_DIR``, ``TT_VLLM_BUILTIN_MODELS``)."""
+    from accel.envs import ENVS
+
+    extra = ENVS.extra_models_dir if extra_models_dir is None else extra_models_dir
+    builtins = ENVS.tt_builtin_models if include_builtins is None else include_builtins
+    registry = ModelRegistry(extra_model_entries(extra) if extra else ())
+    if builtins:
+        for entry in BUILTIN_MODELS:
+            registry.register(entry)
+    return registry
+
+
+def resolve_model_class(hf_config: Any, backend: str, registry: ModelRegistry | None = None) -> type:
+    """The ``MeshModel`` class for ``hf_config`` on ``backend`` (``"torch"`` or ``"ttnn"``).
+
+    Raises ``ConfigError`` naming the architecture when nothing is registered for it, or when it
+    has no implementation for ``backend`` (e.g. Gemma3 off-hardware: needs a Tenstorrent mesh)."""
+    return (registry or build_registry()).resolve(hf_config, backend)

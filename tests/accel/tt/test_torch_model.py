@@ -1,0 +1,253 @@
+"""TorchMeshModel against HF transformers: greedy through page tables in several lanes, chunked
+prefill, empty rows, seeded sampling, async read-back, warmup shapes."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from accel.tt.mesh_model import MeshModel, SampledOutput, TTSamplingParams
+from accel.tt.torch_model import TorchMeshModel
+from accel.tt.torch_model.model import prefill_bucket
+from tests.hf_reference import hf_greedy
+
+NUM_LANES, PER_LANE = 2, 3
+B_WIRE = NUM_LANES * PER_LANE
+BLOCK_SIZE, NUM_BLOCKS, MAX_BLOCKS_PER_REQ = 16, 12, 8
+MAX_SEQ_LEN = BLOCK_SIZE * MAX_BLOCKS_PER_REQ
+
+
+@pytest.fixture(scope="module", params=["tiny_llama", "tiny_qwen3"])
+def model_dir(request):
+    return request.getfixturevalue(request.param)
+
+
+@pytest.fixture(scope="module")
+def model(model_dir):
+    from transformers import AutoConfig
+
+    torch.set_num_threads(1)
+    m = TorchMeshModel.initialize_vllm_model(AutoConfig.from_pretrained(model_dir), None, B_WIRE,
+                                             max_seq_len=MAX_SEQ_LEN, tt_data_parallel=NUM_LANES)
+    yield m
+    m.close()
+
+
+@pytest.fixture()
+def kv(model):
+    return model.allocate_kv_cache((NUM_BLOCKS, 2, BLOCK_SIZE, 32), torch.float32, 4)
+
+
+def sampling(rows: int, **overrides) -> TTSamplingParams:
+    values = {k: [v] * rows for k, v in TTSamplingParams.PAD_DEFAULTS.items()}
+    for key, per_row in overrides.items():
+        values[key] = list(per_row)
+    return TTSamplingParams(**values)
+
+
+class Requests:
+    """Drives the model like the engine: fixed slots, lane-local blocks, full-width decode."""
+
+    def __init__(self, model: TorchMeshModel, kv, prompts: dict[int, list[int]]):
+        self.model, self.kv, self.prompts = model, kv, prompts
+        self.page_table = torch.zeros(B_WIRE, MAX_BLOCKS_PER_REQ, dtype=torch.int32)
+        next_free = [NUM_BLOCKS - 1] * NUM_LANES  # hand blocks out from the top: ids differ per lane
+        for slot in sorted(prompts):
+            lane = slot // PER_LANE
+            for j in range(MAX_BLOCKS_PER_REQ // 2 + 1):
+                self.page_table[slot, j] = next_free[lane]
+                next_free[lane] -= 1
+        self.outputs: dict[int, list[int]] = {s: [] for s in prompts}
+        self.num_computed = {s: 0 for s in prompts}
+
+    def prefill(self, slots: list[int], chunk_tokens: int | None = None, **kw) -> object:
+        ends = [len(self.prompts[s]) if chunk_tokens is None else
+                min(len(self.prompts[s]), self.num_computed[s] + chunk_tokens) for s in slots]
+        width = max(ends)
+        tokens = torch.full((len(slots), width), 2, dtype=torch.int64)
+        for i, s in enumerate(slots):
+            tokens[i, :ends[i]] = torch.tensor(self.prompts[s][:ends[i]])
+        out = self.model.prefill_forward(tokens, self.page_table[slots], self.kv, prompt_lens=ends,
+                                         start_pos=[self.num_computed[s] for s in slots], empty_slots=slots, **kw)
+        for s, end in zip(slots, ends):
+            self.num_computed[s] = end
+        return out
+
+    def decode_inputs(self, active: list[int]):
+        tokens = torch.zeros(B_WIRE, 1, dtype=torch.int64)
+        start_pos = torch.full((B_WIRE,), -1, dtype=torch.int32)
+        table = torch.zeros_like(self.page_table)
+        for s in active:
+            tokens[s, 0] = self.outputs[s][-1]
+            start_pos[s] = len(self.prompts[s]) + len(self.outputs[s]) - 1
+            table[s] = self.page_table[s]
+        return tokens, start_pos, table
+
+
+def test_satisfies_protocol(model):
+    assert isinstance(model, MeshModel)
+    assert model.model_capabilities["max_device_top_k"] == 32
+    assert all(model.model_capabilities[k] for k in
+               ("supports_prefix_caching", "supports_async_decode", "supports_sample_on_device"))
+    assert len(model.allocate_kv_cache((NUM_BLOCKS, 2, BLOCK_SIZE, 32), torch.float32, 4)) == NUM_LANES
+
+
+def test_kv_cache_is_per_lane_views(model, kv):
+    assert len(kv) == NUM_LANES and all(len(lane) == 4 for lane in kv)
+    k0, k1 = kv[0][0][0], kv[1][0][0]
+    assert k0.shape == (NUM_BLOCKS, 2, BLOCK_SIZE, 32) and k0.data_ptr() != k1.data_ptr()
+    with pytest.raises(ValueError):
+        model.allocate_kv_cache((NUM_BLOCKS, 3, BLOCK_SIZE, 32), torch.float32, 4)
+
+
+def test_greedy_in_several_lanes_matches_hf(model, model_dir, kv):
+    prompts = {0: [0, 5, 17, 99, 300], 2: [0] + list(range(40, 77)), 3: [0, 11], 5: [0, 9, 8, 7, 6, 5, 4] * 5}
+    num_new = 10
+    run = Requests(model, kv, prompts)
+    logits = run.prefill(sorted(prompts))
+    assert logits.shape == (len(prompts), 1, 1024)
+    for i, s in enumerate(sorted(prompts)):
+        run.outputs[s].append(int(logits[i, 0].argmax()))
+    for _ in range(num_new - 1):
+        out = model.decode_forward(*run.decode_inputs(sorted(prompts)), kv_cache=kv)
+        assert out.shape == (B_WIRE, 1024)
+        for s in prompts:
+            run.outputs[s].append(int(out[s].argmax()))
+    for s, prompt in prompts.items():
+        assert run.outputs[s] == hf_greedy(model_dir, prompt, num_new), f"slot {s}"
+
+
+def test_chunked_prefill_and_prefix_reuse_match_hf(model, model_dir, kv):
+    prompt = [0] + [(i * 37) % 1000 + 3 for i in range(70)]
+    run = Requests(model, kv, {4: prompt})
+    while run.num_computed[4] < len(prompt):
+        logits = run.prefill([4], chunk_tokens=32)  # start_pos > 0, prompt_lens < len(prompt)
+    run.outputs[4].append(int(logits[0, 0].argmax()))
+    for _ in range(5):
+        out = model.decode_forward(*run.decode_inputs([4]), kv_cache=kv, read_from_device=True)
+        run.outputs[4].append(int(out[4].argmax()))
+    assert run.outputs[4] == hf_greedy(model_dir, prompt, 6)
+
+
+def test_empty_rows_do_not_disturb_others(model, kv):
+    prompts = {1: [0, 3, 4, 5, 6], 4: [0, 7, 8, 9]}
+    run = Requests(model, kv, prompts)
+    first = run.prefill([1, 4])
+    for i, s in enumerate([1, 4]):
+        run.outputs[s].append(int(first[i, 0].argmax()))
+    tokens, start_pos, table = run.decode_inputs([1, 4])
+    kv_before = [t.clone() for lane in kv for layer in lane for t in layer]
+    clean = model.decode_forward(tokens.clone(), start_pos.clone(), table.clone(), kv)
+    # Same step again with garbage in every empty row: written slots get identical values,
+    # empty rows (start_pos -1) write nothing, live rows' logits are unchanged.
+    tokens[[0, 2, 3, 5], 0] = 999
+    table[[0, 2, 3, 5]] = 1
+    noisy = model.decode_forward(tokens, start_pos, table, kv)
+    assert torch.equal(clean[[1, 4]], noisy[[1, 4]])
+    changed = [not torch.equal(a, b) for a, b in zip(kv_before, (t for lane in kv for layer in lane for t in layer))]
+    assert any(changed)  # the live rows did write their token's KV
+    free_block = NUM_BLOCKS - 1 - (MAX_BLOCKS_PER_REQ // 2 + 1)  # never handed out in lane 0
+    assert torch.count_nonzero(kv[0][0][0][free_block]) == 0
+
+
+def test_seeded_sampling_reproduces_and_greedy_defaults(model, kv):
+    prompts = {0: [0, 5, 6], 3: [0, 5, 6]}
+    params = sampling(2, temperature=[1.5, 1.5], top_k=[0, 0], top_p=[0.95, 0.95], seed=[7, 7], num_logprobs=[0, 0])
+    a = Requests(model, kv, prompts).prefill([0, 3], sampling_params=params)
+    b = Requests(model, kv, prompts).prefill([0, 3], sampling_params=params)
+    assert isinstance(a, SampledOutput) and a.logprobs is not None
+    assert torch.equal(a.token_ids, b.token_ids)  # same seed, same position -> same token
+    assert a.token_ids[0] == a.token_ids[1]  # independent of slot and lane
+    assert bool((a.logprobs <= 0).all())
+    greedy = Requests(model, kv, prompts).prefill([0, 3], sampling_params=sampling(2))
+    logits = Requests(model, kv, prompts).prefill([0, 3])
+    assert greedy.logprobs is None  # PAD defaults: num_logprobs -2
+    assert greedy.token_ids.tolist() == logits[:, 0].argmax(-1).tolist()
+
+
+def test_top_k_and_top_p_restrict_candidates(model, kv):
+    prompts = {s: [0, 5, 6] for s in range(B_WIRE)}
+    logits = Requests(model, kv, prompts).prefill(list(range(B_WIRE)))[:, 0]
+    top2 = logits.topk(2, dim=-1).indices
+    draws = set()
+    for seed in range(8):
+        out = Requests(model, kv, prompts).prefill(
+            list(range(B_WIRE)), sampling_params=sampling(B_WIRE, temperature=[5.0] * B_WIRE,
+                                                           top_k=[2] * B_WIRE, seed=[seed * 10 + r for r in range(B_WIRE)]))
+        for r in range(B_WIRE):
+            assert int(out.token_ids[r]) in top2[r].tolist()
+            draws.add(int(out.token_ids[r]))
+    assert len(draws) > 1  # temperature 5 over two candidates: both show up
+    nucleus = Requests(model, kv, prompts).prefill(
+        list(range(B_WIRE)), sampling_params=sampling(B_WIRE, temperature=[1.0] * B_WIRE, top_k=[-1] * B_WIRE,
+                                                       top_p=[1e-6] * B_WIRE))
+    assert nucleus.token_ids.tolist() == logits.argmax(-1).tolist()
+
+
+def test_async_decode_equals_sync_and_really_runs_on_the_queue(model, kv):
+    prompts = {1: [0, 3, 4, 5], 5: [0, 8, 1, 2, 9]}
+    runs = []
+    for is_async in (False, True):
+        run = Requests(model, kv, prompts)
+        first = run.prefill([1, 5], sampling_params=sampling(2))
+        for i, s in enumerate([1, 5]):
+            run.outputs[s].append(int(first.token_ids[i]))
+        for _ in range(4):
+            inputs = run.decode_inputs([1, 5])
+            params = sampling(B_WIRE, seed=[3] * B_WIRE, temperature=[0.7] * B_WIRE, top_k=[20] * B_WIRE,
+                              num_logprobs=[1] * B_WIRE)
+            if is_async:
+                handle = model.decode_forward(*inputs, kv_cache=kv, read_from_device=False, sampling_params=params)
+                out, events = model.read_decode_output(handle, async_read=True)
+                assert len(events) == 1
+                for ev in events:
+                    ev.synchronize()
+                result = model.process_decode_output_host(out, is_tokens=True)
+            else:
+                result = model.decode_forward(*inputs, kv_cache=kv, sampling_params=params)
+            assert isinstance(result, SampledOutput) and result.logprobs.shape == (B_WIRE,)
+            for s in (1, 5):
+                run.outputs[s].append(int(result.token_ids[s]))
+        runs.append(run.outputs)
+    assert runs[0] == runs[1]
+
+
+def test_decode_submit_returns_before_the_forward_runs(model, kv):
+    gate = threading.Event()
+    model._queue.submit(gate.wait)  # occupy the device queue
+    handle = model.decode_forward(torch.zeros(B_WIRE, 1, dtype=torch.int64), torch.full((B_WIRE,), -1),
+                                  torch.zeros(B_WIRE, MAX_BLOCKS_PER_REQ, dtype=torch.int32), kv,
+                                  read_from_device=False)
+    assert not handle.future.done()
+    gate.set()
+    _, events = model.read_decode_output(handle, async_read=True)
+    events[0].synchronize()
+    assert model.process_decode_output_host(handle).shape == (B_WIRE, 1024)
+
+
+def test_decode_requires_full_slot_batch(model, kv):
+    with pytest.raises(ValueError, match="full slot batch"):
+        model.decode_forward(torch.zeros(2, 1, dtype=torch.int64), torch.tensor([0, -1]),
+                             torch.zeros(2, MAX_BLOCKS_PER_REQ, dtype=torch.int32), kv)
+    with pytest.raises(ValueError, match="allocate_kv_cache"):
+        model.decode_forward(torch.zeros(B_WIRE, 1, dtype=torch.int64), torch.full((B_WIRE,), -1),
+                             torch.zeros(B_WIRE, MAX_BLOCKS_PER_REQ, dtype=torch.int32),
+                             [[[torch.zeros(1)] * 2] * 4] * NUM_LANES)
+
+
+def test_warmup_runs_each_bucket_once(model, kv):
+    model.captured_shapes.clear()
+    model.warmup_model_prefill(enable_trace=True, kv_cache=kv, can_sample_on_device=True)
+    model.warmup_model_decode(enable_trace=True, kv_cache=kv, max_batch_size=B_WIRE,
+                              num_blocks=MAX_BLOCKS_PER_REQ, can_sample_on_device=True)
+    prefill = [(shape, v) for phase, shape, v in model.captured_shapes if phase == "prefill"]
+    decode = [(shape, v) for phase, shape, v in model.captured_shapes if phase == "decode"]
+    assert prefill == [((1, 128), "logits"), ((1, 128), "sampled")]  # max_seq_len 128: one bucket
+    assert [s for s, _ in decode] == [(B_WIRE, 1, MAX_BLOCKS_PER_REQ)] * 4
+    assert all(torch.count_nonzero(t) == 0 for lane in kv for layer in lane for t in layer)  # no KV written
+
+
+def test_prefill_buckets():
+    assert [prefill_bucket(n) for n in (1, 128, 129, 256, 257, 3000)] == [128, 128, 256, 256, 512, 4096]
