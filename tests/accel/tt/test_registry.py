@@ -1,0 +1,110 @@
+"""Architecture registry: built-ins, torch implementations, EXTRA_MODELS_DIR bundles, refusals."""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from accel.contract import ConfigError
+from accel.tt.registry import (BUILTIN_MODELS, ModelRegistry, build_registry, resolve_model_class,
+                               tt_arch_name)
+from accel.tt.torch_model import TorchMeshModel
+
+
+def cfg(*archs: str) -> SimpleNamespace:
+    return SimpleNamespace(architectures=list(archs))
+
+
+def test_builtins_cover_the_tt_metal_families():
+    names = {e.tt_arch for e in BUILTIN_MODELS}
+    for arch in ("TTLlamaForCausalLM", "TTQwen2ForCausalLM", "TTQwen3ForCausalLM", "TTMistralForCausalLM",
+                 "TTGemma3ForConditionalGeneration", "TTDeepseekV3ForCausalLM", "TTGptOssForCausalLM",
+                 "TTQwen2_5_VLForConditionalGeneration", "TTMllamaForConditionalGeneration"):
+        assert arch in names
+    assert all(e.ttnn_class and ":" in e.ttnn_class and e.ttnn_class.startswith("models.") for e in BUILTIN_MODELS)
+    assert {e.tt_arch for e in BUILTIN_MODELS if e.torch_class} == {"TTLlamaForCausalLM", "TTQwen3ForCausalLM"}
+
+
+def test_torch_backend_resolves_llama_and_qwen3():
+    registry = build_registry(extra_models_dir="", include_builtins=True)
+    assert resolve_model_class(cfg("LlamaForCausalLM"), "torch", registry) is TorchMeshModel
+    assert resolve_model_class(cfg("Qwen3ForCausalLM"), "torch", registry) is TorchMeshModel
+    assert registry.resolve_entry(cfg("LlamaForCausalLM")).ttnn_class == \
+        "models.tt_transformers.tt.generator_vllm:LlamaForCausalLM"
+
+
+@pytest.mark.parametrize("arch", ["Gemma3ForConditionalGeneration", "DeepseekV3ForCausalLM", "Qwen2ForCausalLM"])
+def test_other_families_refused_off_hardware(arch):
+    registry = build_registry(extra_models_dir="", include_builtins=True)
+    with pytest.raises(ConfigError, match=f"TT{arch} needs a Tenstorrent mesh"):
+        resolve_model_class(cfg(arch), "torch", registry)
+
+
+def test_ttnn_backend_without_tt_metal_says_which_class():
+    registry = build_registry(extra_models_dir="", include_builtins=True)
+    with pytest.raises(ConfigError, match="models.tt_transformers.tt.generator_vllm:LlamaForCausalLM"):
+        resolve_model_class(cfg("LlamaForCausalLM"), "ttnn", registry)
+
+
+def test_unknown_arch_and_backend():
+    registry = build_registry(extra_models_dir="", include_builtins=True)
+    with pytest.raises(ConfigError, match="TTBertModel"):
+        registry.resolve(cfg("BertModel"), "torch")
+    with pytest.raises(ConfigError, match="unknown mesh backend"):
+        registry.resolve(cfg("LlamaForCausalLM"), "cuda")
+    assert tt_arch_name("TTFoo") == "TTFoo" and tt_arch_name("Foo") == "TTFoo"
+
+
+def _bundle(root, folder, arch, module, body, **meta):
+    d = root / folder
+    d.mkdir()
+    (d / f"{module}.py").write_text(body)
+    (d / "vllm_metadata.json").write_text(json.dumps({"arch": arch, "main_class": f"{module}:Model", **meta}))
+    return d
+
+
+def test_extra_models_dir_bundles(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    body = "class Model:\n    model_capabilities = {}\n"
+    a = _bundle(tmp_path, "a", "MyNewForCausalLM", "my_new_model_a", body)
+    _bundle(tmp_path, "b", "LlamaForCausalLM", "my_llama_b", body, backend="torch")
+    (tmp_path / "not_a_bundle").mkdir()
+    registry = build_registry(extra_models_dir=tmp_path, include_builtins=True)
+    assert str(a) in sys.path
+    cls = registry.resolve(cfg("MyNewForCausalLM"), "ttnn")
+    assert cls.__module__ == "my_new_model_a"
+    # A bundle registered first wins over the built-in of the same name.
+    assert registry.resolve(cfg("LlamaForCausalLM"), "torch").__module__ == "my_llama_b"
+    assert registry.get("TTLlamaForCausalLM").source == str(tmp_path / "b")
+
+
+def test_builtins_off_keeps_only_user_models(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    _bundle(tmp_path, "a", "MyNewForCausalLM", "my_new_model_c", "class Model:\n    pass\n")
+    registry = build_registry(extra_models_dir=tmp_path, include_builtins=False)
+    assert registry.names() == ["TTMyNewForCausalLM"]
+    with pytest.raises(ConfigError, match="no TT model registered"):
+        registry.resolve(cfg("LlamaForCausalLM"), "torch")
+
+
+def test_bad_metadata_is_a_config_error(tmp_path):
+    d = tmp_path / "x"
+    d.mkdir()
+    (d / "vllm_metadata.json").write_text(json.dumps({"arch": "Foo"}))
+    with pytest.raises(ConfigError, match="main_class"):
+        build_registry(extra_models_dir=tmp_path, include_builtins=False)
+    with pytest.raises(ConfigError, match="not a directory"):
+        build_registry(extra_models_dir=tmp_path / "missing", include_builtins=False)
+
+
+def test_defaults_come_from_envs(monkeypatch):
+    import accel.envs
+
+    monkeypatch.setattr(accel.envs, "ENVS", accel.envs.Envs(**{**vars(accel.envs.ENVS),
+                                                               "extra_models_dir": None,
+                                                               "tt_builtin_models": False}))
+    assert build_registry().names() == []
+    assert ModelRegistry().names() == []
