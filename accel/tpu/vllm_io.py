@@ -1,0 +1,73 @@
+"""Our contract types <-> vLLM's: sampling params in, sampled tokens and logprobs out.
+
+vLLM runs with ``detokenize=False`` and no stop strings: it samples and stops on the token-level
+conditions (eos, ``stop_token_ids``, ``max_tokens``, ``max_model_len``, ``min_tokens``), and every
+sampled token goes through our ``OutputBuilder``, which owns text, stop strings and the final
+token count, exactly as in the TT engine. vLLM imports stay inside the functions so importing
+this module is cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from accel.contract import FinishReason, SamplingParams, TokenLogprob
+
+# vLLM's CompletionOutput.finish_reason strings -> ours ("error" ends the stream like an abort).
+_FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH,
+                   "abort": FinishReason.ABORT, "error": FinishReason.ABORT}
+
+
+def to_vllm_sampling_params(sp: SamplingParams) -> Any:
+    """vLLM ``SamplingParams`` for ``sp``: every field our contract has, streamed as deltas.
+
+    ``stop`` and ``include_stop_str_in_output`` are not passed: stop strings are matched on our
+    side (``OutputBuilder``), which then aborts the vLLM request.
+    """
+    from vllm import SamplingParams as VllmSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return VllmSamplingParams(
+        n=1,
+        temperature=sp.temperature,
+        top_p=sp.top_p,
+        top_k=sp.top_k,
+        min_p=sp.min_p,
+        seed=sp.seed,
+        max_tokens=sp.max_tokens,
+        min_tokens=sp.min_tokens,
+        stop_token_ids=list(sp.stop_token_ids),
+        ignore_eos=sp.ignore_eos,
+        logprobs=sp.logprobs,
+        presence_penalty=sp.presence_penalty,
+        frequency_penalty=sp.frequency_penalty,
+        repetition_penalty=sp.repetition_penalty,
+        logit_bias=dict(sp.logit_bias) or None,
+        skip_special_tokens=sp.skip_special_tokens,
+        detokenize=False,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def to_finish_reason(vllm_reason: str | None) -> FinishReason:
+    return _FINISH_REASONS.get(vllm_reason or "abort", FinishReason.ABORT)
+
+
+def to_token_logprobs(token_ids: Sequence[int], logprobs: Sequence[Mapping[int, Any]] | None,
+                      num_top: int) -> list[TokenLogprob] | None:
+    """vLLM's per-token ``{token_id: Logprob(logprob, rank, decoded_token)}`` -> ``TokenLogprob``.
+
+    Each dict holds the sampled token and the ``num_top`` best tokens (rank 1 = best); ``top`` is
+    those best tokens, best first (it contains the sampled token when it ranks within them).
+    """
+    if logprobs is None:
+        return None
+    out = []
+    for token_id, entries in zip(token_ids, logprobs):
+        sampled = entries[token_id]
+        best = sorted((lp.rank, tid, lp.logprob) for tid, lp in entries.items()
+                      if lp.rank is not None and lp.rank <= num_top)
+        out.append(TokenLogprob(token_id=token_id, logprob=float(sampled.logprob),
+                                top=tuple((tid, float(lp)) for _, tid, lp in best)))
+    return out
