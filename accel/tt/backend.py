@@ -1,0 +1,150 @@
+"""Choosing where mesh models run: a Tenstorrent mesh through ttnn, or the torch program.
+
+``open_backend("ttnn", ...)`` imports ttnn, counts chips and opens the mesh; any failure becomes one
+``NoTenstorrentDevice`` ("no Tenstorrent device found: <reason>") with the ttnn backtrace dropped.
+``"auto"`` falls back to the torch backend on exactly that error. ``MeshBackend.load_model``
+resolves the architecture in the registry and calls the class's ``initialize_vllm_model``,
+passing optional keywords only where that classmethod accepts them (tt-metal signatures drift).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from accel import envs
+from accel.tt.mesh_device import MeshDeviceConfig, OpenedMesh, close_mesh, open_mesh, parse_mesh_grid
+from accel.tt.registry import BACKEND_TORCH, BACKEND_TTNN, ModelRegistry, build_registry
+
+logger = logging.getLogger(__name__)
+
+BACKEND_AUTO = "auto"
+
+
+class NoTenstorrentDevice(RuntimeError):
+    """The TTNN path is unavailable here; the message says why in one line."""
+
+
+@dataclass(frozen=True)
+class TtnnEvent:
+    """``DeviceEvent`` over a ttnn ``MeshEvent`` (what tt-metal's ``read_decode_output`` returns)."""
+
+    ttnn: Any
+    event: Any
+
+    def synchronize(self) -> None:
+        self.ttnn.event_synchronize(mesh_event=self.event)
+
+
+class TtnnMeshModel:
+    """A tt-metal generator seen through the ``MeshModel`` protocol. Calls pass straight through,
+    except ``read_decode_output``: tt-metal returns the host tensor alone when ``async_read`` is
+    False and raw ttnn ``MeshEvent``s when True; the engine always gets ``(out, [DeviceEvent])``."""
+
+    def __init__(self, model: Any, ttnn: Any) -> None:
+        self._model = model
+        self._ttnn = ttnn
+        self.model_capabilities = dict(getattr(type(model), "model_capabilities", None) or {})
+
+    def read_decode_output(self, out: Any, async_read: bool = False) -> tuple[Any, list[TtnnEvent]]:
+        if not async_read:
+            return self._model.read_decode_output(out, async_read=False), []
+        host_out, events = self._model.read_decode_output(out, async_read=True)
+        return host_out, [TtnnEvent(self._ttnn, ev) for ev in events]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+def ttnn_error_reason(exc: BaseException) -> str:
+    """The human part of a TT_FATAL message (the line after ``info:``), without the backtrace."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    if "info:" in lines:
+        i = lines.index("info:")
+        if i + 1 < len(lines):
+            return lines[i + 1]
+    return lines[0] if lines else type(exc).__name__
+
+
+def load_mesh_model(model_class: type, hf_config: Any, mesh_device: Any, max_batch_size: int,
+                    **optional: Any) -> Any:
+    """``model_class.initialize_vllm_model(hf_config, mesh_device, max_batch_size, **accepted)``,
+    where ``accepted`` keeps the ``optional`` keywords (max_seq_len, n_layers, tt_data_parallel,
+    optimizations, ...) the classmethod's signature names, or all of them if it takes ``**kwargs``."""
+    init = model_class.initialize_vllm_model
+    params = inspect.signature(init).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    accepted = {k: v for k, v in optional.items() if takes_any or k in params}
+    dropped = sorted(set(optional) - set(accepted))
+    if dropped:
+        logger.info("%s.initialize_vllm_model does not take %s; not passed", model_class.__name__, dropped)
+    return init(hf_config, mesh_device, max_batch_size, **accepted)
+
+
+@dataclass
+class MeshBackend:
+    kind: str  # "ttnn" | "torch"
+    mesh: OpenedMesh | None = None
+    ttnn: Any = None
+    registry: ModelRegistry = field(default_factory=build_registry)
+
+    @property
+    def mesh_device(self) -> Any:
+        return None if self.mesh is None else self.mesh.device
+
+    def model_class(self, hf_config: Any) -> type:
+        return self.registry.resolve(hf_config, self.kind)
+
+    def load_model(self, hf_config: Any, max_batch_size: int, **optional: Any) -> Any:
+        """A ``MeshModel``: the torch program, or a tt-metal generator behind ``TtnnMeshModel``."""
+        model = load_mesh_model(self.model_class(hf_config), hf_config, self.mesh_device, max_batch_size, **optional)
+        return TtnnMeshModel(model, self.ttnn) if self.kind == BACKEND_TTNN else model
+
+    def close(self) -> None:
+        if self.mesh is not None:
+            close_mesh(self.ttnn, self.mesh)
+            self.mesh = None
+
+
+def open_backend(kind: str, mesh_config: MeshDeviceConfig | None = None,
+                 registry: ModelRegistry | None = None) -> MeshBackend:
+    """``kind``: "ttnn" (raise ``NoTenstorrentDevice`` if unusable), "torch", or "auto"."""
+    registry = registry or build_registry()
+    if kind == BACKEND_TORCH:
+        return MeshBackend(BACKEND_TORCH, registry=registry)
+    if kind not in (BACKEND_TTNN, BACKEND_AUTO):
+        raise ValueError(f"backend must be 'ttnn', 'torch' or 'auto', got {kind!r}")
+    try:
+        return _open_ttnn(mesh_config, registry)
+    except NoTenstorrentDevice as exc:
+        if kind == BACKEND_TTNN:
+            raise
+        logger.info("%s; using the torch mesh model", exc)
+        return MeshBackend(BACKEND_TORCH, registry=registry)
+
+
+def _open_ttnn(mesh_config: MeshDeviceConfig | None, registry: ModelRegistry) -> MeshBackend:
+    try:
+        import ttnn
+    except Exception as exc:  # ImportError, or a broken install raising anything at import
+        raise NoTenstorrentDevice(f"no Tenstorrent device found: the ttnn package is not importable "
+                                  f"({type(exc).__name__}: {ttnn_error_reason(exc)})") from None
+    try:
+        num_chips = ttnn.get_num_devices()
+    except RuntimeError as exc:
+        raise NoTenstorrentDevice(f"no Tenstorrent device found: {ttnn_error_reason(exc)}") from None
+    num_chips = len(num_chips) if isinstance(num_chips, (list, tuple)) else int(num_chips)
+    if num_chips < 1:
+        raise NoTenstorrentDevice("no Tenstorrent device found: ttnn reports 0 chips")
+    config = mesh_config or MeshDeviceConfig(grid=parse_mesh_grid(envs.ENVS.mesh_device, num_chips))
+    if config.num_devices > num_chips:
+        raise NoTenstorrentDevice(f"no Tenstorrent device found for mesh {config.grid}: "
+                                  f"{config.num_devices} chips needed, {num_chips} present")
+    try:
+        mesh = open_mesh(ttnn, config)
+    except RuntimeError as exc:
+        raise NoTenstorrentDevice(f"no Tenstorrent device found: opening mesh {config.grid} failed: "
+                                  f"{ttnn_error_reason(exc)}") from None
+    return MeshBackend(BACKEND_TTNN, mesh=mesh, ttnn=ttnn, registry=registry)

@@ -1,0 +1,29 @@
+"""``ttnn_stub``: the import-compatible ttnn stub on sys.path for one test (never globally)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+STUBS_DIR = Path(__file__).resolve().parents[2] / "stubs"
+EXTRA_MODELS_DIR = STUBS_DIR / "extra_models"
+_STUB_MODULES = ("ttnn", "fake_tt_model")
+
+
+def _drop_stub_modules() -> None:
+    for name in [m for m in sys.modules if m.split(".")[0] in _STUB_MODULES]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def ttnn_stub(monkeypatch):
+    monkeypatch.syspath_prepend(str(STUBS_DIR))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # bundles appended by the registry are undone too
+    _drop_stub_modules()
+    import ttnn
+
+    ttnn._stub_simulate(0)
+    yield ttnn
+    _drop_stub_modules()
