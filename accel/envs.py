@@ -31,6 +31,8 @@ class Envs:
     mesh_device: str | None
     # Root of the per-model XLA compile caches of TPU replicas (VLLM_XLA_CACHE_PATH per model).
     xla_cache_dir: Path
+    # Interpreter of a Python 3.12 venv with the real ttnn wheel (checks our ttnn calls' signatures).
+    ttnn_python: Path
 
 
 def _read() -> Envs:
@@ -43,6 +45,8 @@ def _read() -> Envs:
         mesh_device=os.environ.get("MESH_DEVICE") or None,
         xla_cache_dir=Path(os.environ.get("MESHSERVE_XLA_CACHE_DIR",
                                           Path.home() / ".cache" / "meshserve" / "xla_cache")).expanduser(),
+        ttnn_python=Path(os.environ.get("MESHSERVE_TTNN_PYTHON",
+                                        Path.home() / ".cache" / "meshserve" / "ttnn-venv" / "bin" / "python")).expanduser(),
     )
 
 
