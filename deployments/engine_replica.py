@@ -1,0 +1,161 @@
+"""What every engine replica does, whatever the engine: stream deltas, abort on cancel,
+report stats for routing and metrics, health, graceful shutdown.
+
+``TTMeshReplica`` and ``VllmReplica`` differ only in how their engine is built and placed
+(``tt_replica.py`` / ``vllm_replica.py``). ``engine_factory`` is injectable so the replica is
+testable with any ``accel.contract.Engine``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from accel.contract import Engine, EngineStats, FinishReason, GenerateRequest, OutputDelta
+from deployments.route_types import ReplicaSnapshot
+from serve_app.config import PoolConfig
+
+logger = logging.getLogger(__name__)
+
+EngineFactory = Callable[[PoolConfig], Engine]
+STATS_PERIOD_S = 1.0
+
+
+def current_replica_id() -> str:
+    """Serve's unique replica id (what ``RunningReplica.replica_id.unique_id`` holds)."""
+    try:
+        from ray import serve
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # constructed outside Serve (unit tests)
+        return f"local-{os.getpid()}-{id(object())}"
+
+
+class EngineReplica:
+    def __init__(self, pool: PoolConfig, engine_factory: EngineFactory, emit_vllm_metrics: bool = True):
+        """``emit_vllm_metrics`` False when the engine emits ``vllm_*`` itself (vLLM with Ray's
+        stat logger): one process must not register the same metric twice."""
+        self.pool = pool
+        self.replica_id = current_replica_id()
+        self._engine = engine_factory(pool)
+        self._num_inflight = 0
+        self._stats_task: asyncio.Task | None = None
+        self._metrics = self._make_metrics(emit_vllm_metrics)
+        self._is_shut_down = False
+
+    def _make_metrics(self, emit_vllm_metrics: bool):
+        try:
+            from serve_app.metrics import EngineMetrics
+            return EngineMetrics(self.pool.model, self.pool.name, self.replica_id,
+                                 emit_vllm_metrics=emit_vllm_metrics)
+        except Exception:
+            logger.warning("metrics unavailable in this process", exc_info=True)
+            return None
+
+    # -- request path -------------------------------------------------------------------------
+
+    async def generate(self, request: GenerateRequest, replica_hint: str | None = None
+                       ) -> AsyncIterator[OutputDelta]:
+        """Stream the request's deltas. ``replica_hint`` is read by the handle's request router
+        (``PinnedReplicaRouter``), not here. If the caller goes away (Serve cancels this
+        generator) the engine request is aborted, which frees its KV blocks."""
+        del replica_hint
+        self._ensure_stats_task()
+        self._num_inflight += 1
+        start = last = time.monotonic()
+        ttft = None
+        finished: OutputDelta | None = None
+        try:
+            async for delta in self._engine.generate(request):
+                now = time.monotonic()
+                if self._metrics is not None and delta.new_token_ids:
+                    if ttft is None:
+                        ttft = now - start
+                        self._metrics.observe_first_token(ttft)
+                    else:
+                        self._metrics.observe_delta(now - last, len(delta.new_token_ids))
+                last = now
+                if delta.finished:
+                    finished = delta
+                yield delta
+        finally:
+            self._num_inflight -= 1
+            if finished is None:
+                await self._abort_quietly(request.request_id)
+            elif self._metrics is not None:
+                self._metrics.observe_finish(finished.finish_reason or FinishReason.ABORT,
+                                             finished.num_prompt_tokens,
+                                             finished.num_completion_tokens,
+                                             time.monotonic() - start, ttft)
+
+    async def abort(self, request_id: str) -> None:
+        await self._engine.abort(request_id)
+
+    async def _abort_quietly(self, request_id: str) -> None:
+        try:
+            await asyncio.shield(self._engine.abort(request_id))
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            logger.warning("abort of %s failed", request_id, exc_info=True)
+
+    # -- stats, routing, health ---------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        return self._engine.stats()
+
+    def routing_snapshot(self) -> ReplicaSnapshot:
+        self._ensure_stats_task()
+        return ReplicaSnapshot(self.replica_id, self.pool.name, self._engine.stats(), self._num_inflight)
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        """Polled by Serve (``request_routing_stats_period_s``); shows on ``RunningReplica``."""
+        s = self._engine.stats()
+        return {"pool": self.pool.name, "num_running": s.num_running, "num_waiting": s.num_waiting,
+                "kv_usage": s.kv_usage, "num_inflight": self._num_inflight}
+
+    async def check_health(self) -> None:
+        self._ensure_stats_task()
+        if self._is_shut_down:
+            raise RuntimeError("engine is shut down")
+        probe = getattr(self._engine, "check_health", None)
+        if probe is not None:
+            result = probe()
+            if inspect.isawaitable(result):
+                await result
+        else:
+            self._engine.stats()  # raises if the engine died
+
+    async def shutdown(self) -> None:
+        if self._is_shut_down:
+            return
+        self._is_shut_down = True
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+        await self._engine.shutdown()
+
+    async def __del__(self):
+        # Serve calls (and awaits) __del__ when it stops the replica: graceful engine shutdown.
+        await self.shutdown()
+
+    def _ensure_stats_task(self) -> None:
+        if self._stats_task is not None or self._metrics is None:
+            return
+        try:
+            self._stats_task = asyncio.get_running_loop().create_task(self._publish_stats())
+        except RuntimeError:
+            pass
+
+    async def _publish_stats(self) -> None:
+        extra_fn = getattr(self._engine, "extra_stats", None)
+        while True:
+            try:
+                extra = extra_fn() if extra_fn is not None else None
+                self._metrics.observe_stats(self._engine.stats(), extra)
+            except Exception:
+                logger.debug("stats publish failed", exc_info=True)
+            await asyncio.sleep(STATS_PERIOD_S)

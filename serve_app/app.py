@@ -1,0 +1,111 @@
+"""The builder ``serve run configs/<name>.yaml`` calls: ``import_path: serve_app.app:build_app``.
+
+Graph: ``OpenAIIngress`` (HTTP) -> ``Router`` (decisions, global state) and -> one engine
+deployment per pool (``TTMeshReplica-<pool>`` / ``VllmReplica-<pool>``), each engine
+deployment with ``PinnedReplicaRouter`` on its handles so the ingress reaches the replica the
+router chose. The router also holds the pool handles (to poll replica stats).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from accel.contract import ConfigError
+from serve_app.config import AppConfig, PoolConfig, load_app_config
+
+logger = logging.getLogger(__name__)
+
+PINNED_ROUTER = "deployments.pinned_router:PinnedReplicaRouter"
+ROUTER_NAME = "Router"
+INGRESS_NAME = "OpenAIIngress"
+
+
+def validate_engine_args(config: AppConfig) -> None:
+    """Each pool's engine_args through its engine's ``from_engine_args``, when that engine's
+    config module is importable here (it is not, e.g., for the TT engine on a machine without
+    it installed); the replica validates again when it starts."""
+    for i, pool in enumerate(config.pools):
+        try:
+            if pool.engine == "tt":
+                from accel.tt.config import TTEngineConfig as cfg_cls
+            else:
+                from accel.tpu.config import VllmEngineConfig as cfg_cls
+        except ImportError:
+            logger.info("engine config for %s not importable; engine_args checked at replica start", pool.engine)
+            continue
+        try:
+            cfg_cls.from_engine_args(pool.engine_args_for_engine())
+        except (ConfigError, ValueError, TypeError) as exc:
+            raise ConfigError(f"{config.config_file}: pools[{i}].engine_args: {exc}") from None
+
+
+def engine_deployment_options(pool: PoolConfig) -> dict[str, Any]:
+    from ray.serve.config import RequestRouterConfig
+
+    if pool.engine == "tt":
+        from deployments.tt_replica import deployment_options
+    else:
+        from deployments.vllm_replica import deployment_options
+    opts = deployment_options(pool)
+    opts.update(
+        name=pool.deployment_name,
+        max_ongoing_requests=pool.max_ongoing_requests,
+        max_queued_requests=pool.max_queued_requests,
+        graceful_shutdown_timeout_s=pool.graceful_shutdown_timeout_s,
+        health_check_period_s=10,
+        # Per-call access logs on the token path (and the router's stats polls) cost CPU per
+        # request; the ingress keeps its HTTP access log.
+        logging_config={"enable_access_log": False},
+        request_router_config=RequestRouterConfig(
+            request_router_class=PINNED_ROUTER, request_routing_stats_period_s=2),
+    )
+    if pool.autoscaling is not None:
+        a = pool.autoscaling
+        opts["autoscaling_config"] = {
+            "min_replicas": a.min_replicas, "max_replicas": a.max_replicas,
+            "initial_replicas": a.initial_replicas, "target_ongoing_requests": a.target_ongoing_requests,
+            "upscale_delay_s": a.upscale_delay_s, "downscale_delay_s": a.downscale_delay_s}
+    else:
+        opts["num_replicas"] = pool.replicas
+    return opts
+
+
+def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | None = None):
+    """The application graph of a validated config. ``engine_factories`` (engine kind ->
+    ``callable(PoolConfig) -> Engine``) replaces the real engines, for tests."""
+    from ray import serve
+
+    from deployments.ingress import make_ingress_class, pool_infos
+    from deployments.router_deployment import RouterDeployment
+    from deployments.tt_replica import TTMeshReplica
+    from deployments.vllm_replica import VllmReplica
+
+    factories = dict(engine_factories or {})
+    pool_apps = {}
+    for pool in config.pools:
+        cls = TTMeshReplica if pool.engine == "tt" else VllmReplica
+        deployment = serve.deployment(cls).options(**engine_deployment_options(pool))
+        pool_apps[pool.name] = deployment.bind(pool, factories.get(pool.engine))
+    router = serve.deployment(RouterDeployment).options(
+        name=ROUTER_NAME, num_replicas=config.router.replicas,
+        ray_actor_options={"num_cpus": config.router.num_cpus},
+        max_ongoing_requests=100_000,
+        logging_config={"enable_access_log": False},
+    ).bind(pool_infos(config), pool_apps, config.router.stats_period_s)
+    ingress = serve.deployment(make_ingress_class()).options(
+        name=INGRESS_NAME, num_replicas=config.ingress.replicas,
+        ray_actor_options={"num_cpus": config.ingress.num_cpus},
+        # Our own bound (max_concurrent_requests -> 429) decides; Serve's must not be lower.
+        max_ongoing_requests=config.ingress.max_concurrent_requests + 16,
+    ).bind(config, router, pool_apps)
+    return ingress
+
+
+def build_app(args: dict[str, Any]):
+    """Serve builder: YAML ``args`` -> ``Application``. Raises ``ConfigError`` naming the file
+    (``args.config_file``) and the key."""
+    config = load_app_config(args)
+    validate_engine_args(config)
+    return build_from_config(config)

@@ -1,0 +1,122 @@
+"""The YAML ``args`` schema of the application, as pydantic models (the edge only).
+
+Every model forbids unknown keys, so a typo fails the build with the key's path. ``config.py``
+turns a validated ``AppArgs`` into the frozen dataclasses the rest of the application reads.
+
+Schema (``applications[].args`` of a Serve config file)::
+
+    config_file: configs/local.yaml     # optional; named in error messages (see config.py)
+    models:
+    - name: tiny-llama                  # the served name (the OpenAI "model" field)
+      path: ~/.cache/meshserve/checkpoints/tiny-llama
+      max_model_len: 512                # optional; else the pools' engine_args, else config.json
+    pools:
+    - name: tt                          # unique; also the x-meshserve-pool routing header value
+      engine: tt | vllm
+      accelerator: tt | tpu | cuda | cpu
+      model: tiny-llama
+      role: both | prefill | decode
+      replicas: 2                       # or autoscaling: {min_replicas, max_replicas, ...}
+      max_ongoing_requests: 64          # per replica, Serve's own bound
+      max_queued_requests: 64           # per handle, past it Serve rejects (-> 503 / 429)
+      engine_args: {...}                # vLLM-spelled; validated by the engine's from_engine_args
+      resources: {num_cpus: 0.5, memory: ..., resources: {...}}
+      tt: {mesh_device: T3K}            # tt pools on accelerator tt
+      tpu: {type: v6e, topology: 4x4}   # tpu pools
+    router: {policy: least_loaded, replicas: 1, stats_period_s: 0.5, decision_timeout_s: 0.2}
+    pd: {threshold_tokens: 512}
+    ingress: {replicas: 1, max_concurrent_requests: 256, retry_after_s: 1, num_cpus: 0}
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelArgs(_Strict):
+    name: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+    max_model_len: int | None = Field(default=None, ge=1)
+
+
+class AutoscalingArgs(_Strict):
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=1, ge=1)
+    initial_replicas: int | None = Field(default=None, ge=0)
+    target_ongoing_requests: float = Field(default=8.0, gt=0)
+    upscale_delay_s: float = Field(default=30.0, ge=0)
+    downscale_delay_s: float = Field(default=600.0, ge=0)
+
+
+class ResourceArgs(_Strict):
+    """Ray actor resources of one replica (on top of what the accelerator implies)."""
+
+    num_cpus: float = Field(default=1.0, ge=0)
+    memory: int | None = Field(default=None, ge=0)
+    resources: dict[str, float] = Field(default_factory=dict)
+
+
+class TTArgs(_Strict):
+    # tt-metal's MESH_DEVICE: N150, N300, T3K, TG, P150, P150x4, P150x8 or a literal "(r,c)".
+    mesh_device: str = "N150"
+
+
+class TPUArgs(_Strict):
+    type: Literal["v5e", "v5p", "v6e", "v7x"]
+    topology: str
+
+
+class PoolArgs(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_-]+$")
+    engine: Literal["tt", "vllm"]
+    accelerator: Literal["tt", "tpu", "cuda", "cpu"]
+    model: str
+    role: Literal["both", "prefill", "decode"] = "both"
+    replicas: int | None = Field(default=None, ge=0)
+    autoscaling: AutoscalingArgs | None = None
+    max_ongoing_requests: int = Field(default=64, ge=1)
+    max_queued_requests: int = Field(default=-1, ge=-1)
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    resources: ResourceArgs = Field(default_factory=ResourceArgs)
+    tt: TTArgs | None = None
+    tpu: TPUArgs | None = None
+    # Seconds Serve waits for in-flight requests on scale-down/shutdown before killing the replica.
+    graceful_shutdown_timeout_s: float = Field(default=20.0, ge=0)
+
+
+class RouterArgs(_Strict):
+    policy: Literal["least_loaded"] = "least_loaded"
+    replicas: int = Field(default=1, ge=1)
+    num_cpus: float = Field(default=0.0, ge=0)
+    # How often the router polls every engine replica's stats (membership + load).
+    stats_period_s: float = Field(default=0.5, gt=0)
+    # The ingress waits this long for a decision before choosing locally (counted as a fallback).
+    decision_timeout_s: float = Field(default=0.2, gt=0)
+
+
+class PDArgs(_Strict):
+    # Prompts at least this long are planned as prefill-on-one-pool, decode-on-another.
+    threshold_tokens: int = Field(default=512, ge=1)
+
+
+class IngressArgs(_Strict):
+    replicas: int = Field(default=1, ge=1)
+    num_cpus: float = Field(default=0.0, ge=0)
+    # Requests one ingress replica holds at once; past it new ones get 429 + Retry-After.
+    max_concurrent_requests: int = Field(default=256, ge=1)
+    retry_after_s: int = Field(default=1, ge=0)
+
+
+class AppArgs(_Strict):
+    config_file: str | None = None
+    models: list[ModelArgs] = Field(min_length=1)
+    pools: list[PoolArgs] = Field(min_length=1)
+    router: RouterArgs = Field(default_factory=RouterArgs)
+    pd: PDArgs = Field(default_factory=PDArgs)
+    ingress: IngressArgs = Field(default_factory=IngressArgs)

@@ -1,0 +1,148 @@
+"""Engine ``OutputDelta``s -> OpenAI responses and SSE chunks, for completions and chat.
+
+``ChoiceState`` accumulates one choice (one engine request); the renderers read it. Usage
+follows vLLM: prompt tokens (and cached prompt tokens) once per prompt, completion tokens
+summed over every choice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from accel.contract import OutputDelta, TokenLogprob
+from accel.text.tokenizer import TextTokenizer
+from serve_app.protocol.chat import (
+    ChatCompletionResponse, ChatCompletionResponseChoice, ChatCompletionResponseStreamChoice,
+    ChatCompletionStreamResponse, ChatMessage, DeltaMessage,
+)
+from serve_app.protocol.common import UsageInfo, make_usage
+from serve_app.protocol.completions import (
+    CompletionResponse, CompletionResponseChoice, CompletionResponseStreamChoice, CompletionStreamResponse,
+)
+from serve_app.protocol.logprobs import chat_logprobs, completion_logprobs
+
+
+@dataclass
+class ChoiceState:
+    index: int
+    prompt_index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    num_prompt_tokens: int = 0
+    num_completion_tokens: int = 0
+    num_cached_tokens: int = 0
+
+    def add(self, delta: OutputDelta) -> None:
+        self.text += delta.text
+        self.token_ids.extend(delta.new_token_ids)
+        if delta.logprobs:
+            self.logprobs.extend(delta.logprobs)
+        self.num_prompt_tokens = delta.num_prompt_tokens
+        self.num_completion_tokens = delta.num_completion_tokens
+        self.num_cached_tokens = delta.num_cached_tokens
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason.value
+            self.stop_reason = delta.stop_reason
+
+
+def usage_of(choices: Sequence[ChoiceState]) -> UsageInfo:
+    per_prompt: dict[int, ChoiceState] = {}
+    for c in choices:
+        per_prompt.setdefault(c.prompt_index, c)
+    return make_usage(sum(c.num_prompt_tokens for c in per_prompt.values()),
+                      sum(c.num_completion_tokens for c in choices),
+                      sum(c.num_cached_tokens for c in per_prompt.values()))
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    request_id: str
+    created: int
+    model: str
+    num_logprobs: int | None      # None: no logprobs requested
+    return_token_ids: bool
+    include_usage: bool
+
+
+def completion_response(opts: RenderOptions, tok: TextTokenizer, choices: Sequence[ChoiceState],
+                        prompts: Sequence[Sequence[int]]) -> CompletionResponse:
+    out = []
+    for c in choices:
+        lps = (completion_logprobs(tok, c.logprobs, opts.num_logprobs, 0)
+               if opts.num_logprobs is not None else None)
+        out.append(CompletionResponseChoice(
+            index=c.index, text=c.text, logprobs=lps, finish_reason=c.finish_reason,
+            stop_reason=c.stop_reason,
+            token_ids=c.token_ids if opts.return_token_ids else None,
+            prompt_token_ids=list(prompts[c.prompt_index]) if opts.return_token_ids else None))
+    return CompletionResponse(id=opts.request_id, created=opts.created, model=opts.model,
+                              choices=out, usage=usage_of(choices))
+
+
+def completion_chunk(opts: RenderOptions, tok: TextTokenizer, choice: ChoiceState,
+                     delta: OutputDelta, text_offset: int) -> CompletionStreamResponse:
+    lps = None
+    if opts.num_logprobs is not None and delta.logprobs:
+        lps = completion_logprobs(tok, delta.logprobs, opts.num_logprobs, text_offset)
+    return CompletionStreamResponse(
+        id=opts.request_id, created=opts.created, model=opts.model,
+        choices=[CompletionResponseStreamChoice(
+            index=choice.index, text=delta.text, logprobs=lps,
+            finish_reason=delta.finish_reason.value if delta.finish_reason else None,
+            stop_reason=delta.stop_reason if delta.finish_reason else None,
+            token_ids=list(delta.new_token_ids) if opts.return_token_ids else None)])
+
+
+def completion_usage_chunk(opts: RenderOptions, choices: Sequence[ChoiceState]) -> CompletionStreamResponse:
+    return CompletionStreamResponse(id=opts.request_id, created=opts.created, model=opts.model,
+                                    choices=[], usage=usage_of(choices))
+
+
+def chat_response(opts: RenderOptions, tok: TextTokenizer, choices: Sequence[ChoiceState],
+                  prompt: Sequence[int]) -> ChatCompletionResponse:
+    out = []
+    for c in choices:
+        lps = chat_logprobs(tok, c.logprobs, opts.num_logprobs) if opts.num_logprobs is not None else None
+        out.append(ChatCompletionResponseChoice(
+            index=c.index, message=ChatMessage(role="assistant", content=c.text), logprobs=lps,
+            finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+            token_ids=c.token_ids if opts.return_token_ids else None))
+    return ChatCompletionResponse(id=opts.request_id, created=opts.created, model=opts.model,
+                                  choices=out, usage=usage_of(choices),
+                                  prompt_token_ids=list(prompt) if opts.return_token_ids else None)
+
+
+def chat_role_chunk(opts: RenderOptions, index: int) -> ChatCompletionStreamResponse:
+    return ChatCompletionStreamResponse(
+        id=opts.request_id, created=opts.created, model=opts.model,
+        choices=[ChatCompletionResponseStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
+
+
+def chat_chunk(opts: RenderOptions, tok: TextTokenizer, choice: ChoiceState,
+               delta: OutputDelta) -> ChatCompletionStreamResponse:
+    lps = None
+    if opts.num_logprobs is not None and delta.logprobs:
+        lps = chat_logprobs(tok, delta.logprobs, opts.num_logprobs)
+    return ChatCompletionStreamResponse(
+        id=opts.request_id, created=opts.created, model=opts.model,
+        choices=[ChatCompletionResponseStreamChoice(
+            index=choice.index, delta=DeltaMessage(content=delta.text), logprobs=lps,
+            finish_reason=delta.finish_reason.value if delta.finish_reason else None,
+            stop_reason=delta.stop_reason if delta.finish_reason else None,
+            token_ids=list(delta.new_token_ids) if opts.return_token_ids else None)])
+
+
+def chat_usage_chunk(opts: RenderOptions, choices: Sequence[ChoiceState]) -> ChatCompletionStreamResponse:
+    return ChatCompletionStreamResponse(id=opts.request_id, created=opts.created, model=opts.model,
+                                        choices=[], usage=usage_of(choices))
+
+
+def sse(payload) -> str:
+    return f"data: {payload.model_dump_json(exclude_none=True)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"

@@ -1,0 +1,35 @@
+"""Request fields shared by /v1/completions and /v1/chat/completions (vLLM's spellings)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from serve_app.protocol.common import OpenAIBaseModel, StreamOptions
+
+
+class SamplingFields(OpenAIBaseModel):
+    model: str | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    n: int = 1
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    user: str | None = None
+    # vLLM extensions
+    use_beam_search: bool = False
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = Field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    return_token_ids: bool | None = None
+    # Our extension (also accepted as the x-session-id header): a key the router keeps together.
+    session_id: str | None = None
