@@ -1,0 +1,71 @@
+"""Depth-2 in-flight queue: overlap the host's work with the mesh's decode compute.
+
+Steady decode (same batch layout as the previous decode, device sampling, no logprobs, async
+scheduling on, tracing on) leaves the submitted step in flight: the engine applies the previous
+step's tokens (detokenize, stops, deltas) and schedules the next step while the mesh computes.
+The next decode's input tokens are the in-flight step's sampled tokens (``PENDING_TOKEN`` rows):
+the queue finalizes that step and feeds them just before submitting. Anything else drains: a
+prefill (prefill is synchronous), a layout change, host sampling, logprobs, or an empty plan.
+
+``execute(plan)`` returns the (plan, result) pairs that completed, oldest first; at most two
+steps are ever outstanding (the one being applied and the one computing).
+"""
+
+from __future__ import annotations
+
+from accel.tt.runner import MeshRunner, PendingStep, StepResult
+from accel.tt.step_plan import StepMode, StepPlan
+
+Completed = list[tuple[StepPlan, StepResult]]
+
+
+class AsyncDecodeQueue:
+    def __init__(self, runner: MeshRunner, is_enabled: bool):
+        self.runner = runner
+        self.is_enabled = is_enabled
+        self._inflight: PendingStep | None = None
+        self._last_decode_layout: tuple[tuple[int, str], ...] | None = None
+        self.num_overlapped_steps = 0
+
+    @property
+    def has_inflight(self) -> bool:
+        return self._inflight is not None
+
+    def execute(self, plan: StepPlan) -> Completed:
+        done: Completed = []
+        prev, self._inflight = self._inflight, None
+        if plan.mode is StepMode.EMPTY:
+            if prev is not None:
+                done.append((prev.plan, prev.finalize()))
+            return done
+        fed = None
+        if prev is not None:
+            prev_result = prev.finalize()  # its tokens are this step's PENDING_TOKEN inputs
+            fed = prev_result.tokens_by_row(prev.plan)
+            done.append((prev.plan, prev_result))
+        pending = self.runner.submit(plan, fed)
+        if self._is_steady(plan):
+            self._inflight = pending
+            self.num_overlapped_steps += 1
+        else:
+            done.append((plan, pending.finalize()))
+        return done
+
+    def drain(self) -> Completed:
+        prev, self._inflight = self._inflight, None
+        return [] if prev is None else [(prev.plan, prev.finalize())]
+
+    def reset(self) -> None:
+        """Forget the in-flight step (after a failed step; its requests were aborted)."""
+        self._inflight = None
+        self._last_decode_layout = None
+
+    def _is_steady(self, plan: StepPlan) -> bool:
+        if not plan.is_decode:
+            self._last_decode_layout = None
+            return False
+        layout = tuple((r.row, r.req_id) for r in plan.rows)
+        same_layout = layout == self._last_decode_layout
+        self._last_decode_layout = layout
+        return (self.is_enabled and same_layout and self.runner.policy.use_device(plan)
+                and not any(r.sampling.logprobs is not None for r in plan.rows))

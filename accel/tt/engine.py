@@ -1,0 +1,310 @@
+"""``TTMeshEngine``: one Tenstorrent mesh (or its torch stand-in) driven from one process.
+
+Construction resolves the model class for the checkpoint's architecture, builds it with
+``initialize_vllm_model`` (global slot count, lane count), allocates one KV set per lane, warms
+up, then starts ONE background thread running the step loop (no process per lane). The asyncio
+side only validates requests, posts commands to that thread and reads per-request delta queues;
+the thread owns every piece of scheduling state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from accel.contract import (EngineStats, FinishReason, GenerateRequest, InvalidRequestError,
+                            OutputDelta)
+from accel.text.output_builder import OutputBuilder
+from accel.text.tokenizer import load_tokenizer
+from accel.tt.async_decode import AsyncDecodeQueue
+from accel.tt.block_pool import BlockPool, KVEvent
+from accel.tt.config import TTEngineConfig, check_model_capabilities
+from accel.tt.engine_core import EngineCore, StepRecord
+from accel.tt.lane_coordinator import LaneCoordinator
+from accel.tt.mesh_model import SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING
+from accel.tt.request_state import RequestState
+from accel.tt.runner import MeshRunner
+from accel.tt.sampling_policy import SamplingPolicy
+from accel.tt.scheduler import LaneScheduler
+
+logger = logging.getLogger(__name__)
+
+
+class TTMeshEngine:
+    """Implements ``accel.contract.Engine`` for a TT mesh replica.
+
+    ``backend``: an opened ``accel.tt.backend.MeshBackend`` (default: ``open_backend("auto")``:
+    the ttnn mesh when chips are present, else the torch program). ``model_class`` overrides the
+    registry (tests, benchmarks). ``keep_step_log`` records a ``StepRecord`` per step.
+    """
+
+    def __init__(self, config: TTEngineConfig, *, backend: Any = None, model_class: type | None = None,
+                 keep_step_log: bool = False):
+        self.config = config
+        self.tokenizer = load_tokenizer(config.tokenizer_path)
+        self._hf_config = _load_hf_config(config.model)
+        self._backend = backend if backend is not None or model_class is not None else _open_default_backend()
+        model_cls = model_class or self._backend.model_class(self._hf_config)
+        capabilities: Mapping[str, Any] = getattr(model_cls, "model_capabilities", {})
+        check_model_capabilities(config, capabilities)
+        self.enable_prefix_caching = (bool(capabilities.get(SUPPORTS_PREFIX_CACHING, False))
+                                      if config.enable_prefix_caching is None else config.enable_prefix_caching)
+        self.model = _build_model(model_cls, self._hf_config, self._mesh_device, config)
+        self.vocab_size = int(self._hf_config.vocab_size)
+        self.num_blocks_per_lane = _num_blocks_per_lane(model_cls, config)
+        kv_cache = self.model.allocate_kv_cache(_kv_block_shape(self._hf_config, config, self.num_blocks_per_lane),
+                                                _kv_dtype(), int(self._hf_config.num_hidden_layers))
+        policy = SamplingPolicy(config.tt.sample_on_device_mode, config.tt.always_compat_sampling,
+                                dict(capabilities))
+        runner = MeshRunner(self.model, kv_cache, config, policy, self.tokenizer.eos_token_ids, self.vocab_size)
+        if config.tt.enable_model_warmup:
+            runner.warmup()
+        is_async = (config.async_scheduling and config.tt.trace_mode != "none"
+                    and bool(capabilities.get(SUPPORTS_ASYNC_DECODE, False)))
+        lanes = [LaneScheduler(i, config.max_num_seqs,
+                               BlockPool(self.num_blocks_per_lane, config.block_size, self.enable_prefix_caching, lane=i),
+                               config.max_num_batched_tokens, config.max_model_len)
+                 for i in range(config.num_lanes)]
+        self.core = EngineCore(LaneCoordinator(lanes), AsyncDecodeQueue(runner, is_async), keep_step_log)
+        self.platform = _platform_name(self._backend, self.model)
+        self._cv = threading.Condition()
+        self._inbox: deque[tuple[str, Any]] = deque()
+        self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._kv_events: deque[KVEvent] = deque()
+        self._stats = self._snapshot()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="tt-mesh-engine", daemon=True)
+        self._thread.start()
+
+    # ---- public API (Engine contract) ----------------------------------------------------
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[OutputDelta]:
+        """Stream ``request``'s deltas; the last one has ``finish_reason`` set. Leaving the
+        iteration early (client gone) aborts the request and frees its blocks."""
+        self._validate(request)
+        req_id = request.request_id
+        queue: asyncio.Queue = asyncio.Queue()
+        with self._cv:
+            if req_id in self._sinks:
+                raise InvalidRequestError("request_id", f"{req_id!r} is already running")
+            self._sinks[req_id] = (asyncio.get_running_loop(), queue)
+        output = OutputBuilder(request, self.tokenizer.fast, self.tokenizer.eos_token_ids, self.max_model_len)
+        self._post("add", RequestState.new(request, lane=-1, output=output))
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self._post("abort", req_id)
+            with self._cv:
+                self._sinks.pop(req_id, None)
+
+    async def abort(self, request_id: str) -> None:
+        self._post("abort", request_id)
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    def take_kv_events(self) -> list[KVEvent]:
+        """KV blocks stored / evicted since the previous call (for the router's prefix index)."""
+        events = []
+        while self._kv_events:
+            events.append(self._kv_events.popleft())
+        return events
+
+    @property
+    def step_log(self) -> list[StepRecord]:
+        return self.core.step_log
+
+    async def shutdown(self) -> None:
+        await asyncio.to_thread(self.close)
+
+    def close(self) -> None:
+        with self._cv:
+            if self._stopped:
+                return
+            self._stopped = True
+            self._cv.notify()
+        self._thread.join()
+        close = getattr(self.model, "close", None)
+        if close is not None:
+            close()
+        if self._backend is not None and hasattr(self._backend, "close"):
+            self._backend.close()
+
+    # ---- the step loop (engine thread) ---------------------------------------------------
+    def _post(self, kind: str, payload: Any) -> None:
+        with self._cv:
+            self._inbox.append((kind, payload))
+            self._cv.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._inbox and not self._stopped and not self.core.has_work():
+                    self._cv.wait()
+                if self._stopped:
+                    break
+                commands = list(self._inbox)
+                self._inbox.clear()
+            deltas = [d for kind, payload in commands for d in self._apply(kind, payload)]
+            if self.core.has_work():
+                num_steps = self.core.num_steps
+                try:
+                    deltas += self.core.step()
+                except Exception as exc:  # a failed forward must not kill the replica
+                    logger.exception("TT mesh engine step failed; aborting every request")
+                    deltas += self._fail_all(exc)
+                if not deltas and self.core.num_steps == num_steps:
+                    with self._cv:  # nothing could run (waiting on nothing): avoid spinning
+                        self._cv.wait(0.001)
+            self._deliver(deltas)
+            self._kv_events.extend(self.core.take_kv_events())
+            self._stats = self._snapshot()
+        self._deliver(self.core.drain())
+        for req_id in list(self.core.requests):
+            self._deliver([self.core.abort_request(req_id)])
+
+    def _apply(self, kind: str, payload: Any) -> list[OutputDelta]:
+        if kind == "add":
+            self.core.add_request(payload)
+            return []
+        delta = self.core.abort_request(payload)
+        return [] if delta is None else [delta]
+
+    def _fail_all(self, exc: Exception) -> list[Any]:
+        failed = []
+        for req_id in list(self.core.requests):
+            self.core.abort_request(req_id)
+            failed.append((req_id, RuntimeError(f"TT mesh engine step failed: {exc}")))
+        self.core.queue.reset()
+        return failed
+
+    def _deliver(self, items: list[Any]) -> None:
+        """Hand deltas (or (req_id, exception) pairs) to their asyncio queues, one
+        ``call_soon_threadsafe`` per event loop per step."""
+        if not items:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]] = {}
+        with self._cv:
+            for item in items:
+                req_id, value = (item.request_id, item) if isinstance(item, OutputDelta) else item
+                sink = self._sinks.get(req_id)
+                if sink is not None:
+                    by_loop.setdefault(sink[0], []).append((sink[1], value))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, batch)
+            except RuntimeError:  # that event loop is closed; its requests are gone
+                pass
+
+    def _snapshot(self) -> EngineStats:
+        lanes = self.core.coordinator.lanes
+        return EngineStats(
+            num_waiting=sum(len(lane.waiting) for lane in lanes),
+            num_running=sum(len(lane.running) for lane in lanes),
+            num_kv_blocks_total=self.num_blocks_per_lane * self.config.num_lanes,
+            num_kv_blocks_free=sum(lane.pool.num_free_blocks for lane in lanes),
+            prefix_cache_queries=sum(lane.pool.prefix_cache_queries for lane in lanes),
+            prefix_cache_hits=sum(lane.pool.prefix_cache_hits for lane in lanes),
+            platform=self.platform,
+        )
+
+    # ---- validation ----------------------------------------------------------------------
+    def _validate(self, request: GenerateRequest) -> None:
+        n = request.num_prompt_tokens
+        if n >= self.max_model_len:
+            raise InvalidRequestError("prompt", f"the prompt has {n} tokens but max_model_len is "
+                                      f"{self.max_model_len}; at least one token must be generated")
+        bad = next((t for t in request.prompt_token_ids if t >= self.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError("prompt", f"token id {bad} is outside the vocabulary "
+                                      f"(size {self.vocab_size})")
+        kv = request.kv_transfer
+        if kv is not None and (kv.do_remote_decode or kv.do_remote_prefill):
+            raise InvalidRequestError("kv_transfer_params",
+                                      "KV export/import is not supported by the TT mesh engine yet")
+
+    @property
+    def _mesh_device(self) -> Any:
+        return getattr(self._backend, "mesh_device", None)
+
+
+def _put_all(batch: list[tuple[asyncio.Queue, Any]]) -> None:
+    for queue, value in batch:
+        queue.put_nowait(value)
+
+
+# ---- construction helpers ------------------------------------------------------------------
+def _load_hf_config(model: str) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model, local_files_only=True)
+
+
+def _open_default_backend() -> Any:
+    from accel.tt.backend import open_backend
+
+    return open_backend("auto")
+
+
+def _build_model(model_cls: type, hf_config: Any, mesh_device: Any, config: TTEngineConfig) -> Any:
+    optional = {"max_seq_len": config.max_model_len, "tt_data_parallel": config.num_lanes,
+                "optimizations": config.tt.optimizations}
+    try:
+        from accel.tt.backend import load_mesh_model
+    except ImportError:  # the backend module is optional for injected model classes
+        return model_cls.initialize_vllm_model(hf_config, mesh_device, config.max_num_seqs_global, **optional)
+    return load_mesh_model(model_cls, hf_config, mesh_device, config.max_num_seqs_global, **optional)
+
+
+def _num_blocks_per_lane(model_cls: type, config: TTEngineConfig) -> int:
+    """KV blocks per lane (§3): the override, else the model's token pool plus one block of
+    headroom per slot, else every slot at full length."""
+    if config.num_gpu_blocks_override is not None:
+        return config.num_gpu_blocks_override
+    bs = config.block_size
+    get_max = getattr(model_cls, "get_max_tokens_all_users", None)
+    tokens = None
+    if get_max is not None:
+        tokens = get_max(model_name=config.model, num_devices=1, tt_data_parallel=config.num_lanes,
+                         max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs)
+    if not tokens:
+        tokens = config.max_num_seqs * config.max_model_len
+    return max(-(-(int(tokens) + bs * config.max_num_seqs) // bs), config.max_num_blocks_per_req)
+
+
+def _kv_block_shape(hf_config: Any, config: TTEngineConfig, num_blocks: int) -> tuple[int, int, int, int]:
+    num_heads = int(hf_config.num_attention_heads)
+    num_kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or num_heads)
+    head_dim = int(getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads)
+    return (num_blocks, num_kv_heads, config.block_size, head_dim)
+
+
+def _kv_dtype() -> Any:
+    import torch
+
+    return torch.float32
+
+
+def _platform_name(backend: Any, model: Any) -> str:
+    if getattr(backend, "kind", None) == "ttnn":
+        return "ttnn"
+    device = getattr(model, "device", None)
+    return f"tt-torch-{getattr(device, 'type', 'cpu')}"

@@ -1,0 +1,136 @@
+"""The engine step: plan = schedule(); results = execute(plan); outputs = update(results).
+
+``EngineCore`` owns the request states and is driven by exactly one thread (the engine's step
+loop). It records a ``StepRecord`` per executed step so tests can prove the lane rules: every
+step homogeneous (one mode), each request on its lane, one mesh dispatch per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from accel.contract import FinishReason, OutputDelta
+from accel.tt.async_decode import AsyncDecodeQueue
+from accel.tt.block_pool import KVEvent
+from accel.tt.lane_coordinator import LaneCoordinator
+from accel.tt.request_state import RequestState, RequestStatus
+from accel.tt.runner import NO_TOKEN, StepResult
+from accel.tt.step_plan import StepMode, StepPlan
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step_id: int
+    mode: StepMode
+    # per lane: ((req_id, row, num_scheduled_tokens), ...)
+    lane_rows: tuple[tuple[tuple[str, int, int], ...], ...]
+    num_dispatches: int             # mesh-model calls made for this plan
+    is_device_sampled: bool | None  # None until the step's result is applied
+    is_decode_retry: bool
+    preempted_req_ids: frozenset[str]
+
+
+class EngineCore:
+    def __init__(self, coordinator: LaneCoordinator, queue: AsyncDecodeQueue,
+                 keep_step_log: bool = False):
+        self.coordinator = coordinator
+        self.queue = queue
+        self.requests: dict[str, RequestState] = {}
+        self.keep_step_log = keep_step_log
+        self.step_log: list[StepRecord] = []
+        self.num_steps = 0
+
+    # ---- requests ----------------------------------------------------------------------
+    def add_request(self, r: RequestState) -> None:
+        assert r.req_id not in self.requests, f"duplicate request id {r.req_id}"
+        self.requests[r.req_id] = r
+        self.coordinator.add_request(r)
+
+    def abort_request(self, req_id: str) -> OutputDelta | None:
+        """Free everything ``req_id`` holds; its final delta (ABORT), or None if unknown/done."""
+        r = self.requests.get(req_id)
+        if r is None or r.is_finished:
+            return None
+        self._finish(r)
+        return r.output.finish(FinishReason.ABORT)
+
+    def has_work(self) -> bool:
+        return self.coordinator.has_work() or self.queue.has_inflight
+
+    # ---- the step ----------------------------------------------------------------------
+    def step(self) -> list[OutputDelta]:
+        plan = self.coordinator.schedule()
+        num_before = self.queue.runner.num_dispatches
+        completed = self.queue.execute(plan)
+        self._record(plan, self.queue.runner.num_dispatches - num_before)
+        return [delta for done_plan, result in completed for delta in self.update(done_plan, result)]
+
+    def drain(self) -> list[OutputDelta]:
+        return [d for p, res in self.queue.drain() for d in self.update(p, res)]
+
+    def update(self, plan: StepPlan, result: StepResult) -> list[OutputDelta]:
+        """Apply a finished step: append tokens, build deltas, finish requests, cache blocks."""
+        outputs: list[OutputDelta] = []
+        touched: list[RequestState] = []
+        logprobs = result.logprobs
+        for i, (row, token) in enumerate(zip(plan.rows, result.token_ids)):
+            r = self.requests.get(row.req_id)
+            if r is None or r.is_finished:
+                continue  # finished or aborted while this step was in flight
+            touched.append(r)
+            if token == NO_TOKEN:
+                continue
+            r.num_pending -= 1
+            r.token_ids.append(token)
+            if not plan.is_decode and r.num_preemptions == 0:
+                r.output.num_cached_tokens = r.num_prefix_hit_tokens
+            lp = None if logprobs is None or logprobs[i] is None else [logprobs[i]]
+            delta = r.output.add_tokens([token], lp)
+            outputs.append(delta)
+            if delta.finished:
+                self._finish(r)
+        for lane in self.coordinator.lanes:
+            lane.cache_computed_blocks(r for r in touched if r.lane == lane.lane)
+        if self.keep_step_log:
+            self._mark_sampling(plan, result)
+        return outputs
+
+    def _finish(self, r: RequestState) -> None:
+        self.coordinator.finish_request(r)
+        del self.requests[r.req_id]
+        r.status = RequestStatus.FINISHED
+
+    # ---- observability -----------------------------------------------------------------
+    def take_kv_events(self) -> list[KVEvent]:
+        return [e for lane in self.coordinator.lanes for e in lane.pool.take_kv_events()]
+
+    def _record(self, plan: StepPlan, num_dispatches: int) -> None:
+        if plan.mode is StepMode.EMPTY:
+            return
+        self.num_steps += 1
+        if not self.keep_step_log:
+            return
+        lane_rows = tuple(tuple((r.req_id, r.row, r.num_scheduled_tokens) for r in plan.rows_of_lane(i))
+                          for i in range(plan.num_lanes))
+        self.step_log.append(StepRecord(plan.step_id, plan.mode, lane_rows, num_dispatches, None,
+                                        plan.is_decode_retry, plan.preempted_req_ids))
+
+    def _mark_sampling(self, plan: StepPlan, result: StepResult) -> None:
+        for i in range(len(self.step_log) - 1, -1, -1):
+            rec = self.step_log[i]
+            if rec.step_id == plan.step_id:
+                self.step_log[i] = StepRecord(rec.step_id, rec.mode, rec.lane_rows, rec.num_dispatches,
+                                              result.is_device_sampled, rec.is_decode_retry,
+                                              rec.preempted_req_ids)
+                return
+
+
+def lanes_of(records: Iterable[StepRecord]) -> dict[str, set[int]]:
+    """Request id -> every lane it was scheduled on (a test helper for static binding)."""
+    seen: dict[str, set[int]] = {}
+    for rec in records:
+        for lane, rows in enumerate(rec.lane_rows):
+            for req_id, _, _ in rows:
+                seen.setdefault(req_id, set()).add(lane)
+    return seen

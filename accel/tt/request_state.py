@@ -1,0 +1,107 @@
+"""Per-request engine state, owned by the engine thread.
+
+Token accounting (one convention everywhere):
+- ``token_ids`` = prompt + output tokens known on the host;
+- ``num_pending`` = tokens sampled by submitted steps whose results are not applied yet
+  (async decode); ``num_tokens = len(token_ids) + num_pending``;
+- ``num_computed`` = positions whose KV has been written (or is being written by a submitted
+  step); ``num_tokens - num_computed`` tokens still need a forward pass. A decode step computes
+  exactly one (the last token); a prefill step computes a chunk and samples only when the chunk
+  reaches ``num_tokens``.
+Preemption (recompute) frees the blocks and resets ``num_computed`` to 0; the outputs stay, so
+the resumed prefill covers prompt + outputs and samples the next token.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from accel.block_hash import ROOT_HASH, BlockHash, hash_block
+from accel.contract import GenerateRequest, SamplingParams
+
+if TYPE_CHECKING:
+    from accel.text.output_builder import OutputBuilder
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"      # queued in its lane (new or preempted)
+    RUNNING = "running"      # holds a slot and blocks
+    FINISHED = "finished"    # done or aborted; holds nothing
+
+
+@dataclass(eq=False)
+class RequestState:
+    request: GenerateRequest
+    lane: int
+    token_ids: list[int]
+    output: "OutputBuilder | None" = None
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed: int = 0
+    num_pending: int = 0
+    slot: int | None = None               # global slot (lane * per_lane + local), while running
+    block_ids: list[int] = field(default_factory=list)  # lane-local page table
+    block_hashes: list[BlockHash] = field(default_factory=list)  # of full blocks of token_ids
+    num_cached_blocks: int = 0            # leading blocks registered in the prefix cache
+    num_preemptions: int = 0
+    num_prefix_hit_tokens: int = 0        # from the latest admission
+
+    @classmethod
+    def new(cls, request: GenerateRequest, lane: int,
+            output: "OutputBuilder | None" = None) -> "RequestState":
+        return cls(request=request, lane=lane, token_ids=list(request.prompt_token_ids), output=output)
+
+    @property
+    def req_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.request.sampling
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.request.num_prompt_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids) + self.num_pending
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Outputs sampled so far, including pending ones."""
+        return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed
+
+    @property
+    def is_prefilling(self) -> bool:
+        """More than one token lacks KV: a (resumed or chunked) prefill is due."""
+        return self.num_uncomputed > 1
+
+    @property
+    def is_decode_ready(self) -> bool:
+        return self.num_uncomputed == 1
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def will_finish_by_length(self, max_model_len: int) -> bool:
+        """Its pending tokens already reach max_tokens or max_model_len: scheduling another
+        step would only compute a token that gets dropped."""
+        sp = self.sampling
+        if sp.max_tokens is not None and self.num_output_tokens >= sp.max_tokens:
+            return True
+        return self.num_tokens >= max_model_len
+
+    def update_block_hashes(self, block_size: int) -> None:
+        """Extend the chained hashes over every full block of known tokens."""
+        num_full = len(self.token_ids) // block_size
+        parent = self.block_hashes[-1] if self.block_hashes else ROOT_HASH
+        for i in range(len(self.block_hashes), num_full):
+            parent = hash_block(parent, self.token_ids[i * block_size:(i + 1) * block_size])
+            self.block_hashes.append(parent)

@@ -1,0 +1,239 @@
+"""The one place where bookkeeping becomes tensors: ``StepPlan`` -> one ``MeshModel`` call.
+
+Decode: every slot is on the wire (``B_wire = lanes * per_lane``, row == global slot); empty
+rows carry token 0, position -1 and a zero page-table row. Prefill: only the scheduled rows,
+front-packed in plan order, each with its full token row up to the chunk end. Exactly one mesh
+dispatch per non-empty plan (``num_dispatches`` counts them).
+
+Sampling happens inside the program when ``SamplingPolicy`` allows the whole batch, else the
+program returns logits and ``host_sampler`` samples the rows that emit a token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+from accel.contract import SamplingParams, TokenLogprob
+from accel.tt.config import TTEngineConfig
+from accel.tt.host_sampler import sample_on_host
+from accel.tt.mesh_model import MeshModel, SampledOutput, TTSamplingParams
+from accel.tt.sampling_policy import SamplingPolicy
+from accel.tt.step_plan import PENDING_TOKEN, RowPlan, StepMode, StepPlan
+
+NO_TOKEN = -1  # a row that samples nothing this step (intermediate prefill chunk)
+_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "presence_penalty", "frequency_penalty",
+                    "repetition_penalty", "seed", "num_logprobs")
+_PAD_ROW = tuple(TTSamplingParams.PAD_DEFAULTS[f] for f in _SAMPLING_FIELDS)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    token_ids: tuple[int, ...]  # one per plan row (plan order); NO_TOKEN where nothing is sampled
+    logprobs: tuple[TokenLogprob | None, ...] | None  # per plan row, when any row asked
+    is_device_sampled: bool
+
+    def tokens_by_row(self, plan: StepPlan) -> dict[int, int]:
+        return {r.row: t for r, t in zip(plan.rows, self.token_ids)}
+
+
+class PendingStep:
+    """A submitted step; ``finalize()`` waits for the device (once) and samples on the host."""
+
+    def __init__(self, plan: StepPlan, finalize_fn: Any):
+        self.plan = plan
+        self._finalize_fn = finalize_fn
+        self._result: StepResult | None = None
+
+    @property
+    def is_finalized(self) -> bool:
+        return self._result is not None
+
+    def finalize(self) -> StepResult:
+        if self._result is None:
+            self._result = self._finalize_fn()
+            self._finalize_fn = None
+        return self._result
+
+
+@lru_cache(maxsize=4096)
+def device_sampling_row(sp: SamplingParams, vocab_size: int) -> tuple:
+    """§6 normalization of one request's device sampling arguments (``_SAMPLING_FIELDS`` order)."""
+    top_k = vocab_size if sp.top_k <= 0 or sp.top_k >= vocab_size else sp.top_k
+    if sp.is_greedy:
+        temperature, top_k, top_p = 0.0, 1, 0.0
+    else:
+        temperature, top_p = float(sp.temperature), (0.0 if top_k == 1 else float(sp.top_p))
+    num_logprobs = -2 if sp.logprobs is None else sp.logprobs
+    return (temperature, top_k, top_p, float(sp.presence_penalty), float(sp.frequency_penalty),
+            float(sp.repetition_penalty), -1 if sp.seed is None else sp.seed, num_logprobs)
+
+
+class MeshRunner:
+    def __init__(self, model: MeshModel, kv_cache: Any, config: TTEngineConfig,
+                 policy: SamplingPolicy, eos_token_ids: frozenset[int], vocab_size: int):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.config = config
+        self.policy = policy
+        self.eos_token_ids = eos_token_ids
+        self.vocab_size = vocab_size
+        self.num_dispatches = 0
+        self._generator = torch.Generator()
+        self._generator.manual_seed(config.seed)
+        capacity = config.max_num_seqs_global
+        width = config.max_num_blocks_per_req
+        # Persistent host page table for decode: rows change only when a request gains a block.
+        self._page_table = torch.zeros(capacity, width, dtype=torch.int32)
+        self._row_blocks: list[tuple[int, ...]] = [()] * capacity
+        self._last_decode_layout: tuple[tuple[int, str], ...] | None = None
+        trace_mode = config.tt.trace_mode
+        self._decode_trace = trace_mode in ("all", "decode_only")
+        self._prefill_trace = trace_mode == "all"
+
+    # ---- warmup -------------------------------------------------------------------------
+    def warmup(self) -> None:
+        """Compile every shape, then capture traces (§7); prefill traces only with trace_mode=all."""
+        mode = self.config.tt.sample_on_device_mode
+        phases = [False] + ([True] if self._decode_trace else [])
+        for enable_trace in phases:
+            if hasattr(self.model, "already_warmed_up_prefill"):
+                self.model.already_warmed_up_prefill = False
+            if not enable_trace or self._prefill_trace:
+                self.model.warmup_model_prefill(enable_trace, kv_cache=self.kv_cache,
+                                                can_sample_on_device=mode == "all")
+            self.model.warmup_model_decode(enable_trace, kv_cache=self.kv_cache,
+                                           max_batch_size=self.config.max_num_seqs_global,
+                                           num_blocks=self.config.max_num_blocks_per_req,
+                                           can_sample_on_device=mode in ("all", "decode_only"))
+
+    # ---- execution ----------------------------------------------------------------------
+    def submit(self, plan: StepPlan, fed_tokens: Mapping[int, int] | None = None) -> PendingStep:
+        """Dispatch ``plan`` to the mesh (decode: asynchronously). ``fed_tokens`` (row -> token)
+        resolves ``PENDING_TOKEN`` inputs from the previous step's output."""
+        assert plan.mode is not StepMode.EMPTY
+        rows = plan.rows
+        if fed_tokens is not None:
+            rows = tuple(_feed(r, fed_tokens) for r in rows)
+        use_device = self.policy.use_device(plan)
+        self.num_dispatches += 1
+        if plan.is_decode:
+            return self._submit_decode(plan, rows, use_device)
+        return self._run_prefill(plan, rows, use_device)
+
+    def _submit_decode(self, plan: StepPlan, rows: Sequence[RowPlan], use_device: bool) -> PendingStep:
+        capacity = plan.capacity
+        tokens = [0] * capacity
+        positions = [-1] * capacity
+        for r in rows:
+            token = r.input_token_ids[0]
+            assert token != PENDING_TOKEN, f"{r.req_id}: decode input token never fed"
+            tokens[r.row] = token
+            positions[r.row] = r.start_pos
+        self._update_page_table(rows)
+        layout = tuple((r.row, r.req_id) for r in rows)
+        reset_batch = layout != self._last_decode_layout
+        self._last_decode_layout = layout
+        kwargs: dict[str, Any] = {}
+        if use_device:
+            kwargs["sampling_params"] = self._sampling_params(rows, capacity, by_slot=True)
+            kwargs["reset_batch"] = reset_batch
+        out = self.model.decode_forward(
+            tokens=torch.tensor(tokens, dtype=torch.int64).view(capacity, 1),
+            start_pos=torch.tensor(positions, dtype=torch.int32),
+            page_table=self._page_table.clone(), kv_cache=self.kv_cache,
+            enable_trace=self._decode_trace, read_from_device=False, **kwargs)
+        out, events = self.model.read_decode_output(out, async_read=True)
+
+        def finalize() -> StepResult:
+            for event in events:
+                event.synchronize()
+            host_out = self.model.process_decode_output_host(out, is_tokens=use_device)
+            return self._result(rows, [r.row for r in rows], host_out, use_device)
+
+        return PendingStep(plan, finalize)
+
+    def _run_prefill(self, plan: StepPlan, rows: Sequence[RowPlan], use_device: bool) -> PendingStep:
+        n = len(rows)
+        max_end = max(r.end_pos for r in rows)
+        tokens = torch.zeros(n, max_end, dtype=torch.int64)
+        page_table = torch.zeros(n, self.config.max_num_blocks_per_req, dtype=torch.int32)
+        for i, r in enumerate(rows):
+            tokens[i, :r.end_pos] = torch.tensor(r.input_token_ids, dtype=torch.int64)
+            page_table[i, :len(r.block_ids)] = torch.tensor(r.block_ids, dtype=torch.int32)
+        kwargs: dict[str, Any] = {}
+        if use_device:
+            kwargs["sampling_params"] = self._sampling_params(rows, n, by_slot=False)
+        out = self.model.prefill_forward(
+            tokens=tokens, page_table=page_table, kv_cache=self.kv_cache,
+            prompt_lens=[r.end_pos for r in rows], start_pos=[r.start_pos for r in rows],
+            empty_slots=[r.row for r in rows], enable_trace=self._prefill_trace, **kwargs)
+        if not use_device:
+            out = torch.as_tensor(out).reshape(n, -1)  # [n, 1, vocab] -> [n, vocab]
+        result = self._result(rows, list(range(n)), out, use_device)
+        return PendingStep(plan, lambda: result)
+
+    # ---- helpers --------------------------------------------------------------------------
+    def _result(self, rows: Sequence[RowPlan], out_index: list[int], out: Any,
+                use_device: bool) -> StepResult:
+        """Pick each row's token from the program output (``out_index``: row -> output index)."""
+        if use_device:
+            assert isinstance(out, SampledOutput)
+            all_ids = out.token_ids.tolist()
+            ids = tuple(int(all_ids[j]) if r.samples else NO_TOKEN for r, j in zip(rows, out_index))
+            return StepResult(ids, None, True)
+        logits = torch.as_tensor(out)
+        sampling_rows = [i for i, r in enumerate(rows) if r.samples]
+        ids = [NO_TOKEN] * len(rows)
+        lps: list[TokenLogprob | None] | None = None
+        if sampling_rows:
+            sample = sample_on_host(logits[[out_index[i] for i in sampling_rows]],
+                                    [rows[i] for i in sampling_rows], self._generator,
+                                    self.eos_token_ids)
+            for k, i in enumerate(sampling_rows):
+                ids[i] = sample.token_ids[k]
+            if sample.logprobs is not None:
+                lps = [None] * len(rows)
+                for k, i in enumerate(sampling_rows):
+                    lps[i] = sample.logprobs[k]
+        return StepResult(tuple(ids), None if lps is None else tuple(lps), False)
+
+    def _sampling_params(self, rows: Sequence[RowPlan], width: int, by_slot: bool) -> TTSamplingParams:
+        """Device sampling lists of ``width`` rows (padding rows get PAD_DEFAULTS)."""
+        table = [_PAD_ROW] * width
+        for i, r in enumerate(rows):
+            table[r.row if by_slot else i] = device_sampling_row(r.sampling, self.vocab_size)
+        columns = list(zip(*table))
+        return TTSamplingParams(**{f: list(c) for f, c in zip(_SAMPLING_FIELDS, columns)})
+
+    def _update_page_table(self, rows: Sequence[RowPlan]) -> None:
+        scheduled = {r.row for r in rows}
+        for row, blocks in enumerate(self._row_blocks):
+            if blocks and row not in scheduled:
+                self._page_table[row].zero_()
+                self._row_blocks[row] = ()
+        for r in rows:
+            if self._row_blocks[r.row] != r.block_ids:
+                self._page_table[r.row].zero_()
+                self._page_table[r.row, :len(r.block_ids)] = torch.tensor(r.block_ids, dtype=torch.int32)
+                self._row_blocks[r.row] = r.block_ids
+
+
+def _feed(r: RowPlan, fed: Mapping[int, int]) -> RowPlan:
+    """Resolve PENDING_TOKEN placeholders of ``r`` with the previous step's token of its row."""
+    has_input = r.input_token_ids[-1] == PENDING_TOKEN
+    has_history = r.history_token_ids is not None and PENDING_TOKEN in r.history_token_ids
+    if not (has_input or has_history):
+        return r
+    token = fed[r.row]
+    changes: dict[str, Any] = {}
+    if has_input:
+        changes["input_token_ids"] = r.input_token_ids[:-1] + (token,)
+    if has_history:
+        changes["history_token_ids"] = tuple(token if t == PENDING_TOKEN else t
+                                             for t in r.history_token_ids)
+    return replace(r, **changes)

@@ -1,0 +1,72 @@
+"""Per-batch choice between sampling inside the mesh program and the host sampler.
+
+Device sampling needs ``sample_on_device_mode == "all"`` (or ``"decode_only"`` on a decode step),
+a model declaring ``supports_sample_on_device``, and no row needing something the device sampler
+does not do: logprobs, penalties (unless the model declares ``supports_device_penalties``),
+logit_bias, min_tokens, min_p, or a top-k wider than ``max_device_top_k`` when the model
+declares one. An intermediate chunked-prefill row also forces the host, so the device RNG never
+advances for a row that emits no token. One offending row sends the whole batch to the host
+(the host path takes logits for every row).
+
+Pure logic: no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from accel.contract import SamplingParams
+from accel.tt.mesh_model import MAX_DEVICE_TOP_K, SUPPORTS_SAMPLE_ON_DEVICE
+from accel.tt.step_plan import RowPlan, StepPlan
+
+SUPPORTS_DEVICE_PENALTIES = "supports_device_penalties"
+
+
+@dataclass(frozen=True)
+class SamplingPolicy:
+    sample_on_device_mode: str | None
+    always_compat_sampling: bool
+    model_capabilities: Mapping[str, Any]
+
+    def use_device(self, plan: StepPlan) -> bool:
+        """True when the whole batch of ``plan`` may be sampled on the device."""
+        return self.host_reason(plan) is None
+
+    def host_reason(self, plan: StepPlan) -> str | None:
+        """Why ``plan`` samples on the host (None = on the device)."""
+        if self.always_compat_sampling:
+            return "always_compat_sampling"
+        if self.sample_on_device_mode is None:
+            return "sample_on_device_mode unset"
+        if self.sample_on_device_mode == "decode_only" and not plan.is_decode:
+            return "sample_on_device_mode=decode_only on a prefill step"
+        if not self.model_capabilities.get(SUPPORTS_SAMPLE_ON_DEVICE, False):
+            return "model does not declare supports_sample_on_device"
+        for row in plan.rows:
+            reason = self.row_host_reason(row)
+            if reason is not None:
+                return f"{row.req_id}: {reason}"
+        return None
+
+    def row_host_reason(self, row: RowPlan) -> str | None:
+        if row.is_intermediate_prefill:
+            return "intermediate chunked-prefill row"
+        return self.params_host_reason(row.sampling)
+
+    def params_host_reason(self, sp: SamplingParams) -> str | None:
+        if sp.logprobs is not None:
+            return "logprobs"
+        if sp.has_penalties and not self.model_capabilities.get(SUPPORTS_DEVICE_PENALTIES, False):
+            return "penalties"
+        if sp.logit_bias:
+            return "logit_bias"
+        if sp.min_tokens > 0:
+            return "min_tokens"
+        if sp.min_p > 0:
+            return "min_p"
+        max_top_k = self.model_capabilities.get(MAX_DEVICE_TOP_K)
+        if max_top_k and not sp.is_greedy and (sp.top_k == 0 or sp.top_k > int(max_top_k)):
+            return f"top_k wider than the device sampler's {max_top_k} candidates"
+        return None

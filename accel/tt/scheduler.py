@@ -1,0 +1,229 @@
+"""One lane's phase scheduler: every step it schedules prefill work or decode work, never both.
+
+Algorithm (per lane; the lane coordinator picks the mode for all lanes):
+- PREFILL: first continue running requests whose prompt is only partly computed (chunked
+  prefill), then admit waiting requests FIFO while a slot is free, each row taking at most the
+  remaining token budget (``max_num_batched_tokens``). Admission looks up the prefix cache
+  (never the last token: one token must be computed to sample from). A waiting request that does
+  not fit in the free blocks stops admission (FIFO: nobody overtakes it); a partial prefill that
+  does not fit preempts the most recently admitted running request.
+- DECODE: every running request with exactly one uncomputed token gets one row. When a new
+  block is needed and none is free, the most recently admitted running request is preempted
+  (possibly the request itself), so the oldest requests always progress: no deadlock (a lane's
+  pool holds at least one max_model_len sequence) and no starvation (preempted requests resume
+  first, admission is FIFO).
+- Preemption is by recompute: blocks and slot are released at once; the request returns to the
+  front of the waiting queue and later prefills prompt + outputs again (the prefix cache usually
+  keeps most of it).
+
+Pure logic: no torch. The engine thread is the only caller.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from accel.tt.block_pool import BlockPool
+from accel.tt.request_state import RequestState, RequestStatus
+from accel.tt.step_plan import PENDING_TOKEN, RowPlan
+
+
+@dataclass
+class LanePart:
+    """What one lane contributes to a step."""
+
+    rows: list[RowPlan] = field(default_factory=list)
+    preempted_req_ids: list[str] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.num_scheduled_tokens for r in self.rows)
+
+
+class LaneScheduler:
+    def __init__(self, lane: int, per_lane: int, pool: BlockPool, max_num_batched_tokens: int,
+                 max_model_len: int):
+        self.lane = lane
+        self.per_lane = per_lane
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[RequestState] = deque()
+        self.running: list[RequestState] = []  # admission order (oldest first)
+        self._free_slots = list(range(per_lane))  # heap: lowest local slot first
+
+    # ---- queries -------------------------------------------------------------------------
+    @property
+    def load_score(self) -> int:
+        """vLLM's DP balancing score; the coordinator sends new requests to the minimum."""
+        return 4 * len(self.waiting) + len(self.running)
+
+    @property
+    def num_free_slots(self) -> int:
+        return len(self._free_slots)
+
+    def has_prefill_intent(self) -> bool:
+        if any(r.is_prefilling for r in self.running):
+            return True
+        return bool(self.waiting) and bool(self._free_slots)
+
+    def has_decode_work(self) -> bool:
+        return any(self._is_decodable(r) for r in self.running)
+
+    def _is_decodable(self, r: RequestState) -> bool:
+        return r.is_decode_ready and not (r.num_pending and r.will_finish_by_length(self.max_model_len))
+
+    # ---- membership ----------------------------------------------------------------------
+    def add(self, r: RequestState) -> None:
+        r.status = RequestStatus.WAITING
+        self.waiting.append(r)
+
+    def finish(self, r: RequestState) -> None:
+        """Return every block and the slot (finish or abort); idempotent."""
+        if r.status is RequestStatus.RUNNING:
+            self.running.remove(r)
+        elif r.status is RequestStatus.WAITING:
+            self.waiting.remove(r)
+        self._release(r)
+        r.status = RequestStatus.FINISHED
+
+    def _release(self, r: RequestState) -> None:
+        if r.block_ids:
+            self.pool.free(r.block_ids)
+            r.block_ids = []
+        r.num_cached_blocks = 0
+        if r.slot is not None:
+            heapq.heappush(self._free_slots, r.slot - self.lane * self.per_lane)
+            r.slot = None
+
+    def preempt(self, r: RequestState) -> None:
+        self.running.remove(r)
+        self._release(r)
+        r.num_computed = 0
+        r.num_preemptions += 1
+        r.status = RequestStatus.WAITING
+        self.waiting.appendleft(r)
+
+    def _admit(self, r: RequestState) -> None:
+        self.waiting.popleft()
+        r.slot = self.lane * self.per_lane + heapq.heappop(self._free_slots)
+        r.status = RequestStatus.RUNNING
+        self.running.append(r)
+
+    # ---- prefill -------------------------------------------------------------------------
+    def schedule_prefill(self) -> LanePart:
+        part = LanePart()
+        budget = self.max_num_batched_tokens
+        for r in list(self.running):
+            if budget == 0:
+                break
+            if r.status is not RequestStatus.RUNNING or not r.is_prefilling:
+                continue
+            chunk = min(r.num_uncomputed, budget)
+            if not self._reserve(r, r.num_computed + chunk, part):
+                continue  # r itself was preempted
+            part.rows.append(self._prefill_row(r, chunk))
+            budget -= chunk
+        while budget > 0 and self.waiting and self._free_slots:
+            r = self.waiting[0]
+            if r.num_pending:  # its last token is still in flight; admit it next step
+                break
+            chunk = self._try_admit(r, budget)
+            if chunk == 0:
+                break
+            part.rows.append(self._prefill_row(r, chunk))
+            budget -= chunk
+        return part
+
+    def _try_admit(self, r: RequestState, budget: int) -> int:
+        """Admit ``r`` with a prefix-cache lookup and blocks for its first chunk; 0 = no room."""
+        r.update_block_hashes(self.block_size)
+        # Never take the last token from the cache: its logits are needed.
+        max_hit_blocks = (r.num_tokens - 1) // self.block_size
+        hit = self.pool.find_cached_prefix(r.block_hashes[:max_hit_blocks])
+        num_hit_tokens = len(hit) * self.block_size
+        chunk = min(r.num_tokens - num_hit_tokens, budget)
+        num_new = -(-(num_hit_tokens + chunk) // self.block_size) - len(hit)
+        if num_new > self.pool.num_free_after_touch(hit):
+            return 0
+        self.pool.touch(hit)
+        r.block_ids = hit + self.pool.allocate(num_new)
+        r.num_cached_blocks = len(hit)
+        r.num_computed = num_hit_tokens
+        r.num_prefix_hit_tokens = num_hit_tokens
+        self.pool.record_prefix_query(r.num_tokens, num_hit_tokens)
+        self._admit(r)
+        return chunk
+
+    def _prefill_row(self, r: RequestState, chunk: int) -> RowPlan:
+        start, end = r.num_computed, r.num_computed + chunk
+        samples = end == r.num_tokens
+        row = RowPlan(req_id=r.req_id, lane=self.lane, row=r.slot, start_pos=start, end_pos=end,
+                      input_token_ids=tuple(r.token_ids[:end]), block_ids=tuple(r.block_ids),
+                      samples=samples, sampling=r.sampling,
+                      num_output_tokens=r.num_output_tokens, history_token_ids=_history(r))
+        r.num_computed = end
+        if samples:
+            r.num_pending += 1
+        return row
+
+    # ---- decode --------------------------------------------------------------------------
+    def schedule_decode(self) -> LanePart:
+        part = LanePart()
+        for r in list(self.running):
+            if r.status is not RequestStatus.RUNNING or not self._is_decodable(r):
+                continue
+            if not self._reserve(r, r.num_computed + 1, part):
+                continue
+            pos = r.num_computed
+            token = r.token_ids[pos] if pos < len(r.token_ids) else PENDING_TOKEN
+            part.rows.append(RowPlan(
+                req_id=r.req_id, lane=self.lane, row=r.slot, start_pos=pos, end_pos=pos + 1,
+                input_token_ids=(token,), block_ids=tuple(r.block_ids), samples=True,
+                sampling=r.sampling, num_output_tokens=r.num_output_tokens,
+                history_token_ids=_history(r)))
+            r.num_computed = pos + 1
+            r.num_pending += 1
+        part.rows.sort(key=lambda row: row.row)
+        return part
+
+    def _reserve(self, r: RequestState, num_tokens: int, part: LanePart) -> bool:
+        """Blocks for ``num_tokens`` positions of running ``r``, preempting the most recently
+        admitted requests while short. False when ``r`` itself had to go."""
+        need = -(-num_tokens // self.block_size) - len(r.block_ids)
+        while need > self.pool.num_free_blocks:
+            victim = self.running[-1]
+            self.preempt(victim)
+            part.preempted_req_ids.append(victim.req_id)
+            if victim is r:
+                return False
+        if need > 0:
+            r.block_ids.extend(self.pool.allocate(need))
+        return True
+
+    # ---- after a step --------------------------------------------------------------------
+    def cache_computed_blocks(self, requests: Iterable[RequestState]) -> None:
+        """Register newly full, computed blocks of ``requests`` in the prefix cache."""
+        if not self.pool.enable_prefix_caching:
+            return
+        for r in requests:
+            if r.status is not RequestStatus.RUNNING:
+                continue
+            num_full = min(r.num_computed, len(r.token_ids)) // self.block_size
+            if num_full <= r.num_cached_blocks:
+                continue
+            r.update_block_hashes(self.block_size)
+            lo = r.num_cached_blocks
+            self.pool.cache_blocks(r.block_ids[lo:num_full], r.block_hashes[lo:num_full])
+            r.num_cached_blocks = num_full
+
+
+def _history(r: RequestState) -> tuple[int, ...] | None:
+    """Prompt + outputs for host penalties (pending tokens as PENDING_TOKEN); None otherwise."""
+    if not r.sampling.has_penalties:
+        return None
+    return tuple(r.token_ids) + (PENDING_TOKEN,) * r.num_pending

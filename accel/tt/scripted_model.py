@@ -1,0 +1,219 @@
+"""``ScriptedMeshModel``: a ``MeshModel`` whose forward is a cheap deterministic function of the
+context, read back through the paged KV — for engine tests and the engine benchmark.
+
+It keeps the contract's shapes and semantics (full-width decode with -1 empty slots, lane-local
+page tables, ``tokens[start_pos:prompt_lens]`` prefill, device sampling, asynchronous decode
+read-back on a one-worker "device" thread, optional fixed device time per step), so scheduling,
+paging, prefix caching, preemption and async overlap are checked exactly without a neural net:
+
+    h(-1) = 0;  h(p) = (h(p-1) * 31 + token_p + 1) mod 1_000_003;  next token = 3 + h(p) mod (V - 3)
+
+Each lane's paged cells (lane-local ``(block, offset)`` -> ``(token, h)``) stand in for the K/V
+tensors (allocated with the contract's shape, but kept in a dict so the "device" thread barely
+holds the GIL), so a wrong page table, a stale prefix-cache block or a lost KV write changes
+every later token.
+Tokens 0-2 (bos/eos/pad of the tiny checkpoints) are never produced. ``expected_tokens`` is the
+reference continuation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from accel.tt.mesh_model import (SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING,
+                                 SUPPORTS_SAMPLE_ON_DEVICE, SampledOutput, TTSamplingParams)
+
+_MOD = 1_000_003
+_FIRST_TOKEN = 3
+
+
+def _advance(h: int, token: int) -> int:
+    return (h * 31 + token + 1) % _MOD
+
+
+def expected_tokens(prompt: Sequence[int], num_new: int, vocab_size: int) -> list[int]:
+    """The greedy continuation ``ScriptedMeshModel`` must produce for ``prompt``."""
+    h, out = 0, []
+    for t in prompt:
+        h = _advance(h, t)
+    for _ in range(num_new):
+        token = _FIRST_TOKEN + h % (vocab_size - _FIRST_TOKEN)
+        out.append(token)
+        h = _advance(h, token)
+    return out
+
+
+@dataclass(frozen=True)
+class _FutureEvent:
+    future: Future
+
+    def synchronize(self) -> None:
+        self.future.result()
+
+
+class ScriptedMeshModel:
+    model_capabilities: ClassVar[dict[str, Any]] = {
+        SUPPORTS_PREFIX_CACHING: True, SUPPORTS_ASYNC_DECODE: True, SUPPORTS_SAMPLE_ON_DEVICE: True,
+    }
+    decode_time_s: ClassVar[float] = 0.0   # fixed device time per decode step (benchmark)
+    prefill_time_s: ClassVar[float] = 0.0
+
+    def __init__(self, vocab_size: int, max_batch_size: int, num_lanes: int, max_seq_len: int):
+        self.vocab_size = vocab_size
+        self.max_batch_size = max_batch_size
+        self.num_lanes = num_lanes
+        self.per_lane = max_batch_size // num_lanes
+        self.max_seq_len = max_seq_len
+        self.kv: list[list[list[torch.Tensor]]] | None = None
+        self._cells: list[dict[tuple[int, int], tuple[int, int]]] = [{} for _ in range(num_lanes)]
+        self.block_size = 0
+        self.num_prefill_calls = 0
+        self.num_decode_calls = 0
+        self.warmup_calls: list[tuple[str, bool]] = []
+        self.device = torch.device("cpu")
+        self._device = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scripted-mesh")
+
+    @classmethod
+    def initialize_vllm_model(cls, hf_config: Any, mesh_device: Any, max_batch_size: int,
+                              max_seq_len: int = 2048, n_layers: int | None = None,
+                              tt_data_parallel: int = 1, optimizations: str | None = None) -> "ScriptedMeshModel":
+        return cls(int(hf_config.vocab_size), max_batch_size, tt_data_parallel, max_seq_len)
+
+    def close(self) -> None:
+        self._device.shutdown(wait=True)
+
+    def allocate_kv_cache(self, kv_cache_shape: tuple[int, int, int, int], dtype: Any,
+                          num_layers: int) -> list[list[list[torch.Tensor]]]:
+        self.block_size = kv_cache_shape[2]
+        shape = (kv_cache_shape[0], 1, 1, 1)  # the cells hold the data; see the module docstring
+        self.kv = [[[torch.zeros(shape), torch.zeros(shape)] for _ in range(num_layers)]
+                   for _ in range(self.num_lanes)]
+        return self.kv
+
+    # ---- forward ------------------------------------------------------------------------
+    def prefill_forward(self, tokens: Any, page_table: Any, kv_cache: Any, prompt_lens: Sequence[int],
+                        start_pos: Sequence[int], empty_slots: Sequence[int],
+                        sampling_params: TTSamplingParams | None = None,
+                        enable_trace: bool = False, **kwargs: Any) -> Any:
+        assert kv_cache is self.kv
+        tokens = torch.as_tensor(tokens)
+        n = tokens.shape[0]
+        assert len(prompt_lens) == len(start_pos) == len(empty_slots) == n == page_table.shape[0]
+        assert tokens.shape[1] >= max(prompt_lens)
+        self.num_prefill_calls += 1
+        started = time.perf_counter()
+        hashes = []
+        table = torch.as_tensor(page_table).tolist()
+        token_rows = tokens.tolist()
+        for i in range(n):
+            lane = int(empty_slots[i]) // self.per_lane
+            h = self._read_hash(lane, table[i], int(start_pos[i]) - 1)
+            for p in range(int(start_pos[i]), int(prompt_lens[i])):
+                h = _advance(h, token_rows[i][p])
+                self._write(lane, table[i], p, token_rows[i][p], h)
+            hashes.append(h)
+        out = self._output(hashes, sampling_params, list(prompt_lens))
+        _sleep_until(started + self.prefill_time_s)
+        if sampling_params is None:
+            return out[:, None, :]
+        return out
+
+    def decode_forward(self, tokens: Any, start_pos: Any, page_table: Any, kv_cache: Any,
+                       enable_trace: bool = True, read_from_device: bool = True,
+                       sampling_params: TTSamplingParams | None = None, reset_batch: bool = False,
+                       **kwargs: Any) -> Any:
+        assert kv_cache is self.kv
+        tokens = torch.as_tensor(tokens).clone()
+        start_pos = torch.as_tensor(start_pos).clone()
+        page_table = torch.as_tensor(page_table).clone()
+        b = self.max_batch_size
+        assert tokens.shape == (b, 1) and start_pos.shape == (b,) and page_table.shape[0] == b, \
+            "decode must carry every slot"
+        self.num_decode_calls += 1
+
+        def program() -> Any:
+            started = time.perf_counter()
+            hashes = []
+            positions, token_list = start_pos.tolist(), tokens[:, 0].tolist()
+            table = page_table.tolist()
+            for row in range(b):
+                pos = positions[row]
+                if pos < 0:
+                    hashes.append(0)  # empty slot: no KV write, output ignored
+                    continue
+                lane = row // self.per_lane
+                h = _advance(self._read_hash(lane, table[row], pos - 1), token_list[row])
+                self._write(lane, table[row], pos, token_list[row], h)
+                hashes.append(h)
+            out = self._output(hashes, sampling_params, (start_pos + 1).tolist())
+            _sleep_until(started + self.decode_time_s)
+            return out
+
+        future = self._device.submit(program)
+        return future.result() if read_from_device else future
+
+    def read_decode_output(self, out: Any, async_read: bool = False) -> tuple[Any, list[_FutureEvent]]:
+        if isinstance(out, Future) and async_read:
+            return out, [_FutureEvent(out)]
+        return (out.result() if isinstance(out, Future) else out), []
+
+    def process_decode_output_host(self, out: Any, is_tokens: bool = False) -> Any:
+        result = out.result() if isinstance(out, Future) else out
+        assert is_tokens == isinstance(result, SampledOutput)
+        return result
+
+    def warmup_model_prefill(self, enable_trace: bool, kv_cache: Any, can_sample_on_device: bool) -> None:
+        self.warmup_calls.append(("prefill", enable_trace))
+
+    def warmup_model_decode(self, enable_trace: bool, kv_cache: Any, max_batch_size: int,
+                            num_blocks: int, can_sample_on_device: bool) -> None:
+        assert max_batch_size == self.max_batch_size
+        self.warmup_calls.append(("decode", enable_trace))
+
+    # ---- internals ----------------------------------------------------------------------
+    def _cell(self, table_row: list[int], pos: int) -> tuple[int, int]:
+        return table_row[pos // self.block_size], pos % self.block_size
+
+    def _read_hash(self, lane: int, table_row: list[int], pos: int) -> int:
+        if pos < 0:
+            return 0
+        # A never-written cell reads as garbage (-1), like uninitialized device memory would.
+        return self._cells[lane].get(self._cell(table_row, pos), (0, -1))[1]
+
+    def _write(self, lane: int, table_row: list[int], pos: int, token: int, h: int) -> None:
+        self._cells[lane][self._cell(table_row, pos)] = (token, h)
+
+    def _output(self, hashes: list[int], params: TTSamplingParams | None, positions: list[int]) -> Any:
+        v = self.vocab_size
+        nxt = torch.tensor([_FIRST_TOKEN + h % (v - _FIRST_TOKEN) for h in hashes])
+        # Logits: the scripted token on top, a smooth ramp below it (so sampling has choices).
+        dist = (torch.arange(v)[None, :] - nxt[:, None]) % v
+        logits = -0.05 * dist.float()
+        logits[:, :_FIRST_TOKEN] = -1e4
+        if params is None:
+            return logits
+        ids = nxt.clone()
+        for i, (temp, top_k, seed) in enumerate(zip(params.temperature, params.top_k, params.seed)):
+            if temp <= 0 or top_k == 1:
+                continue
+            gen = torch.Generator()
+            gen.manual_seed((int(seed) * 1_000_003 + positions[i]) % (2**63) if seed != -1 else
+                            int(torch.randint(0, 2**62, ()).item()))
+            probs = torch.softmax(logits[i] / temp, dim=-1)
+            if 0 < top_k < v:
+                kth = probs.topk(int(top_k)).values[-1]
+                probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+            ids[i] = torch.multinomial(probs, 1, generator=gen)[0]
+        return SampledOutput(token_ids=ids)
+
+
+def _sleep_until(deadline: float) -> None:
+    remaining = deadline - time.perf_counter()
+    if remaining > 0:
+        time.sleep(remaining)
