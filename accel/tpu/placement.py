@@ -148,3 +148,19 @@ def create_slice_placement_group(placement: SlicePlacement, name: str = "",
     logger.info("slice placement group %s: bundles pinned by %s", handle.placement_group.id.hex(),
                 handle.bundle_label_selector)
     return handle
+
+
+def replica_placement_group(placement: SlicePlacement) -> tuple[Any, SlicePlacementGroup | None]:
+    """The slice placement group a starting replica hands to ``VllmEngine``, and the handle to
+    shut down on exit (deferred mode only).
+
+    Static mode: the group Serve created for this replica (the replica runs in its bundle 0).
+    Deferred mode: a whole slice reserved now with ``create_slice_placement_group``. Call it
+    from inside the replica actor on a TPU cluster.
+    """
+    if placement.is_deferred:
+        handle = create_slice_placement_group(placement)
+        return handle.placement_group, handle
+    from ray.util import get_current_placement_group
+
+    return get_current_placement_group(), None

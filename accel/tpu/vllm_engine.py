@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -39,18 +40,23 @@ from accel.tpu.vllm_stats import SchedulerStatsSink, sink_stat_logger_factory
 logger = logging.getLogger(__name__)
 
 
+def _is_ray_initialized() -> bool:
+    ray = sys.modules.get("ray")   # never import Ray just to find out
+    return ray is not None and ray.is_initialized()
+
+
 class VllmEngine:
     """``accel.contract.Engine`` backed by ``vllm.v1.engine.async_llm.AsyncLLM``.
 
     ``slice_topology``: the slice this replica owns (default TP = its chips on TPU); None for a
     plain single-device engine. ``placement_group``: the slice's Ray placement group, handed to
     vLLM's Ray executor on multi-host slices (see ``accel.tpu.config``). ``use_ray_metrics``:
-    also pass vLLM's ``RayPrometheusStatLogger`` (only inside a Ray worker) so ``vllm_*`` metrics
-    reach the Ray dashboard.
+    also pass vLLM's ``RayPrometheusStatLogger`` so ``vllm_*`` metrics reach the Ray dashboard;
+    None (default) = only when Ray is initialized in this process (a Serve replica).
     """
 
     def __init__(self, config: VllmEngineConfig, *, slice_topology: SliceTopology | None = None,
-                 placement_group: Any = None, use_ray_metrics: bool = False):
+                 placement_group: Any = None, use_ray_metrics: bool | None = None):
         self.config = config
         self.platform: PlatformChoice = choose_platform()   # before vLLM is imported
         self._tokenizer = load_tokenizer(config.tokenizer or config.model)
@@ -70,6 +76,8 @@ class VllmEngine:
             vllm_config.parallel_config.placement_group = placement_group
         self._stats = SchedulerStatsSink(platform=self.platform.name)
         stat_loggers: list[Any] = [sink_stat_logger_factory(self._stats)]
+        if use_ray_metrics is None:
+            use_ray_metrics = _is_ray_initialized()
         if use_ray_metrics:
             from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 

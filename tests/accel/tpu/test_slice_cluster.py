@@ -132,3 +132,46 @@ def placement_group_table_nodes(pg):
     from ray.util import placement_group_table
 
     return placement_group_table(pg)["bundles_to_node_id"]
+
+
+def test_replica_finds_its_slice_group(cluster):
+    """From inside a replica-like actor: static mode returns the group the actor runs in,
+    deferred mode reserves a whole slice."""
+    import ray
+    from ray.util import placement_group_table
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    @ray.remote(num_cpus=0)
+    class Replica:
+        def slice_group(self, placement):
+            from accel.tpu.placement import replica_placement_group
+
+            pg, handle = replica_placement_group(placement)
+            ray.get(pg.ready(), timeout=60)
+            nodes = placement_group_table(pg)["bundles_to_node_id"]
+            if handle is not None:
+                handle.shutdown()
+            return pg.id.hex(), handle is not None, sorted(nodes.values())
+
+    static = SlicePlacement(SLICE, num_cpus_per_host=0.5, replica_num_cpus=0.25, slice_name="slice-a")
+    opts = static.deployment_options()
+    pg = placement_group(opts["placement_group_bundles"], strategy=opts["placement_group_strategy"],
+                         bundle_label_selector=opts["placement_group_bundle_label_selector"])
+    try:
+        ray.get(pg.ready(), timeout=60)
+        actor = Replica.options(num_cpus=0.25, scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=pg, placement_group_bundle_index=0,
+            placement_group_capture_child_tasks=True)).remote()
+        pg_id, is_deferred, nodes = ray.get(actor.slice_group.remote(static), timeout=120)
+        assert pg_id == pg.id.hex() and not is_deferred
+        assert {cluster[n] for n in nodes} == {"slice-a"}
+        ray.kill(actor)
+    finally:
+        remove_placement_group(pg)
+
+    actor = Replica.remote()
+    deferred = SlicePlacement(SLICE, num_cpus_per_host=0.5, replica_num_cpus=0)
+    _, is_deferred, nodes = ray.get(actor.slice_group.remote(deferred), timeout=180)
+    assert is_deferred and len({cluster[n] for n in nodes}) == 1 and len(set(nodes)) == SLICE.num_hosts
+    ray.kill(actor)
