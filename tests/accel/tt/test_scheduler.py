@@ -1,0 +1,152 @@
+"""LaneScheduler with fabricated step results (no model, no torch)."""
+
+from __future__ import annotations
+
+from accel.contract import GenerateRequest, SamplingParams
+from accel.tt.block_pool import BlockPool
+from accel.tt.request_state import RequestState, RequestStatus
+from accel.tt.scheduler import LaneScheduler
+from accel.tt.step_plan import PENDING_TOKEN
+
+
+def make_lane(num_blocks=16, block_size=4, per_lane=4, budget=8, max_model_len=64, caching=True, lane=0):
+    return LaneScheduler(lane, per_lane, BlockPool(num_blocks, block_size, caching, lane=lane), budget, max_model_len)
+
+
+def make_req(rid, prompt_len, max_tokens=8, first=10):
+    req = GenerateRequest(rid, tuple(range(first, first + prompt_len)),
+                          SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    return RequestState.new(req, lane=0)
+
+
+def apply(lane, rows, requests, token=5):
+    """What the engine does with a step result: append sampled tokens, cache full blocks."""
+    for row in rows:
+        r = requests[row.req_id]
+        if row.samples:
+            r.num_pending -= 1
+            r.token_ids.append(token)
+    lane.cache_computed_blocks(requests[row.req_id] for row in rows)
+
+
+def test_chunked_prefill_respects_budget_and_samples_only_at_the_end():
+    lane = make_lane(budget=8)
+    r = make_req("a", 20)
+    lane.add(r)
+    reqs = {"a": r}
+    chunks = []
+    while r.is_prefilling or r.status is RequestStatus.WAITING:
+        part = lane.schedule_prefill()
+        (row,) = part.rows
+        chunks.append((row.start_pos, row.end_pos, row.samples))
+        assert row.input_token_ids == tuple(r.token_ids[:row.end_pos])
+        assert len(row.block_ids) * 4 >= row.end_pos
+        apply(lane, part.rows, reqs)
+    assert chunks == [(0, 8, False), (8, 16, False), (16, 20, True)]
+    assert r.is_decode_ready and r.num_computed == 20 and len(r.token_ids) == 21
+
+
+def test_decode_rows_carry_last_token_and_grow_blocks():
+    lane = make_lane(block_size=4)
+    r = make_req("a", 4)
+    lane.add(r)
+    reqs = {"a": r}
+    apply(lane, lane.schedule_prefill().rows, reqs, token=42)
+    part = lane.schedule_decode()
+    (row,) = part.rows
+    assert (row.start_pos, row.end_pos, row.input_token_ids) == (4, 5, (42,))
+    assert len(row.block_ids) == 2  # position 4 needs a second block of 4
+    # Async: scheduling again before the result is applied feeds the pending token.
+    part2 = lane.schedule_decode()
+    assert part2.rows[0].input_token_ids == (PENDING_TOKEN,) and r.num_pending == 2
+
+
+def test_prefix_hit_skips_cached_blocks_but_never_the_last_token():
+    lane = make_lane(block_size=4, budget=64)
+    a, b = make_req("a", 12), make_req("b", 12)
+    lane.add(a)
+    reqs = {"a": a, "b": b}
+    apply(lane, lane.schedule_prefill().rows, reqs)
+    lane.add(b)
+    (row,) = lane.schedule_prefill().rows
+    # 12 tokens = 3 full blocks cached, but the last token must be computed: hit 2 blocks.
+    assert (row.start_pos, row.end_pos) == (8, 12)
+    assert row.block_ids[:2] == tuple(a.block_ids[:2])
+    assert lane.pool.prefix_cache_hits == 8 and lane.pool.prefix_cache_queries == 24
+
+
+def test_decode_preempts_latest_admitted_and_it_resumes_first():
+    # 6 blocks of 4: two requests of 8 tokens hold 4 blocks; growing both needs 2 more each.
+    lane = make_lane(num_blocks=6, block_size=4, per_lane=2, budget=64, caching=False)
+    a, b = make_req("a", 8, max_tokens=20), make_req("b", 8, max_tokens=20)
+    reqs = {"a": a, "b": b}
+    lane.add(a)
+    lane.add(b)
+    apply(lane, lane.schedule_prefill().rows, reqs)
+    preempted = []
+    for _ in range(6):
+        part = lane.schedule_decode()
+        preempted += part.preempted_req_ids
+        apply(lane, part.rows, reqs)
+        if preempted:
+            break
+    assert preempted == ["b"]
+    assert b.status is RequestStatus.WAITING and b.block_ids == [] and b.slot is None
+    assert b.num_computed == 0 and b.num_preemptions == 1 and lane.waiting[0] is b
+    assert a.status is RequestStatus.RUNNING
+    # b's outputs survive: its resumed prefill covers prompt + outputs.
+    assert len(b.token_ids) > 8
+
+
+def test_request_preempts_itself_when_alone_and_stuck():
+    lane = make_lane(num_blocks=4, block_size=4, per_lane=2, budget=64, caching=False, max_model_len=16)
+    a, b = make_req("a", 6), make_req("b", 8)
+    reqs = {"a": a, "b": b}
+    lane.add(a)
+    lane.add(b)
+    apply(lane, lane.schedule_prefill().rows, reqs)  # a: 2 blocks, b: 2 blocks + samples
+    # b's position 8 needs a third block: none free, b is the latest -> b preempts itself.
+    part = lane.schedule_decode()
+    assert part.preempted_req_ids == ["b"]
+    assert [r.req_id for r in part.rows] == ["a"]
+
+
+def test_finish_returns_every_block_and_the_slot():
+    lane = make_lane(num_blocks=8, per_lane=2, budget=64)
+    a, b = make_req("a", 9), make_req("b", 3)
+    reqs = {"a": a, "b": b}
+    lane.add(a)
+    lane.add(b)
+    apply(lane, lane.schedule_prefill().rows, reqs)
+    assert (a.slot, b.slot) == (0, 1)
+    lane.finish(a)
+    lane.finish(b)
+    lane.finish(b)  # idempotent
+    assert lane.pool.num_free_blocks == 8 and lane.num_free_slots == 2
+    c = make_req("c", 2)
+    lane.add(c)
+    lane.schedule_prefill()
+    assert c.slot == 0  # lowest free slot first
+
+
+def test_admission_is_fifo_and_stops_at_a_request_that_does_not_fit():
+    lane = make_lane(num_blocks=4, block_size=4, per_lane=4, budget=64, caching=False, max_model_len=16)
+    big, small = make_req("big", 15), make_req("small", 2)
+    hog = make_req("hog", 6)
+    reqs = {"big": big, "small": small, "hog": hog}
+    lane.add(hog)
+    apply(lane, lane.schedule_prefill().rows, reqs)   # hog holds 2 of 4 blocks
+    lane.add(big)
+    lane.add(small)
+    part = lane.schedule_prefill()
+    assert part.rows == []  # big needs 4 blocks; small may not overtake it
+    assert lane.has_prefill_intent()
+
+
+def test_will_finish_rows_are_not_scheduled_while_their_last_token_is_pending():
+    lane = make_lane()
+    r = make_req("a", 3, max_tokens=1)
+    lane.add(r)
+    lane.schedule_prefill()  # samples the one and only token (pending)
+    assert not lane.has_decode_work()
+    assert lane.schedule_decode().rows == []
