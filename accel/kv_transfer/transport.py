@@ -1,0 +1,47 @@
+"""How an engine hands a payload to the KV-connector actor and gets one back.
+
+Engines (the TT engine's hooks, the vLLM connector) depend on ``KVTransport`` only. The
+implementation over the Ray actor is ``deployments.kv_connector_client.RayKVTransport``; tests
+and single-process setups can use ``deployments.kv_registry`` directly through
+``InProcessKVTransport`` there. Every call is blocking with a deadline: engines call it from their
+step thread / worker, never from an event loop.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from accel.kv_transfer.payload import KVPayload
+
+
+class KVTransferError(RuntimeError):
+    """A transfer could not be made or read. The consumer recomputes the prompt instead."""
+
+
+class KVCapacityError(KVTransferError):
+    """The actor stayed full past the put deadline (backpressure); the payload was not stored."""
+
+
+class KVTransferNotFound(KVTransferError):
+    """Unknown transfer id, or its lease expired and the payload was freed."""
+
+
+@runtime_checkable
+class KVTransport(Protocol):
+    def put(self, transfer_id: str, payload: KVPayload, timeout_s: float) -> None:
+        """Store ``payload`` under ``transfer_id``; waits for capacity up to ``timeout_s``.
+        Raises ``KVCapacityError`` / ``KVTransferError``; on return the payload is leased."""
+        ...
+
+    def fetch(self, transfer_id: str, timeout_s: float) -> KVPayload:
+        """The payload (possibly read-only shared memory). Raises ``KVTransferNotFound`` /
+        ``KVTransferError``. The lease is renewed; call ``complete`` once copied."""
+        ...
+
+    def complete(self, transfer_id: str) -> None:
+        """The consumer has copied the payload: free it now."""
+        ...
+
+    def report_recompute(self, reason: str) -> None:
+        """Count a transfer the consumer gave up on and recomputed (metrics only)."""
+        ...

@@ -1,0 +1,96 @@
+"""``KVTransport`` over the KV-connector actor, for engines (blocking calls, deadlines).
+
+Usable from any process of the cluster: a Serve replica (Ray already initialized) or a vLLM child
+process (``connect`` joins the running cluster with ``ray.init(address="auto")``). A dead or
+restarted actor surfaces as ``KVTransferError``; the next call looks the actor up again.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from accel.kv_transfer.payload import KVPayload
+from accel.kv_transfer.transport import KVTransferError
+from deployments.kv_connector_actor import actor_namespace, get_kv_connector
+
+logger = logging.getLogger(__name__)
+
+RPC_GRACE_S = 5.0  # on top of a call's own deadline, for the round trip
+
+
+def connect_to_cluster(app_name: str, address: str | None = None) -> None:
+    """Join the running Ray cluster from a process Ray did not start (idempotent). Pass the GCS
+    address the replica saw (``ray.get_runtime_context().gcs_address``): "auto" picks whatever
+    cluster this machine started last, which is wrong when several run side by side."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address or "auto", namespace=actor_namespace(app_name), log_to_driver=False,
+                 configure_logging=False)
+
+
+class RayKVTransport:
+    def __init__(self, app_name: str):
+        self.app_name = app_name
+        self._handle = None
+
+    def put(self, transfer_id: str, payload: KVPayload, timeout_s: float) -> None:
+        import ray
+
+        handle = self._actor()
+        desc = payload.descriptor
+        try:
+            ray.get(handle.reserve.remote(transfer_id, desc.num_bytes, timeout_s), timeout=timeout_s + RPC_GRACE_S)
+        except KVTransferError:
+            raise
+        except Exception as e:
+            self._handle = None
+            raise KVTransferError(f"KV connector unreachable while reserving {transfer_id!r}: {e}") from e
+        try:
+            # We own the object; once the actor holds its borrowed reference we drop ours, so the
+            # actor's reference alone keeps the payload alive (freed on completion or expiry).
+            ref = ray.put(payload.to_wire())
+            ray.get(handle.commit.remote(transfer_id, desc, [ref]), timeout=RPC_GRACE_S)
+            del ref
+        except Exception as e:
+            self._handle = None
+            try:
+                handle.cancel.remote(transfer_id)
+            except Exception:
+                pass
+            if isinstance(e, KVTransferError):
+                raise
+            raise KVTransferError(f"KV connector failed to store {transfer_id!r}: {e}") from e
+
+    def fetch(self, transfer_id: str, timeout_s: float) -> KVPayload:
+        import ray
+
+        try:
+            descriptor, refs = ray.get(self._actor().claim.remote(transfer_id), timeout=timeout_s)
+            array = ray.get(refs[0], timeout=timeout_s)
+        except KVTransferError:
+            raise
+        except Exception as e:
+            self._handle = None
+            raise KVTransferError(f"KV transfer {transfer_id!r} unreadable: {e}") from e
+        return KVPayload.from_wire(descriptor, array)
+
+    def complete(self, transfer_id: str) -> None:
+        try:
+            self._actor().complete.remote(transfer_id)
+        except Exception:  # the lease frees it anyway
+            logger.debug("complete(%s) not delivered", transfer_id, exc_info=True)
+
+    def report_recompute(self, reason: str) -> None:
+        try:
+            self._actor().report_recompute.remote(reason)
+        except Exception:
+            logger.warning("KV connector unreachable; recompute (%s) not counted", reason)
+
+    def _actor(self):
+        if self._handle is None:
+            try:
+                self._handle = get_kv_connector(self.app_name)
+            except Exception as e:
+                raise KVTransferError(f"no KV connector for application {self.app_name!r}: {e}") from e
+        return self._handle
