@@ -1,0 +1,123 @@
+"""MeshRunner: what goes on the wire (shapes, padding, slots) for decode and prefill."""
+
+from __future__ import annotations
+
+import torch
+
+from accel.contract import SamplingParams
+from accel.tt.config import TTEngineConfig
+from accel.tt.mesh_model import SUPPORTS_SAMPLE_ON_DEVICE, SampledOutput, TTSamplingParams
+from accel.tt.runner import NO_TOKEN, MeshRunner, device_sampling_row
+from accel.tt.sampling_policy import SamplingPolicy
+from accel.tt.step_plan import PENDING_TOKEN, RowPlan, StepMode, StepPlan
+
+VOCAB = 64
+
+
+class RecordingModel:
+    """Records every call; returns logits whose argmax is (row's last input token + 1)."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self.calls = []
+
+    def decode_forward(self, **kw):
+        self.calls.append(("decode", kw))
+        logits = torch.zeros(self.capacity, VOCAB)
+        logits[torch.arange(self.capacity), (kw["tokens"][:, 0] + 1) % VOCAB] = 1.0
+        if kw.get("sampling_params") is not None:
+            return SampledOutput(token_ids=logits.argmax(-1))
+        return logits
+
+    def read_decode_output(self, out, async_read=False):
+        return out, []
+
+    def process_decode_output_host(self, out, is_tokens=False):
+        assert is_tokens == isinstance(out, SampledOutput)
+        return out
+
+    def prefill_forward(self, **kw):
+        self.calls.append(("prefill", kw))
+        n = kw["tokens"].shape[0]
+        last = torch.tensor([int(kw["tokens"][i, kw["prompt_lens"][i] - 1]) for i in range(n)])
+        logits = torch.zeros(n, 1, VOCAB)
+        logits[torch.arange(n), 0, (last + 1) % VOCAB] = 1.0
+        if kw.get("sampling_params") is not None:
+            return SampledOutput(token_ids=logits[:, 0].argmax(-1))
+        return logits
+
+
+def make_runner(device_mode=None, lanes=2, per_lane=3):
+    cfg = TTEngineConfig(model="x", max_num_seqs=per_lane, data_parallel_size=lanes, block_size=4,
+                         max_model_len=32)
+    model = RecordingModel(cfg.max_num_seqs_global)
+    policy = SamplingPolicy(device_mode, False, {SUPPORTS_SAMPLE_ON_DEVICE: True})
+    return MeshRunner(model, "KV", cfg, policy, frozenset({1}), VOCAB), model
+
+
+def row(rid, lane, slot, start, end, tokens, blocks, samples=True, **sp):
+    return RowPlan(req_id=rid, lane=lane, row=slot, start_pos=start, end_pos=end, input_token_ids=tokens,
+                   block_ids=blocks, samples=samples, sampling=SamplingParams(temperature=0, **sp),
+                   num_output_tokens=0)
+
+
+def test_decode_carries_every_slot_with_empty_rows_at_minus_one():
+    runner, model = make_runner()
+    plan = StepPlan(1, StepMode.DECODE, 3, 2, (row("a", 0, 1, 5, 6, (10,), (7, 8)),
+                                              row("b", 1, 3, 2, 3, (20,), (4,))))
+    result = runner.submit(plan).finalize()
+    kind, kw = model.calls[-1]
+    assert kind == "decode" and runner.num_dispatches == 1
+    assert kw["tokens"].shape == (6, 1) and kw["tokens"][:, 0].tolist() == [0, 10, 0, 20, 0, 0]
+    assert kw["start_pos"].tolist() == [-1, 5, -1, 2, -1, -1]
+    assert kw["page_table"].shape == (6, 8) and kw["page_table"].dtype == torch.int32
+    assert kw["page_table"][1, :3].tolist() == [7, 8, 0] and kw["page_table"][3, 0] == 4
+    assert kw["page_table"][[0, 2, 4, 5]].abs().sum() == 0
+    assert kw["read_from_device"] is False and "sampling_params" not in kw
+    assert result.token_ids == (11, 21) and not result.is_device_sampled
+    # next step: "a" left; its page-table row must be zeroed again
+    runner.submit(StepPlan(2, StepMode.DECODE, 3, 2, (row("b", 1, 3, 3, 4, (21,), (4,)),))).finalize()
+    assert model.calls[-1][1]["page_table"][1].abs().sum() == 0
+
+
+def test_pending_tokens_are_fed_from_the_previous_step():
+    runner, model = make_runner()
+    plan = StepPlan(1, StepMode.DECODE, 3, 2, (row("a", 0, 0, 5, 6, (PENDING_TOKEN,), (1, 2)),))
+    runner.submit(plan, fed_tokens={0: 33}).finalize()
+    assert model.calls[-1][1]["tokens"][0, 0] == 33
+
+
+def test_prefill_rows_are_front_packed_with_global_slots():
+    runner, model = make_runner()
+    plan = StepPlan(1, StepMode.PREFILL, 3, 2, (
+        row("a", 0, 2, 0, 3, (5, 6, 7), (0,)),
+        row("b", 1, 4, 4, 6, (1, 2, 3, 4, 5, 9), (3, 5), samples=False)))
+    result = runner.submit(plan).finalize()
+    kind, kw = model.calls[-1]
+    assert kind == "prefill"
+    assert kw["tokens"].shape == (2, 6) and kw["tokens"][0].tolist() == [5, 6, 7, 0, 0, 0]
+    assert kw["prompt_lens"] == [3, 6] and kw["start_pos"] == [0, 4] and kw["empty_slots"] == [2, 4]
+    assert kw["page_table"][1, :2].tolist() == [3, 5]
+    assert result.token_ids == (8, NO_TOKEN)
+
+
+def test_device_sampling_params_are_padded_and_normalized():
+    runner, model = make_runner(device_mode="all")
+    plan = StepPlan(1, StepMode.DECODE, 3, 2, (row("a", 0, 1, 5, 6, (10,), (7,)),))
+    result = runner.submit(plan).finalize()
+    kw = model.calls[-1][1]
+    sp: TTSamplingParams = kw["sampling_params"]
+    assert result.is_device_sampled and result.token_ids == (11,)
+    assert len(sp.temperature) == 6
+    assert sp.top_k[0] == 1 and sp.temperature[0] == 0.0 and sp.seed[0] == -1 and sp.num_logprobs[0] == -2
+    assert (sp.temperature[1], sp.top_k[1], sp.top_p[1]) == (0.0, 1, 0.0)  # greedy row
+    assert kw["reset_batch"] is True
+    runner.submit(StepPlan(2, StepMode.DECODE, 3, 2, (row("a", 0, 1, 6, 7, (11,), (7,)),))).finalize()
+    assert model.calls[-1][1]["reset_batch"] is False  # same layout
+
+
+def test_device_sampling_row_normalization():
+    assert device_sampling_row(SamplingParams(temperature=0.8, top_k=0, top_p=0.9, seed=4), 64) == \
+        (0.8, 64, 0.9, 0.0, 0.0, 1.0, 4, -2)
+    assert device_sampling_row(SamplingParams(temperature=0.8, top_k=1, logprobs=2), 64)[:3] == (0.0, 1, 0.0)
+    assert device_sampling_row(SamplingParams(temperature=0.8, top_k=100), 64)[1] == 64
