@@ -40,15 +40,17 @@ class PrefixSessionLoadPolicy(RoutingPolicy):
         scores, limit = view.scores, view.limit
         hashes, key = ctx.replica_hashes, ctx.tie_key
         w_prefill, w_load = weights.w_prefill, weights.w_load_blocks
-        best_id, best_rank = None, None
+        best_cost, tied = None, []  # tie ranks are computed only among equal-cost replicas
         for replica_id in ctx.candidates:
             score = scores[replica_id]
             if score > limit or replica_id == excluded:
                 continue
             cost = w_prefill * (num_blocks - matched.get(replica_id, 0)) + w_load * score
-            rank = (cost, tie_rank(key, hashes[replica_id]))
-            if best_rank is None or rank < best_rank:
-                best_id, best_rank = replica_id, rank
+            if best_cost is None or cost < best_cost:
+                best_cost, tied = cost, [replica_id]
+            elif cost == best_cost:
+                tied.append(replica_id)
+        best_id = min(tied, key=lambda r: tie_rank(key, hashes[r])) if tied else None
         if best_id is None:  # only the excluded replica was acceptable
             best_id = self.least_loaded(ctx, view, tuple(r for r in ctx.candidates if r != excluded))
 

@@ -43,10 +43,10 @@ class CostWeights:
     """
 
     w_prefill: float = 1.0  # per uncached prompt block
-    w_load_blocks: float = 12.0  # blocks of prefill one unit of load score is worth
+    w_load_blocks: float = 4.0  # blocks of prefill one unit of load score is worth
     w_queue: float = 1.0  # load score per engine-waiting request (fresh stats only)
     w_kv_usage: float = 4.0  # load score at 100% KV usage (fresh stats only)
-    window_abs: float = 2.0  # acceptable load-score excess over the least-loaded replica ...
+    window_abs: float = 8.0  # acceptable load-score excess over the least-loaded replica ...
     window_rel: float = 0.25  # ... or this fraction of the least-loaded score, whichever is larger
 
     def __post_init__(self) -> None:
@@ -91,13 +91,12 @@ class LoadView:
 
 def load_view(ctx: RoutingContext, weights: CostWeights) -> LoadView:
     in_flight, stats = ctx.in_flight, ctx.fresh_stats
-    scores: dict[str, float] = {}
-    for replica_id in ctx.candidates:
-        score = float(in_flight[replica_id])
-        snap = stats.get(replica_id)
-        if snap is not None:
-            score += weights.w_queue * snap[0] + weights.w_kv_usage * snap[1]
-        scores[replica_id] = score
+    scores = {replica_id: float(in_flight[replica_id]) for replica_id in ctx.candidates}
+    if stats:
+        w_queue, w_kv = weights.w_queue, weights.w_kv_usage
+        for replica_id, (num_waiting, kv_usage) in stats.items():
+            if replica_id in scores:
+                scores[replica_id] += w_queue * num_waiting + w_kv * kv_usage
     min_score = min(scores.values())
     limit = min_score + max(weights.window_abs, weights.window_rel * min_score)
     return LoadView(scores, min_score, limit)
