@@ -225,51 +225,46 @@ class TorchMeshModel:
     def warmup_model_prefill(self, enable_trace: bool, kv_cache: Any, can_sample_on_device: bool) -> None:
         """Runs every prefill bucket (128 .. max_seq_len) once, batch 1; writes only the scratch block."""
         store = self._store_for(kv_cache)
+        variants = ["logits"] + (["sampled"] if can_sample_on_device else [])
         length = MIN_PREFILL_BUCKET_TOKENS
         while True:
-            self._warm_prefill(store, length, sampled=False)
-            if can_sample_on_device:
-                self._warm_prefill(store, length, sampled=True)
+            num_blocks = _next_pow2(-(-length // store.block_size))
+            self._warm(store, tokens=torch.zeros(1, length, dtype=torch.int64),
+                       positions=torch.arange(length)[None, :],
+                       table=torch.zeros(1, num_blocks, dtype=torch.int64),  # reads lane 0 block 0 only
+                       last_index=torch.tensor([length - 1]), variants=variants)
+            for variant in variants:
+                self._log_capture("prefill", (1, length), variant, enable_trace)
             if length >= self.max_seq_len:
                 break
             length *= 2
 
     def warmup_model_decode(self, enable_trace: bool, kv_cache: Any, max_batch_size: int, num_blocks: int,
                             can_sample_on_device: bool) -> None:
-        """Runs the full-width decode (every slot empty, so no KV write) per sampling variant."""
+        """Runs the full-width decode (every slot empty: no KV write) and each sampling variant."""
         store = self._store_for(kv_cache)
         batch = self.max_batch_size
-        tokens = torch.zeros(batch, 1, dtype=torch.int64)
-        positions = torch.zeros(batch, 1, dtype=torch.int64)
-        is_written = torch.zeros(batch, 1, dtype=torch.bool)
-        lanes = torch.arange(batch) // self.per_lane
-        table = torch.zeros(batch, num_blocks, dtype=torch.int64)
         variants = ["logits"] + (["greedy", "sampled", "sampled+logprobs"] if can_sample_on_device else [])
+        self._warm(store, tokens=torch.zeros(batch, 1, dtype=torch.int64),
+                   positions=torch.zeros(batch, 1, dtype=torch.int64),
+                   table=torch.zeros(batch, num_blocks, dtype=torch.int64),
+                   last_index=torch.zeros(batch, dtype=torch.int64), variants=variants)
         for variant in variants:
-            def program(variant: str = variant) -> None:
-                logits = self._forward(store, tokens, positions, is_written, lanes, table, num_blocks,
-                                       torch.zeros(batch, dtype=torch.int64))
-                if variant != "logits":
-                    sample(logits, _warmup_sampling(batch, variant, self.config.vocab_size, self.device),
-                           self.generator, self.model_capabilities[MAX_DEVICE_TOP_K])
-            self._queue.run(program)
             self._log_capture("decode", (batch, 1, num_blocks), variant, enable_trace)
 
-    def _warm_prefill(self, store: PagedKVStore, length: int, sampled: bool) -> None:
-        tokens = torch.zeros(1, length, dtype=torch.int64)
-        positions = torch.arange(length)[None, :]
-        is_written = torch.zeros(1, length, dtype=torch.bool)
-        num_blocks = _next_pow2(-(-length // store.block_size))
-        table = torch.zeros(1, num_blocks, dtype=torch.int64)  # reads block 0 of lane 0, writes nothing
+    def _warm(self, store: PagedKVStore, tokens: torch.Tensor, positions: torch.Tensor, table: torch.Tensor,
+              last_index: torch.Tensor, variants: list[str]) -> None:
+        """One forward of the shape (nothing written: ``is_written`` all False), then each sampler tail."""
+        rows = tokens.shape[0]
+        lanes = torch.arange(rows) // self.per_lane
 
         def program() -> None:
-            logits = self._forward(store, tokens, positions, is_written, torch.zeros(1, dtype=torch.int64),
-                                   table, num_blocks, torch.tensor([length - 1]))
-            if sampled:
-                sample(logits, _warmup_sampling(1, "sampled", self.config.vocab_size, self.device),
+            logits = self._forward(store, tokens, positions, torch.zeros_like(tokens, dtype=torch.bool), lanes,
+                                   table, table.shape[1], last_index)
+            for variant in variants[1:]:
+                sample(logits, _warmup_sampling(rows, variant, self.config.vocab_size, self.device),
                        self.generator, self.model_capabilities[MAX_DEVICE_TOP_K])
         self._queue.run(program)
-        self._log_capture("prefill", (1, length), "sampled" if sampled else "logits", True)
 
     def _log_capture(self, phase: str, shape: tuple[int, ...], variant: str, enable_trace: bool) -> None:
         mode = "captured" if enable_trace else "compiled"
