@@ -52,7 +52,7 @@ class RouterDeployment:
         self._tickets[ticket] = (replica_id, time.monotonic())
         if replica_id is not None:
             self._inflight[replica_id] = self._inflight.get(replica_id, 0) + 1
-        reason = "pinned" if request.pool else ("least_loaded" if replica_id else "no_replica_known")
+        reason = ("no_replica_known" if replica_id is None else "pinned" if request.pool else "least_loaded")
         if self._metrics is not None:
             self._metrics.decisions.inc(1, {"pool": pool, "reason": reason})
         return RouteDecision(pool=pool, replica_id=replica_id, ticket=ticket, reason=reason)

@@ -84,9 +84,14 @@ def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | N
 
     factories = dict(engine_factories or {})
     pool_apps = {}
-    for pool in config.pools:
+    for i, pool in enumerate(config.pools):
         cls = TTMeshReplica if pool.engine == "tt" else VllmReplica
-        deployment = serve.deployment(cls).options(**engine_deployment_options(pool))
+        try:
+            options = engine_deployment_options(pool)
+        except ConfigError as exc:  # placement: TPU topology, MESH_DEVICE name
+            section = "tpu" if pool.accelerator == "tpu" else "tt"
+            raise ConfigError(f"{config.config_file}: pools[{i}].{section}: {exc}") from None
+        deployment = serve.deployment(cls).options(**options)
         pool_apps[pool.name] = deployment.bind(pool, factories.get(pool.engine))
     router = serve.deployment(RouterDeployment).options(
         name=ROUTER_NAME, num_replicas=config.router.replicas,

@@ -1,0 +1,63 @@
+"""The replica wrapper as a plain class around the HF test-double engine: streaming, abort on
+early close (the caller went away), stats/snapshots, health, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from accel.contract import FinishReason, GenerateRequest, SamplingParams
+from deployments.engine_replica import EngineReplica
+from serve_app.config import load_app_config
+from tests.deployments.hf_replay_engine import HFReplayEngine
+from tests.hf_reference import hf_greedy
+
+
+@pytest.fixture(scope="module")
+def pool(tiny_llama):
+    import yaml
+    from pathlib import Path
+
+    args = yaml.safe_load((Path(__file__).parents[2] / "configs/local.yaml").read_text())["applications"][0]["args"]
+    return load_app_config(args).pools[0]
+
+
+def _replica(pool, delay_s=0.0):
+    return EngineReplica(pool, lambda p: HFReplayEngine(str(p.model_path), p.max_model_len, delay_s))
+
+
+def test_streams_greedy_tokens(pool, tiny_llama):
+    async def run():
+        replica = _replica(pool)
+        req = GenerateRequest("r1", (0, 5, 6, 7), SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+        deltas = [d async for d in replica.generate(req, replica_hint="ignored")]
+        assert deltas[-1].finish_reason is FinishReason.LENGTH
+        assert [t for d in deltas for t in d.new_token_ids] == hf_greedy(tiny_llama, [0, 5, 6, 7], 6)
+        snap = replica.routing_snapshot()
+        assert (snap.pool, snap.num_inflight, snap.stats.num_running) == ("tt", 0, 0)
+        await replica.check_health()
+        await replica.shutdown()
+        with pytest.raises(RuntimeError):
+            await replica.check_health()
+    asyncio.run(run())
+
+
+def test_early_close_aborts_the_engine_request(pool):
+    async def run():
+        replica = _replica(pool, delay_s=0.01)
+        req = GenerateRequest("r2", (0, 5), SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+        gen = replica.generate(req)
+        await gen.__anext__()
+        assert replica.routing_snapshot().num_inflight == 1
+        assert replica.stats().num_running == 1
+        await gen.aclose()  # what Serve does when the caller cancels
+        for _ in range(50):
+            if replica.stats().num_running == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert replica.stats().num_running == 0
+        assert replica.routing_snapshot().num_inflight == 0
+        stats = replica.record_routing_stats()
+        assert stats["num_running"] == 0 and stats["pool"] == "tt"
+    asyncio.run(run())

@@ -1,0 +1,113 @@
+"""App config: schema, cross checks, error messages naming the file and the key."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from accel.contract import ConfigError
+from serve_app.config import UNKNOWN_FILE, load_app_config
+
+CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
+
+
+def _args(name: str = "local") -> dict:
+    path = Path(__file__).parents[2] / "configs" / f"{name}.yaml"
+    return yaml.safe_load(path.read_text())["applications"][0]["args"]
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_config_parses_and_names_itself(path):
+    args = yaml.safe_load(path.read_text())["applications"][0]["args"]
+    cfg = load_app_config(args)
+    assert cfg.config_file == f"configs/{path.name}"
+    assert cfg.pools and cfg.models
+    for pool in cfg.pools:
+        assert cfg.model(pool.model) is not None
+
+
+def test_local_config_values(tiny_llama):
+    cfg = load_app_config(_args())
+    assert [m.name for m in cfg.models] == ["tiny-llama"]
+    assert cfg.models[0].path == tiny_llama  # "~" expanded
+    assert cfg.models[0].max_model_len == 512  # smallest of the pools' engine_args
+    tt, vllm = cfg.pools
+    assert (tt.engine, tt.accelerator, tt.replicas, tt.engine_args["data_parallel_size"]) == ("tt", "cpu", 2, 2)
+    assert (vllm.engine, vllm.replicas, vllm.role) == ("vllm", 1, "both")
+    args = tt.engine_args_for_engine()
+    assert args["model"] == str(tiny_llama) and args["max_model_len"] == 512
+    args["max_num_seqs"] = 99
+    assert tt.engine_args["max_num_seqs"] == 4  # a copy, the config is not mutated
+
+
+def test_galaxy_recipe():
+    cfg = load_app_config(_args("tt_galaxy"))
+    (pool,) = cfg.pools
+    assert pool.tt_mesh_device == "TG"
+    assert pool.engine_args["data_parallel_size"] == 4
+    assert pool.engine_args["max_num_seqs"] == 8
+    assert pool.engine_args["async_scheduling"] is True
+    assert pool.engine_args["additional_config"]["tt"] == {
+        "dispatch_core_axis": "col", "sample_on_device_mode": "all", "fabric_config": "FABRIC_1D_RING",
+        "worker_l1_size": 1344544, "trace_region_size": 220000000}
+    assert "70B" in pool.model
+
+
+@pytest.mark.parametrize("mutate, key", [
+    (lambda a: a["pools"][1].__setitem__("engine_argz", {}), "pools[1].engine_argz: unknown key"),
+    (lambda a: a.__setitem__("routr", {}), "routr: unknown key"),
+    (lambda a: a["router"].__setitem__("polcy", "x"), "router.polcy: unknown key"),
+    (lambda a: a["pools"][0]["resources"].__setitem__("gpus", 1), "pools[0].resources.gpus: unknown key"),
+])
+def test_unknown_keys_name_key_and_file(mutate, key):
+    args = _args()
+    mutate(args)
+    with pytest.raises(ConfigError) as err:
+        load_app_config(args)
+    assert f"configs/local.yaml: {key}" in str(err.value)
+
+
+def test_without_config_file_errors_say_so():
+    args = _args()
+    del args["config_file"]
+    args["bogus"] = 1
+    with pytest.raises(ConfigError, match=f"{UNKNOWN_FILE}: bogus: unknown key"):
+        load_app_config(args)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda a: a["pools"][0].__setitem__("model", "nope"), r"pools\[0\].model: unknown model 'nope'"),
+    (lambda a: a["pools"][1].__setitem__("name", "tt"), r"pools\[1\].name: duplicate pool name"),
+    (lambda a: a["pools"][0].__setitem__("autoscaling", {"max_replicas": 2}),
+     r"pools\[0\]: set exactly one of replicas and autoscaling"),
+    (lambda a: a["pools"][0].__setitem__("engine", "sglang"), r"pools\[0\].engine: Input should be 'tt' or 'vllm'"),
+    (lambda a: a["pools"][0].__setitem__("accelerator", "tt"), r"pools\[0\].tt: a pool on accelerator tt needs"),
+    (lambda a: a["pools"][1].__setitem__("accelerator", "tpu"), r"pools\[1\].tpu: a pool on accelerator tpu needs"),
+    (lambda a: a["pools"][0]["engine_args"].__setitem__("model", "/x"), r"pools\[0\].engine_args.model"),
+    (lambda a: a["pools"][0].__setitem__("replicas", -1), r"pools\[0\].replicas: Input should be greater"),
+])
+def test_cross_checks(mutate, message):
+    args = copy.deepcopy(_args())
+    mutate(args)
+    with pytest.raises(ConfigError, match=message):
+        load_app_config(args)
+
+
+def test_max_model_len_from_checkpoint(tiny_llama):
+    args = _args()
+    for pool in args["pools"]:
+        pool["engine_args"].pop("max_model_len")
+    cfg = load_app_config(args)
+    assert cfg.models[0].max_model_len == 4096  # config.json max_position_embeddings
+
+
+def test_max_model_len_required_without_checkpoint():
+    args = _args()
+    args["models"][0]["path"] = "/does/not/exist"
+    for pool in args["pools"]:
+        pool["engine_args"].pop("max_model_len")
+    with pytest.raises(ConfigError, match=r"models\[0\].max_model_len: not set"):
+        load_app_config(args)
