@@ -1,0 +1,80 @@
+"""AsyncDecodeQueue: what stays in flight, what drains, and token feeding."""
+
+from __future__ import annotations
+
+from accel.contract import SamplingParams
+from accel.tt.async_decode import AsyncDecodeQueue
+from accel.tt.mesh_model import SUPPORTS_SAMPLE_ON_DEVICE
+from accel.tt.runner import PendingStep, StepResult
+from accel.tt.sampling_policy import SamplingPolicy
+from accel.tt.step_plan import PENDING_TOKEN, RowPlan, StepMode, StepPlan
+
+
+class FakeRunner:
+    """Submits nothing; each step's token for a row = 100 * step_id + row. Records feeding."""
+
+    def __init__(self):
+        self.policy = SamplingPolicy("all", False, {SUPPORTS_SAMPLE_ON_DEVICE: True})
+        self.submitted: list[tuple[int, dict | None]] = []
+        self.finalized: list[int] = []
+
+    def submit(self, plan, fed_tokens=None):
+        self.submitted.append((plan.step_id, fed_tokens))
+        for r in plan.rows:
+            assert r.input_token_ids[-1] != PENDING_TOKEN or r.row in (fed_tokens or {})
+
+        def finalize():
+            self.finalized.append(plan.step_id)
+            return StepResult(tuple(100 * plan.step_id + r.row for r in plan.rows), None,
+                              self.policy.use_device(plan))
+        return PendingStep(plan, finalize)
+
+
+def plan(step_id, rows=(0, 1), mode=StepMode.DECODE, pending=True, **sp):
+    params = SamplingParams(temperature=0, **sp)
+    token = (PENDING_TOKEN,) if pending else (5,)
+    return StepPlan(step_id, mode, 4, 1, tuple(
+        RowPlan(f"r{r}", 0, r, 10, 11, token, (0,), True, params, 0) for r in rows))
+
+
+def ids(done):
+    return [p.step_id for p, _ in done]
+
+
+def test_steady_decode_keeps_one_step_in_flight_and_feeds_its_tokens():
+    runner = FakeRunner()
+    q = AsyncDecodeQueue(runner, is_enabled=True)
+    assert ids(q.execute(plan(1, pending=False))) == [1]  # first layout: synchronous
+    assert ids(q.execute(plan(2, pending=False))) == [] and q.has_inflight  # steady: in flight
+    done = q.execute(plan(3))
+    assert ids(done) == [2] and q.has_inflight
+    assert runner.submitted[-1] == (3, {0: 200, 1: 201})  # step 2's tokens feed step 3
+    assert ids(q.drain()) == [3] and not q.has_inflight
+    assert q.num_overlapped_steps == 2
+
+
+def test_layout_change_prefill_logprobs_host_and_empty_drain():
+    runner = FakeRunner()
+    q = AsyncDecodeQueue(runner, is_enabled=True)
+    q.execute(plan(1, pending=False))
+    q.execute(plan(2, pending=False))
+    assert ids(q.execute(plan(3, rows=(0,)))) == [2, 3] and not q.has_inflight  # layout changed
+    q.execute(plan(4, rows=(0,), pending=False))
+    assert q.has_inflight
+    assert ids(q.execute(plan(5, rows=(0,), logprobs=1))) == [4, 5] and not q.has_inflight
+    q.execute(plan(6, rows=(0,), pending=False))
+    q.execute(plan(7, rows=(0,)))
+    assert ids(q.execute(plan(8, rows=(0,), presence_penalty=0.5))) == [7, 8]  # host sampling
+    q.execute(plan(9, rows=(0,), pending=False))
+    q.execute(plan(10, rows=(0,)))
+    assert ids(q.execute(StepPlan(11, StepMode.EMPTY, 4, 1, ()))) == [10]
+    q.execute(plan(12, rows=(0,), pending=False))
+    q.execute(plan(13, rows=(0,)))
+    assert ids(q.execute(plan(14, rows=(2,), mode=StepMode.PREFILL, pending=False))) == [13, 14]
+
+
+def test_disabled_queue_is_synchronous():
+    q = AsyncDecodeQueue(FakeRunner(), is_enabled=False)
+    for step in range(1, 5):
+        assert ids(q.execute(plan(step, pending=False))) == [step]
+    assert q.num_overlapped_steps == 0
