@@ -1,0 +1,62 @@
+"""The router simulator on a small trace: it runs, its figures are coherent, and the ordering the
+design relies on holds (cache-aware beats cache-blind on hits; the default does not collapse)."""
+
+import json
+import math
+import os
+import sys
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
+sys.path.insert(0, os.path.abspath(BENCH))
+
+import ray_prefix_affinity  # noqa: E402
+import router_sim  # noqa: E402
+from router_sim_cluster import EngineCache  # noqa: E402
+
+
+def test_small_run_prints_one_coherent_json_object(capsys):
+    router_sim.main(["--json", "--no-latency", "--replicas", "4", "--kv-blocks", "256",
+                     "--sessions", "24", "--turns", "4", "--groups", "6", "--shared-requests", "200",
+                     "--duration-s", "30", "--group-system-tokens", "512"])
+    out = json.loads(capsys.readouterr().out)
+    entries = out["policies"]
+    assert set(entries) == set(router_sim.ENTRIES)
+    for name, entry in entries.items():
+        assert entry["policy"] == name
+        assert 0.0 <= entry["hit_rate"] <= 1.0
+        assert entry["max_over_mean_load"] >= 1.0
+        assert math.isclose(entry["hit_ratio_vs_oracle"], entry["hit_rate"] / out["oracle_hit_rate"],
+                            rel_tol=1e-2)
+    assert entries["prefix+session+load"]["hit_rate"] > entries["round_robin"]["hit_rate"]
+    assert entries["prefix"]["hit_rate"] > entries["least_loaded"]["hit_rate"]
+
+
+def test_engine_cache_reports_stores_and_evictions_in_order():
+    cache = EngineCache(3)
+    assert [type(e).__name__ for e in cache.store([1, 2])] == ["BlockStored"]
+    events = cache.store([3, 4])  # 4 blocks > 3: the least recent (block 2, a tail) goes
+    assert [type(e).__name__ for e in events] == ["BlockRemoved", "BlockStored"]
+    assert events[0].block_hashes == (2,) and events[1].block_hashes == (3, 4)
+    assert cache.num_cached_prefix([1, 2]) == 1
+
+
+def test_char_tree_longest_match_and_smallest_tree_fallback():
+    peer = ray_prefix_affinity.RayPrefixAffinityPeer(["a", "b"], seed=0)
+    idle = {"a": 0, "b": 0}
+    peer.on_routed("system prompt, question one", "a", 0.0)
+    assert peer.choose("system prompt, question two", idle) == "a"
+    assert peer.tree.prefix_match("system prompt, q", ["a", "b"]) == (16, ["a"])
+    assert peer.choose("unrelated text", idle) == "b"  # miss: smallest tree
+    peer.on_routed("system prompt, other", "b", 0.0)
+    assert peer.tree.prefix_match("system prompt, other!", ["a", "b"]) == (20, ["b"])
+    assert peer.tree.prefix_match("system prompt, ", ["a", "b"]) == (15, ["a", "b"])
+
+
+@pytest.mark.parametrize("threshold", [10.0])
+def test_imbalance_threshold_switches_to_power_of_two(threshold):
+    peer = ray_prefix_affinity.RayPrefixAffinityPeer(["a", "b"], imbalanced_threshold=threshold, seed=0)
+    peer.on_routed("shared prefix", "a", 0.0)
+    assert peer.choose("shared prefix!", {"a": 11, "b": 0}) == "b"
+    assert peer.choose("shared prefix!", {"a": 10, "b": 0}) == "a"
