@@ -71,13 +71,19 @@ class RotaryTables:
         emb = torch.cat((freqs, freqs), dim=-1)
         return RotaryTables(emb.cos().to(device=device, dtype=dtype), emb.sin().to(device=device, dtype=dtype))
 
+    def at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin ``[T, 1, D]`` for ``positions`` ``[T]`` (looked up once per forward, all layers)."""
+        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """``x`` ``[T, heads, D]`` rotated at ``positions`` ``[T]`` (rotate-half convention)."""
-        cos = self.cos[positions][:, None, :]
-        sin = self.sin[positions][:, None, :]
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+        return apply_rotary(x, *self.at(positions))
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x`` ``[T, heads, D]`` rotated (rotate-half convention, as HF) by ``cos``/``sin`` ``[T, 1, D]``."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
 
 
 @dataclass(frozen=True)
@@ -95,8 +101,8 @@ class LayerWeights:
     down: torch.Tensor  # [hidden, intermediate]
 
 
-def project_qkv(h: torch.Tensor, layer: LayerWeights, config: DecoderConfig, rope: RotaryTables,
-                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def project_qkv(h: torch.Tensor, layer: LayerWeights, config: DecoderConfig,
+                cos_sin: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``h`` ``[T, hidden]`` -> q ``[T, H, D]``, k and v ``[T, Hkv, D]`` (q/k normed and rotated)."""
     num_q = config.num_heads * config.head_dim
     num_kv = config.num_kv_heads * config.head_dim
@@ -107,7 +113,7 @@ def project_qkv(h: torch.Tensor, layer: LayerWeights, config: DecoderConfig, rop
     if layer.q_norm is not None:
         q = rms_norm(q, layer.q_norm, config.rms_norm_eps)
         k = rms_norm(k, layer.k_norm, config.rms_norm_eps)
-    return rope.apply(q, positions), rope.apply(k, positions), v
+    return apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin), v
 
 
 def swiglu_mlp(h: torch.Tensor, layer: LayerWeights) -> torch.Tensor:

@@ -288,13 +288,14 @@ class TorchMeshModel:
         tokens, positions, is_written = tokens.to(dev), positions.to(dev), is_written.to(dev)
         n, length = tokens.shape
         cfg, w = self.config, self.weights
-        meta = AttentionMetadata.build(store, page_table.to(dev), lanes.to(dev), positions, is_written, num_ctx_blocks)
-        flat_positions = positions.reshape(-1)
+        meta = AttentionMetadata.build(store, page_table.to(dev), lanes.to(dev), positions, is_written, num_ctx_blocks,
+                                       cfg.num_queries_per_kv)
+        cos_sin = self.rope.at(positions.reshape(-1))
         scale = cfg.head_dim ** -0.5
         h = w.embed[tokens.reshape(-1)]  # [n * L, hidden]
         for i, layer in enumerate(w.layers):
             x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
-            q, k, v = project_qkv(x, layer, cfg, self.rope, flat_positions)
+            q, k, v = project_qkv(x, layer, cfg, cos_sin)
             write_kv(store, i, meta, k.to(store.keys[i].dtype), v.to(store.values[i].dtype))
             attn = paged_attention(store, i, meta, q.view(n, length, cfg.num_heads, cfg.head_dim).to(store.keys[i].dtype), scale)
             h = h + F.linear(attn.reshape(n * length, -1).to(h.dtype), layer.o_proj)

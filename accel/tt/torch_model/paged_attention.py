@@ -63,11 +63,12 @@ class AttentionMetadata:
     write_blocks: torch.Tensor  # int64 [n * L], global block id (scratch block if no write)
     write_offsets: torch.Tensor  # int64 [n * L]
     ctx_blocks: torch.Tensor  # int64 [n, num_ctx_blocks], global block ids
-    mask: torch.Tensor  # bool [n, 1, L, C]: key j visible to query t (j <= position)
+    mask: torch.Tensor  # bool [n, 1, G * L, C]: key j visible to query t (j <= position), per GQA group
 
     @staticmethod
     def build(store: PagedKVStore, page_table: torch.Tensor, lanes: torch.Tensor,
-              positions: torch.Tensor, is_written: torch.Tensor, num_ctx_blocks: int) -> "AttentionMetadata":
+              positions: torch.Tensor, is_written: torch.Tensor, num_ctx_blocks: int,
+              num_queries_per_kv: int = 1) -> "AttentionMetadata":
         """``page_table`` int ``[n, W]`` lane-local; ``lanes`` int64 ``[n]``; ``positions`` int64
         ``[n, L]`` (every entry a valid position, padding clamped); ``is_written`` bool ``[n, L]``."""
         bs = store.block_size
@@ -78,9 +79,10 @@ class AttentionMetadata:
         write_offsets = torch.where(is_written, positions % bs, 0)
         ctx_blocks = base + table[:, :num_ctx_blocks]
         keys_pos = torch.arange(num_ctx_blocks * bs, device=positions.device)
-        mask = keys_pos[None, None, :] <= positions[:, :, None]
-        return AttentionMetadata(write_blocks.reshape(-1), write_offsets.reshape(-1), ctx_blocks,
-                                 mask[:, None])
+        n, length = positions.shape
+        mask = (keys_pos[None, None, :] <= positions[:, :, None])[:, None]  # [n, 1, L, C]
+        mask = mask.expand(n, num_queries_per_kv, length, mask.shape[-1]).reshape(n, 1, num_queries_per_kv * length, -1)
+        return AttentionMetadata(write_blocks.reshape(-1), write_offsets.reshape(-1), ctx_blocks, mask)
 
 
 def write_kv(store: PagedKVStore, layer: int, meta: AttentionMetadata, k: torch.Tensor,
@@ -100,8 +102,7 @@ def paged_attention(store: PagedKVStore, layer: int, meta: AttentionMetadata, q:
     group = num_heads // num_kv
     # Queries of one kv head side by side: [n, Hkv, G * L, D]; the mask repeats per group.
     qg = q.view(n, length, num_kv, group, head_dim).permute(0, 2, 3, 1, 4).reshape(n, num_kv, group * length, head_dim)
-    mask = meta.mask.expand(n, group, length, meta.mask.shape[-1]).reshape(n, 1, group * length, -1)
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=meta.mask, scale=scale)
     return out.view(n, num_kv, group, length, head_dim).permute(0, 3, 1, 2, 4).reshape(n, length, num_heads * head_dim)
 
 

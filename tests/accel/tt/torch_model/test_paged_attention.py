@@ -28,7 +28,8 @@ def test_attention_is_causal_over_pages():
     n_tok = 3
     positions = torch.arange(n_tok)[None]
     meta = AttentionMetadata.build(store, torch.tensor([[2, 1]]), torch.tensor([0]), positions,
-                                   torch.ones(1, n_tok, dtype=torch.bool), 2)
+                                   torch.ones(1, n_tok, dtype=torch.bool), 2,
+                                   num_queries_per_kv=2)
     q, k, v = torch.randn(n_tok, 4, 8), torch.randn(n_tok, 2, 8), torch.randn(n_tok, 2, 8)
     write_kv(store, 0, meta, k, v)
     out = paged_attention(store, 0, meta, q.view(1, n_tok, 4, 8), scale=8 ** -0.5).view(n_tok, 4, 8)
