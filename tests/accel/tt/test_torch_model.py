@@ -172,7 +172,7 @@ def test_top_k_and_top_p_restrict_candidates(model, kv):
     logits = Requests(model, kv, prompts).prefill(list(range(B_WIRE)))[:, 0]
     top2 = logits.topk(2, dim=-1).indices
     draws = set()
-    for seed in range(8):
+    for seed in range(3):
         out = Requests(model, kv, prompts).prefill(
             list(range(B_WIRE)), sampling_params=sampling(B_WIRE, temperature=[5.0] * B_WIRE,
                                                            top_k=[2] * B_WIRE, seed=[seed * 10 + r for r in range(B_WIRE)]))
