@@ -9,6 +9,7 @@ passing optional keywords only where that classmethod accepts them (tt-metal sig
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 from dataclasses import dataclass, field
@@ -138,7 +139,9 @@ def _open_ttnn(mesh_config: MeshDeviceConfig | None, registry: ModelRegistry) ->
     num_chips = len(num_chips) if isinstance(num_chips, (list, tuple)) else int(num_chips)
     if num_chips < 1:
         raise NoTenstorrentDevice("no Tenstorrent device found: ttnn reports 0 chips")
-    config = mesh_config or MeshDeviceConfig(grid=parse_mesh_grid(envs.ENVS.mesh_device, num_chips))
+    config = mesh_config or MeshDeviceConfig()
+    if config.grid is None:
+        config = dataclasses.replace(config, grid=parse_mesh_grid(envs.ENVS.mesh_device, num_chips))
     if config.num_devices > num_chips:
         raise NoTenstorrentDevice(f"no Tenstorrent device found for mesh {config.grid}: "
                                   f"{config.num_devices} chips needed, {num_chips} present")

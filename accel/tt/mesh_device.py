@@ -67,9 +67,10 @@ def parse_mesh_grid(mesh_device: str | None, num_devices: int | None = None) -> 
 
 @dataclass(frozen=True)
 class MeshDeviceConfig:
-    """How to open the mesh (``additional_config.tt`` keys, vLLM-spelled)."""
+    """How to open the mesh (``additional_config.tt`` keys, vLLM-spelled). ``grid`` None: from
+    ``MESH_DEVICE``, else every chip present (resolved by ``open_backend``)."""
 
-    grid: tuple[int, int]
+    grid: tuple[int, int] | None = None
     fabric_config: str | None = None  # a ttnn.FabricConfig member name; None = default for the cluster
     fabric_reliability_mode: str = "STRICT_INIT"
     dispatch_core_axis: str | None = None  # "row" | "col"
@@ -78,14 +79,34 @@ class MeshDeviceConfig:
     l1_small_size: int = 0
 
     def __post_init__(self) -> None:
-        if len(self.grid) != 2 or min(self.grid) < 1:
+        if self.grid is not None and (len(self.grid) != 2 or min(self.grid) < 1):
             raise ValueError(f"mesh grid must be (rows, cols) >= 1, got {self.grid}")
         if self.dispatch_core_axis not in (None, "row", "col"):
             raise ValueError(f"dispatch_core_axis must be 'row' or 'col', got {self.dispatch_core_axis!r}")
 
     @property
     def num_devices(self) -> int:
+        if self.grid is None:
+            raise ValueError("mesh grid not resolved yet")
         return self.grid[0] * self.grid[1]
+
+    @staticmethod
+    def from_tt_options(options: Any, grid: tuple[int, int] | None = None) -> "MeshDeviceConfig":
+        """From the engine's ``additional_config.tt`` options (attributes ``fabric_config``,
+        ``fabric_reliability_mode``, ``dispatch_core_axis``, ``worker_l1_size``,
+        ``trace_region_size``, ``l1_small_size``, ``trace_mode``; None = default). No trace region
+        is reserved when ``trace_mode == "none"``."""
+        def opt(name: str, default: Any) -> Any:
+            value = getattr(options, name, None)
+            return default if value is None else value
+
+        is_tracing = opt("trace_mode", "all") != "none"
+        return MeshDeviceConfig(
+            grid=grid, fabric_config=opt("fabric_config", None),
+            fabric_reliability_mode=opt("fabric_reliability_mode", "STRICT_INIT"),
+            dispatch_core_axis=opt("dispatch_core_axis", None),
+            trace_region_size=opt("trace_region_size", DEFAULT_TRACE_REGION_BYTES if is_tracing else 0),
+            worker_l1_size=opt("worker_l1_size", 0), l1_small_size=opt("l1_small_size", 0))
 
 
 @dataclass(frozen=True)

@@ -121,3 +121,17 @@ def test_ttnn_path_end_to_end_with_fake_model(ttnn_stub):
     assert [c[0] for c in ttnn._stub_calls][-2:] == ["close_mesh_device", "set_fabric_config"]
     for name, _, kwargs in ttnn._stub_calls:
         assert name in TTNN_CALLS and set(kwargs) <= set(TTNN_CALLS[name]), (name, kwargs)
+
+
+def test_grid_from_mesh_device_env_or_all_chips(ttnn_stub, monkeypatch):
+    import accel.envs
+
+    ttnn_stub._stub_simulate(8, ttnn_stub.cluster.ClusterType.T3K)
+    backend = open_backend("ttnn", registry=build_registry(extra_models_dir="", include_builtins=True))
+    assert backend.mesh.grid == (1, 8)  # MESH_DEVICE unset: every chip
+    monkeypatch.setattr(accel.envs, "ENVS", accel.envs.Envs(**{**vars(accel.envs.ENVS), "mesh_device": "N300"}))
+    backend = open_backend("ttnn", MeshDeviceConfig(dispatch_core_axis="row"))
+    assert backend.mesh.grid == (1, 2)
+    monkeypatch.setattr(accel.envs, "ENVS", accel.envs.Envs(**{**vars(accel.envs.ENVS), "mesh_device": "XYZ"}))
+    with pytest.raises(ValueError, match="unknown MESH_DEVICE 'XYZ'"):
+        open_backend("ttnn")

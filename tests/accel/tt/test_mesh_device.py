@@ -91,3 +91,14 @@ def test_explicit_fabric_and_bad_member(ttnn_stub):
 def test_without_chips_the_stub_raises_like_the_wheel(ttnn_stub):
     with pytest.raises(RuntimeError, match="No chips detected"):
         open_mesh(ttnn_stub, MeshDeviceConfig(grid=(1, 1)))
+
+
+def test_from_tt_options():
+    from types import SimpleNamespace
+
+    opts = SimpleNamespace(fabric_config="FABRIC_2D", fabric_reliability_mode="RELAXED_INIT", dispatch_core_axis="col",
+                           worker_l1_size=1344544, trace_region_size=None, l1_small_size=None, trace_mode="all")
+    cfg = MeshDeviceConfig.from_tt_options(opts)
+    assert cfg.grid is None and cfg.trace_region_size == 50_000_000 and cfg.l1_small_size == 0
+    assert (cfg.fabric_config, cfg.dispatch_core_axis, cfg.worker_l1_size) == ("FABRIC_2D", "col", 1344544)
+    assert MeshDeviceConfig.from_tt_options(SimpleNamespace(trace_mode="none"), grid=(1, 2)).trace_region_size == 0
