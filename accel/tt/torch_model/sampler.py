@@ -48,6 +48,7 @@ def prepare_sampling(params: TTSamplingParams, positions: Sequence[int], vocab_s
     for name, values in fields.items():
         if len(values) != rows:
             raise ValueError(f"sampling_params.{name} has {len(values)} rows, the batch has {rows}")
+    _refuse_penalties(params, rows)
     top_k = [normalize_top_k(int(k), vocab_size) for k in fields["top_k"]]
     temperature = [float(t) for t in fields["temperature"]]
     greedy = [k == 1 or t <= 0.0 for k, t in zip(top_k, temperature)]
@@ -62,6 +63,18 @@ def prepare_sampling(params: TTSamplingParams, positions: Sequence[int], vocab_s
         positions=tuple(int(p) for p in positions),
         wants_logprobs=any(n is not None and int(n) >= 0 for n in fields["num_logprobs"]),
     )
+
+
+def _refuse_penalties(params: TTSamplingParams, rows: int) -> None:
+    # The program has no token history (no prompt_tokens/output_tokens inputs), so penalties are
+    # the host sampler's job; silently ignoring them would sample the wrong distribution.
+    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
+        default = TTSamplingParams.PAD_DEFAULTS[name]
+        values = list(getattr(params, name))
+        if len(values) != rows:
+            raise ValueError(f"sampling_params.{name} has {len(values)} rows, the batch has {rows}")
+        if any(float(v) != default for v in values):
+            raise ValueError(f"the torch mesh program does not apply {name}; sample those batches on the host")
 
 
 def sample(logits: torch.Tensor, prep: PreparedSampling, generator: torch.Generator,

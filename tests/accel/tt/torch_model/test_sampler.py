@@ -68,3 +68,12 @@ def test_logprobs_are_raw_log_softmax_of_the_sampled_token():
     out = sample(logits, prep, torch.Generator().manual_seed(0), max_top_k=32)
     expected = logits.log_softmax(-1).gather(1, out.token_ids[:, None]).squeeze(1)
     assert torch.allclose(out.logprobs, expected)
+
+
+def test_penalties_are_refused_not_ignored():
+    import pytest
+
+    with pytest.raises(ValueError, match="repetition_penalty.*host"):
+        prepare_sampling(params(2, repetition_penalty=[1.0, 1.2]), [0, 0], VOCAB, torch.device("cpu"))
+    with pytest.raises(ValueError, match="rows"):
+        prepare_sampling(params(2, top_k=[1]), [0, 0], VOCAB, torch.device("cpu"))
