@@ -36,26 +36,23 @@ class PrefixSessionLoadPolicy(RoutingPolicy):
         # A spill (session at its cap) must leave the bound replica unless it is the only one.
         excluded = bound if bound is not None and len(ctx.candidates) > 1 else None
 
-        matched, num_blocks = ctx.matched_blocks, ctx.num_prompt_blocks
-        scores, limit = view.scores, view.limit
-        hashes, key = ctx.replica_hashes, ctx.tie_key
+        # cost = w_prefill * (num_blocks - matched) + w_load * score; the w_prefill * num_blocks
+        # term is common to all candidates, so it is left out of the comparison.
+        matched_get, scores, limit = ctx.matched_blocks.get, view.scores, view.limit
         w_prefill, w_load = weights.w_prefill, weights.w_load_blocks
-        best_cost, tied = None, []  # tie ranks are computed only among equal-cost replicas
-        for replica_id in ctx.candidates:
-            score = scores[replica_id]
-            if score > limit or replica_id == excluded:
-                continue
-            cost = w_prefill * (num_blocks - matched.get(replica_id, 0)) + w_load * score
-            if best_cost is None or cost < best_cost:
-                best_cost, tied = cost, [replica_id]
-            elif cost == best_cost:
-                tied.append(replica_id)
-        best_id = min(tied, key=lambda r: tie_rank(key, hashes[r])) if tied else None
+        acceptable = [r for r in ctx.candidates if scores[r] <= limit and r != excluded]
+        costs = [w_load * scores[r] - w_prefill * matched_get(r, 0) for r in acceptable]
+        best_id = None
+        if costs:
+            best_cost = min(costs)
+            tied = [r for r, cost in zip(acceptable, costs) if cost == best_cost]
+            hashes, key = ctx.replica_hashes, ctx.tie_key
+            best_id = tied[0] if len(tied) == 1 else min(tied, key=lambda r: tie_rank(key, hashes[r]))
         if best_id is None:  # only the excluded replica was acceptable
             best_id = self.least_loaded(ctx, view, tuple(r for r in ctx.candidates if r != excluded))
 
         if bound is not None:
             reason = "overloaded" if is_overloaded else "spill"
         else:
-            reason = "prefix" if matched.get(best_id, 0) > 0 else "load"
+            reason = "prefix" if matched_get(best_id, 0) > 0 else "load"
         return Choice(best_id, reason, rebind_session=is_overloaded)

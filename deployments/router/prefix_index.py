@@ -183,9 +183,58 @@ class PrefixIndex(ABC):
 
 
 class ApproximatePrefixIndex(PrefixIndex):
-    """Learns from routing: what was sent to a replica is assumed cached there (LRU-bounded)."""
+    """Learns from routing: what was sent to a replica is assumed cached there (LRU-bounded).
+
+    Every replica's set is prefix-closed here: a block is only ever inserted or touched together
+    with all its ancestors, and the ancestors are touched after it, so an ancestor is always more
+    recent than its descendants and is never evicted first. ``match`` uses that to gallop.
+    """
 
     mode = "approximate"
+
+    def match(self, block_hashes: Sequence[BlockHash], candidates: Set[str]) -> dict[str, int]:
+        """As ``PrefixIndex.match``, but with exponential + binary search over the prompt: "all
+        still-matching replicas hold block j" is monotone in j for prefix-closed sets, so a long
+        shared prefix costs O(log blocks) subset tests per distinct match length, not one per
+        block."""
+        matched: dict[str, int] = {}
+        num_blocks = len(block_hashes)
+        if not num_blocks:
+            return matched
+        owners_of = self._owners
+        first = owners_of.get(block_hashes[0])
+        if not first:
+            return matched
+        active = first & candidates
+
+        def all_hold(j: int) -> bool:
+            owners = owners_of.get(block_hashes[j])
+            return owners is not None and active <= owners
+
+        lo = 0  # invariant: every active replica holds blocks 0..lo
+        while active:
+            step = 1  # exponential search for the last j with all_hold(j), then binary search
+            while lo + step < num_blocks and all_hold(lo + step):
+                lo += step
+                step *= 2
+            hi = min(lo + step, num_blocks)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if all_hold(mid):
+                    lo = mid
+                else:
+                    hi = mid
+            if lo + 1 >= num_blocks:
+                break
+            owners = owners_of.get(block_hashes[lo + 1])
+            still = active & owners if owners is not None else set()
+            for replica_id in active - still:
+                matched[replica_id] = lo + 1
+            active = still
+            lo += 1
+        for replica_id in active:
+            matched[replica_id] = num_blocks
+        return matched
 
     def on_routed(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
         self._store(replica_id, block_hashes)

@@ -164,3 +164,25 @@ def test_unknown_index_mode_is_a_config_error():
         make_prefix_index("exact")
     with pytest.raises(ValueError):
         ApproximatePrefixIndex().add_replica("a", 0)
+
+
+def test_galloping_match_equals_the_linear_walk_under_eviction():
+    # Random prompts sharing random prefixes through small LRUs: the approximate index's
+    # galloping lookup must agree with the exact block-by-block walk of the base class.
+    import random
+
+    from deployments.router.prefix_index import PrefixIndex
+
+    rng = random.Random(3)
+    idx = ApproximatePrefixIndex()
+    replicas = [f"r{i}" for i in range(5)]
+    for r in replicas:
+        idx.add_replica(r, rng.randint(8, 40))
+    stems = [[rng.randrange(1000) for _ in range(rng.randint(4, 60))] for _ in range(6)]
+    for step in range(400):
+        stem = rng.choice(stems)
+        tokens = stem[:rng.randint(0, len(stem))] + [rng.randrange(1000) for _ in range(rng.randint(0, 12))]
+        h = hash_prompt_blocks(tokens, BS)
+        cands = frozenset(rng.sample(replicas, rng.randint(1, 5)))
+        assert idx.match(h, cands) == PrefixIndex.match(idx, h, cands), step
+        idx.on_routed(rng.choice(replicas), h)
