@@ -131,7 +131,8 @@ def extra_model_entries(extra_models_dir: str | Path) -> list[ModelEntry]:
         if backend not in BACKENDS:
             raise ConfigError(f"{folder / METADATA_FILE}: backend must be one of {BACKENDS}, got {backend!r}")
         main_class = meta["main_class"]
-        entries.append(ModelEntry(tt_arch_name(meta["arch"]), ttnn_class=main_class if backend == BACKEND_TTNN else None,
+        entries.append(ModelEntry(tt_arch_name(meta["arch"]),
+                                  ttnn_class=main_class if backend == BACKEND_TTNN else None,
                                   torch_class=main_class if backend == BACKEND_TORCH else None, source=str(folder)))
         logger.info("registered %s -> %s (%s, from %s)", entries[-1].tt_arch, main_class, backend, folder.name)
     return entries

@@ -139,7 +139,7 @@ class TorchMeshModel:
         tokens = torch.as_tensor(tokens, dtype=torch.int64)
         n = tokens.shape[0]
         ends = torch.as_tensor(list(prompt_lens), dtype=torch.int64)
-        starts = torch.zeros(n, dtype=torch.int64) if start_pos is None else torch.as_tensor(list(start_pos), dtype=torch.int64)
+        starts = torch.as_tensor([0] * n if start_pos is None else list(start_pos), dtype=torch.int64)
         slots = list(range(n)) if empty_slots is None else [int(s) for s in empty_slots]
         if empty_slots is None and self.num_lanes > 1:
             raise ValueError("prefill_forward needs empty_slots (the global slot of each row) with lanes > 1")
@@ -297,7 +297,8 @@ class TorchMeshModel:
             x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
             q, k, v = project_qkv(x, layer, cfg, cos_sin)
             write_kv(store, i, meta, k.to(store.keys[i].dtype), v.to(store.values[i].dtype))
-            attn = paged_attention(store, i, meta, q.view(n, length, cfg.num_heads, cfg.head_dim).to(store.keys[i].dtype), scale)
+            q = q.view(n, length, cfg.num_heads, cfg.head_dim).to(store.keys[i].dtype)
+            attn = paged_attention(store, i, meta, q, scale)
             h = h + F.linear(attn.reshape(n * length, -1).to(h.dtype), layer.o_proj)
             h = h + swiglu_mlp(rms_norm(h, layer.post_attention_norm, cfg.rms_norm_eps), layer)
         last = h.view(n, length, -1)[torch.arange(n, device=dev), last_index.to(dev)]
