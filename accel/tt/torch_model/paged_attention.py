@@ -1,9 +1,10 @@
 """Paged KV per lane, addressed by lane-local page tables, and attention over it.
 
-Storage: one tensor per layer and K/V, ``[num_lanes * num_blocks + 1, Hkv, block_size, D]``. Lane
+Storage: one tensor per layer and K/V, ``[num_lanes * num_blocks + 1, block_size, Hkv, D]``. Lane
 ``l`` owns blocks ``[l * num_blocks, (l + 1) * num_blocks)``; the engine sees each lane's slice as
-its own ``(num_blocks, Hkv, block_size, D)`` tensor (``kv[lane][layer] == [K, V]``), so a block id
-in a page table is lane-local exactly as on a mesh. The one extra block at the end is a scratch
+its own ``(num_blocks, Hkv, block_size, D)`` tensor (``kv[lane][layer] == [K, V]``, a permuted
+view), so a block id in a page table is lane-local exactly as on a mesh. Token-major blocks make
+the gathered context ``[n, C, Hkv, D]`` a free view for attention (no per-step transpose copy). The one extra block at the end is a scratch
 sink: tokens that must not write KV (padding, empty decode slots) write there, which keeps every
 write a fixed-shape scatter (what a captured program needs).
 """
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 
 @dataclass(frozen=True)
 class PagedKVStore:
-    keys: tuple[torch.Tensor, ...]  # per layer [num_lanes * num_blocks + 1, Hkv, block_size, D]
+    keys: tuple[torch.Tensor, ...]  # per layer [num_lanes * num_blocks + 1, block_size, Hkv, D]
     values: tuple[torch.Tensor, ...]
     num_lanes: int
     num_blocks: int  # per lane
@@ -28,7 +29,7 @@ class PagedKVStore:
     def allocate(num_lanes: int, num_layers: int, block_shape: tuple[int, int, int, int],
                  device: torch.device, dtype: torch.dtype) -> "PagedKVStore":
         num_blocks, num_kv_heads, block_size, head_dim = block_shape
-        shape = (num_lanes * num_blocks + 1, num_kv_heads, block_size, head_dim)
+        shape = (num_lanes * num_blocks + 1, block_size, num_kv_heads, head_dim)
         keys = tuple(torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers))
         values = tuple(torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers))
         return PagedKVStore(keys, values, num_lanes, num_blocks, block_size)
@@ -40,8 +41,11 @@ class PagedKVStore:
     def lane_views(self) -> list[list[list[torch.Tensor]]]:
         """``[lane][layer] = [K, V]``, each a view ``(num_blocks, Hkv, block_size, D)``."""
         nb = self.num_blocks
-        return [[[k[lane * nb:(lane + 1) * nb], v[lane * nb:(lane + 1) * nb]]
-                 for k, v in zip(self.keys, self.values)] for lane in range(self.num_lanes)]
+
+        def view(t: torch.Tensor, lane: int) -> torch.Tensor:
+            return t[lane * nb:(lane + 1) * nb].permute(0, 2, 1, 3)
+        return [[[view(k, lane), view(v, lane)] for k, v in zip(self.keys, self.values)]
+                for lane in range(self.num_lanes)]
 
     def is_backing(self, kv_cache) -> bool:
         """True if ``kv_cache`` (``[lane][layer] = [K, V]``) is a view of this store."""
@@ -88,8 +92,8 @@ class AttentionMetadata:
 def write_kv(store: PagedKVStore, layer: int, meta: AttentionMetadata, k: torch.Tensor,
              v: torch.Tensor) -> None:
     """Scatter ``k``/``v`` ``[n * L, Hkv, D]`` into their pages (fixed shape, no host sync)."""
-    store.keys[layer][meta.write_blocks, :, meta.write_offsets] = k
-    store.values[layer][meta.write_blocks, :, meta.write_offsets] = v
+    store.keys[layer][meta.write_blocks, meta.write_offsets] = k
+    store.values[layer][meta.write_blocks, meta.write_offsets] = v
 
 
 def paged_attention(store: PagedKVStore, layer: int, meta: AttentionMetadata, q: torch.Tensor,
@@ -107,6 +111,7 @@ def paged_attention(store: PagedKVStore, layer: int, meta: AttentionMetadata, q:
 
 
 def _gather(storage: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """Pages of ``blocks`` ``[n, Cb]`` as ``[n, Hkv, Cb * block_size, D]`` (a strided view of one copy)."""
     n, num_blocks = blocks.shape
-    pages = storage[blocks]  # [n, Cb, Hkv, bs, D]
-    return pages.permute(0, 2, 1, 3, 4).reshape(n, storage.shape[1], num_blocks * storage.shape[2], storage.shape[3])
+    _, block_size, num_kv, head_dim = storage.shape
+    return storage[blocks].view(n, num_blocks * block_size, num_kv, head_dim).transpose(1, 2)
