@@ -22,7 +22,9 @@ replicas)):
   replicas (e.g. polling the engine deployment handles, or ``on_replica_actor_died``); removal
   drops the replica's index entries, sessions and load at once.
 - ``apply_stats(id, EngineStats)`` from the engines' periodic ``record_routing_stats``;
-  ``apply_kv_events(id, events)`` from engines that publish KV events (``precise`` mode);
+  ``apply_kv_events(id, events)`` from engines that publish KV events (``precise`` mode; the TT
+  engine publishes ``kv_events`` directly, vLLM replicas go through one
+  ``vllm_kv_events.VLLMEventTranslator`` each);
   ``apply_snapshot(id, block_hashes)`` once per engine after a router (re)start.
 If the router cannot be reached, the ingress falls back to its own least-loaded choice (and counts
 that in a metric); the router's state stays consistent because unknown request ids are ignored.
