@@ -135,3 +135,19 @@ def test_grid_from_mesh_device_env_or_all_chips(ttnn_stub, monkeypatch):
     monkeypatch.setattr(accel.envs, "ENVS", accel.envs.Envs(**{**vars(accel.envs.ENVS), "mesh_device": "XYZ"}))
     with pytest.raises(ValueError, match="unknown MESH_DEVICE 'XYZ'"):
         open_backend("ttnn")
+
+
+def test_torch_backend_loads_the_torch_mesh_model(tiny_qwen3):
+    from transformers import AutoConfig
+
+    from accel.tt.torch_model import TorchMeshModel
+
+    backend = open_backend("torch", registry=build_registry(extra_models_dir="", include_builtins=True))
+    model = backend.load_model(AutoConfig.from_pretrained(tiny_qwen3), 4, max_seq_len=128, n_layers=None,
+                               tt_data_parallel=2, optimizations="performance")
+    try:
+        assert isinstance(model, TorchMeshModel) and (model.num_lanes, model.per_lane) == (2, 2)
+    finally:
+        model.close()
+    with pytest.raises(Exception, match="TTGemma3ForConditionalGeneration needs a Tenstorrent mesh"):
+        backend.load_model(SimpleNamespace(architectures=["Gemma3ForConditionalGeneration"]), 4)
