@@ -152,7 +152,7 @@ def measure_latency(name: str, trace: list[TraceRequest], num_replicas: int, kv_
     """Preload every router with the same state — the trace's first requests spread over the
     replicas (index snapshots; for the char-tree peer, its inserts) until >= ``min_cached_blocks``
     blocks are held — then time ``num_timed`` decisions on the following requests, completions
-    lagging 256 requests behind. ``decision`` = choosing (index lookup + policy, hashes given by
+    lagging 256 requests behind, fresh engine stats for every replica. ``decision`` = choosing (index lookup + policy, hashes given by
     the ingress); ``dispatch`` = the bookkeeping after it (in-flight, sessions, index insert)."""
     ids = [f"replica-{i:02d}" for i in range(num_replicas)]
     router = ENTRIES[name](ids, kv_blocks, block_size, weights, seed)
@@ -179,9 +179,14 @@ def measure_latency(name: str, trace: list[TraceRequest], num_replicas: int, kv_
     gc.collect()
     gc.freeze()  # the preloaded state is long-lived: keep full collections from walking it
     for i, req in enumerate(trace[num_preloaded:num_preloaded + num_timed]):
-        now_s = float(i)
+        now_s = i * 0.001  # 1000 decisions per second; engine stats arrive every second
         if isinstance(router, CoreSimRouter):
             router.now_s = now_s
+            if i % 1000 == 0:
+                for n, replica_id in enumerate(ids):
+                    router.on_stats(replica_id, EngineStats(
+                        num_waiting=n % 3, num_running=8, num_kv_blocks_total=kv_blocks,
+                        num_kv_blocks_free=kv_blocks // (1 + n % 4)))
             info = router.request_info(req)
             c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
             decision = router.core.choose(info)

@@ -13,6 +13,7 @@ is released as soon as the prefill phase ends (``on_phase_done``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -52,6 +53,8 @@ class LoadTracker:
         self._in_flight: dict[str, int] = {}
         self._replicas_of_request: dict[str, list[str]] = {}
         self._stats: dict[str, _Snapshot] = {}
+        self._fresh: dict[str, tuple[int, float]] | None = None  # fresh_stats() cache
+        self._fresh_until_s = 0.0
 
     def add_replica(self, replica_id: str) -> None:
         self._in_flight.setdefault(replica_id, 0)
@@ -60,6 +63,7 @@ class LoadTracker:
         """Drop the replica; requests still recorded on it release nothing there later."""
         self._in_flight.pop(replica_id, None)
         self._stats.pop(replica_id, None)
+        self._fresh = None
 
     # ----- in-flight ------------------------------------------------------------------------
     def on_dispatched(self, request_id: str, replica_ids: Iterable[str]) -> None:
@@ -108,12 +112,22 @@ class LoadTracker:
         if replica_id not in self._in_flight:
             return  # a late report from a removed replica
         self._stats[replica_id] = _Snapshot(stats.num_waiting, stats.kv_usage, self._clock())
+        self._fresh = None
 
-    def fresh_stats(self) -> dict[str, tuple[int, float]]:
-        """Replica id -> (num_waiting, kv_usage) for snapshots younger than the staleness bound."""
-        oldest_s = self._clock() - self._config.stats_max_age_s
-        return {replica_id: (snap.num_waiting, snap.kv_usage)
-                for replica_id, snap in self._stats.items() if snap.received_s >= oldest_s}
+    def fresh_stats(self) -> Mapping[str, tuple[int, float]]:
+        """Replica id -> (num_waiting, kv_usage) for snapshots younger than the staleness bound.
+
+        Cached until a report arrives or the oldest fresh snapshot turns stale (the hot path
+        asks on every decision; reports arrive about once a second per replica)."""
+        now_s = self._clock()
+        if self._fresh is None or now_s > self._fresh_until_s:
+            oldest_s = now_s - self._config.stats_max_age_s
+            fresh = {replica_id: snap for replica_id, snap in self._stats.items()
+                     if snap.received_s >= oldest_s}
+            self._fresh = {r: (snap.num_waiting, snap.kv_usage) for r, snap in fresh.items()}
+            self._fresh_until_s = (min(snap.received_s for snap in fresh.values())
+                                   + self._config.stats_max_age_s) if fresh else math.inf
+        return self._fresh
 
     def load(self, replica_id: str) -> ReplicaLoad:
         snap = self._stats.get(replica_id)

@@ -72,3 +72,19 @@ def test_removed_replica_ignores_late_reports_and_releases():
     tracker.on_finished("q")  # the dead replica's request ends later: no error, no count
     assert tracker.fresh_stats() == {}
     assert "a" not in tracker.in_flight
+
+
+def test_fresh_stats_cache_follows_reports_and_expiry():
+    tracker, clock = make()
+    tracker.apply_stats("a", stats(1, 50))
+    clock.now_s = 3.0
+    tracker.apply_stats("b", stats(2, 0))
+    assert tracker.fresh_stats() == {"a": (1, 0.5), "b": (2, 1.0)}
+    clock.now_s = 5.5  # a's report (t=0) is stale now, b's (t=3) is not
+    assert tracker.fresh_stats() == {"b": (2, 1.0)}
+    tracker.apply_stats("a", stats(4, 100))
+    assert tracker.fresh_stats() == {"a": (4, 0.0), "b": (2, 1.0)}
+    tracker.remove_replica("b")
+    assert tracker.fresh_stats() == {"a": (4, 0.0)}
+    clock.now_s = 100.0
+    assert tracker.fresh_stats() == {}
