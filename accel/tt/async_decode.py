@@ -44,7 +44,7 @@ class AsyncDecodeQueue:
             fed = prev_result.tokens_by_row(prev.plan)
             done.append((prev.plan, prev_result))
         pending = self.runner.submit(plan, fed)
-        if self._is_steady(plan):
+        if self._is_steady(plan, pending.is_device_sampled):
             self._inflight = pending
             self.num_overlapped_steps += 1
         else:
@@ -60,12 +60,12 @@ class AsyncDecodeQueue:
         self._inflight = None
         self._last_decode_layout = None
 
-    def _is_steady(self, plan: StepPlan) -> bool:
+    def _is_steady(self, plan: StepPlan, is_device_sampled: bool) -> bool:
         if not plan.is_decode:
             self._last_decode_layout = None
             return False
         layout = tuple((r.row, r.req_id) for r in plan.rows)
         same_layout = layout == self._last_decode_layout
         self._last_decode_layout = layout
-        return (self.is_enabled and same_layout and self.runner.policy.use_device(plan)
-                and not any(r.sampling.logprobs is not None for r in plan.rows))
+        # Device sampling already excludes logprobs rows (SamplingPolicy).
+        return self.is_enabled and same_layout and is_device_sampled

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -23,7 +24,7 @@ from accel.text.tokenizer import load_tokenizer
 from accel.tt.async_decode import AsyncDecodeQueue
 from accel.tt.block_pool import BlockPool, KVEvent
 from accel.tt.config import TTEngineConfig, check_model_capabilities
-from accel.tt.engine_core import EngineCore, StepRecord
+from accel.tt.engine_core import EngineCore, NewTokens, StepRecord
 from accel.tt.lane_coordinator import LaneCoordinator
 from accel.tt.mesh_model import SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING
 from accel.tt.request_state import RequestState
@@ -69,7 +70,8 @@ class TTMeshEngine:
                                BlockPool(self.num_blocks_per_lane, config.block_size, self.enable_prefix_caching, lane=i),
                                config.max_num_batched_tokens, config.max_model_len)
                  for i in range(config.num_lanes)]
-        self.core = EngineCore(LaneCoordinator(lanes), AsyncDecodeQueue(runner, is_async), keep_step_log)
+        self.core = EngineCore(LaneCoordinator(lanes), AsyncDecodeQueue(runner, is_async),
+                               self.tokenizer.eos_token_ids, config.max_model_len, keep_step_log)
         self.platform = _platform_name(self._backend, self.model)
         self._cv = threading.Condition()
         self._inbox: deque[tuple[str, Any]] = deque()
@@ -77,6 +79,9 @@ class TTMeshEngine:
         self._kv_events: deque[KVEvent] = deque()
         self._stats = self._snapshot()
         self._stopped = False
+        # Step-loop host time (loop iterations that ran a step, minus time blocked on the mesh).
+        self.num_busy_iterations = 0
+        self.host_busy_s = 0.0
         self._thread = threading.Thread(target=self._loop, name="tt-mesh-engine", daemon=True)
         self._thread.start()
 
@@ -91,7 +96,12 @@ class TTMeshEngine:
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[OutputDelta]:
         """Stream ``request``'s deltas; the last one has ``finish_reason`` set. Leaving the
-        iteration early (client gone) aborts the request and frees its blocks."""
+        iteration early (client gone) aborts the request and frees its blocks.
+
+        The engine thread sends sampled token ids; this coroutine turns them into deltas with the
+        shared ``OutputBuilder`` (detokenization, stop strings, eos, max_tokens, max_model_len),
+        so that work stays off the step loop. A stop the builder sees is posted back ("finish").
+        """
         self._validate(request)
         req_id = request.request_id
         queue: asyncio.Queue = asyncio.Queue()
@@ -99,18 +109,27 @@ class TTMeshEngine:
             if req_id in self._sinks:
                 raise InvalidRequestError("request_id", f"{req_id!r} is already running")
             self._sinks[req_id] = (asyncio.get_running_loop(), queue)
-        output = OutputBuilder(request, self.tokenizer.fast, self.tokenizer.eos_token_ids, self.max_model_len)
-        self._post("add", RequestState.new(request, lane=-1, output=output))
-        finished = False
+        builder = OutputBuilder(request, self.tokenizer.fast, self.tokenizer.eos_token_ids, self.max_model_len)
+        self._post("add", RequestState.new(request))
         try:
-            while not finished:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
+            while not builder.finished:
+                items = [await queue.get()]
+                while not queue.empty():  # a slow consumer takes every pending step at once
+                    items.append(queue.get_nowait())
+                for item in items:
+                    if isinstance(item, BaseException):
+                        raise item
+                builder.num_cached_tokens = items[-1].num_cached_tokens
+                token_ids, logprobs = _merge(items)
+                if token_ids:
+                    delta = builder.add_tokens(token_ids, logprobs)
+                    if delta.finished:
+                        self._post("finish", req_id)  # a no-op when the engine already stopped it
+                    yield delta
+                if items[-1].is_aborted and not builder.finished:
+                    yield builder.finish(FinishReason.ABORT)
         finally:
-            if not finished:
+            if not builder.finished:
                 self._post("abort", req_id)
             with self._cv:
                 self._sinks.pop(req_id, None)
@@ -163,30 +182,38 @@ class TTMeshEngine:
                     break
                 commands = list(self._inbox)
                 self._inbox.clear()
-            deltas = [d for kind, payload in commands for d in self._apply(kind, payload)]
-            if self.core.has_work():
+            started, waited = time.perf_counter(), self.core.queue.runner.device_wait_s
+            outputs = [o for kind, payload in commands for o in self._apply(kind, payload)]
+            ran_step = self.core.has_work()
+            if ran_step:
                 num_steps = self.core.num_steps
                 try:
-                    deltas += self.core.step()
+                    outputs += self.core.step()
                 except Exception as exc:  # a failed forward must not kill the replica
                     logger.exception("TT mesh engine step failed; aborting every request")
-                    deltas += self._fail_all(exc)
-                if not deltas and self.core.num_steps == num_steps:
+                    outputs += self._fail_all(exc)
+                if not outputs and self.core.num_steps == num_steps:
                     with self._cv:  # nothing could run (waiting on nothing): avoid spinning
                         self._cv.wait(0.001)
-            self._deliver(deltas)
+            self._deliver(outputs)
             self._kv_events.extend(self.core.take_kv_events())
             self._stats = self._snapshot()
+            if ran_step:
+                self.num_busy_iterations += 1
+                self.host_busy_s += (time.perf_counter() - started) - (self.core.queue.runner.device_wait_s - waited)
         self._deliver(self.core.drain())
         for req_id in list(self.core.requests):
             self._deliver([self.core.abort_request(req_id)])
 
-    def _apply(self, kind: str, payload: Any) -> list[OutputDelta]:
+    def _apply(self, kind: str, payload: Any) -> list[NewTokens]:
         if kind == "add":
             self.core.add_request(payload)
-            return []
-        delta = self.core.abort_request(payload)
-        return [] if delta is None else [delta]
+        elif kind == "finish":
+            self.core.finish_request(payload)
+        else:
+            notice = self.core.abort_request(payload)
+            return [] if notice is None else [notice]
+        return []
 
     def _fail_all(self, exc: Exception) -> list[Any]:
         failed = []
@@ -197,14 +224,14 @@ class TTMeshEngine:
         return failed
 
     def _deliver(self, items: list[Any]) -> None:
-        """Hand deltas (or (req_id, exception) pairs) to their asyncio queues, one
+        """Hand ``NewTokens`` (or (req_id, exception) pairs) to their asyncio queues, one
         ``call_soon_threadsafe`` per event loop per step."""
         if not items:
             return
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]] = {}
         with self._cv:
             for item in items:
-                req_id, value = (item.request_id, item) if isinstance(item, OutputDelta) else item
+                req_id, value = (item.req_id, item) if isinstance(item, NewTokens) else item
                 sink = self._sinks.get(req_id)
                 if sink is not None:
                     by_loop.setdefault(sink[0], []).append((sink[1], value))
@@ -244,6 +271,14 @@ class TTMeshEngine:
     @property
     def _mesh_device(self) -> Any:
         return getattr(self._backend, "mesh_device", None)
+
+
+def _merge(items: list[NewTokens]) -> tuple[list[int], list | None]:
+    """Token ids (and logprobs, when every item has them) of consecutive ``NewTokens``."""
+    token_ids = [t for item in items for t in item.token_ids]
+    if any(item.logprobs is None for item in items if item.token_ids):
+        return token_ids, None
+    return token_ids, [lp for item in items for lp in (item.logprobs or ())]
 
 
 def _put_all(batch: list[tuple[asyncio.Queue, Any]]) -> None:

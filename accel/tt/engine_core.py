@@ -9,14 +9,31 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from accel.contract import FinishReason, OutputDelta
+from accel.contract import TokenLogprob
+from accel.text.stop_tokens import check_token_stop
 from accel.tt.async_decode import AsyncDecodeQueue
 from accel.tt.block_pool import KVEvent
 from accel.tt.lane_coordinator import LaneCoordinator
 from accel.tt.request_state import RequestState, RequestStatus
 from accel.tt.runner import NO_TOKEN, StepResult
 from accel.tt.step_plan import StepMode, StepPlan
+
+
+class NewTokens(NamedTuple):
+    """What the engine thread hands a request's consumer after a step (one per request per step).
+
+    Detokenization and stop strings run on the consumer side (``OutputBuilder`` in
+    ``TTMeshEngine.generate``), off the step loop; token-level stops (eos, stop ids, max_tokens,
+    max_model_len) are also applied here, with the same function, so blocks free at once.
+    """
+
+    req_id: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] | None
+    num_cached_tokens: int
+    is_aborted: bool = False
 
 
 @dataclass(frozen=True)
@@ -32,14 +49,17 @@ class StepRecord:
 
 
 class EngineCore:
-    def __init__(self, coordinator: LaneCoordinator, queue: AsyncDecodeQueue,
-                 keep_step_log: bool = False):
+    def __init__(self, coordinator: LaneCoordinator, queue: AsyncDecodeQueue, eos_token_ids: frozenset[int],
+                 max_model_len: int, keep_step_log: bool = False):
         self.coordinator = coordinator
         self.queue = queue
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
         self.requests: dict[str, RequestState] = {}
         self.keep_step_log = keep_step_log
         self.step_log: list[StepRecord] = []
         self.num_steps = 0
+        self._num_lanes_holding: dict[int, int] = {}  # block hash -> lanes whose cache holds it
 
     # ---- requests ----------------------------------------------------------------------
     def add_request(self, r: RequestState) -> None:
@@ -47,51 +67,57 @@ class EngineCore:
         self.requests[r.req_id] = r
         self.coordinator.add_request(r)
 
-    def abort_request(self, req_id: str) -> OutputDelta | None:
-        """Free everything ``req_id`` holds; its final delta (ABORT), or None if unknown/done."""
+    def abort_request(self, req_id: str) -> NewTokens | None:
+        """Free everything ``req_id`` holds; the abort notice, or None if unknown or done."""
         r = self.requests.get(req_id)
-        if r is None or r.is_finished:
+        if r is None:
             return None
         self._finish(r)
-        return r.output.finish(FinishReason.ABORT)
+        return NewTokens(req_id, (), None, r.num_prefix_hit_tokens, is_aborted=True)
+
+    def finish_request(self, req_id: str) -> None:
+        """The consumer saw a stop (e.g. a stop string): free the request, no notice."""
+        r = self.requests.get(req_id)
+        if r is not None:
+            self._finish(r)
 
     def has_work(self) -> bool:
         return self.coordinator.has_work() or self.queue.has_inflight
 
     # ---- the step ----------------------------------------------------------------------
-    def step(self) -> list[OutputDelta]:
+    def step(self) -> list[NewTokens]:
         plan = self.coordinator.schedule()
         num_before = self.queue.runner.num_dispatches
         completed = self.queue.execute(plan)
         self._record(plan, self.queue.runner.num_dispatches - num_before)
         return [delta for done_plan, result in completed for delta in self.update(done_plan, result)]
 
-    def drain(self) -> list[OutputDelta]:
+    def drain(self) -> list[NewTokens]:
         return [d for p, res in self.queue.drain() for d in self.update(p, res)]
 
-    def update(self, plan: StepPlan, result: StepResult) -> list[OutputDelta]:
-        """Apply a finished step: append tokens, build deltas, finish requests, cache blocks."""
-        outputs: list[OutputDelta] = []
-        touched: list[RequestState] = []
+    def update(self, plan: StepPlan, result: StepResult) -> list[NewTokens]:
+        """Apply a finished step: append tokens, apply token stops, cache newly full blocks."""
+        outputs: list[NewTokens] = []
+        touched: list[list[RequestState]] = [[] for _ in self.coordinator.lanes]  # per lane
         logprobs = result.logprobs
+        requests = self.requests
         for i, (row, token) in enumerate(zip(plan.rows, result.token_ids)):
-            r = self.requests.get(row.req_id)
-            if r is None or r.is_finished:
+            r = requests.get(row.req_id)
+            if r is None:
                 continue  # finished or aborted while this step was in flight
-            touched.append(r)
+            touched[r.lane].append(r)
             if token == NO_TOKEN:
                 continue
             r.num_pending -= 1
             r.token_ids.append(token)
-            if not plan.is_decode and r.num_preemptions == 0:
-                r.output.num_cached_tokens = r.num_prefix_hit_tokens
-            lp = None if logprobs is None or logprobs[i] is None else [logprobs[i]]
-            delta = r.output.add_tokens([token], lp)
-            outputs.append(delta)
-            if delta.finished:
+            lp = None if logprobs is None or logprobs[i] is None else (logprobs[i],)
+            outputs.append(NewTokens(r.req_id, (token,), lp, r.num_prefix_hit_tokens))
+            num_prompt = r.num_prompt_tokens
+            if check_token_stop(token, len(r.token_ids) - num_prompt, num_prompt, r.sampling,
+                                self.eos_token_ids, self.max_model_len) is not None:
                 self._finish(r)
-        for lane in self.coordinator.lanes:
-            lane.cache_computed_blocks(r for r in touched if r.lane == lane.lane)
+        for lane, lane_requests in zip(self.coordinator.lanes, touched):
+            lane.cache_computed_blocks(lane_requests)
         if self.keep_step_log:
             self._mark_sampling(plan, result)
         return outputs
@@ -103,7 +129,26 @@ class EngineCore:
 
     # ---- observability -----------------------------------------------------------------
     def take_kv_events(self) -> list[KVEvent]:
-        return [e for lane in self.coordinator.lanes for e in lane.pool.take_kv_events()]
+        """Replica-level cache changes: a hash is ``stored`` when the first lane caches it and
+        ``removed`` when the last lane holding it evicts it (``lane`` = the lane that changed)."""
+        out: list[KVEvent] = []
+        held = self._num_lanes_holding
+        for lane in self.coordinator.lanes:
+            for event in lane.pool.take_kv_events():
+                changed = []
+                for h in event.block_hashes:
+                    if event.kind == "stored":
+                        held[h] = held.get(h, 0) + 1
+                        if held[h] == 1:
+                            changed.append(h)
+                    else:
+                        held[h] -= 1
+                        if held[h] == 0:
+                            del held[h]
+                            changed.append(h)
+                if changed:
+                    out.append(KVEvent(event.kind, event.lane, tuple(changed)))
+        return out
 
     def _record(self, plan: StepPlan, num_dispatches: int) -> None:
         if plan.mode is StepMode.EMPTY:

@@ -1,4 +1,5 @@
-"""Per-request engine state, owned by the engine thread.
+"""Per-request engine state, owned by the engine thread (the request's text output state, its
+``OutputBuilder``, lives with its consumer in ``TTMeshEngine.generate``).
 
 Token accounting (one convention everywhere):
 - ``token_ids`` = prompt + output tokens known on the host;
@@ -16,13 +17,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from accel.block_hash import ROOT_HASH, BlockHash, hash_block
 from accel.contract import GenerateRequest, SamplingParams
-
-if TYPE_CHECKING:
-    from accel.text.output_builder import OutputBuilder
 
 
 class RequestStatus(enum.Enum):
@@ -36,33 +33,31 @@ class RequestState:
     request: GenerateRequest
     lane: int
     token_ids: list[int]
-    output: "OutputBuilder | None" = None
     status: RequestStatus = RequestStatus.WAITING
     num_computed: int = 0
     num_pending: int = 0
     slot: int | None = None               # global slot (lane * per_lane + local), while running
     block_ids: list[int] = field(default_factory=list)  # lane-local page table
+    block_table: tuple[int, ...] = ()     # == tuple(block_ids), rebuilt only when blocks change
     block_hashes: list[BlockHash] = field(default_factory=list)  # of full blocks of token_ids
     num_cached_blocks: int = 0            # leading blocks registered in the prefix cache
     num_preemptions: int = 0
     num_prefix_hit_tokens: int = 0        # from the latest admission
+    # Plain copies of request fields read on the per-step hot path.
+    num_prompt_tokens: int = 0
+    sampling: SamplingParams | None = None
+
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = self.request.num_prompt_tokens
+        self.sampling = self.request.sampling
 
     @classmethod
-    def new(cls, request: GenerateRequest, lane: int,
-            output: "OutputBuilder | None" = None) -> "RequestState":
-        return cls(request=request, lane=lane, token_ids=list(request.prompt_token_ids), output=output)
+    def new(cls, request: GenerateRequest, lane: int = -1) -> "RequestState":
+        return cls(request=request, lane=lane, token_ids=list(request.prompt_token_ids))
 
     @property
     def req_id(self) -> str:
         return self.request.request_id
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return self.request.sampling
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return self.request.num_prompt_tokens
 
     @property
     def num_tokens(self) -> int:

@@ -11,8 +11,9 @@ program returns logits and ``host_sampler`` samples the rows that emit a token.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -44,8 +45,9 @@ class StepResult:
 class PendingStep:
     """A submitted step; ``finalize()`` waits for the device (once) and samples on the host."""
 
-    def __init__(self, plan: StepPlan, finalize_fn: Any):
+    def __init__(self, plan: StepPlan, finalize_fn: Any, is_device_sampled: bool):
         self.plan = plan
+        self.is_device_sampled = is_device_sampled
         self._finalize_fn = finalize_fn
         self._result: StepResult | None = None
 
@@ -83,6 +85,7 @@ class MeshRunner:
         self.eos_token_ids = eos_token_ids
         self.vocab_size = vocab_size
         self.num_dispatches = 0
+        self.device_wait_s = 0.0  # host time blocked on the mesh (prefill calls, decode read-back)
         self._generator = torch.Generator()
         self._generator.manual_seed(config.seed)
         capacity = config.max_num_seqs_global
@@ -91,6 +94,7 @@ class MeshRunner:
         self._page_table = torch.zeros(capacity, width, dtype=torch.int32)
         self._row_blocks: list[tuple[int, ...]] = [()] * capacity
         self._last_decode_layout: tuple[tuple[int, str], ...] | None = None
+        self._last_sampling: TTSamplingParams | None = None  # for that layout (params are per request)
         trace_mode = config.tt.trace_mode
         self._decode_trace = trace_mode in ("all", "decode_only")
         self._prefill_trace = trace_mode == "all"
@@ -117,22 +121,22 @@ class MeshRunner:
         resolves ``PENDING_TOKEN`` inputs from the previous step's output."""
         assert plan.mode is not StepMode.EMPTY
         rows = plan.rows
-        if fed_tokens is not None:
-            rows = tuple(_feed(r, fed_tokens) for r in rows)
+        if fed_tokens is not None and any(r.history_token_ids is not None for r in rows):
+            rows = tuple(_feed_history(r, fed_tokens) for r in rows)
         use_device = self.policy.use_device(plan)
         self.num_dispatches += 1
         if plan.is_decode:
-            return self._submit_decode(plan, rows, use_device)
+            return self._submit_decode(plan, rows, use_device, fed_tokens or {})
         return self._run_prefill(plan, rows, use_device)
 
-    def _submit_decode(self, plan: StepPlan, rows: Sequence[RowPlan], use_device: bool) -> PendingStep:
+    def _submit_decode(self, plan: StepPlan, rows: Sequence[RowPlan], use_device: bool,
+                       fed_tokens: Mapping[int, int]) -> PendingStep:
         capacity = plan.capacity
         tokens = [0] * capacity
         positions = [-1] * capacity
         for r in rows:
             token = r.input_token_ids[0]
-            assert token != PENDING_TOKEN, f"{r.req_id}: decode input token never fed"
-            tokens[r.row] = token
+            tokens[r.row] = fed_tokens[r.row] if token == PENDING_TOKEN else token
             positions[r.row] = r.start_pos
         self._update_page_table(rows)
         layout = tuple((r.row, r.req_id) for r in rows)
@@ -140,7 +144,9 @@ class MeshRunner:
         self._last_decode_layout = layout
         kwargs: dict[str, Any] = {}
         if use_device:
-            kwargs["sampling_params"] = self._sampling_params(rows, capacity, by_slot=True)
+            if reset_batch or self._last_sampling is None:
+                self._last_sampling = self._sampling_params(rows, capacity, by_slot=True)
+            kwargs["sampling_params"] = self._last_sampling
             kwargs["reset_batch"] = reset_batch
         out = self.model.decode_forward(
             tokens=torch.tensor(tokens, dtype=torch.int64).view(capacity, 1),
@@ -150,12 +156,14 @@ class MeshRunner:
         out, events = self.model.read_decode_output(out, async_read=True)
 
         def finalize() -> StepResult:
+            started = time.perf_counter()
             for event in events:
                 event.synchronize()
             host_out = self.model.process_decode_output_host(out, is_tokens=use_device)
+            self.device_wait_s += time.perf_counter() - started
             return self._result(rows, [r.row for r in rows], host_out, use_device)
 
-        return PendingStep(plan, finalize)
+        return PendingStep(plan, finalize, use_device)
 
     def _run_prefill(self, plan: StepPlan, rows: Sequence[RowPlan], use_device: bool) -> PendingStep:
         n = len(rows)
@@ -168,14 +176,16 @@ class MeshRunner:
         kwargs: dict[str, Any] = {}
         if use_device:
             kwargs["sampling_params"] = self._sampling_params(rows, n, by_slot=False)
+        started = time.perf_counter()
         out = self.model.prefill_forward(
             tokens=tokens, page_table=page_table, kv_cache=self.kv_cache,
             prompt_lens=[r.end_pos for r in rows], start_pos=[r.start_pos for r in rows],
             empty_slots=[r.row for r in rows], enable_trace=self._prefill_trace, **kwargs)
+        self.device_wait_s += time.perf_counter() - started
         if not use_device:
             out = torch.as_tensor(out).reshape(n, -1)  # [n, 1, vocab] -> [n, vocab]
         result = self._result(rows, list(range(n)), out, use_device)
-        return PendingStep(plan, lambda: result)
+        return PendingStep(plan, lambda: result, use_device)
 
     # ---- helpers --------------------------------------------------------------------------
     def _result(self, rows: Sequence[RowPlan], out_index: list[int], out: Any,
@@ -223,17 +233,9 @@ class MeshRunner:
                 self._row_blocks[r.row] = r.block_ids
 
 
-def _feed(r: RowPlan, fed: Mapping[int, int]) -> RowPlan:
-    """Resolve PENDING_TOKEN placeholders of ``r`` with the previous step's token of its row."""
-    has_input = r.input_token_ids[-1] == PENDING_TOKEN
-    has_history = r.history_token_ids is not None and PENDING_TOKEN in r.history_token_ids
-    if not (has_input or has_history):
+def _feed_history(r: RowPlan, fed: Mapping[int, int]) -> RowPlan:
+    """Resolve the PENDING_TOKEN in ``r``'s penalty history with the previous step's token."""
+    if r.history_token_ids is None or PENDING_TOKEN not in r.history_token_ids:
         return r
     token = fed[r.row]
-    changes: dict[str, Any] = {}
-    if has_input:
-        changes["input_token_ids"] = r.input_token_ids[:-1] + (token,)
-    if has_history:
-        changes["history_token_ids"] = tuple(token if t == PENDING_TOKEN else t
-                                             for t in r.history_token_ids)
-    return replace(r, **changes)
+    return r._replace(history_token_ids=tuple(token if t == PENDING_TOKEN else t for t in r.history_token_ids))

@@ -14,7 +14,7 @@ Pure logic: no torch.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from accel.contract import SamplingParams
@@ -29,6 +29,7 @@ class SamplingPolicy:
     sample_on_device_mode: str | None
     always_compat_sampling: bool
     model_capabilities: Mapping[str, Any]
+    _reasons: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def use_device(self, plan: StepPlan) -> bool:
         """True when the whole batch of ``plan`` may be sampled on the device."""
@@ -51,11 +52,23 @@ class SamplingPolicy:
         return None
 
     def row_host_reason(self, row: RowPlan) -> str | None:
-        if row.is_intermediate_prefill:
+        if not row.samples:
             return "intermediate chunked-prefill row"
         return self.params_host_reason(row.sampling)
 
     def params_host_reason(self, sp: SamplingParams) -> str | None:
+        # Cached per SamplingParams object (a request keeps its object for life); the entry keeps
+        # the object alive so its id cannot be reused while cached.
+        entry = self._reasons.get(id(sp))
+        if entry is not None and entry[0] is sp:
+            return entry[1]
+        if len(self._reasons) > 8192:
+            self._reasons.clear()
+        reason = self._params_reason(sp)
+        self._reasons[id(sp)] = (sp, reason)
+        return reason
+
+    def _params_reason(self, sp: SamplingParams) -> str | None:
         if sp.logprobs is not None:
             return "logprobs"
         if sp.has_penalties and not self.model_capabilities.get(SUPPORTS_DEVICE_PENALTIES, False):

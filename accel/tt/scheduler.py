@@ -67,7 +67,7 @@ class LaneScheduler:
         return len(self._free_slots)
 
     def has_prefill_intent(self) -> bool:
-        if any(r.is_prefilling for r in self.running):
+        if any(len(r.token_ids) + r.num_pending - r.num_computed > 1 for r in self.running):
             return True
         return bool(self.waiting) and bool(self._free_slots)
 
@@ -95,6 +95,7 @@ class LaneScheduler:
         if r.block_ids:
             self.pool.free(r.block_ids)
             r.block_ids = []
+            r.block_table = ()
         r.num_cached_blocks = 0
         if r.slot is not None:
             heapq.heappush(self._free_slots, r.slot - self.lane * self.per_lane)
@@ -152,6 +153,7 @@ class LaneScheduler:
             return 0
         self.pool.touch(hit)
         r.block_ids = hit + self.pool.allocate(num_new)
+        r.block_table = tuple(r.block_ids)
         r.num_cached_blocks = len(hit)
         r.num_computed = num_hit_tokens
         r.num_prefix_hit_tokens = num_hit_tokens
@@ -163,7 +165,7 @@ class LaneScheduler:
         start, end = r.num_computed, r.num_computed + chunk
         samples = end == r.num_tokens
         row = RowPlan(req_id=r.req_id, lane=self.lane, row=r.slot, start_pos=start, end_pos=end,
-                      input_token_ids=tuple(r.token_ids[:end]), block_ids=tuple(r.block_ids),
+                      input_token_ids=tuple(r.token_ids[:end]), block_ids=r.block_table,
                       samples=samples, sampling=r.sampling,
                       num_output_tokens=r.num_output_tokens, history_token_ids=_history(r))
         r.num_computed = end
@@ -174,21 +176,28 @@ class LaneScheduler:
     # ---- decode --------------------------------------------------------------------------
     def schedule_decode(self) -> LanePart:
         part = LanePart()
-        for r in list(self.running):
-            if r.status is not RequestStatus.RUNNING or not self._is_decodable(r):
+        lane, bs, max_len = self.lane, self.block_size, self.max_model_len
+        rows = part.rows
+        for r in list(self.running):  # hot path at 128 rows: properties inlined
+            if r.status is not RequestStatus.RUNNING:
                 continue
-            if not self._reserve(r, r.num_computed + 1, part):
+            pos, num_known, num_pending = r.num_computed, len(r.token_ids), r.num_pending
+            if num_known + num_pending - pos != 1:
+                continue  # mid-prefill, or waiting for a result
+            if num_pending:  # is its in-flight token its last? (will_finish_by_length, inlined)
+                max_tokens = r.sampling.max_tokens
+                if num_known + num_pending >= max_len or (
+                        max_tokens is not None and num_known + num_pending - r.num_prompt_tokens >= max_tokens):
+                    continue
+            if pos // bs >= len(r.block_ids) and not self._reserve(r, pos + 1, part):
                 continue
-            pos = r.num_computed
-            token = r.token_ids[pos] if pos < len(r.token_ids) else PENDING_TOKEN
-            part.rows.append(RowPlan(
-                req_id=r.req_id, lane=self.lane, row=r.slot, start_pos=pos, end_pos=pos + 1,
-                input_token_ids=(token,), block_ids=tuple(r.block_ids), samples=True,
-                sampling=r.sampling, num_output_tokens=r.num_output_tokens,
-                history_token_ids=_history(r)))
+            token = r.token_ids[pos] if pos < num_known else PENDING_TOKEN
+            history = _history(r) if r.sampling.has_penalties else None
+            rows.append(RowPlan(r.req_id, lane, r.slot, pos, pos + 1, (token,), r.block_table, True,
+                                r.sampling, num_known + num_pending - r.num_prompt_tokens, history))
             r.num_computed = pos + 1
-            r.num_pending += 1
-        part.rows.sort(key=lambda row: row.row)
+            r.num_pending = num_pending + 1
+        rows.sort(key=_row_index)
         return part
 
     def _reserve(self, r: RequestState, num_tokens: int, part: LanePart) -> bool:
@@ -203,6 +212,7 @@ class LaneScheduler:
                 return False
         if need > 0:
             r.block_ids.extend(self.pool.allocate(need))
+            r.block_table = tuple(r.block_ids)
         return True
 
     # ---- after a step --------------------------------------------------------------------
@@ -220,6 +230,10 @@ class LaneScheduler:
             lo = r.num_cached_blocks
             self.pool.cache_blocks(r.block_ids[lo:num_full], r.block_hashes[lo:num_full])
             r.num_cached_blocks = num_full
+
+
+def _row_index(row: RowPlan) -> int:
+    return row.row
 
 
 def _history(r: RequestState) -> tuple[int, ...] | None:

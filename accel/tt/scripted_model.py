@@ -57,12 +57,33 @@ class _FutureEvent:
         self.future.result()
 
 
+@dataclass(frozen=True)
+class _TimedOutput:
+    """A decode result that the virtual device finishes at ``ready_at`` (perf_counter seconds);
+    also its own ``DeviceEvent``."""
+
+    value: Any
+    ready_at: float
+
+    def synchronize(self) -> None:
+        _sleep_until(self.ready_at)
+
+    def result(self) -> Any:
+        self.synchronize()
+        return self.value
+
+
 class ScriptedMeshModel:
     model_capabilities: ClassVar[dict[str, Any]] = {
         SUPPORTS_PREFIX_CACHING: True, SUPPORTS_ASYNC_DECODE: True, SUPPORTS_SAMPLE_ON_DEVICE: True,
     }
     decode_time_s: ClassVar[float] = 0.0   # fixed device time per decode step (benchmark)
     prefill_time_s: ClassVar[float] = 0.0
+    # False: decode skips the scripted function, returns token 3 for every row and runs on a
+    # virtual device clock (step N+1 starts when both it is submitted and step N is done, and
+    # takes decode_time_s) instead of a worker thread: a device that never holds the GIL or
+    # waits for a thread wake-up, for benchmarks of host overhead.
+    computes_decode: ClassVar[bool] = True
 
     def __init__(self, vocab_size: int, max_batch_size: int, num_lanes: int, max_seq_len: int):
         self.vocab_size = vocab_size
@@ -77,6 +98,7 @@ class ScriptedMeshModel:
         self.num_decode_calls = 0
         self.warmup_calls: list[tuple[str, bool]] = []
         self.device = torch.device("cpu")
+        self._device_free_at = 0.0  # virtual device clock (computes_decode=False)
         self._device = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scripted-mesh")
 
     @classmethod
@@ -137,6 +159,14 @@ class ScriptedMeshModel:
             "decode must carry every slot"
         self.num_decode_calls += 1
 
+        if not self.computes_decode:
+            ready_at = max(time.perf_counter(), self._device_free_at) + self.decode_time_s
+            self._device_free_at = ready_at
+            out = (SampledOutput(token_ids=torch.full((b,), _FIRST_TOKEN)) if sampling_params is not None
+                   else self._logits(torch.full((b,), _FIRST_TOKEN)))
+            timed = _TimedOutput(out, ready_at)
+            return timed.result() if read_from_device else timed
+
         def program() -> Any:
             started = time.perf_counter()
             hashes = []
@@ -158,13 +188,13 @@ class ScriptedMeshModel:
         future = self._device.submit(program)
         return future.result() if read_from_device else future
 
-    def read_decode_output(self, out: Any, async_read: bool = False) -> tuple[Any, list[_FutureEvent]]:
-        if isinstance(out, Future) and async_read:
-            return out, [_FutureEvent(out)]
-        return (out.result() if isinstance(out, Future) else out), []
+    def read_decode_output(self, out: Any, async_read: bool = False) -> tuple[Any, list[Any]]:
+        if isinstance(out, (Future, _TimedOutput)) and async_read:
+            return out, [_FutureEvent(out) if isinstance(out, Future) else out]
+        return (out.result() if isinstance(out, (Future, _TimedOutput)) else out), []
 
     def process_decode_output_host(self, out: Any, is_tokens: bool = False) -> Any:
-        result = out.result() if isinstance(out, Future) else out
+        result = out.result() if isinstance(out, (Future, _TimedOutput)) else out
         assert is_tokens == isinstance(result, SampledOutput)
         return result
 
@@ -191,26 +221,30 @@ class ScriptedMeshModel:
 
     def _output(self, hashes: list[int], params: TTSamplingParams | None, positions: list[int]) -> Any:
         v = self.vocab_size
-        nxt = torch.tensor([_FIRST_TOKEN + h % (v - _FIRST_TOKEN) for h in hashes])
-        # Logits: the scripted token on top, a smooth ramp below it (so sampling has choices).
-        dist = (torch.arange(v)[None, :] - nxt[:, None]) % v
-        logits = -0.05 * dist.float()
-        logits[:, :_FIRST_TOKEN] = -1e4
+        nxt = [_FIRST_TOKEN + h % (v - _FIRST_TOKEN) for h in hashes]
         if params is None:
-            return logits
-        ids = nxt.clone()
+            return self._logits(torch.tensor(nxt))
+        ids = list(nxt)
         for i, (temp, top_k, seed) in enumerate(zip(params.temperature, params.top_k, params.seed)):
             if temp <= 0 or top_k == 1:
-                continue
+                continue  # greedy: the scripted token
             gen = torch.Generator()
             gen.manual_seed((int(seed) * 1_000_003 + positions[i]) % (2**63) if seed != -1 else
                             int(torch.randint(0, 2**62, ()).item()))
-            probs = torch.softmax(logits[i] / temp, dim=-1)
+            probs = torch.softmax(self._logits(torch.tensor([nxt[i]]))[0] / temp, dim=-1)
             if 0 < top_k < v:
                 kth = probs.topk(int(top_k)).values[-1]
                 probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
-            ids[i] = torch.multinomial(probs, 1, generator=gen)[0]
-        return SampledOutput(token_ids=ids)
+            ids[i] = int(torch.multinomial(probs, 1, generator=gen)[0])
+        return SampledOutput(token_ids=torch.tensor(ids))
+
+    def _logits(self, nxt: torch.Tensor) -> torch.Tensor:
+        """The scripted token on top, a smooth ramp below it (so sampling has choices)."""
+        v = self.vocab_size
+        dist = (torch.arange(v)[None, :] - nxt[:, None]) % v
+        logits = -0.05 * dist.float()
+        logits[:, :_FIRST_TOKEN] = -1e4
+        return logits
 
 
 def _sleep_until(deadline: float) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from accel.contract import SamplingParams
 
@@ -24,9 +25,9 @@ class StepMode(enum.Enum):
     EMPTY = "empty"
 
 
-@dataclass(frozen=True)
-class RowPlan:
-    """One request's work in a step."""
+class RowPlan(NamedTuple):
+    """One request's work in a step. (A NamedTuple rather than a frozen dataclass: one is built
+    per running request per step, and this is the hot path at 128 rows.)"""
 
     req_id: str
     lane: int

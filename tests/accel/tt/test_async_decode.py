@@ -23,11 +23,12 @@ class FakeRunner:
         for r in plan.rows:
             assert r.input_token_ids[-1] != PENDING_TOKEN or r.row in (fed_tokens or {})
 
+        use_device = self.policy.use_device(plan)
+
         def finalize():
             self.finalized.append(plan.step_id)
-            return StepResult(tuple(100 * plan.step_id + r.row for r in plan.rows), None,
-                              self.policy.use_device(plan))
-        return PendingStep(plan, finalize)
+            return StepResult(tuple(100 * plan.step_id + r.row for r in plan.rows), None, use_device)
+        return PendingStep(plan, finalize, use_device)
 
 
 def plan(step_id, rows=(0, 1), mode=StepMode.DECODE, pending=True, **sp):

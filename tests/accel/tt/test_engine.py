@@ -216,3 +216,20 @@ def test_capability_refusals_at_construction(tiny_llama):
         assert all(rec.is_device_sampled is False for rec in engine.step_log)  # model can't sample
     finally:
         engine.close()
+
+
+def test_kv_events_are_replica_level_across_lanes(tiny_llama):
+    engine = make_engine(tiny_llama, data_parallel_size=2, max_num_seqs=1, async_scheduling=False,
+                         num_gpu_blocks_override=16)
+    try:
+        prompt = prompt_of(4, 40)  # 2 full blocks of 16
+        both = run_requests(engine, [GenerateRequest("a", prompt, greedy(2)),
+                                     GenerateRequest("b", prompt, greedy(2))])
+        assert tokens_of(both["a"]) == tokens_of(both["b"])
+        events = engine.take_kv_events()
+        stored = [h for e in events if e.kind == "stored" for h in e.block_hashes]
+        # both lanes cached the same 2 blocks; the replica announces each hash once
+        assert len(stored) == len(set(stored)) == 2
+        assert engine.take_kv_events() == []
+    finally:
+        engine.close()
