@@ -274,10 +274,12 @@ class TorchMeshModel:
     # ---- the program ----
 
     def _num_ctx_blocks(self, max_end: int, store: PagedKVStore, table_width: int) -> int:
-        needed = -(-max_end // store.block_size)
+        """Blocks of context the step reads (the longest row's). Like a paged-SDPA kernel, only
+        those are read; the fixed shapes a trace needs are the decode width and prefill buckets."""
+        needed = max(1, -(-max_end // store.block_size))
         if needed > table_width:
             raise ValueError(f"page table width {table_width} < {needed} blocks needed for {max_end} tokens")
-        return min(_next_pow2(needed), table_width)
+        return needed
 
     @torch.inference_mode()
     def _forward(self, store: PagedKVStore, tokens: torch.Tensor, positions: torch.Tensor,

@@ -114,4 +114,5 @@ def _gather(storage: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     """Pages of ``blocks`` ``[n, Cb]`` as ``[n, Hkv, Cb * block_size, D]`` (a strided view of one copy)."""
     n, num_blocks = blocks.shape
     _, block_size, num_kv, head_dim = storage.shape
-    return storage[blocks].view(n, num_blocks * block_size, num_kv, head_dim).transpose(1, 2)
+    pages = storage.index_select(0, blocks.reshape(-1))  # row copies: faster than 2-D advanced indexing
+    return pages.view(n, num_blocks * block_size, num_kv, head_dim).transpose(1, 2)
