@@ -146,6 +146,8 @@ class TorchMeshModel:
         if int(ends.max()) > self.max_seq_len or bool((starts >= ends).any()) or int(ends.max()) > tokens.shape[1]:
             raise ValueError(f"bad prefill chunk: start_pos={starts.tolist()} prompt_lens={ends.tolist()} "
                              f"tokens width {tokens.shape[1]} max_seq_len {self.max_seq_len}")
+        if any(not 0 <= s < self.max_batch_size for s in slots):
+            raise ValueError(f"empty_slots {slots} outside the {self.max_batch_size} global slots")
         length = prefill_bucket(int((ends - starts).max()))
         offsets = torch.arange(length)[None, :]
         is_written = offsets < (ends - starts)[:, None]
@@ -155,6 +157,7 @@ class TorchMeshModel:
         last_index = ends - starts - 1
         page_table = torch.as_tensor(page_table, dtype=torch.int64)
         num_ctx_blocks = self._num_ctx_blocks(int(ends.max()), store, page_table.shape[1])
+        _check_block_ids(page_table, ends, store)
         prep = (prepare_sampling(sampling_params, ends.tolist(), self.config.vocab_size, self.device)
                 if sampling_params is not None else None)
 
@@ -192,6 +195,7 @@ class TorchMeshModel:
         positions = start_pos.clamp_min(0)[:, None]
         lanes = torch.arange(self.max_batch_size) // self.per_lane
         num_ctx_blocks = self._num_ctx_blocks(int(start_pos.max()) + 1, store, page_table.shape[1])
+        _check_block_ids(page_table, start_pos + 1, store)
         prep = (prepare_sampling(sampling_params, (start_pos + 1).tolist(), self.config.vocab_size, self.device)
                 if sampling_params is not None else None)
 
@@ -305,6 +309,18 @@ class TorchMeshModel:
             h = h + swiglu_mlp(rms_norm(h, layer.post_attention_norm, cfg.rms_norm_eps), layer)
         last = h.view(n, length, -1)[torch.arange(n, device=dev), last_index.to(dev)]
         return F.linear(rms_norm(last, w.final_norm, cfg.rms_norm_eps), w.lm_head)
+
+
+def _check_block_ids(page_table: torch.Tensor, ends: torch.Tensor, store: PagedKVStore) -> None:
+    """Every block a row reads or writes (its first ``ceil(end / block_size)``) must be a lane-local
+    id; anything else would address another lane's memory. Rows with ``end <= 0`` read nothing."""
+    num_used = (ends + store.block_size - 1) // store.block_size  # [rows]
+    used = torch.arange(page_table.shape[1])[None, :] < num_used[:, None]
+    bad = used & ((page_table < 0) | (page_table >= store.num_blocks))
+    if bool(bad.any()):
+        row = int(bad.any(dim=1).nonzero()[0])
+        raise ValueError(f"page table row {row} holds block ids outside [0, {store.num_blocks}): "
+                         f"{page_table[row, :int(num_used[row])].tolist()}")
 
 
 def _to_host(out: SampledOutput) -> SampledOutput:

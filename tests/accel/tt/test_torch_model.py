@@ -251,3 +251,16 @@ def test_warmup_runs_each_bucket_once(model, kv):
 
 def test_prefill_buckets():
     assert [prefill_bucket(n) for n in (1, 128, 129, 256, 257, 3000)] == [128, 128, 256, 256, 512, 4096]
+
+
+def test_block_ids_and_slots_are_validated(model, kv):
+    table = torch.zeros(B_WIRE, MAX_BLOCKS_PER_REQ, dtype=torch.int32)
+    table[2, 1] = NUM_BLOCKS  # one past the lane's last block: would be the next lane's memory
+    start_pos = torch.full((B_WIRE,), -1)
+    start_pos[2] = BLOCK_SIZE  # reads blocks 0 and 1
+    with pytest.raises(ValueError, match="row 2 holds block ids outside"):
+        model.decode_forward(torch.zeros(B_WIRE, 1, dtype=torch.int64), start_pos, table, kv)
+    start_pos[2] = 3  # reads block 0 only: the bad id beyond is never touched
+    model.decode_forward(torch.zeros(B_WIRE, 1, dtype=torch.int64), start_pos, table, kv)
+    with pytest.raises(ValueError, match="empty_slots"):
+        model.prefill_forward(torch.zeros(1, 4, dtype=torch.int64), table[:1], kv, [4], [0], [B_WIRE])
