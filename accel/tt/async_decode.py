@@ -55,6 +55,11 @@ class AsyncDecodeQueue:
         prev, self._inflight = self._inflight, None
         return [] if prev is None else [(prev.plan, prev.finalize())]
 
+    def wait_idle(self) -> None:
+        """Block until the in-flight step (if any) is done on the mesh; it stays queued."""
+        if self._inflight is not None:
+            self._inflight.finalize()
+
     def reset(self) -> None:
         """Forget the in-flight step (after a failed step; its requests were aborted)."""
         self._inflight = None

@@ -24,7 +24,7 @@ from accel.text.tokenizer import load_tokenizer
 from accel.tt.async_decode import AsyncDecodeQueue
 from accel.tt.block_pool import BlockPool, KVEvent
 from accel.tt.config import TTEngineConfig, check_model_capabilities
-from accel.tt.engine_core import EngineCore, NewTokens, StepRecord
+from accel.tt.engine_core import EngineCore, KVHookPoints, NewTokens, StepRecord
 from accel.tt.lane_coordinator import LaneCoordinator
 from accel.tt.mesh_model import SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING
 from accel.tt.request_state import RequestState
@@ -41,10 +41,12 @@ class TTMeshEngine:
     ``backend``: an opened ``accel.tt.backend.MeshBackend`` (default: ``open_backend("auto")``:
     the ttnn mesh when chips are present, else the torch program). ``model_class`` overrides the
     registry (tests, benchmarks). ``keep_step_log`` records a ``StepRecord`` per step.
+    ``kv_hooks`` attaches prefill/decode KV transfer (``engine_core.KVHookPoints``); without it,
+    requests asking for KV export/import are refused.
     """
 
     def __init__(self, config: TTEngineConfig, *, backend: Any = None, model_class: type | None = None,
-                 keep_step_log: bool = False):
+                 keep_step_log: bool = False, kv_hooks: KVHookPoints | None = None):
         self.config = config
         self.tokenizer = load_tokenizer(config.tokenizer_path)
         self._hf_config = _load_hf_config(config.model)
@@ -71,7 +73,8 @@ class TTMeshEngine:
                                config.max_num_batched_tokens, config.max_model_len)
                  for i in range(config.num_lanes)]
         self.core = EngineCore(LaneCoordinator(lanes), AsyncDecodeQueue(runner, is_async),
-                               self.tokenizer.eos_token_ids, config.max_model_len, keep_step_log)
+                               self.tokenizer.eos_token_ids, config.max_model_len, keep_step_log,
+                               kv_hooks=kv_hooks, kv_cache=kv_cache)
         self.platform = _platform_name(self._backend, self.model)
         self._cv = threading.Condition()
         self._inbox: deque[tuple[str, Any]] = deque()
@@ -122,7 +125,7 @@ class TTMeshEngine:
                 builder.num_cached_tokens = items[-1].num_cached_tokens
                 token_ids, logprobs = _merge(items)
                 if token_ids:
-                    delta = builder.add_tokens(token_ids, logprobs)
+                    delta = builder.add_tokens(token_ids, logprobs, kv_transfer=items[-1].kv_transfer)
                     if delta.finished:
                         self._post("finish", req_id)  # a no-op when the engine already stopped it
                     yield delta
@@ -264,7 +267,7 @@ class TTMeshEngine:
             raise InvalidRequestError("prompt", f"token id {bad} is outside the vocabulary "
                                       f"(size {self.vocab_size})")
         kv = request.kv_transfer
-        if kv is not None and (kv.do_remote_decode or kv.do_remote_prefill):
+        if kv is not None and (kv.do_remote_decode or kv.do_remote_prefill) and self.core.kv_hooks is None:
             raise InvalidRequestError("kv_transfer_params",
                                       "KV export/import is not supported by the TT mesh engine yet")
 

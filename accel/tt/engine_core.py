@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
-from accel.contract import TokenLogprob
+from accel.contract import KVTransferParams, TokenLogprob
 from accel.text.stop_tokens import check_token_stop
 from accel.tt.async_decode import AsyncDecodeQueue
-from accel.tt.block_pool import KVEvent
+from accel.tt.block_pool import BlockPool, KVEvent
 from accel.tt.lane_coordinator import LaneCoordinator
 from accel.tt.request_state import RequestState, RequestStatus
 from accel.tt.runner import NO_TOKEN, StepResult
@@ -34,6 +34,21 @@ class NewTokens(NamedTuple):
     logprobs: tuple[TokenLogprob, ...] | None
     num_cached_tokens: int
     is_aborted: bool = False
+    kv_transfer: KVTransferParams | None = None  # export ticket, on a request's last tokens
+
+
+class KVHookPoints(Protocol):
+    """Where prefill/decode KV transfer attaches (engine thread; ``lane_kv`` = that lane's
+    ``[layer] = [K, V]`` from ``allocate_kv_cache``; block ids are lane-local)."""
+
+    def on_added(self, r: RequestState, pool: BlockPool, lane_kv: Any) -> None:
+        """``r`` was bound to its lane and nothing is scheduled yet: an import can allocate blocks
+        in ``pool``, write the KV, ``cache_blocks`` them under ``r``'s prompt hashes and free them;
+        admission then takes them as a prefix hit (tokens marked computed)."""
+
+    def on_finished(self, r: RequestState, lane_kv: Any) -> KVTransferParams | None:
+        """``r`` finished normally and still holds ``r.block_ids`` (freed right after): an export
+        gathers its KV and returns the ticket for its final delta."""
 
 
 @dataclass(frozen=True)
@@ -50,8 +65,11 @@ class StepRecord:
 
 class EngineCore:
     def __init__(self, coordinator: LaneCoordinator, queue: AsyncDecodeQueue, eos_token_ids: frozenset[int],
-                 max_model_len: int, keep_step_log: bool = False):
+                 max_model_len: int, keep_step_log: bool = False, kv_hooks: KVHookPoints | None = None,
+                 kv_cache: Any = None):
         self.coordinator = coordinator
+        self.kv_hooks = kv_hooks
+        self.kv_cache = kv_cache  # [lane][layer] = [K, V], for kv_hooks only
         self.queue = queue
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
@@ -66,6 +84,11 @@ class EngineCore:
         assert r.req_id not in self.requests, f"duplicate request id {r.req_id}"
         self.requests[r.req_id] = r
         self.coordinator.add_request(r)
+        if self.kv_hooks is not None:
+            # An import writes KV from the host: let the in-flight step (which may still write
+            # recently freed blocks) finish first. Its result stays queued for the next step.
+            self.queue.wait_idle()
+            self.kv_hooks.on_added(r, self.coordinator.lanes[r.lane].pool, self.kv_cache[r.lane])
 
     def abort_request(self, req_id: str) -> NewTokens | None:
         """Free everything ``req_id`` holds; the abort notice, or None if unknown or done."""
@@ -111,11 +134,16 @@ class EngineCore:
             r.num_pending -= 1
             r.token_ids.append(token)
             lp = None if logprobs is None or logprobs[i] is None else (logprobs[i],)
-            outputs.append(NewTokens(r.req_id, (token,), lp, r.num_prefix_hit_tokens))
             num_prompt = r.num_prompt_tokens
             if check_token_stop(token, len(r.token_ids) - num_prompt, num_prompt, r.sampling,
-                                self.eos_token_ids, self.max_model_len) is not None:
-                self._finish(r)
+                                self.eos_token_ids, self.max_model_len) is None:
+                outputs.append(NewTokens(r.req_id, (token,), lp, r.num_prefix_hit_tokens))
+                continue
+            ticket = None
+            if self.kv_hooks is not None:
+                ticket = self.kv_hooks.on_finished(r, self.kv_cache[r.lane])
+            outputs.append(NewTokens(r.req_id, (token,), lp, r.num_prefix_hit_tokens, kv_transfer=ticket))
+            self._finish(r)
         for lane, lane_requests in zip(self.coordinator.lanes, touched):
             lane.cache_computed_blocks(lane_requests)
         if self.keep_step_log:

@@ -6,7 +6,10 @@ import asyncio
 
 import pytest
 
-from accel.contract import ConfigError, FinishReason, GenerateRequest, InvalidRequestError, SamplingParams
+from accel.contract import (ConfigError, FinishReason, GenerateRequest, InvalidRequestError, KVTransferParams,
+                            SamplingParams)
+from accel.tt.config import TTEngineConfig
+from accel.tt.engine import TTMeshEngine
 from accel.tt.scripted_model import ScriptedMeshModel, expected_tokens
 from accel.tt.step_plan import StepMode
 from tests.accel.tt.engine_harness import (assert_lane_rules, assert_pool_full, collect, greedy, make_engine,
@@ -149,6 +152,10 @@ def test_invalid_requests_raise_and_engine_survives(tiny_llama):
         assert info.value.field == "prompt" and "max_model_len is 64" in info.value.message
         with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
             asyncio.run(first(GenerateRequest("vocab", (5, 5000), greedy(4))))
+        with pytest.raises(InvalidRequestError) as info:  # no kv_hooks attached
+            asyncio.run(first(GenerateRequest("kv", (5, 6), greedy(1),
+                                              kv_transfer=KVTransferParams(do_remote_decode=True))))
+        assert info.value.field == "kv_transfer_params"
         # max_model_len ends generation: 60 + 4 = 64
         out = run_requests(engine, [GenerateRequest("edge", prompt_of(0, 60), greedy(100))])["edge"]
         assert len(tokens_of(out)) == 4 and out[-1].finish_reason is FinishReason.LENGTH
@@ -231,5 +238,69 @@ def test_kv_events_are_replica_level_across_lanes(tiny_llama):
         # both lanes cached the same 2 blocks; the replica announces each hash once
         assert len(stored) == len(set(stored)) == 2
         assert engine.take_kv_events() == []
+    finally:
+        engine.close()
+
+
+class CellTransferHooks:
+    """KV export/import through the hook points, moving the scripted model's KV cells."""
+
+    def __init__(self, block_size):
+        self.block_size = block_size
+        self.model = None
+        self.exported: dict[str, dict] = {}
+        self.num_imported_blocks = 0
+
+    def on_finished(self, r, lane_kv):
+        kv = r.request.kv_transfer
+        if kv is None or not kv.do_remote_decode:
+            return None
+        assert r.block_ids, "export runs before the blocks are freed"
+        bs = self.block_size
+        self.exported[r.req_id] = {p: self.model._cells[r.lane][(r.block_ids[p // bs], p % bs)]
+                                   for p in range(r.num_prompt_tokens)}
+        return KVTransferParams(do_remote_decode=True, transfer_id=f"t-{r.req_id}", num_tokens=r.num_prompt_tokens)
+
+    def on_added(self, r, pool, lane_kv):
+        kv = r.request.kv_transfer
+        if kv is None or not kv.do_remote_prefill:
+            return
+        cells, bs = self.exported[kv.transfer_id[2:]], self.block_size
+        r.update_block_hashes(bs)
+        num_full = r.num_prompt_tokens // bs
+        blocks = pool.allocate(num_full)
+        for p in range(num_full * bs):
+            self.model._cells[r.lane][(blocks[p // bs], p % bs)] = cells[p]
+        pool.cache_blocks(blocks, r.block_hashes[:num_full])
+        pool.free(blocks)  # cached and free: admission takes them as a prefix hit
+        self.num_imported_blocks += num_full
+
+
+def test_kv_hook_points_export_and_import(tiny_llama):
+    hooks = CellTransferHooks(block_size=16)
+    engine = TTMeshEngine(TTEngineConfig.from_engine_args(dict(
+        model=str(tiny_llama), max_num_seqs=2, data_parallel_size=2, block_size=16, max_model_len=256,
+        max_num_batched_tokens=32, async_scheduling=True,
+        additional_config={"tt": {"sample_on_device_mode": "all"}})),
+        model_class=ScriptedMeshModel, keep_step_log=True, kv_hooks=hooks)
+    hooks.model = engine.model
+    try:
+        prompt = prompt_of(8, 50)
+        pre = run_requests(engine, [GenerateRequest("pre", prompt, greedy(1),
+                                                    kv_transfer=KVTransferParams(do_remote_decode=True))])["pre"]
+        ticket = pre[-1].kv_transfer
+        assert ticket is not None and ticket.transfer_id == "t-pre" and ticket.num_tokens == 50
+        # Drop the prefill replica's own cache so only the import can give a hit.
+        for lane in engine.core.coordinator.lanes:
+            lane.pool._cached.clear()
+        dec = GenerateRequest("dec", prompt, greedy(8),
+                              kv_transfer=KVTransferParams(do_remote_prefill=True, transfer_id="t-pre"))
+        out = run_requests(engine, [dec])["dec"]
+        assert tokens_of(out) == expected_tokens(prompt, 8, VOCAB)
+        assert hooks.num_imported_blocks == 3 and out[-1].num_cached_tokens == 48
+        computed = sum(n for rec in engine.step_log if rec.mode is StepMode.PREFILL
+                       for rows in rec.lane_rows for rid, _, n in rows if rid == "dec")
+        assert computed == 2
+        assert_pool_full(engine)
     finally:
         engine.close()
