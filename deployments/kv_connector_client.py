@@ -30,22 +30,30 @@ def connect_to_cluster(app_name: str, address: str | None = None) -> None:
 
 
 class RayKVTransport:
-    def __init__(self, app_name: str):
+    """``address``: the cluster's GCS address, for processes Ray did not start (vLLM children);
+    None inside a Ray worker or driver that already called ``ray.init``."""
+
+    def __init__(self, app_name: str, address: str | None = None):
         self.app_name = app_name
+        self.address = address
         self._handle = None
 
     def put(self, transfer_id: str, payload: KVPayload, timeout_s: float) -> None:
         import ray
 
-        handle = self._actor()
         desc = payload.descriptor
-        try:
-            ray.get(handle.reserve.remote(transfer_id, desc.num_bytes, timeout_s), timeout=timeout_s + RPC_GRACE_S)
-        except KVTransferError:
-            raise
-        except Exception as e:
-            self._handle = None
-            raise KVTransferError(f"KV connector unreachable while reserving {transfer_id!r}: {e}") from e
+        for attempt in (0, 1):  # a handle cached before the actor was recreated fails once
+            handle = self._actor()
+            try:
+                ray.get(handle.reserve.remote(transfer_id, desc.num_bytes, timeout_s),
+                        timeout=timeout_s + RPC_GRACE_S)
+                break
+            except KVTransferError:
+                raise
+            except Exception as e:
+                self._handle = None
+                if attempt == 1 or not isinstance(e, ray.exceptions.RayActorError):
+                    raise KVTransferError(f"KV connector unreachable while reserving {transfer_id!r}: {e}") from e
         try:
             # We own the object; once the actor holds its borrowed reference we drop ours, so the
             # actor's reference alone keeps the payload alive (freed on completion or expiry).
@@ -75,6 +83,17 @@ class RayKVTransport:
             raise KVTransferError(f"KV transfer {transfer_id!r} unreadable: {e}") from e
         return KVPayload.from_wire(descriptor, array)
 
+    def contains(self, transfer_id: str, timeout_s: float) -> bool:
+        """Whether the actor holds a committed, unexpired ``transfer_id`` (False if unreachable)."""
+        import ray
+
+        try:
+            return bool(ray.get(self._actor().contains.remote(transfer_id), timeout=timeout_s))
+        except Exception:
+            self._handle = None
+            logger.warning("KV connector unreachable while looking up %s", transfer_id, exc_info=True)
+            return False
+
     def complete(self, transfer_id: str) -> None:
         try:
             self._actor().complete.remote(transfer_id)
@@ -90,6 +109,7 @@ class RayKVTransport:
     def _actor(self):
         if self._handle is None:
             try:
+                connect_to_cluster(self.app_name, self.address)
                 self._handle = get_kv_connector(self.app_name)
             except Exception as e:
                 raise KVTransferError(f"no KV connector for application {self.app_name!r}: {e}") from e

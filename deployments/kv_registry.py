@@ -62,6 +62,7 @@ class RegistryStats:
     num_expired: int
     num_rejected: int
     num_completed: int
+    recomputes: dict[str, int]  # reason -> prompts the consumer recomputed
 
 
 @dataclass
@@ -78,6 +79,7 @@ class KVRegistry:
         self._num_bytes_used = 0
         self._space_freed = asyncio.Event()
         self._num_expired = self._num_rejected = self._num_completed = 0
+        self._recomputes: dict[str, int] = {}
 
     # -- producer ---------------------------------------------------------------------------
 
@@ -149,6 +151,7 @@ class KVRegistry:
         self._free(transfer_id)
 
     def report_recompute(self, reason: str) -> None:
+        self._recomputes[reason] = self._recomputes.get(reason, 0) + 1
         self.metrics.on_recompute(reason)
 
     def contains(self, transfer_id: str) -> bool:
@@ -170,7 +173,8 @@ class KVRegistry:
 
     def stats(self) -> RegistryStats:
         return RegistryStats(len(self._transfers), self._num_bytes_used, self.capacity_bytes,
-                             self._num_expired, self._num_rejected, self._num_completed)
+                             self._num_expired, self._num_rejected, self._num_completed,
+                             dict(self._recomputes))
 
     def _live(self, transfer_id: str) -> _Transfer:
         self.expire()

@@ -9,7 +9,8 @@ step thread / worker, never from an event loop.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import importlib
+from typing import Any, Protocol, runtime_checkable
 
 from accel.kv_transfer.payload import KVPayload
 
@@ -38,6 +39,10 @@ class KVTransport(Protocol):
         ``KVTransferError``. The lease is renewed; call ``complete`` once copied."""
         ...
 
+    def contains(self, transfer_id: str, timeout_s: float) -> bool:
+        """Whether ``transfer_id`` is committed and unexpired (False when unknown or unreachable)."""
+        ...
+
     def complete(self, transfer_id: str) -> None:
         """The consumer has copied the payload: free it now."""
         ...
@@ -45,3 +50,16 @@ class KVTransport(Protocol):
     def report_recompute(self, reason: str) -> None:
         """Count a transfer the consumer gave up on and recomputed (metrics only)."""
         ...
+
+
+# Transports by name, so engine-side code (e.g. the vLLM connector in vLLM's child processes)
+# builds one from config without importing the deployment layer.
+TRANSPORTS = {"ray": "deployments.kv_connector_client:RayKVTransport"}
+
+
+def make_transport(name_or_path: str, **kwargs: Any) -> KVTransport:
+    """``name_or_path``: a key of ``TRANSPORTS`` or ``"module:Class"``."""
+    module_name, _, class_name = TRANSPORTS.get(name_or_path, name_or_path).partition(":")
+    if not class_name:
+        raise ValueError(f"unknown KV transport {name_or_path!r}: use one of {sorted(TRANSPORTS)} or 'module:Class'")
+    return getattr(importlib.import_module(module_name), class_name)(**kwargs)

@@ -72,7 +72,9 @@ def test_lease_expiry_frees_payload(app):
     get_or_create_kv_connector(app, KVConnectorConfig(lease_s=1.0))
     transport = RayKVTransport(app)
     transport.put("t1", _payload(), timeout_s=5)
-    time.sleep(2.5)  # the sweeper runs every second
+    deadline = time.time() + 15  # lease 1 s, sweeper every second; generous for a loaded machine
+    while _stats(app)["num_transfers"] and time.time() < deadline:
+        time.sleep(0.2)
     stats = _stats(app)
     assert stats["num_transfers"] == 0 and stats["num_bytes_used"] == 0 and stats["num_expired"] == 1
     with pytest.raises(KVTransferNotFound, match="lease expired"):
