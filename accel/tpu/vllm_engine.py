@@ -15,6 +15,7 @@ loop: the one it was constructed in, or the first one ``generate`` runs in.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -29,6 +30,7 @@ from accel.contract import (
     InvalidRequestError,
     OutputDelta,
 )
+from accel.kv_transfer import params as kv_params
 from accel.text.output_builder import OutputBuilder
 from accel.text.tokenizer import load_tokenizer
 from accel.tpu.config import VllmEngineConfig
@@ -38,6 +40,12 @@ from accel.tpu.vllm_io import to_finish_reason, to_token_logprobs, to_vllm_sampl
 from accel.tpu.vllm_stats import SchedulerStatsSink, sink_stat_logger_factory
 
 logger = logging.getLogger(__name__)
+
+
+def _with_kv_transfer(delta: OutputDelta, out: Any) -> OutputDelta:
+    """The final delta carries what the KV connector returned (a prefill's transfer ticket)."""
+    returned = kv_params.from_dict(getattr(out, "kv_transfer_params", None)) if out.finished else None
+    return dataclasses.replace(delta, kv_transfer=returned) if returned is not None else delta
 
 
 def _is_ray_initialized() -> bool:
@@ -121,9 +129,9 @@ class VllmEngine:
         if bad:
             raise InvalidRequestError("prompt", f"token id {bad[0]} is out of the vocabulary "
                                       f"(size {self.vocab_size})")
-        if request.kv_transfer is not None:
-            # Prefill/decode hand-off through a KV connector is not wired into this engine yet.
-            raise InvalidRequestError("kv_transfer_params", "this TPU replica does not do KV transfer")
+        if request.kv_transfer is not None and not self.config.kv_transfer_config:
+            raise InvalidRequestError("kv_transfer_params", "this replica has no kv_transfer_config "
+                                      "(prefill/decode hand-off is off)")
         if request.request_id in self._active:
             raise InvalidRequestError("request_id", f"{request.request_id!r} is already running")
 
@@ -135,8 +143,11 @@ class VllmEngine:
         builder = OutputBuilder(request, self._tokenizer.fast, self._tokenizer.eos_token_ids,
                                 self.max_model_len)
         num_top = request.sampling.logprobs
+        sampling_params = to_vllm_sampling_params(request.sampling)
+        if request.kv_transfer is not None:   # read by the KV connector (accel.tpu.kv_connector)
+            sampling_params.extra_args = {"kv_transfer_params": kv_params.to_dict(request.kv_transfer)}
         stream = self._llm.generate({"prompt_token_ids": list(request.prompt_token_ids)},
-                                    to_vllm_sampling_params(request.sampling), rid)
+                                    sampling_params, rid)
         self._active.add(rid)
         try:
             async for out in stream:
@@ -152,7 +163,7 @@ class VllmEngine:
                         if not out.finished:
                             await self._llm.abort(rid)   # stopped on our side (a stop string)
                         self._check_agreement(rid, out, builder)
-                        yield delta
+                        yield _with_kv_transfer(delta, out)
                         return
                     yield delta
                 if out.finished:
@@ -160,7 +171,7 @@ class VllmEngine:
                     if reason is not FinishReason.ABORT:
                         logger.warning("request %s: vLLM finished (%s) where OutputBuilder did not",
                                        rid, completion.finish_reason)
-                    yield builder.finish(reason)
+                    yield _with_kv_transfer(builder.finish(reason), out)
                     return
             yield builder.finish(FinishReason.ABORT)   # stream ended without a finished output
         finally:
