@@ -174,7 +174,6 @@ def vllm_cpu_tok_s(ckpt: Path, n: int, prompt_len: int, max_tokens: int) -> floa
 
 
 def main() -> None:
-    if os.environ.get("SWITCH"): sys.setswitchinterval(float(os.environ["SWITCH"]))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
     parser.add_argument("--decode-steps", type=int, default=150)

@@ -304,3 +304,25 @@ def test_kv_hook_points_export_and_import(tiny_llama):
         assert_pool_full(engine)
     finally:
         engine.close()
+
+
+class FailingOnceModel(ScriptedMeshModel):
+    """Raises on its 3rd decode, like a device op failing mid-run."""
+
+    def decode_forward(self, **kw):
+        if self.num_decode_calls == 2:
+            self.num_decode_calls += 1
+            raise RuntimeError("device fault")
+        return super().decode_forward(**kw)
+
+
+def test_a_failed_step_fails_its_requests_frees_blocks_and_the_engine_survives(tiny_llama):
+    engine = make_engine(tiny_llama, model_class=FailingOnceModel, data_parallel_size=1)
+    try:
+        with pytest.raises(RuntimeError, match="TT mesh engine step failed: device fault"):
+            run_requests(engine, [GenerateRequest("a", prompt_of(0, 5), greedy(10))])
+        assert_pool_full(engine)
+        out = run_requests(engine, [GenerateRequest("b", prompt_of(1, 5), greedy(5))])["b"]
+        assert tokens_of(out) == expected_tokens(prompt_of(1, 5), 5, VOCAB)
+    finally:
+        engine.close()
