@@ -63,3 +63,12 @@ def make_transport(name_or_path: str, **kwargs: Any) -> KVTransport:
     if not class_name:
         raise ValueError(f"unknown KV transport {name_or_path!r}: use one of {sorted(TRANSPORTS)} or 'module:Class'")
     return getattr(importlib.import_module(module_name), class_name)(**kwargs)
+
+
+def failure_reason(exc: BaseException) -> str:
+    """A short metric label for why a transfer failed: our own exception class when there is one
+    (Ray wraps remote errors as ``RayTaskError(<ours>)``), else the exception's class name."""
+    for cls in type(exc).__mro__:
+        if cls.__module__.startswith("accel."):
+            return cls.__name__
+    return type(exc).__name__

@@ -50,7 +50,7 @@ import torch
 from accel.kv_transfer import params as kv_params
 from accel.kv_transfer.fingerprint import model_fingerprint
 from accel.kv_transfer.payload import KVDescriptor, KVPayload
-from accel.kv_transfer.transport import KVTransport, make_transport
+from accel.kv_transfer.transport import KVTransport, failure_reason, make_transport
 from accel.kv_transfer.vllm_layout import VllmCpuBlockLayout, gather_vllm, scatter_vllm
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -269,7 +269,7 @@ class MeshServeConnector(KVConnectorBase_V1):
             self._recv_done.add(spec.req_id)
         except Exception as e:
             logger.warning("KV import of %s (transfer %s) failed, recomputing: %s", spec.req_id, spec.transfer_id, e)
-            transport.report_recompute(type(e).__name__)
+            transport.report_recompute(failure_reason(e))
             self._recv_failed.add(spec.req_id)
 
     def _transport(self) -> KVTransport:
