@@ -38,12 +38,14 @@ class AsyncDecodeQueue:
             if prev is not None:
                 done.append((prev.plan, prev.finalize()))
             return done
-        fed = None
+        # Build the inputs while the previous step still computes; the critical path from its
+        # completion to the next submission is only "copy its tokens into ours, dispatch".
+        prepared = self.runner.prepare(plan)
+        if prev is not None and not plan.is_decode:
+            prev.wait()  # prefill is synchronous: the mesh finishes the in-flight decode first
+        pending = self.runner.launch(prepared, prev)
         if prev is not None:
-            prev_result = prev.finalize()  # its tokens are this step's PENDING_TOKEN inputs
-            fed = prev_result.tokens_by_row(prev.plan)
-            done.append((prev.plan, prev_result))
-        pending = self.runner.submit(plan, fed)
+            done.append((prev.plan, prev.finalize()))
         if self._is_steady(plan, pending.is_device_sampled):
             self._inflight = pending
             self.num_overlapped_steps += 1
@@ -58,7 +60,7 @@ class AsyncDecodeQueue:
     def wait_idle(self) -> None:
         """Block until the in-flight step (if any) is done on the mesh; it stays queued."""
         if self._inflight is not None:
-            self._inflight.finalize()
+            self._inflight.wait()
 
     def reset(self) -> None:
         """Forget the in-flight step (after a failed step; its requests were aborted)."""

@@ -12,7 +12,7 @@ program returns logits and ``host_sampler`` samples the rows that emit a token.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -43,23 +43,45 @@ class StepResult:
 
 
 class PendingStep:
-    """A submitted step; ``finalize()`` waits for the device (once) and samples on the host."""
+    """A submitted step. ``wait()`` blocks until the mesh is done (once) and returns the program
+    output; ``finalize()`` turns it into a ``StepResult`` (host sampling happens here)."""
 
-    def __init__(self, plan: StepPlan, finalize_fn: Any, is_device_sampled: bool):
+    def __init__(self, plan: StepPlan, wait_fn: Callable[[], Any], result_fn: Callable[[Any], StepResult],
+                 is_device_sampled: bool):
         self.plan = plan
         self.is_device_sampled = is_device_sampled
-        self._finalize_fn = finalize_fn
+        self._wait_fn: Callable[[], Any] | None = wait_fn
+        self._result_fn = result_fn
+        self._output: Any = None
         self._result: StepResult | None = None
 
-    @property
-    def is_finalized(self) -> bool:
-        return self._result is not None
+    def wait(self) -> Any:
+        if self._wait_fn is not None:
+            self._output, self._wait_fn = self._wait_fn(), None
+        return self._output
 
     def finalize(self) -> StepResult:
         if self._result is None:
-            self._result = self._finalize_fn()
-            self._finalize_fn = None
+            self._result = self._result_fn(self.wait())
         return self._result
+
+    def slot_tokens(self) -> Any | None:
+        """Device-sampled decode: the token of every slot, int64 ``[B_wire]`` (waits); else None."""
+        if not (self.plan.is_decode and self.is_device_sampled):
+            return None
+        return self.wait().token_ids
+
+
+@dataclass
+class PreparedStep:
+    """A step's inputs built before the previous step's tokens are known (off the critical path).
+    Decode only fills ``tokens`` at ``pending_rows`` (int64 index) once those tokens exist."""
+
+    plan: StepPlan
+    use_device: bool
+    decode_kwargs: dict[str, Any] | None = None  # decode: every decode_forward kwarg but tokens
+    tokens: Any = None                           # decode: int64 [B_wire, 1]
+    pending_rows: Any = None                     # decode: int64 [k] rows fed by the previous step
 
 
 @lru_cache(maxsize=4096)
@@ -117,53 +139,84 @@ class MeshRunner:
 
     # ---- execution ----------------------------------------------------------------------
     def submit(self, plan: StepPlan, fed_tokens: Mapping[int, int] | None = None) -> PendingStep:
-        """Dispatch ``plan`` to the mesh (decode: asynchronously). ``fed_tokens`` (row -> token)
-        resolves ``PENDING_TOKEN`` inputs from the previous step's output."""
-        assert plan.mode is not StepMode.EMPTY
-        rows = plan.rows
-        if fed_tokens is not None and any(r.history_token_ids is not None for r in rows):
-            rows = tuple(_feed_history(r, fed_tokens) for r in rows)
-        use_device = self.policy.use_device(plan)
-        self.num_dispatches += 1
-        if plan.is_decode:
-            return self._submit_decode(plan, rows, use_device, fed_tokens or {})
-        return self._run_prefill(plan, rows, use_device)
+        """``prepare`` + ``launch``; ``fed_tokens`` (row -> token) resolves ``PENDING_TOKEN``s."""
+        return self.launch(self.prepare(plan), fed_tokens=fed_tokens)
 
-    def _submit_decode(self, plan: StepPlan, rows: Sequence[RowPlan], use_device: bool,
-                       fed_tokens: Mapping[int, int]) -> PendingStep:
-        capacity = plan.capacity
+    def prepare(self, plan: StepPlan) -> PreparedStep:
+        """Everything of ``plan``'s mesh call that does not need the previous step's tokens."""
+        assert plan.mode is not StepMode.EMPTY
+        use_device = self.policy.use_device(plan)
+        if not plan.is_decode:
+            return PreparedStep(plan, use_device)
+        capacity, rows = plan.capacity, plan.rows
         tokens = [0] * capacity
         positions = [-1] * capacity
+        pending_rows = []
         for r in rows:
             token = r.input_token_ids[0]
-            tokens[r.row] = fed_tokens[r.row] if token == PENDING_TOKEN else token
+            if token == PENDING_TOKEN:
+                pending_rows.append(r.row)
+            else:
+                tokens[r.row] = token
             positions[r.row] = r.start_pos
         self._update_page_table(rows)
         layout = tuple((r.row, r.req_id) for r in rows)
         reset_batch = layout != self._last_decode_layout
         self._last_decode_layout = layout
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {"start_pos": torch.tensor(positions, dtype=torch.int32),
+                                  "page_table": self._page_table.clone()}
         if use_device:
             if reset_batch or self._last_sampling is None:
                 self._last_sampling = self._sampling_params(rows, capacity, by_slot=True)
             kwargs["sampling_params"] = self._last_sampling
             kwargs["reset_batch"] = reset_batch
-        out = self.model.decode_forward(
-            tokens=torch.tensor(tokens, dtype=torch.int64).view(capacity, 1),
-            start_pos=torch.tensor(positions, dtype=torch.int32),
-            page_table=self._page_table.clone(), kv_cache=self.kv_cache,
-            enable_trace=self._decode_trace, read_from_device=False, **kwargs)
+        return PreparedStep(plan, use_device, kwargs, torch.tensor(tokens, dtype=torch.int64).view(capacity, 1),
+                            torch.tensor(pending_rows, dtype=torch.int64) if pending_rows else None)
+
+    def launch(self, prepared: PreparedStep, prev: PendingStep | None = None,
+               fed_tokens: Mapping[int, int] | None = None) -> PendingStep:
+        """Dispatch a prepared step (decode: asynchronously). ``PENDING_TOKEN`` inputs come from
+        ``prev`` (the in-flight step; the device's sampled tokens, no host round trip through a
+        ``StepResult``) or ``fed_tokens``."""
+        plan, rows = prepared.plan, prepared.plan.rows
+        if any(r.history_token_ids is not None for r in rows) and (prev is not None or fed_tokens):
+            fed = fed_tokens if fed_tokens is not None else prev.finalize().tokens_by_row(prev.plan)
+            rows = tuple(_feed_history(r, fed) for r in rows)
+        self.num_dispatches += 1
+        if not plan.is_decode:
+            return self._run_prefill(plan, rows, prepared.use_device)
+        if prepared.pending_rows is not None:
+            self._feed_tokens(prepared, prev, fed_tokens)
+        return self._launch_decode(prepared, rows)
+
+    def _feed_tokens(self, prepared: PreparedStep, prev: PendingStep | None,
+                     fed_tokens: Mapping[int, int] | None) -> None:
+        idx = prepared.pending_rows
+        source = prev.slot_tokens() if prev is not None else None
+        if source is not None:
+            prepared.tokens[idx, 0] = torch.as_tensor(source)[idx]
+            return
+        fed = fed_tokens if fed_tokens is not None else prev.finalize().tokens_by_row(prev.plan)
+        prepared.tokens[idx, 0] = torch.tensor([fed[row] for row in idx.tolist()], dtype=torch.int64)
+
+    def _launch_decode(self, prepared: PreparedStep, rows: Sequence[RowPlan]) -> PendingStep:
+        use_device = prepared.use_device
+        out = self.model.decode_forward(tokens=prepared.tokens, kv_cache=self.kv_cache,
+                                        enable_trace=self._decode_trace, read_from_device=False,
+                                        **prepared.decode_kwargs)
         out, events = self.model.read_decode_output(out, async_read=True)
 
-        def finalize() -> StepResult:
+        def wait() -> Any:
             started = time.perf_counter()
             for event in events:
                 event.synchronize()
             host_out = self.model.process_decode_output_host(out, is_tokens=use_device)
             self.device_wait_s += time.perf_counter() - started
-            return self._result(rows, [r.row for r in rows], host_out, use_device)
+            return host_out
 
-        return PendingStep(plan, finalize, use_device)
+        slots = [r.row for r in rows]
+        return PendingStep(prepared.plan, wait, lambda host_out: self._result(rows, slots, host_out, use_device),
+                           use_device)
 
     def _run_prefill(self, plan: StepPlan, rows: Sequence[RowPlan], use_device: bool) -> PendingStep:
         n = len(rows)
@@ -185,7 +238,7 @@ class MeshRunner:
         if not use_device:
             out = torch.as_tensor(out).reshape(n, -1)  # [n, 1, vocab] -> [n, vocab]
         result = self._result(rows, list(range(n)), out, use_device)
-        return PendingStep(plan, lambda: result, use_device)
+        return PendingStep(plan, lambda: out, lambda _: result, use_device)
 
     # ---- helpers --------------------------------------------------------------------------
     def _result(self, rows: Sequence[RowPlan], out_index: list[int], out: Any,

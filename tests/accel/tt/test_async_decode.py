@@ -18,17 +18,20 @@ class FakeRunner:
         self.submitted: list[tuple[int, dict | None]] = []
         self.finalized: list[int] = []
 
-    def submit(self, plan, fed_tokens=None):
-        self.submitted.append((plan.step_id, fed_tokens))
-        for r in plan.rows:
-            assert r.input_token_ids[-1] != PENDING_TOKEN or r.row in (fed_tokens or {})
+    def prepare(self, plan):
+        return plan
 
+    def launch(self, plan, prev=None):
+        fed = None
+        if any(r.input_token_ids[-1] == PENDING_TOKEN for r in plan.rows):
+            fed = prev.finalize().tokens_by_row(prev.plan)
+        self.submitted.append((plan.step_id, fed))
         use_device = self.policy.use_device(plan)
 
-        def finalize():
+        def result(_):
             self.finalized.append(plan.step_id)
             return StepResult(tuple(100 * plan.step_id + r.row for r in plan.rows), None, use_device)
-        return PendingStep(plan, finalize, use_device)
+        return PendingStep(plan, lambda: None, result, use_device)
 
 
 def plan(step_id, rows=(0, 1), mode=StepMode.DECODE, pending=True, **sp):
@@ -50,6 +53,7 @@ def test_steady_decode_keeps_one_step_in_flight_and_feeds_its_tokens():
     done = q.execute(plan(3))
     assert ids(done) == [2] and q.has_inflight
     assert runner.submitted[-1] == (3, {0: 200, 1: 201})  # step 2's tokens feed step 3
+    assert runner.submitted[1] == (2, None)
     assert ids(q.drain()) == [3] and not q.has_inflight
     assert q.num_overlapped_steps == 2
 
