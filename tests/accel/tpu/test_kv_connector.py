@@ -155,6 +155,57 @@ def test_other_prompt_is_refused_and_recomputed(loop, engine, tiny_llama):
     assert _stats()["recomputes"].get("KVIntegrityError", 0) == 1
 
 
+@pytest.fixture(scope="module")
+def tt_engine(tiny_llama, actor):
+    from accel.tt.config import TTEngineConfig
+    from accel.tt.engine import TTMeshEngine
+    from accel.tt.kv_hooks import KVTransferHooks
+    from accel.tt.torch_model import TorchMeshModel
+    from deployments.kv_connector_client import RayKVTransport
+    config = TTEngineConfig.from_engine_args(dict(
+        model=str(tiny_llama), max_num_seqs=2, data_parallel_size=2, block_size=16, max_model_len=512,
+        max_num_batched_tokens=64, additional_config={"tt": {"enable_model_warmup": False}}))
+    eng = TTMeshEngine(config, model_class=TorchMeshModel, kv_hooks=KVTransferHooks(RayKVTransport(APP), str(tiny_llama)))
+    yield eng
+    eng.close()
+
+
+def _run_tt(loop, tt_engine, request):
+    return _run(loop, tt_engine, request)
+
+
+@pytest.mark.parametrize("num_tokens", [33, 130])
+def test_vllm_to_tt_equals_hf(loop, engine, tt_engine, tiny_llama, num_tokens):
+    prompt = _prompt(100 + num_tokens, num_tokens)
+    before = _stats()["num_completed"]
+    ticket = _prefill(loop, engine, f"vt{num_tokens}", prompt)
+    out = _run_tt(loop, tt_engine, GenerateRequest(f"vt-d{num_tokens}", tuple(prompt), _greedy(12), kv_transfer=ticket))
+    assert join_token_ids(out) == hf_greedy(tiny_llama, prompt, 12)
+    assert _stats()["num_completed"] == before + 1
+    assert out[-1].num_cached_tokens == (num_tokens - 1) // 16 * 16  # imported into the TT prefix cache
+
+
+@pytest.mark.parametrize("num_tokens", [33, 130])
+def test_tt_to_vllm_equals_hf(loop, engine, tt_engine, tiny_llama, num_tokens):
+    prompt = _prompt(200 + num_tokens, num_tokens)
+    before = _stats()["num_completed"]
+    pre = _run_tt(loop, tt_engine, GenerateRequest(f"tv{num_tokens}", tuple(prompt), _greedy(1),
+                                                   kv_transfer=KVTransferParams(do_remote_decode=True)))
+    ticket = pre[-1].kv_transfer
+    assert ticket is not None and ticket.num_tokens == num_tokens
+    assert _decode(loop, engine, f"tv-d{num_tokens}", prompt, ticket) == hf_greedy(tiny_llama, prompt, 12)
+    assert _stats()["num_completed"] == before + 1
+    assert _stats()["recomputes"].get("missing", 0) == 1  # only test_missing_transfer_recomputes's
+
+
+def test_colocated_equals_pd(loop, engine, tt_engine, tiny_llama):
+    """The colocated baseline on both engines (no transfer) gives the same tokens as PD above."""
+    prompt = _prompt(333, 130)
+    expected = hf_greedy(tiny_llama, prompt, 12)
+    assert join_token_ids(_run(loop, engine, GenerateRequest("co-v", tuple(prompt), _greedy(12)))) == expected
+    assert join_token_ids(_run_tt(loop, tt_engine, GenerateRequest("co-t", tuple(prompt), _greedy(12)))) == expected
+
+
 def test_actor_killed_mid_transfer_recomputes(loop, engine, tiny_llama):
     """Last in the module: it kills the actor (and recreates one for teardown)."""
     from deployments.kv_connector_actor import get_kv_connector, get_or_create_kv_connector
