@@ -109,6 +109,8 @@ class TTMeshEngine:
         req_id = request.request_id
         queue: asyncio.Queue = asyncio.Queue()
         with self._cv:
+            if self._stopped:
+                raise RuntimeError("the TT mesh engine is shut down")
             if req_id in self._sinks:
                 raise InvalidRequestError("request_id", f"{req_id!r} is already running")
             self._sinks[req_id] = (asyncio.get_running_loop(), queue)
@@ -186,7 +188,7 @@ class TTMeshEngine:
                 commands = list(self._inbox)
                 self._inbox.clear()
             started, waited = time.perf_counter(), self.core.queue.runner.device_wait_s
-            outputs = [o for kind, payload in commands for o in self._apply(kind, payload)]
+            outputs = [o for kind, payload in commands for o in self._apply_safely(kind, payload)]
             ran_step = self.core.has_work()
             if ran_step:
                 num_steps = self.core.num_steps
@@ -207,6 +209,14 @@ class TTMeshEngine:
         self._deliver(self.core.drain())
         for req_id in list(self.core.requests):
             self._deliver([self.core.abort_request(req_id)])
+
+    def _apply_safely(self, kind: str, payload: Any) -> list[Any]:
+        try:
+            return self._apply(kind, payload)
+        except Exception as exc:  # e.g. a KV import hook failing: fail that request only
+            req_id = payload.req_id if kind == "add" else payload
+            logger.exception("TT mesh engine: %s of %s failed", kind, req_id)
+            return [(req_id, RuntimeError(f"TT mesh engine could not {kind} {req_id}: {exc}"))]
 
     def _apply(self, kind: str, payload: Any) -> list[NewTokens]:
         if kind == "add":

@@ -81,14 +81,19 @@ class EngineCore:
 
     # ---- requests ----------------------------------------------------------------------
     def add_request(self, r: RequestState) -> None:
-        assert r.req_id not in self.requests, f"duplicate request id {r.req_id}"
+        if r.req_id in self.requests:
+            raise ValueError(f"request id {r.req_id!r} is already in the engine")
         self.requests[r.req_id] = r
         self.coordinator.add_request(r)
         if self.kv_hooks is not None:
             # An import writes KV from the host: let the in-flight step (which may still write
             # recently freed blocks) finish first. Its result stays queued for the next step.
             self.queue.wait_idle()
-            self.kv_hooks.on_added(r, self.coordinator.lanes[r.lane].pool, self.kv_cache[r.lane])
+            try:
+                self.kv_hooks.on_added(r, self.coordinator.lanes[r.lane].pool, self.kv_cache[r.lane])
+            except Exception:
+                self._finish(r)  # nothing of it was scheduled; it leaves no trace
+                raise
 
     def abort_request(self, req_id: str) -> NewTokens | None:
         """Free everything ``req_id`` holds; the abort notice, or None if unknown or done."""

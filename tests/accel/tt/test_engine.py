@@ -326,3 +326,20 @@ def test_a_failed_step_fails_its_requests_frees_blocks_and_the_engine_survives(t
         assert tokens_of(out) == expected_tokens(prompt_of(1, 5), 5, VOCAB)
     finally:
         engine.close()
+
+
+def test_duplicate_running_request_id_is_refused(tiny_llama):
+    engine = make_engine(tiny_llama, data_parallel_size=1)
+    try:
+        async def main():
+            first = engine.generate(GenerateRequest("same", prompt_of(0, 5), greedy(50)))
+            await first.__anext__()
+            with pytest.raises(InvalidRequestError, match="already running"):
+                await engine.generate(GenerateRequest("same", prompt_of(1, 5), greedy(2))).__anext__()
+            rest = [d async for d in first]
+            return rest
+        rest = asyncio.run(main())
+        assert rest[-1].finish_reason is FinishReason.LENGTH
+        assert_pool_full(engine)
+    finally:
+        engine.close()
