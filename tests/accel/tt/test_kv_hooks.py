@@ -122,3 +122,45 @@ def test_missing_and_mismatched_transfers_recompute(engines, tiny_llama, transpo
     assert join_token_ids(out) == hf_greedy(tiny_llama, prompt, 8) and out[-1].num_cached_tokens == 0
     recomputes = _stats()["recomputes"]
     assert recomputes.get("KVTransferNotFound", 0) >= 1 and recomputes.get("KVModelMismatchError", 0) == 1
+
+
+def _orchestrated(prefill, decode, rid, prompt, max_tokens=10):
+    import asyncio
+
+    from deployments.pd_orchestrator import PDOrchestrator
+    orch = PDOrchestrator(metrics=False)
+
+    async def go():
+        return [d async for d in orch.stream(GenerateRequest(rid, prompt, greedy(max_tokens)),
+                                             prefill.generate, decode.generate)]
+    return orch, asyncio.run(go())
+
+
+def test_orchestrated_pd_equals_hf(engines, tiny_llama):
+    prefill, decode = engines
+    prompt = _prompt(77, 90)
+    before = _stats()["num_completed"]
+    orch, out = _orchestrated(prefill, decode, "o1", prompt)
+    assert join_token_ids(out) == hf_greedy(tiny_llama, prompt, 10)
+    assert orch.num_recomputes == {} and _stats()["num_completed"] == before + 1
+    assert out[-1].num_cached_tokens == 64  # (90 - 1) // 32 * 32 imported
+
+
+def test_actor_killed_mid_transfer_request_completes(engines, tiny_llama):
+    """Last in the module: the actor dies between requests' transfers; the prefill's export fails,
+    the orchestrator sends decode the plain request, decode recomputes and the output is exact."""
+    from deployments.kv_connector_actor import get_kv_connector, get_or_create_kv_connector
+    prefill, decode = engines
+    prompt = _prompt(78, 90)
+    ray.kill(get_kv_connector(APP))
+    orch, out = _orchestrated(prefill, decode, "o2", prompt)
+    assert join_token_ids(out) == hf_greedy(tiny_llama, prompt, 10)
+    assert orch.num_recomputes == {"no_ticket": 1} and out[-1].num_cached_tokens == 0
+    # A ticket whose payload died with the actor: the decode engine itself recomputes.
+    get_or_create_kv_connector(APP)
+    ticket, _ = _pd(prefill, decode, "o3", _prompt(79, 90))
+    ray.kill(get_kv_connector(APP))
+    prompt = _prompt(79, 90)
+    out = run_requests(decode, [GenerateRequest("o4", prompt, greedy(10), kv_transfer=ticket)])["o4"]
+    assert join_token_ids(out) == hf_greedy(tiny_llama, prompt, 10)
+    get_or_create_kv_connector(APP)  # for the module teardown
