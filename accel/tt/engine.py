@@ -50,7 +50,7 @@ class TTMeshEngine:
         self.config = config
         self.tokenizer = load_tokenizer(config.tokenizer_path)
         self._hf_config = _load_hf_config(config.model)
-        self._backend = backend if backend is not None or model_class is not None else _open_default_backend()
+        self._backend = backend if backend is not None or model_class is not None else _open_default_backend(config)
         model_cls = model_class or self._backend.model_class(self._hf_config)
         capabilities: Mapping[str, Any] = getattr(model_cls, "model_capabilities", {})
         check_model_capabilities(config, capabilities)
@@ -200,9 +200,9 @@ class TTMeshEngine:
                 if not outputs and self.core.num_steps == num_steps:
                     with self._cv:  # nothing could run (waiting on nothing): avoid spinning
                         self._cv.wait(0.001)
-            self._deliver(outputs)
             self._kv_events.extend(self.core.take_kv_events())
-            self._stats = self._snapshot()
+            self._stats = self._snapshot()  # before delivering: a finished stream sees its blocks freed
+            self._deliver(outputs)
             if ran_step:
                 self.num_busy_iterations += 1
                 self.host_busy_s += (time.perf_counter() - started) - (self.core.queue.runner.device_wait_s - waited)
@@ -306,10 +306,13 @@ def _load_hf_config(model: str) -> Any:
     return AutoConfig.from_pretrained(model, local_files_only=True)
 
 
-def _open_default_backend() -> Any:
+def _open_default_backend(config: TTEngineConfig) -> Any:
+    """The ttnn mesh (opened with ``additional_config.tt``'s device options) when chips are
+    present, else the torch program."""
     from accel.tt.backend import open_backend
+    from accel.tt.mesh_device import MeshDeviceConfig
 
-    return open_backend("auto")
+    return open_backend("auto", MeshDeviceConfig.from_tt_options(config.tt))
 
 
 def _build_model(model_cls: type, hf_config: Any, mesh_device: Any, config: TTEngineConfig) -> Any:
