@@ -125,7 +125,7 @@ def ours_torch_tok_s(ckpt: Path, n: int, prompt_len: int, max_tokens: int) -> fl
     from accel.tt.backend import open_backend
 
     config = TTEngineConfig.from_engine_args(dict(
-        model=str(ckpt), max_num_seqs=n, data_parallel_size=1, block_size=32, max_model_len=512,
+        model=str(ckpt), max_num_seqs=n, data_parallel_size=1, block_size=64, max_model_len=512,
         max_num_batched_tokens=2048, async_scheduling=True,
         additional_config={"tt": {"sample_on_device_mode": "all"}}))
     engine = TTMeshEngine(config, backend=open_backend("torch"))
