@@ -39,36 +39,28 @@ class RayKVTransport:
         self._handle = None
 
     def put(self, transfer_id: str, payload: KVPayload, timeout_s: float) -> None:
+        """One copy into the object store, then one RPC that waits for capacity and commits.
+        We own the object; once the actor holds its borrowed reference we drop ours, so the
+        actor's reference alone keeps the payload alive (freed on completion or expiry)."""
         import ray
 
-        desc = payload.descriptor
+        ref = ray.put(payload.to_wire())
         for attempt in (0, 1):  # a handle cached before the actor was recreated fails once
             handle = self._actor()
             try:
-                ray.get(handle.reserve.remote(transfer_id, desc.num_bytes, timeout_s),
+                ray.get(handle.store.remote(transfer_id, payload.descriptor, [ref], timeout_s),
                         timeout=timeout_s + RPC_GRACE_S)
-                break
+                return
             except KVTransferError:
                 raise
             except Exception as e:
                 self._handle = None
                 if attempt == 1 or not isinstance(e, ray.exceptions.RayActorError):
-                    raise KVTransferError(f"KV connector unreachable while reserving {transfer_id!r}: {e}") from e
-        try:
-            # We own the object; once the actor holds its borrowed reference we drop ours, so the
-            # actor's reference alone keeps the payload alive (freed on completion or expiry).
-            ref = ray.put(payload.to_wire())
-            ray.get(handle.commit.remote(transfer_id, desc, [ref]), timeout=RPC_GRACE_S)
-            del ref
-        except Exception as e:
-            self._handle = None
-            try:
-                handle.cancel.remote(transfer_id)
-            except Exception:
-                pass
-            if isinstance(e, KVTransferError):
-                raise
-            raise KVTransferError(f"KV connector failed to store {transfer_id!r}: {e}") from e
+                    try:
+                        handle.cancel.remote(transfer_id)
+                    except Exception:
+                        pass
+                    raise KVTransferError(f"KV connector failed to store {transfer_id!r}: {e}") from e
 
     def fetch(self, transfer_id: str, timeout_s: float) -> KVPayload:
         import ray

@@ -1,0 +1,238 @@
+"""KV transfer benchmark: payload bandwidth through the KV-connector actor vs a plain memcpy, and
+prefill/decode disaggregation vs colocated serving under a mixed long/short load.
+
+    python bench/kv_transfer.py --json
+
+1. ``bandwidth_vs_memcpy[size]`` = (bytes / transfer time) / (bytes / memcpy time), medians of
+   ``--reps``. Transfer = what a PD hand-off costs beyond the engines' own KV reads/writes:
+   producer ``put`` (one copy into Ray's object store, one store RPC) + consumer
+   ``fetch`` (claim RPC, zero-copy read from the object store) + ``complete``. memcpy = ``clone()``
+   of the same tensor, measured in the same run. Sizes <= 16 MiB also get
+   ``pipelined_bandwidth_vs_memcpy``: throughput with ``--in-flight`` overlapping hand-offs.
+2. Mixed load on two TT engines (torch mesh model, tiny Llama) either way: colocated = both engines
+   serve whole requests (least in flight); PD = one prefill engine + one decode engine, prompts
+   >= ``--pd-threshold`` tokens go prefill -> actor -> decode via ``PDOrchestrator``, shorter ones
+   straight to the decode engine. ``itl_p99_ratio`` = PD / colocated p99 gap between streamed
+   tokens (all requests); ``ttft_p50_ratio`` = PD / colocated median time to first token.
+Greedy outputs of every PD request are checked equal to the colocated run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+MIB = 1 << 20
+APP = "kv-bench"
+
+
+def bandwidth(sizes_mib: list[int], reps: int, in_flight: int) -> dict:
+    from accel.kv_transfer.payload import KVDescriptor, KVPayload
+    from deployments.kv_connector_client import RayKVTransport
+
+    transport = RayKVTransport(APP)
+    out = {}
+    for size in sizes_mib:
+        # [L=4, 2, T, Hkv=2, D=32] fp32 = 2 KiB per token: T = size * 512 tokens.
+        tokens = size * 512
+        desc = KVDescriptor.for_prompt("bench", torch.float32, 4, 2, 32, list(range(tokens)), 32)
+        payload = KVPayload(desc, torch.randn(desc.shape))
+        assert desc.num_bytes == size * MIB
+        transfer_s, memcpy_s = [], []
+        for i in range(reps + 1):
+            t0 = time.perf_counter()
+            transport.put(f"b{size}-{i}", payload, timeout_s=30)
+            got = transport.fetch(f"b{size}-{i}", timeout_s=30)
+            transport.complete(f"b{size}-{i}")
+            t1 = time.perf_counter()
+            assert got.kv.shape == payload.kv.shape
+            del got
+            t2 = time.perf_counter()
+            copy = payload.kv.clone()
+            t3 = time.perf_counter()
+            del copy
+            if i:  # the first round warms the object store's pages
+                transfer_s.append(t1 - t0)
+                memcpy_s.append(t3 - t2)
+        tr, mc = statistics.median(transfer_s), statistics.median(memcpy_s)
+        piped_s = _pipelined(transport, payload, size, in_flight) if size <= 16 else None
+        out[f"{size}MiB"] = {"transfer_ms": round(tr * 1e3, 3), "memcpy_ms": round(mc * 1e3, 3),
+                             "transfer_gbps": round(size * MIB / tr / 1e9, 2),
+                             "memcpy_gbps": round(size * MIB / mc / 1e9, 2),
+                             "bandwidth_vs_memcpy": round(mc / tr, 3)}
+        if piped_s is not None:
+            out[f"{size}MiB"]["pipelined_bandwidth_vs_memcpy"] = round(mc / piped_s, 3)
+    return out
+
+
+def _pipelined(transport, payload, size: int, in_flight: int, num: int = 32) -> float:
+    """Seconds per transfer with ``in_flight`` hand-offs overlapping (throughput, not latency)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i):
+        tid = f"p{size}-{i}"
+        transport.put(tid, payload, timeout_s=30)
+        transport.fetch(tid, timeout_s=30)
+        transport.complete(tid)
+
+    with ThreadPoolExecutor(in_flight) as pool:
+        list(pool.map(one, range(in_flight)))  # warm
+        t0 = time.perf_counter()
+        list(pool.map(one, range(in_flight, in_flight + num)))
+        return (time.perf_counter() - t0) / num
+
+
+def _engine(model_dir: str, hooks):
+    from accel.tt.config import TTEngineConfig
+    from accel.tt.engine import TTMeshEngine
+    from accel.tt.torch_model import TorchMeshModel
+
+    config = TTEngineConfig.from_engine_args(dict(
+        model=model_dir, max_num_seqs=16, data_parallel_size=1, block_size=32, max_model_len=2048,
+        max_num_batched_tokens=512, async_scheduling=True,
+        additional_config={"tt": {"enable_model_warmup": False}}))
+    return TTMeshEngine(config, model_class=TorchMeshModel, kv_hooks=hooks)
+
+
+def _workload(args) -> list[tuple[float, tuple[int, ...], int]]:
+    """(arrival s, prompt, max_tokens): short chats with a few long documents mixed in."""
+    rng = random.Random(args.seed)
+    items, t = [], 0.0
+    for i in range(args.num_requests):
+        t += rng.expovariate(args.rate)
+        is_long = i % args.long_every == 0
+        n = rng.randint(args.long_tokens // 2, args.long_tokens) if is_long else rng.randint(16, 64)
+        items.append((t, tuple(rng.randrange(3, 1024) for _ in range(n)), 8 if is_long else args.short_output))
+    return items
+
+
+async def _serve(workload, route) -> list[dict]:
+    from accel.contract import GenerateRequest, SamplingParams
+
+    async def one(i, arrival, prompt, max_tokens, start):
+        await asyncio.sleep(max(0.0, start + arrival - time.perf_counter()))
+        req = GenerateRequest(f"q{i}", prompt, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+        sent, stamps, tokens = time.perf_counter(), [], []
+        async for delta in route(req):
+            if delta.new_token_ids:
+                stamps.append(time.perf_counter())
+                tokens.extend(delta.new_token_ids)
+        return {"ttft": stamps[0] - sent, "gaps": [b - a for a, b in zip(stamps, stamps[1:])], "tokens": tokens,
+                "is_long": len(prompt) >= 256}
+
+    start = time.perf_counter()
+    return await asyncio.gather(*(one(i, a, p, m, start) for i, (a, p, m) in enumerate(workload)))
+
+
+def mixed_load(args) -> dict:
+    from accel.tt.kv_hooks import KVTransferHooks
+    from deployments.kv_connector_client import RayKVTransport
+    from deployments.pd_orchestrator import PDOrchestrator
+
+    model = str(Path(args.model).expanduser())
+    workload = _workload(args)
+    hooks = KVTransferHooks(RayKVTransport(APP), model)
+    a, b = _engine(model, hooks), _engine(model, hooks)
+    try:
+        asyncio.run(_serve(workload[:4], a.generate))  # warm both engines' code paths
+        asyncio.run(_serve(workload[:4], b.generate))
+        inflight = {id(a): 0, id(b): 0}
+
+        async def colocated(req):
+            engine = min((a, b), key=lambda e: inflight[id(e)])
+            inflight[id(engine)] += 1
+            try:
+                async for d in engine.generate(req):
+                    yield d
+            finally:
+                inflight[id(engine)] -= 1
+
+        orch = PDOrchestrator(metrics=False)
+
+        def pd(req):
+            if req.num_prompt_tokens >= args.pd_threshold:
+                return orch.stream(req, a.generate, b.generate)
+            return b.generate(req)
+
+        base = asyncio.run(_serve(workload, colocated))
+        disagg = asyncio.run(_serve(workload, pd))
+    finally:
+        a.close()
+        b.close()
+    mismatches = sum(1 for x, y in zip(base, disagg) if x["tokens"] != y["tokens"])
+
+    def summary(results):
+        gaps = sorted(g for r in results for g in r["gaps"])
+        ttfts = sorted(r["ttft"] for r in results)
+        return {"itl_p50_ms": round(_pct(gaps, 50) * 1e3, 2), "itl_p99_ms": round(_pct(gaps, 99) * 1e3, 2),
+                "ttft_p50_ms": round(_pct(ttfts, 50) * 1e3, 2), "ttft_p99_ms": round(_pct(ttfts, 99) * 1e3, 2)}
+
+    c, p = summary(base), summary(disagg)
+    return {"colocated": c, "pd": p, "itl_p99_ratio": round(p["itl_p99_ms"] / c["itl_p99_ms"], 3),
+            "ttft_p50_ratio": round(p["ttft_p50_ms"] / c["ttft_p50_ms"], 3),
+            "num_requests": len(workload), "num_long": sum(r["is_long"] for r in base),
+            "num_output_mismatches": mismatches, "pd_recomputes": orch.num_recomputes}
+
+
+def _pct(sorted_values, q):
+    if not sorted_values:
+        return float("nan")
+    k = min(len(sorted_values) - 1, max(0, round(q / 100 * (len(sorted_values) - 1))))
+    return sorted_values[k]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--sizes-mib", default="1,4,16,64,256")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--in-flight", type=int, default=4, help="overlapping transfers in the pipelined figure")
+    parser.add_argument("--model", default=os.environ.get("MESHSERVE_CHECKPOINT_DIR", "~/.cache/meshserve/checkpoints")
+                        + "/tiny-llama")
+    parser.add_argument("--num-requests", type=int, default=48)
+    parser.add_argument("--rate", type=float, default=8.0, help="arrivals per second")
+    parser.add_argument("--long-every", type=int, default=6)
+    parser.add_argument("--long-tokens", type=int, default=1800)
+    parser.add_argument("--short-output", type=int, default=48)
+    parser.add_argument("--pd-threshold", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-mixed", action="store_true")
+    args = parser.parse_args()
+
+    import ray
+
+    from deployments.kv_connector_actor import KVConnectorConfig, get_or_create_kv_connector
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+    sizes = [int(s) for s in args.sizes_mib.split(",")]
+    ray.init(address="local", num_cpus=1, object_store_memory=max(sizes) * 3 * MIB + 200 * MIB,
+             include_dashboard=False, log_to_driver=False)
+    try:
+        get_or_create_kv_connector(APP, KVConnectorConfig(capacity_bytes=max(sizes) * 2 * MIB + 64 * MIB))
+        result = {"bandwidth": bandwidth(sizes, args.reps, args.in_flight)}
+        result["bandwidth_vs_memcpy_min_ge_1MiB"] = min(v["bandwidth_vs_memcpy"] for v in result["bandwidth"].values())
+        if not args.skip_mixed:
+            result["mixed_load"] = mixed_load(args)
+            result["itl_p99_ratio"] = result["mixed_load"]["itl_p99_ratio"]
+            result["ttft_p50_ratio"] = result["mixed_load"]["ttft_p50_ratio"]
+        result["machine"] = {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    finally:
+        ray.shutdown()
+    print(json.dumps(result, indent=None if args.json else 2))
+
+
+if __name__ == "__main__":
+    main()
