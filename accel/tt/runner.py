@@ -117,6 +117,7 @@ class MeshRunner:
         self._row_blocks: list[tuple[int, ...]] = [()] * capacity
         self._last_decode_layout: tuple[tuple[int, str], ...] | None = None
         self._last_sampling: TTSamplingParams | None = None  # for that layout (params are per request)
+        self._last_use_device = False                        # the policy's decision for that layout
         trace_mode = config.tt.trace_mode
         self._decode_trace = trace_mode in ("all", "decode_only")
         self._prefill_trace = trace_mode == "all"
@@ -145,10 +146,14 @@ class MeshRunner:
     def prepare(self, plan: StepPlan) -> PreparedStep:
         """Everything of ``plan``'s mesh call that does not need the previous step's tokens."""
         assert plan.mode is not StepMode.EMPTY
-        use_device = self.policy.use_device(plan)
         if not plan.is_decode:
-            return PreparedStep(plan, use_device)
+            return PreparedStep(plan, self.policy.use_device(plan))
         capacity, rows = plan.capacity, plan.rows
+        layout = tuple((r.row, r.req_id) for r in rows)
+        reset_batch = layout != self._last_decode_layout
+        if reset_batch:  # same requests in the same slots: same sampling decision as last step
+            self._last_use_device = self.policy.use_device(plan)
+        use_device = self._last_use_device
         tokens = [0] * capacity
         positions = [-1] * capacity
         pending_rows = []
@@ -160,8 +165,6 @@ class MeshRunner:
                 tokens[r.row] = token
             positions[r.row] = r.start_pos
         self._update_page_table(rows)
-        layout = tuple((r.row, r.req_id) for r in rows)
-        reset_batch = layout != self._last_decode_layout
         self._last_decode_layout = layout
         kwargs: dict[str, Any] = {"start_pos": torch.tensor(positions, dtype=torch.int32),
                                   "page_table": self._page_table.clone()}
