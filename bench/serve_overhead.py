@@ -5,7 +5,8 @@ one after the other (2 cores: running them side by side would measure contention
 
 - peer: vLLM's own OpenAI server (``python -m vllm.entrypoints.openai.api_server``);
 - ours: ``configs/vllm_cpu.yaml`` (HTTP proxy -> OpenAIIngress -> Router decision -> VllmReplica)
-  on a fresh local Ray.
+  on a fresh local Ray, with ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1`` and Ray workers at nice 0
+  (Ray's default is nice 15; the peer runs at 0).
 
 Load: ``--concurrency`` clients, each sending streaming completions back to back (distinct
 prompts of ``--prompt-tokens`` random token ids, ``--max-tokens`` generated, ignore_eos,
@@ -174,6 +175,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--only", choices=("ours", "peer"), help="measure one side (for iterating; no ratios)")
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp/meshserve-bench"))
     opts = parser.parse_args()
     opts.log_dir.mkdir(parents=True, exist_ok=True)
@@ -181,6 +183,15 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Ray starts its workers (and so the replica's vLLM engine processes) at nice 15; the peer
+    # server runs at nice 0. Same priority for both, or a busy machine measures niceness.
+    os.environ.setdefault("RAY_worker_niceness", "0")
+    # Ray Serve's documented throughput mode (user code on the replica's main loop, router in
+    # the same loop, gRPC between deployments): how the stack is meant to run in production.
+    os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+    if opts.only:
+        print(json.dumps(run_ours(opts) if opts.only == "ours" else run_peer(opts)))
+        return
     peer = run_peer(opts)
     ours = run_ours(opts)
     result = {

@@ -9,6 +9,7 @@ testable with any ``accel.contract.Engine``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import os
@@ -24,6 +25,18 @@ logger = logging.getLogger(__name__)
 
 EngineFactory = Callable[[PoolConfig], Engine]
 STATS_PERIOD_S = 1.0
+
+
+def merge_deltas(deltas: list[OutputDelta]) -> OutputDelta:
+    """Consecutive deltas of one request as one: tokens, text and logprobs concatenated; counts,
+    finish and stop reasons from the last (counts are cumulative)."""
+    last = deltas[-1]
+    logprobs = None
+    if any(d.logprobs is not None for d in deltas):
+        logprobs = tuple(lp for d in deltas for lp in (d.logprobs or ()))
+    return dataclasses.replace(
+        last, new_token_ids=tuple(t for d in deltas for t in d.new_token_ids),
+        text="".join(d.text for d in deltas), logprobs=logprobs)
 
 
 def current_replica_id() -> str:
@@ -62,13 +75,41 @@ class EngineReplica:
                        ) -> AsyncIterator[OutputDelta]:
         """Stream the request's deltas. ``replica_hint`` is read by the handle's request router
         (``PinnedReplicaRouter``), not here. If the caller goes away (Serve cancels this
-        generator) the engine request is aborted, which frees its KV blocks."""
+        generator) the engine request is aborted, which frees its KV blocks.
+
+        Deltas that pile up while the previous one is still being sent are merged into one
+        (``merge_deltas``): one Ray object per send instead of per engine step, so a slow
+        consumer costs fewer objects, and an idle one sees every delta at once."""
         del replica_hint
         self._ensure_stats_task()
         self._num_inflight += 1
-        start = last = time.monotonic()
-        ttft = None
+        start = time.monotonic()
+        pending: asyncio.Queue = asyncio.Queue()
+        pump = asyncio.get_running_loop().create_task(self._pump(request, pending, start))
         finished: OutputDelta | None = None
+        try:
+            while finished is None:
+                batch = [await pending.get()]
+                while not pending.empty():
+                    batch.append(pending.get_nowait())
+                for item in batch:
+                    if isinstance(item, BaseException):
+                        raise item
+                delta = merge_deltas(batch) if len(batch) > 1 else batch[0]
+                if delta.finished:
+                    finished = delta
+                yield delta
+        finally:
+            self._num_inflight -= 1
+            if finished is None:
+                pump.cancel()
+                await self._abort_quietly(request.request_id)
+            await asyncio.gather(pump, return_exceptions=True)
+
+    async def _pump(self, request: GenerateRequest, out: asyncio.Queue, start: float) -> None:
+        """Engine deltas -> ``out`` (an exception is put there too); records the metrics."""
+        last = start
+        ttft = None
         try:
             async for delta in self._engine.generate(request):
                 now = time.monotonic()
@@ -79,18 +120,18 @@ class EngineReplica:
                     else:
                         self._metrics.observe_delta(now - last, len(delta.new_token_ids))
                 last = now
+                out.put_nowait(delta)
                 if delta.finished:
-                    finished = delta
-                yield delta
-        finally:
-            self._num_inflight -= 1
-            if finished is None:
-                await self._abort_quietly(request.request_id)
-            elif self._metrics is not None:
-                self._metrics.observe_finish(finished.finish_reason or FinishReason.ABORT,
-                                             finished.num_prompt_tokens,
-                                             finished.num_completion_tokens,
-                                             time.monotonic() - start, ttft)
+                    if self._metrics is not None:
+                        self._metrics.observe_finish(delta.finish_reason or FinishReason.ABORT,
+                                                     delta.num_prompt_tokens, delta.num_completion_tokens,
+                                                     now - start, ttft)
+                    return
+            out.put_nowait(RuntimeError(f"engine stream of {request.request_id} ended without finishing"))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            out.put_nowait(exc)
 
     async def abort(self, request_id: str) -> None:
         await self._engine.abort(request_id)

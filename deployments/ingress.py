@@ -155,6 +155,10 @@ class OpenAIIngress:
         offsets = [0] * len(choices)
 
         def render(i, delta):
+            if opts.num_logprobs is None and not opts.return_token_ids:
+                chunk = rsp.fast_text_chunk_sse(opts, choices[i].index, delta, is_chat=False)
+                choices[i].add(delta)
+                return chunk
             chunk = rsp.completion_chunk(opts, tok, choices[i], delta, offsets[i])
             choices[i].add(delta)
             offsets[i] += len(delta.text)
@@ -174,6 +178,8 @@ class OpenAIIngress:
             choices[i].add(delta)
             if not delta.text and not delta.finished and not opts.return_token_ids:
                 return None
+            if opts.num_logprobs is None and not opts.return_token_ids:
+                return rsp.fast_text_chunk_sse(opts, choices[i].index, delta, is_chat=True)
             return rsp.sse(rsp.chat_chunk(opts, tok, choices[i], delta))
 
         async for line in _sse_body(merged, first, render):

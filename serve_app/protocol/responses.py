@@ -7,6 +7,7 @@ summed over every choice.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -143,6 +144,24 @@ def chat_usage_chunk(opts: RenderOptions, choices: Sequence[ChoiceState]) -> Cha
 
 def sse(payload) -> str:
     return f"data: {payload.model_dump_json(exclude_none=True)}\n\n"
+
+
+def fast_text_chunk_sse(opts: RenderOptions, index: int, delta: OutputDelta, is_chat: bool) -> str:
+    """The common streaming chunk (text only: no logprobs, no token ids) without building
+    pydantic models: the per-token hot path. Same JSON as ``sse(completion_chunk(...))`` /
+    ``sse(chat_chunk(...))`` for such a delta."""
+    choice: dict = {"index": index}
+    if is_chat:
+        choice["delta"] = {"content": delta.text}
+    else:
+        choice["text"] = delta.text
+    if delta.finish_reason is not None:
+        choice["finish_reason"] = delta.finish_reason.value
+        if delta.stop_reason is not None:
+            choice["stop_reason"] = delta.stop_reason
+    body = {"id": opts.request_id, "object": "chat.completion.chunk" if is_chat else "text_completion",
+            "created": opts.created, "model": opts.model, "choices": [choice]}
+    return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"

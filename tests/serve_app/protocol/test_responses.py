@@ -71,3 +71,13 @@ def test_sse_chunks(tok):
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 1
     role = json.loads(rsp.sse(rsp.chat_role_chunk(_opts(), 0))[6:])
     assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+
+
+@pytest.mark.parametrize("is_chat", [False, True])
+@pytest.mark.parametrize("finish", [None, FinishReason.STOP])
+def test_fast_text_chunk_equals_the_model_path(tok, is_chat, finish):
+    opts = _opts(num_logprobs=None, return_token_ids=False)
+    delta = OutputDelta("r", (40,), "h\u00e9\"llo", 5, 1, 0, None, finish, "x" if finish else None)
+    c = rsp.ChoiceState(index=1, prompt_index=0)
+    slow = rsp.chat_chunk(opts, tok, c, delta) if is_chat else rsp.completion_chunk(opts, tok, c, delta, 0)
+    assert json.loads(rsp.fast_text_chunk_sse(opts, 1, delta, is_chat)[6:]) == json.loads(rsp.sse(slow)[6:])
