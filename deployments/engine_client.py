@@ -16,6 +16,7 @@ from typing import Any
 
 from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta
 from deployments.least_loaded_policy import eligible_pools
+from deployments.pd_orchestrator import PDOrchestrator
 from deployments.route_types import PoolInfo, RouteDecision, RouteRequest, RoutingError
 from serve_app.protocol.errors import APIError
 
@@ -34,6 +35,7 @@ class EngineClient:
         self._retry_after_s = retry_after_s
         self._metrics = metrics
         self._local_inflight = {p.name: 0 for p in self._pools}
+        self._pd = PDOrchestrator()
 
     def check_routable(self, route: RouteRequest) -> None:
         """400 for a pinned pool that does not exist or serves another model (no RPC)."""
@@ -64,6 +66,11 @@ class EngineClient:
         gen = None
         finished = False
         try:
+            if decision.prefill_pool is not None:  # prefill/decode disaggregation
+                async for delta in self._pd.stream(request, self._prefill_call(decision), self._decode_call(decision)):
+                    finished = delta.finished
+                    yield delta
+                return
             gen = self._streams[decision.pool].generate.remote(request, replica_hint=decision.replica_id)
             async for delta in gen:
                 finished = delta.finished
@@ -78,6 +85,34 @@ class EngineClient:
                 gen.cancel()
             if decision.ticket:
                 self._router.release.remote(decision.ticket)
+
+
+    # -- prefill/decode disaggregation (deployments/pd_orchestrator.py) ---------------------------
+
+    def _prefill_call(self, decision: RouteDecision):
+        async def call(request: GenerateRequest) -> AsyncIterator[OutputDelta]:
+            try:
+                async for delta in self._replica_stream(decision.prefill_pool, decision.prefill_replica_id, request):
+                    yield delta
+            finally:
+                if decision.prefill_ticket:
+                    self._router.release.remote(decision.prefill_ticket)
+        return call
+
+    def _decode_call(self, decision: RouteDecision):
+        return lambda request: self._replica_stream(decision.pool, decision.replica_id, request)
+
+    async def _replica_stream(self, pool: str, replica_id: str | None,
+                              request: GenerateRequest) -> AsyncIterator[OutputDelta]:
+        gen = self._streams[pool].generate.remote(request, replica_hint=replica_id)
+        finished = False
+        try:
+            async for delta in gen:
+                finished = delta.finished
+                yield delta
+        finally:
+            if not finished:
+                gen.cancel()
 
 
 def _as_api_error(exc: Exception, retry_after_s: int) -> APIError:

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deployments.least_loaded_policy import LeastLoadedPolicy
+from deployments.pd_plan import plan_pd
 from deployments.route_types import (
     PoolInfo, ReplicaLoad, ReplicaSnapshot, RouteDecision, RouteRequest, RouterSnapshot,
 )
@@ -27,8 +28,10 @@ logger = logging.getLogger(__name__)
 
 class RouterDeployment:
     def __init__(self, pools: Sequence[PoolInfo], pool_handles: Mapping[str, Any],
-                 stats_period_s: float = 0.5, ticket_ttl_s: float = 3600.0):
+                 stats_period_s: float = 0.5, ticket_ttl_s: float = 3600.0,
+                 pd_threshold_tokens: int | None = None):
         self._pools = tuple(pools)
+        self._pd_threshold_tokens = pd_threshold_tokens
         self._handles = dict(pool_handles)
         self._period_s = stats_period_s
         self._ticket_ttl_s = ticket_ttl_s
@@ -47,15 +50,27 @@ class RouterDeployment:
     async def choose(self, request: RouteRequest) -> RouteDecision:
         """Raises ``RoutingError`` when no pool may serve the request."""
         self._ensure_poller()
-        pool, replica_id = self._policy.choose(request, self._pools, self._loads())
+        pd = plan_pd(request, self._pools, self._loads(), self._pd_threshold_tokens)
+        if pd is not None:
+            (prefill_pool, prefill_replica), (pool, replica_id) = pd
+        else:
+            prefill_pool = prefill_replica = None
+            pool, replica_id = self._policy.choose(request, self._pools, self._loads())
+        ticket = self._issue_ticket(replica_id)
+        reason = ("no_replica_known" if replica_id is None else "pinned" if request.pool else
+                  "prefill_decode" if pd is not None else "least_loaded")
+        if self._metrics is not None:
+            self._metrics.decisions.inc(1, {"pool": pool, "reason": reason})
+        return RouteDecision(pool=pool, replica_id=replica_id, ticket=ticket, reason=reason,
+                             prefill_pool=prefill_pool, prefill_replica_id=prefill_replica,
+                             prefill_ticket=self._issue_ticket(prefill_replica) if pd is not None else "")
+
+    def _issue_ticket(self, replica_id: str | None) -> str:
         ticket = f"t{next(self._ids)}"
         self._tickets[ticket] = (replica_id, time.monotonic())
         if replica_id is not None:
             self._inflight[replica_id] = self._inflight.get(replica_id, 0) + 1
-        reason = ("no_replica_known" if replica_id is None else "pinned" if request.pool else "least_loaded")
-        if self._metrics is not None:
-            self._metrics.decisions.inc(1, {"pool": pool, "reason": reason})
-        return RouteDecision(pool=pool, replica_id=replica_id, ticket=ticket, reason=reason)
+        return ticket
 
     def release(self, ticket: str) -> None:
         entry = self._tickets.pop(ticket, None)

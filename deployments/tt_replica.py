@@ -39,7 +39,9 @@ def make_tt_engine(pool: PoolConfig) -> Engine:
     from accel.tt.config import TTEngineConfig
     from accel.tt.engine import TTMeshEngine
 
-    return TTMeshEngine(TTEngineConfig.from_engine_args(pool.engine_args_for_engine()))
+    from deployments.pd_wiring import tt_kv_hooks
+
+    return TTMeshEngine(TTEngineConfig.from_engine_args(pool.engine_args_for_engine()), kv_hooks=tt_kv_hooks(pool))
 
 
 def deployment_options(pool: PoolConfig) -> dict[str, Any]:

@@ -33,7 +33,13 @@ def make_vllm_engine(pool: PoolConfig) -> Engine:
     from accel.tpu.config import VllmEngineConfig
     from accel.tpu.vllm_engine import VllmEngine
 
-    config = VllmEngineConfig.from_engine_args(pool.engine_args_for_engine())
+    from deployments.pd_wiring import vllm_kv_transfer_config
+
+    args = pool.engine_args_for_engine()
+    kv_transfer_config = vllm_kv_transfer_config(pool)  # prefill/decode pools: our KV connector
+    if kv_transfer_config is not None:
+        args["kv_transfer_config"] = kv_transfer_config
+    config = VllmEngineConfig.from_engine_args(args)
     if pool.accelerator != "tpu":
         return VllmEngine(config, use_ray_metrics=True)
     import ray.util
