@@ -73,7 +73,7 @@ async def _run_timed(engine, requests, on_delta=None) -> tuple[list[float], list
                 counts[i] += len(d.new_token_ids)
             last[i] = now
             if on_delta is not None:
-                on_delta(counts[i], d.finished)
+                on_delta(i, counts[i], d.finished)
 
     await asyncio.gather(*[one(i, r) for i, r in enumerate(requests)])
     return first, last, arrivals
@@ -100,16 +100,15 @@ def _decode_round(engine: TTMeshEngine, round_id: int, max_tokens: int) -> dict:
                                                                   ignore_eos=True))
             for i, p in enumerate(prompts)]
     marks: dict[str, tuple[float, float, int]] = {}
-    num_decoding = 0
+    decoding: set[int] = set()
 
     def mark(name: str) -> None:  # counters at the window edges; runs on the asyncio thread
         marks.setdefault(name, (time.thread_time(), engine.host_busy_s, engine.num_busy_iterations))
 
-    def on_delta(num_tokens_so_far: int, finished: bool) -> None:
-        nonlocal num_decoding
-        if num_tokens_so_far == 2:
-            num_decoding += 1
-            if num_decoding == len(reqs):
+    def on_delta(i: int, num_tokens_so_far: int, finished: bool) -> None:
+        if num_tokens_so_far >= 2 and i not in decoding:
+            decoding.add(i)
+            if len(decoding) == len(reqs):
                 mark("start")
         if finished:
             mark("end")
@@ -146,6 +145,9 @@ class OursTorch:
         _, _, arrivals = await _run_timed(self.engine, reqs)
         return len(arrivals)
 
+    def host_ms_per_step(self) -> float:
+        return 1000 * self.engine.host_busy_s / max(self.engine.num_busy_iterations, 1)
+
     def close(self) -> None:
         self.engine.close()
 
@@ -174,25 +176,28 @@ class VllmCpu:
         return sum(await asyncio.gather(*[one(r) for r in reqs]))
 
     def close(self) -> None:
-        self.llm.shutdown()
+        llm, self.llm = self.llm, None
+        llm.shutdown()
+        del llm  # let AsyncLLM go now, not in __del__ at interpreter exit
 
 
 def throughput_rounds(engines: dict, n: int, prompt_len: int, max_tokens: int, repeats: int) -> dict[str, list[float]]:
     """Output tok/s per engine per round; rounds alternate engines (same prompts per round) so
-    both see the same machine conditions."""
+    both see the same machine conditions. One event loop throughout (vLLM's AsyncLLM is bound to
+    the loop of its first request)."""
     results: dict[str, list[float]] = {name: [] for name in engines}
 
-    async def timed(name, eng, reqs):
-        start = time.perf_counter()
-        tokens = await eng.output_tokens(reqs)
-        results[name].append(tokens / (time.perf_counter() - start))
+    async def run_all():
+        for name, eng in engines.items():  # warm every path once
+            await eng.output_tokens(_throughput_requests(f"warm-{name}-", 2, 8, 4, seed=0))
+        for round_id in range(repeats):
+            for name, eng in engines.items():
+                reqs = _throughput_requests(f"{name}{round_id}-", n, prompt_len, max_tokens, seed=100 + round_id)
+                start = time.perf_counter()
+                tokens = await eng.output_tokens(reqs)
+                results[name].append(tokens / (time.perf_counter() - start))
 
-    for name, eng in engines.items():  # warm every path once
-        asyncio.run(eng.output_tokens(_throughput_requests(f"warm-{name}-", 2, 8, 4, seed=0)))
-    for round_id in range(repeats):
-        for name, eng in engines.items():
-            reqs = _throughput_requests(f"{name}{round_id}-", n, prompt_len, max_tokens, seed=100 + round_id)
-            asyncio.run(timed(name, eng, reqs))
+    asyncio.run(run_all())
     return results
 
 
@@ -225,6 +230,7 @@ def main() -> None:
         if not args.skip_vllm:
             engines["vllm_cpu"] = VllmCpu(ckpt, 32)
         tok_s = throughput_rounds(engines, 32, 128, 128, args.repeats)
+        result["tt_torch_host_ms_per_step"] = round(engines["tt_torch"].host_ms_per_step(), 3)
     finally:
         for eng in engines.values():
             eng.close()
