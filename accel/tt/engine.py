@@ -31,6 +31,7 @@ from accel.tt.request_state import RequestState
 from accel.tt.runner import MeshRunner
 from accel.tt.sampling_policy import SamplingPolicy
 from accel.tt.scheduler import LaneScheduler
+from accel.tt.step_plan import StepMode
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class TTMeshEngine:
         self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._kv_events: deque[KVEvent] = deque()
         self._stats = self._snapshot()
+        self._extra_stats = self._extra_snapshot()
         self._stopped = False
         # Step-loop host cost: CPU time of this engine's thread in iterations that ran a step
         # (blocking on the mesh, waiting for the GIL or for a core costs none).
@@ -146,6 +148,12 @@ class TTMeshEngine:
     def stats(self) -> EngineStats:
         return self._stats
 
+    def extra_stats(self) -> dict[str, float]:
+        """TT-specific metrics for the replica (``serve_app.metrics``): ``steps_<mode>`` and
+        ``sampled_<device|host>`` (cumulative counts), ``lane_occupancy_<lane>`` (running / slots)
+        and ``async_overlap_fraction`` (decode steps left in flight / decode steps)."""
+        return self._extra_stats
+
     def take_kv_events(self) -> list[KVEvent]:
         """KV blocks stored / evicted since the previous call (for the router's prefix index)."""
         events = []
@@ -203,6 +211,7 @@ class TTMeshEngine:
                         self._cv.wait(0.001)
             self._kv_events.extend(self.core.take_kv_events())
             self._stats = self._snapshot()  # before delivering: a finished stream sees its blocks freed
+            self._extra_stats = self._extra_snapshot()
             self._deliver(outputs)
             if ran_step:
                 self.num_busy_iterations += 1
@@ -266,6 +275,16 @@ class TTMeshEngine:
             prefix_cache_hits=sum(lane.pool.prefix_cache_hits for lane in lanes),
             platform=self.platform,
         )
+
+    def _extra_snapshot(self) -> dict[str, float]:
+        core = self.core
+        extra: dict[str, float] = {f"steps_{mode}": float(n) for mode, n in core.num_steps_by_mode.items()}
+        extra.update({f"sampled_{where}": float(n) for where, n in core.num_sampled_tokens.items()})
+        for lane in core.coordinator.lanes:
+            extra[f"lane_occupancy_{lane.lane}"] = len(lane.running) / lane.per_lane
+        num_decode = core.num_steps_by_mode[StepMode.DECODE.value]
+        extra["async_overlap_fraction"] = core.queue.num_overlapped_steps / num_decode if num_decode else 0.0
+        return extra
 
     # ---- validation ----------------------------------------------------------------------
     def _validate(self, request: GenerateRequest) -> None:

@@ -77,6 +77,8 @@ class EngineCore:
         self.keep_step_log = keep_step_log
         self.step_log: list[StepRecord] = []
         self.num_steps = 0
+        self.num_steps_by_mode: dict[str, int] = {StepMode.PREFILL.value: 0, StepMode.DECODE.value: 0}
+        self.num_sampled_tokens = {"device": 0, "host": 0}  # by where sampling ran
         self._num_lanes_holding: dict[int, int] = {}  # block hash -> lanes whose cache holds it
 
     # ---- requests ----------------------------------------------------------------------
@@ -151,6 +153,8 @@ class EngineCore:
             self._finish(r)
         for lane, lane_requests in zip(self.coordinator.lanes, touched):
             lane.cache_computed_blocks(lane_requests)
+        self.num_sampled_tokens["device" if result.is_device_sampled else "host"] += sum(
+            1 for t in result.token_ids if t != NO_TOKEN)
         if self.keep_step_log:
             self._mark_sampling(plan, result)
         return outputs
@@ -187,6 +191,7 @@ class EngineCore:
         if plan.mode is StepMode.EMPTY:
             return
         self.num_steps += 1
+        self.num_steps_by_mode[plan.mode.value] += 1
         if not self.keep_step_log:
             return
         lane_rows = tuple(tuple((r.req_id, r.row, r.num_scheduled_tokens) for r in plan.rows_of_lane(i))
