@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from accel.contract import (ConfigError, FinishReason, GenerateRequest, InvalidRequestError, KVTransferParams,
+from accel.contract import (ConfigError, Engine, FinishReason, GenerateRequest, InvalidRequestError, KVTransferParams,
                             SamplingParams)
 from accel.tt.config import TTEngineConfig
 from accel.tt.engine import TTMeshEngine
@@ -187,6 +187,7 @@ def test_stop_tokens_and_eos_use_the_shared_output_builder(tiny_llama):
 def test_stats_platform_and_api(tiny_llama):
     engine = make_engine(tiny_llama, data_parallel_size=2, max_num_seqs=3)
     try:
+        assert isinstance(engine, Engine)
         stats = engine.stats()
         assert stats.platform == "tt-torch-cpu"
         assert stats.num_kv_blocks_total == 2 * engine.num_blocks_per_lane

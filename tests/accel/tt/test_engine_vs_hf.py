@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accel.contract import GenerateRequest
+from accel.contract import GenerateRequest, SamplingParams
 from accel.tt.step_plan import StepMode
 from accel.tt.torch_model import TorchMeshModel
 from tests.accel.tt.engine_harness import (assert_lane_rules, assert_pool_full, greedy, make_engine, prompt_of,
@@ -84,5 +84,26 @@ def test_prefix_cache_hit_and_host_sampling_token_exact(tiny_qwen3):
         prefill_tokens = [n for rec in engine.step_log if rec.mode is StepMode.PREFILL
                           for rows in rec.lane_rows for rid, _, n in rows if rid == "b"]
         assert sum(prefill_tokens) == 2
+    finally:
+        engine.close()
+
+
+def test_seeded_sampling_reproduces_on_device_and_host(tiny_llama):
+    engine = make_engine(tiny_llama, model_class=TorchMeshModel, data_parallel_size=2, max_num_seqs=2,
+                         tt={"enable_model_warmup": False})
+    try:
+        def seeded(rid, **extra):
+            # top_k <= 32: the device sampler takes it; logprobs sends the batch to the host
+            return GenerateRequest(rid, prompt_of(3, 12), SamplingParams(temperature=1.0, top_k=20, seed=7,
+                                                                         max_tokens=10, ignore_eos=True, **extra))
+        crowd = [GenerateRequest(f"c{i}", prompt_of(i, 5 + i), SamplingParams(temperature=0.9, top_k=10, max_tokens=8))
+                 for i in range(3)]
+        device_alone = tokens_of(run_requests(engine, [seeded("d1")])["d1"])
+        device_crowd = tokens_of(run_requests(engine, crowd + [seeded("d2")], stagger_s=0.002)["d2"])
+        host_alone = tokens_of(run_requests(engine, [seeded("h1", logprobs=0)])["h1"])
+        host_crowd = tokens_of(run_requests(engine, [seeded("h2", logprobs=0)] + crowd[:1])["h2"])
+        assert device_alone == device_crowd and host_alone == host_crowd
+        assert device_alone != hf_greedy(tiny_llama, prompt_of(3, 12), 10)  # really sampled
+        assert {rec.is_device_sampled for rec in engine.step_log} == {True, False}
     finally:
         engine.close()
