@@ -60,8 +60,9 @@ class TTMeshEngine:
         self.model = _build_model(model_cls, self._hf_config, self._mesh_device, config)
         self.vocab_size = int(self._hf_config.vocab_size)
         self.num_blocks_per_lane = _num_blocks_per_lane(model_cls, config)
-        kv_cache = self.model.allocate_kv_cache(_kv_block_shape(self._hf_config, config, self.num_blocks_per_lane),
-                                                _kv_dtype(), int(self._hf_config.num_hidden_layers))
+        kv_shape = _kv_block_shape(self._hf_config, config, self.num_blocks_per_lane,
+                                   _devices_per_lane(self._backend, config.num_lanes))
+        kv_cache = self.model.allocate_kv_cache(kv_shape, _kv_dtype(), int(self._hf_config.num_hidden_layers))
         policy = SamplingPolicy(config.tt.sample_on_device_mode, config.tt.always_compat_sampling,
                                 dict(capabilities))
         runner = MeshRunner(self.model, kv_cache, config, policy, self.tokenizer.eos_token_ids, self.vocab_size)
@@ -361,14 +362,24 @@ def _num_blocks_per_lane(model_cls: type, config: TTEngineConfig) -> int:
     return max(-(-(int(tokens) + bs * config.max_num_seqs) // bs), config.max_num_blocks_per_req)
 
 
-def _kv_block_shape(hf_config: Any, config: TTEngineConfig, num_blocks: int) -> tuple[int, int, int, int]:
+def _devices_per_lane(backend: Any, num_lanes: int) -> int:
+    grid = getattr(getattr(backend, "mesh", None), "grid", None)
+    return max(1, (grid[0] * grid[1]) // num_lanes) if grid else 1
+
+
+def _kv_block_shape(hf_config: Any, config: TTEngineConfig, num_blocks: int,
+                    devices_per_lane: int) -> tuple[int, int, int, int]:
+    """Per-lane, per-layer KV shape (§3): tensor parallelism inside a lane folds into the heads."""
     num_heads = int(hf_config.num_attention_heads)
     num_kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or num_heads)
     head_dim = int(getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads)
+    num_kv_heads //= min(devices_per_lane, num_kv_heads)
     return (num_blocks, num_kv_heads, config.block_size, head_dim)
 
 
 def _kv_dtype() -> Any:
+    """The torch program keeps fp32 KV (token-exact vs HF). A tt-metal generator wants
+    ``ttnn.bfloat8_b`` here; the ttnn backend should provide it (not wired yet)."""
     import torch
 
     return torch.float32
