@@ -203,7 +203,7 @@ def main() -> None:
     parser.add_argument("--model", default=os.environ.get("MESHSERVE_CHECKPOINT_DIR", "~/.cache/meshserve/checkpoints")
                         + "/tiny-llama")
     parser.add_argument("--num-requests", type=int, default=48)
-    parser.add_argument("--rate", type=float, default=8.0, help="arrivals per second")
+    parser.add_argument("--rate", type=float, default=3.0, help="arrivals per second (3: busy, not saturated here)")
     parser.add_argument("--long-every", type=int, default=6)
     parser.add_argument("--long-tokens", type=int, default=1800)
     parser.add_argument("--short-output", type=int, default=48)
