@@ -122,20 +122,25 @@ class TTMeshEngine:
         self._post("add", RequestState.new(request))
         try:
             while not builder.finished:
-                items = [await queue.get()]
-                while not queue.empty():  # a slow consumer takes every pending step at once
-                    items.append(queue.get_nowait())
-                for item in items:
-                    if isinstance(item, BaseException):
-                        raise item
-                builder.num_cached_tokens = items[-1].num_cached_tokens
-                token_ids, logprobs = _merge(items)
+                last = await queue.get()
+                if queue.empty() and type(last) is NewTokens:  # the common case: one step's tokens
+                    token_ids, logprobs = last.token_ids, last.logprobs
+                else:
+                    items = [last]
+                    while not queue.empty():  # a slow consumer takes every pending step at once
+                        items.append(queue.get_nowait())
+                    for item in items:
+                        if isinstance(item, BaseException):
+                            raise item
+                    last = items[-1]
+                    token_ids, logprobs = _merge(items)
+                builder.num_cached_tokens = last.num_cached_tokens
                 if token_ids:
-                    delta = builder.add_tokens(token_ids, logprobs, kv_transfer=items[-1].kv_transfer)
+                    delta = builder.add_tokens(token_ids, logprobs, kv_transfer=last.kv_transfer)
                     if delta.finished:
                         self._post("finish", req_id)  # a no-op when the engine already stopped it
                     yield delta
-                if items[-1].is_aborted and not builder.finished:
+                if last.is_aborted and not builder.finished:
                     yield builder.finish(FinishReason.ABORT)
         finally:
             if not builder.finished:
