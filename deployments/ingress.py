@@ -106,7 +106,9 @@ class OpenAIIngress:
         except Exception:
             raise APIError(400, "the request body is not valid JSON") from None
         req = conv.parse_body(ChatCompletionRequest if is_chat else CompletionRequest, body)
-        model = self._models.get(req.model or "")
+        # No "model": the only served model, as vLLM's server does.
+        name = req.model if req.model is not None or len(self._models) != 1 else next(iter(self._models))
+        model = self._models.get(name or "")
         if model is None:
             raise model_not_found(req.model)
         tok = self._tokenizers[model.name]

@@ -190,7 +190,10 @@ def test_errors_are_openai_shaped(client, kwargs, status, param):
     assert body["param"] == param and body["code"] == status and body["message"] and body["type"]
 
 
-def test_bad_json_and_bad_chat_are_400(base_url):
+def test_raw_http_edge_cases(base_url):
+    r = httpx.post(f"{base_url}/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["model"] == "tiny-llama"  # no model: the only one served
+    assert httpx.get(f"{base_url}/health").status_code == 200
     r = httpx.post(f"{base_url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestError"
     r = httpx.post(f"{base_url}/v1/chat/completions", json={"model": "tiny-llama", "messages": "nope"})
