@@ -44,6 +44,7 @@ class RayKVTransport:
         actor's reference alone keeps the payload alive (freed on completion or expiry)."""
         import ray
 
+        self._actor()  # joins the cluster first: a bare ray.put would auto-start a private one
         ref = ray.put(payload.to_wire())
         for attempt in (0, 1):  # a handle cached before the actor was recreated fails once
             handle = self._actor()
