@@ -7,17 +7,34 @@ for it (``synchronize()`` waits and re-raises the forward's exception, like a fa
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import torch
+
 T = TypeVar("T")
 
 
+def device_num_threads() -> int:
+    """Intra-op threads of the device thread: every core this process may use but one, which is
+    left to the host side (the engine's step loop and asyncio), like vLLM's CPU worker, which
+    binds its OpenMP threads to all cores but the one reserved for its scheduler process. On a
+    loaded machine more OpenMP threads than free cores make each small GEMM wait at barriers."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(torch.get_num_threads(), cores - 1))
+
+
 class DeviceQueue:
-    def __init__(self, name: str = "torch-mesh-device") -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    def __init__(self, name: str = "torch-mesh-device", num_threads: int | None = None) -> None:
+        # torch.set_num_threads in the worker sets that thread's OpenMP team size (other threads
+        # keep theirs; MKL's own thread count is process-wide).
+        threads = device_num_threads() if num_threads is None else num_threads
+        self.num_threads = threads
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name,
+                                            initializer=torch.set_num_threads, initargs=(threads,))
 
     def submit(self, fn: Callable[[], T]) -> "Future[T]":
         return self._executor.submit(fn)

@@ -88,7 +88,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One decoder layer; q/k/v and gate/up are fused along the output dim for fewer matmuls."""
+    """One decoder layer; q/k/v and gate/up are fused along the output dim for fewer matmuls.
+
+    Projection weights are ``[out, in]`` (HF's shape) but stored input-major: ``w.t()`` is the
+    contiguous ``[in, out]`` matrix ``F.linear`` multiplies by (see ``weights._as_matmul_weight``)."""
 
     input_norm: torch.Tensor  # [hidden]
     qkv: torch.Tensor  # [(H + 2*Hkv) * D, hidden]
@@ -104,16 +107,17 @@ class LayerWeights:
 def project_qkv(h: torch.Tensor, layer: LayerWeights, config: DecoderConfig,
                 cos_sin: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``h`` ``[T, hidden]`` -> q ``[T, H, D]``, k and v ``[T, Hkv, D]`` (q/k normed and rotated)."""
-    num_q = config.num_heads * config.head_dim
-    num_kv = config.num_kv_heads * config.head_dim
-    qkv = F.linear(h, layer.qkv, layer.qkv_bias)
-    q = qkv[:, :num_q].view(-1, config.num_heads, config.head_dim)
-    k = qkv[:, num_q:num_q + num_kv].view(-1, config.num_kv_heads, config.head_dim)
-    v = qkv[:, num_q + num_kv:].view(-1, config.num_kv_heads, config.head_dim)
+    num_heads, num_kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+    qkv = F.linear(h, layer.qkv, layer.qkv_bias).view(-1, num_heads + 2 * num_kv_heads, head_dim)
+    v = qkv[:, num_heads + num_kv_heads:]
     if layer.q_norm is not None:
-        q = rms_norm(q, layer.q_norm, config.rms_norm_eps)
-        k = rms_norm(k, layer.k_norm, config.rms_norm_eps)
-    return apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin), v
+        q = rms_norm(qkv[:, :num_heads], layer.q_norm, config.rms_norm_eps)
+        k = rms_norm(qkv[:, num_heads:num_heads + num_kv_heads], layer.k_norm, config.rms_norm_eps)
+        return apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin), v
+    # No q/k norm: q and k heads sit side by side, so one rotation covers both (same per-element
+    # arithmetic as rotating each, half the ops).
+    qk = apply_rotary(qkv[:, :num_heads + num_kv_heads], *cos_sin)
+    return qk[:, :num_heads], qk[:, num_heads:], v
 
 
 def swiglu_mlp(h: torch.Tensor, layer: LayerWeights) -> torch.Tensor:

@@ -295,7 +295,7 @@ class TorchMeshModel:
         n, length = tokens.shape
         cfg, w = self.config, self.weights
         meta = AttentionMetadata.build(store, page_table.to(dev), lanes.to(dev), positions, is_written, num_ctx_blocks,
-                                       cfg.num_queries_per_kv)
+                                       cfg.num_queries_per_kv, dtype=store.keys[0].dtype)
         cos_sin = self.rope.at(positions.reshape(-1))
         scale = cfg.head_dim ** -0.5
         h = w.embed[tokens.reshape(-1)]  # [n * L, hidden]
@@ -307,7 +307,8 @@ class TorchMeshModel:
             attn = paged_attention(store, i, meta, q, scale)
             h = h + F.linear(attn.reshape(n * length, -1).to(h.dtype), layer.o_proj)
             h = h + swiglu_mlp(rms_norm(h, layer.post_attention_norm, cfg.rms_norm_eps), layer)
-        last = h.view(n, length, -1)[torch.arange(n, device=dev), last_index.to(dev)]
+        # Decode (L == 1): every row's only token is its last.
+        last = h if length == 1 else h.view(n, length, -1)[torch.arange(n, device=dev), last_index.to(dev)]
         return F.linear(rms_norm(last, w.final_norm, cfg.rms_norm_eps), w.lm_head)
 
 

@@ -59,49 +59,53 @@ class PagedKVStore:
 
 @dataclass(frozen=True)
 class AttentionMetadata:
-    """Where a step's tokens write and what they may read; built once per forward.
+    """Where a step's tokens write and what they may read; built once per forward, used by every layer.
 
     ``n`` rows x ``L`` padded tokens per row; ``C`` = ``num_ctx_blocks * block_size`` keys per row.
     """
 
-    write_blocks: torch.Tensor  # int64 [n * L], global block id (scratch block if no write)
-    write_offsets: torch.Tensor  # int64 [n * L]
-    ctx_blocks: torch.Tensor  # int64 [n, num_ctx_blocks], global block ids
-    mask: torch.Tensor  # bool [n, 1, G * L, C]: key j visible to query t (j <= position), per GQA group
+    write_slots: torch.Tensor  # int64 [n * L], token slot (block * block_size + offset); scratch if no write
+    ctx_blocks: torch.Tensor  # int64 [n * num_ctx_blocks], global block ids, row-major
+    num_ctx_blocks: int
+    mask: torch.Tensor  # float [n, 1, G * L, C]: 0 where key j is visible (j <= position), -inf elsewhere
 
     @staticmethod
     def build(store: PagedKVStore, page_table: torch.Tensor, lanes: torch.Tensor,
               positions: torch.Tensor, is_written: torch.Tensor, num_ctx_blocks: int,
-              num_queries_per_kv: int = 1) -> "AttentionMetadata":
+              num_queries_per_kv: int = 1, dtype: torch.dtype = torch.float32) -> "AttentionMetadata":
         """``page_table`` int ``[n, W]`` lane-local; ``lanes`` int64 ``[n]``; ``positions`` int64
         ``[n, L]`` (every entry a valid position, padding clamped); ``is_written`` bool ``[n, L]``."""
         bs = store.block_size
         base = (lanes * store.num_blocks)[:, None]
         table = page_table.to(torch.int64)
         local_block = torch.gather(table, 1, torch.div(positions, bs, rounding_mode="floor"))
-        write_blocks = torch.where(is_written, base + local_block, store.scratch_block)
-        write_offsets = torch.where(is_written, positions % bs, 0)
+        write_slots = torch.where(is_written, (base + local_block) * bs + positions % bs, store.scratch_block * bs)
         ctx_blocks = base + table[:, :num_ctx_blocks]
         keys_pos = torch.arange(num_ctx_blocks * bs, device=positions.device)
         n, length = positions.shape
-        mask = (keys_pos[None, None, :] <= positions[:, :, None])[:, None]  # [n, 1, L, C]
-        mask = mask.expand(n, num_queries_per_kv, length, mask.shape[-1]).reshape(n, 1, num_queries_per_kv * length, -1)
-        return AttentionMetadata(write_blocks.reshape(-1), write_offsets.reshape(-1), ctx_blocks, mask)
+        # Additive mask (what SDPA turns a bool mask into anyway; passing it ready is cheaper).
+        # Every query sees key 0, so no row is fully masked.
+        hidden = (keys_pos[None, None, :] > positions[:, :, None])[:, None]  # [n, 1, L, C]
+        mask = torch.zeros(hidden.shape, dtype=dtype, device=positions.device).masked_fill_(hidden, float("-inf"))
+        if num_queries_per_kv > 1:
+            mask = mask.expand(n, num_queries_per_kv, length, mask.shape[-1])
+        mask = mask.reshape(n, 1, num_queries_per_kv * length, -1)
+        return AttentionMetadata(write_slots.reshape(-1), ctx_blocks.reshape(-1), num_ctx_blocks, mask)
 
 
 def write_kv(store: PagedKVStore, layer: int, meta: AttentionMetadata, k: torch.Tensor,
              v: torch.Tensor) -> None:
-    """Scatter ``k``/``v`` ``[n * L, Hkv, D]`` into their pages (fixed shape, no host sync)."""
-    store.keys[layer][meta.write_blocks, meta.write_offsets] = k
-    store.values[layer][meta.write_blocks, meta.write_offsets] = v
+    """Scatter ``k``/``v`` ``[n * L, Hkv, D]`` into their token slots (fixed shape, no host sync)."""
+    for storage, new in ((store.keys[layer], k), (store.values[layer], v)):
+        storage.view(-1, *storage.shape[2:]).index_copy_(0, meta.write_slots, new)
 
 
 def paged_attention(store: PagedKVStore, layer: int, meta: AttentionMetadata, q: torch.Tensor,
                     scale: float) -> torch.Tensor:
     """``q`` ``[n, L, H, D]`` over each row's pages -> ``[n, L, H * D]`` (GQA: head h reads kv h // G)."""
     n, length, num_heads, head_dim = q.shape
-    k = _gather(store.keys[layer], meta.ctx_blocks)  # [n, Hkv, C, D]
-    v = _gather(store.values[layer], meta.ctx_blocks)
+    k = _gather(store.keys[layer], meta.ctx_blocks, n)  # [n, Hkv, C, D]
+    v = _gather(store.values[layer], meta.ctx_blocks, n)
     num_kv = k.shape[1]
     group = num_heads // num_kv
     # Queries of one kv head side by side: [n, Hkv, G * L, D]; the mask repeats per group.
@@ -110,9 +114,8 @@ def paged_attention(store: PagedKVStore, layer: int, meta: AttentionMetadata, q:
     return out.view(n, num_kv, group, length, head_dim).permute(0, 3, 1, 2, 4).reshape(n, length, num_heads * head_dim)
 
 
-def _gather(storage: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """Pages of ``blocks`` ``[n, Cb]`` as ``[n, Hkv, Cb * block_size, D]`` (a strided view of one copy)."""
-    n, num_blocks = blocks.shape
+def _gather(storage: torch.Tensor, blocks: torch.Tensor, n: int) -> torch.Tensor:
+    """Pages of ``blocks`` ``[n * Cb]`` as ``[n, Hkv, Cb * block_size, D]`` (a strided view of one copy)."""
     _, block_size, num_kv, head_dim = storage.shape
-    pages = storage.index_select(0, blocks.reshape(-1))  # row copies: faster than 2-D advanced indexing
-    return pages.view(n, num_blocks * block_size, num_kv, head_dim).transpose(1, 2)
+    pages = storage.index_select(0, blocks)  # row copies: faster than 2-D advanced indexing
+    return pages.view(n, -1, num_kv, head_dim).transpose(1, 2)

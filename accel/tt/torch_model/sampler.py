@@ -36,6 +36,7 @@ class PreparedSampling:
     top_k: torch.Tensor  # int64, normalized
     top_p: torch.Tensor  # float
     is_greedy: torch.Tensor  # bool
+    is_all_greedy: bool  # every row greedy: the program takes the argmax and skips the candidate draw
     seeds: tuple[int, ...]  # -1 = unseeded
     positions: tuple[int, ...]  # position of the token being sampled (seeds the row generator)
     wants_logprobs: bool
@@ -59,6 +60,7 @@ def prepare_sampling(params: TTSamplingParams, positions: Sequence[int], vocab_s
         # top_k == 1 collapses the nucleus (tt-metal #46827); greedy rows never reach top-p anyway.
         top_p=torch.tensor([0.0 if g else float(p) for g, p in zip(greedy, fields["top_p"])], device=device),
         is_greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+        is_all_greedy=all(greedy),
         seeds=seeds,
         positions=tuple(int(p) for p in positions),
         wants_logprobs=any(n is not None and int(n) >= 0 for n in fields["num_logprobs"]),
@@ -81,6 +83,14 @@ def sample(logits: torch.Tensor, prep: PreparedSampling, generator: torch.Genera
            max_top_k: int) -> SampledOutput:
     """``logits`` ``[rows, vocab]`` -> token ids int64 ``[rows]`` (+ logprobs ``[rows]``)."""
     logits = logits.float()
+    if prep.is_all_greedy:
+        # Same token as the candidate path's rank 0 (the largest logit; on an exact tie the
+        # first index, as HF's argmax), without top-k, softmax or noise.
+        token_ids = logits.argmax(dim=-1)
+        logprobs = None
+        if prep.wants_logprobs:
+            logprobs = logits.log_softmax(dim=-1).gather(1, token_ids[:, None]).squeeze(1)
+        return SampledOutput(token_ids=token_ids, logprobs=logprobs)
     num_candidates = min(max_top_k, logits.shape[-1])
     values, indices = logits.topk(num_candidates, dim=-1)  # sorted, descending
     rank = torch.arange(num_candidates, device=logits.device)

@@ -63,16 +63,23 @@ def load_weights(model_dir: str | Path, config: DecoderConfig, device: torch.dev
         biases = [maybe(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
         layers.append(LayerWeights(
             input_norm=get(p + "input_layernorm.weight"),
-            qkv=torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"], dim=0).contiguous(),
+            qkv=_as_matmul_weight(torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"], dim=0)),
             qkv_bias=torch.cat(biases).contiguous() if all(b is not None for b in biases) else None,
-            o_proj=get(p + "self_attn.o_proj.weight"),
+            o_proj=_as_matmul_weight(get(p + "self_attn.o_proj.weight")),
             q_norm=maybe(p + "self_attn.q_norm.weight") if config.has_qk_norm else None,
             k_norm=maybe(p + "self_attn.k_norm.weight") if config.has_qk_norm else None,
             post_attention_norm=get(p + "post_attention_layernorm.weight"),
-            gate_up=torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]).contiguous(),
-            down=get(p + "mlp.down_proj.weight"),
+            gate_up=_as_matmul_weight(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])),
+            down=_as_matmul_weight(get(p + "mlp.down_proj.weight")),
         ))
     embed = get("model.embed_tokens.weight")
     is_tied = config.tie_word_embeddings or "lm_head.weight" not in raw
     return ModelWeights(embed=embed, layers=tuple(layers), final_norm=get("model.norm.weight"),
-                        lm_head=embed if is_tied else get("lm_head.weight"))
+                        lm_head=embed if is_tied else _as_matmul_weight(get("lm_head.weight")))
+
+
+def _as_matmul_weight(w: torch.Tensor) -> torch.Tensor:
+    """``w`` ``[out, in]`` with the same values, stored input-major (``w.t()`` is contiguous
+    ``[in, out]``): ``F.linear`` then runs a plain ``x @ W`` GEMM, ~25% faster on CPU for the
+    skinny decode batches than the transposed-B GEMM a row-major ``[out, in]`` weight gets."""
+    return w.t().contiguous().t()
