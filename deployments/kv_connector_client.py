@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 
-from accel.kv_transfer.payload import KVPayload
+import torch
+
+from accel.kv_transfer.payload import KVPayload, tensor_from_wire, tensor_to_wire
 from accel.kv_transfer.transport import KVTransferError
 from deployments.kv_connector_actor import actor_namespace, get_kv_connector
 
@@ -86,6 +88,37 @@ class RayKVTransport:
             self._handle = None
             logger.warning("KV connector unreachable while looking up %s", transfer_id, exc_info=True)
             return False
+
+    # -- host-memory prefix tier (deployments/kv_prefix_tier.py) --------------------------------
+
+    def offer_prefix(self, key: str, block_size: int, hashes: list[int], blocks: list[torch.Tensor]) -> int:
+        """Offer full blocks (each ``[L, 2, block_size, Hkv, D]``) under their chained hashes;
+        ``key`` = model fingerprint and dtype. Returns how many the tier took; 0 if unreachable."""
+        import ray
+
+        try:
+            self._actor()
+            refs = [ray.put(tensor_to_wire(b)) for b in blocks]
+            nbytes = blocks[0].numel() * blocks[0].element_size() if blocks else 0
+            return int(ray.get(self._actor().offer_prefix.remote(key, block_size, hashes, refs, nbytes),
+                               timeout=RPC_GRACE_S))
+        except Exception:
+            self._handle = None
+            logger.warning("prefix tier: offer failed", exc_info=True)
+            return 0
+
+    def match_prefix(self, key: str, block_size: int, hashes: list[int], dtype: torch.dtype,
+                     timeout_s: float) -> list[torch.Tensor]:
+        """Blocks of the longest leading run of ``hashes`` the tier holds (read-only tensors)."""
+        import ray
+
+        try:
+            refs = ray.get(self._actor().match_prefix.remote(key, block_size, hashes), timeout=timeout_s)
+            return [tensor_from_wire(a, dtype) for a in ray.get(refs, timeout=timeout_s)] if refs else []
+        except Exception:
+            self._handle = None
+            logger.warning("prefix tier: lookup failed", exc_info=True)
+            return []
 
     def complete(self, transfer_id: str) -> None:
         try:

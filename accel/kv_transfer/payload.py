@@ -94,17 +94,12 @@ class KVPayload:
     def to_wire(self) -> np.ndarray:
         """A numpy view of the same bytes (Ray's object store moves numpy arrays without pickling
         their data). dtypes numpy lacks (bfloat16) travel as same-width integers."""
-        return _as_numpy(self.kv.contiguous())
+        return tensor_to_wire(self.kv)
 
     @staticmethod
     def from_wire(descriptor: KVDescriptor, array: np.ndarray) -> "KVPayload":
         """Inverse of ``to_wire``; zero-copy (the tensor may be read-only shared memory)."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # "array is not writable": we only read it
-            tensor = torch.from_numpy(array)
-        if tensor.dtype != descriptor.torch_dtype:
-            tensor = tensor.view(descriptor.torch_dtype)
-        return KVPayload(descriptor, tensor.view(descriptor.shape))
+        return KVPayload(descriptor, tensor_from_wire(array, descriptor.torch_dtype).view(descriptor.shape))
 
     def head(self, num_tokens: int) -> "KVPayload":
         """The payload of the first ``num_tokens`` tokens (a view)."""
@@ -132,6 +127,14 @@ def dtype_name(dtype: torch.dtype) -> str:
 _NUMPY_STAND_INS = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
 
 
-def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
+def tensor_to_wire(tensor: torch.Tensor) -> np.ndarray:
+    tensor = tensor.contiguous()
     stand_in = _NUMPY_STAND_INS.get(tensor.dtype)
     return (tensor.view(stand_in) if stand_in else tensor).numpy()
+
+
+def tensor_from_wire(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "array is not writable": we only read it
+        tensor = torch.from_numpy(array)
+    return tensor if tensor.dtype == dtype else tensor.view(dtype)

@@ -51,6 +51,16 @@ class KVTransport(Protocol):
         """Count a transfer the consumer gave up on and recomputed (metrics only)."""
         ...
 
+    # The host-memory prefix tier (optional; best effort: failures return 0 / []).
+    def offer_prefix(self, key: str, block_size: int, hashes: list[int], blocks: list[Any]) -> int:
+        """Offer full blocks (``[L, 2, block_size, Hkv, D]`` each) under their chained hashes."""
+        ...
+
+    def match_prefix(self, key: str, block_size: int, hashes: list[int], dtype: Any,
+                     timeout_s: float) -> list[Any]:
+        """The blocks of the longest leading run of ``hashes`` the tier holds."""
+        ...
+
 
 # Transports by name, so engine-side code (e.g. the vLLM connector in vLLM's child processes)
 # builds one from config without importing the deployment layer.

@@ -18,12 +18,21 @@ hashes and release them to the cache's LRU queue. Ordinary admission takes them 
 token, whose logits are needed, and any partial last block — before decoding. Blocks the lane
 already caches are not rewritten. Any failure (missing or expired transfer, dead actor,
 mismatch, no free blocks) -> the prompt is prefilled locally and the actor counts a recompute.
+
+Prefix sharing (``share_prefixes=True``, the actor's host-memory prefix tier): every request that
+finishes normally offers its prompt's full blocks the tier has not had from this engine; every
+new request without a ticket first asks the tier for the longest run of its leading blocks this
+lane lacks and imports them the same way as a transfer (prefix cache, then an ordinary hit). Tier
+keys are (model fingerprint + KV dtype, block size, chained hash), so only engines with the same
+block size share blocks. Lookups are best effort: an unreachable tier means a normal prefill.
 """
 
 from __future__ import annotations
 
 import logging
 from typing import Any
+
+import torch
 
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import GenerateRequest, KVTransferParams
@@ -41,16 +50,24 @@ class KVTransferHooks:
     layer count and KV shape are read from the lane's KV tensors."""
 
     def __init__(self, transport: KVTransport, model_dir: str, put_timeout_s: float = 5.0,
-                 fetch_timeout_s: float = 5.0):
+                 fetch_timeout_s: float = 5.0, share_prefixes: bool = False):
         self.transport = transport
         self.fingerprint = model_fingerprint(model_dir)
         self.put_timeout_s = put_timeout_s
         self.fetch_timeout_s = fetch_timeout_s
+        self.share_prefixes = share_prefixes
+        self._offered: set[int] = set()  # block hashes this engine already gave the prefix tier
         self.num_exported_tokens = 0
         self.num_imported_tokens = 0
+        self.num_tier_tokens = 0  # imported from the prefix tier
 
     # ---- export -------------------------------------------------------------------------
     def on_finished(self, r: Any, lane_kv: Any) -> KVTransferParams | None:
+        if self.share_prefixes:
+            try:
+                self._offer_prefix(r, lane_kv)
+            except Exception:  # sharing is best effort; the request's outcome does not depend on it
+                logger.warning("prefix tier offer for %s failed", r.req_id, exc_info=True)
         kv = r.request.kv_transfer
         if kv is None or not kv.do_remote_decode:
             return None
@@ -70,11 +87,18 @@ class KVTransferHooks:
     def on_added(self, r: Any, pool: Any, lane_kv: Any) -> None:
         kv = r.request.kv_transfer
         if kv is None or not kv.do_remote_prefill or not kv.transfer_id:
+            if self.share_prefixes:
+                self._pull_prefix(r, pool, lane_kv)
             return
         payload = self._fetch(r.request, lane_kv)
         if payload is None:
             return
-        num_tokens = self._import_prefix(pool, lane_kv, r.request, payload)
+        try:
+            num_tokens = self._import_prefix(pool, lane_kv, r.request, payload)
+        except Exception:  # never fail the request over an import: prefill it instead
+            logger.exception("KV import of %s failed, recomputing", r.req_id)
+            self.transport.report_recompute("import_error")
+            return
         self.transport.complete(kv.transfer_id)
         self.num_imported_tokens += num_tokens
         wanted = min(payload.descriptor.num_tokens, r.num_prompt_tokens - 1) // pool.block_size * pool.block_size
@@ -107,17 +131,61 @@ class KVTransferHooks:
         if not pool.enable_prefix_caching or not hashes:
             return 0
         num_cached = len(pool.find_cached_prefix(hashes))
-        num_new = min(num_blocks - num_cached, pool.num_free_blocks)
-        if num_new > 0:
-            blocks = pool.allocate(num_new)
-            lo, hi = num_cached * bs, (num_cached + num_new) * bs
-            # A page table whose positions [lo, hi) map to the new blocks (earlier ones unused).
-            scatter_tt(lane_kv, [0] * num_cached + blocks, payload.kv[:, :, lo:hi], start_token=lo)
-            pool.cache_blocks(blocks, hashes[num_cached:num_cached + num_new])
-            pool.free(blocks)  # cached and free: the request's admission takes them as a hit
-        return (num_cached + max(num_new, 0)) * bs
+        return _cache_blocks(pool, lane_kv, hashes, num_cached, payload.kv[:, :, num_cached * bs:])
+
+    # ---- prefix tier --------------------------------------------------------------------
+    def _tier_key(self, lane_kv: Any) -> str:
+        return f"{self.fingerprint}:{lane_kv[0][0].dtype}"
+
+    def _offer_prefix(self, r: Any, lane_kv: Any) -> None:
+        bs = lane_kv[0][0].shape[2]
+        hashes = hash_prompt_blocks(r.request.prompt_token_ids, bs)
+        new = [i for i, h in enumerate(hashes) if h not in self._offered]
+        if not new:
+            return
+        kv = gather_tt(lane_kv, r.block_ids, len(hashes) * bs)  # [L, 2, T, Hkv, D]
+        blocks = [kv[:, :, i * bs:(i + 1) * bs].clone() for i in new]
+        if self.transport.offer_prefix(self._tier_key(lane_kv), bs, [hashes[i] for i in new], blocks):
+            self._offered.update(hashes[i] for i in new)
+
+    def _pull_prefix(self, r: Any, pool: Any, lane_kv: Any) -> None:
+        bs = pool.block_size
+        tokens = r.request.prompt_token_ids
+        hashes = hash_prompt_blocks(tokens[:(len(tokens) - 1) // bs * bs], bs)  # never the last token
+        if not pool.enable_prefix_caching or not hashes:
+            return
+        num_cached = len(pool.find_cached_prefix(hashes))
+        if num_cached == len(hashes):
+            return
+        try:
+            blocks = self.transport.match_prefix(self._tier_key(lane_kv), bs, hashes, lane_kv[0][0].dtype,
+                                                 self.fetch_timeout_s)
+            if len(blocks) <= num_cached:
+                return
+            kv = torch.cat(blocks[num_cached:], dim=2)
+            num_tokens = _cache_blocks(pool, lane_kv, hashes[:len(blocks)], num_cached, kv)
+        except Exception:
+            logger.warning("prefix tier import for %s failed; prefilling it", r.req_id, exc_info=True)
+            return
+        self.num_tier_tokens += num_tokens - num_cached * bs
 
     def _descriptor(self, lane_kv: Any, tokens: tuple[int, ...]) -> KVDescriptor:
         key = lane_kv[0][0]
         return KVDescriptor.for_prompt(self.fingerprint, key.dtype, len(lane_kv), key.shape[1], key.shape[3],
                                        tokens, key.shape[2])
+
+
+def _cache_blocks(pool: Any, lane_kv: Any, hashes: list[int], num_cached: int, kv: torch.Tensor) -> int:
+    """Blocks ``num_cached..len(hashes)`` (their KV = ``kv`` ``[L, 2, >=n*bs, Hkv, D]`` from block
+    ``num_cached`` on) into fresh blocks of ``pool``, registered in its prefix cache and released
+    to the LRU queue (admission takes them as a hit). Returns the prefix tokens now cached."""
+    bs = pool.block_size
+    num_new = min(len(hashes) - num_cached, pool.num_free_blocks)
+    if num_new > 0:
+        blocks = pool.allocate(num_new)
+        lo = num_cached * bs
+        # A page table whose positions [lo, lo + num_new * bs) map to the new blocks.
+        scatter_tt(lane_kv, [0] * num_cached + blocks, kv[:, :, :num_new * bs], start_token=lo)
+        pool.cache_blocks(blocks, hashes[num_cached:num_cached + num_new])
+        pool.free(blocks)
+    return (num_cached + max(num_new, 0)) * bs

@@ -164,3 +164,39 @@ def test_actor_killed_mid_transfer_request_completes(engines, tiny_llama):
     out = run_requests(decode, [GenerateRequest("o4", prompt, greedy(10), kv_transfer=ticket)])["o4"]
     assert join_token_ids(out) == hf_greedy(tiny_llama, prompt, 10)
     get_or_create_kv_connector(APP)  # for the module teardown
+
+
+def test_prefix_tier_lets_another_replica_reuse_a_prefix(tiny_llama, transport):
+    """Replica A serves a prompt and offers its full blocks to the actor's prefix tier; replica B,
+    which never saw it, imports them for a prompt sharing that prefix: exact output, cached tokens."""
+    from accel.tt.engine import TTMeshEngine
+    from accel.tt.kv_hooks import KVTransferHooks
+    from accel.tt.torch_model import TorchMeshModel
+    from deployments.kv_connector_actor import KVConnectorConfig, get_or_create_kv_connector, kill_kv_connector
+    from deployments.kv_connector_client import RayKVTransport
+
+    app = "tt-prefix-tier"  # (Ray is up: the module's transport fixture)
+    engines = []
+    try:
+        get_or_create_kv_connector(app, KVConnectorConfig(prefix_tier_bytes=16 << 20))
+        template = make_engine(tiny_llama, model_class=TorchMeshModel, tt={"enable_model_warmup": False},
+                               data_parallel_size=1, max_num_seqs=2)
+        config = template.config
+        template.close()
+        for _ in range(2):
+            hooks = KVTransferHooks(RayKVTransport(app), str(tiny_llama), share_prefixes=True)
+            engines.append(TTMeshEngine(config, model_class=TorchMeshModel, kv_hooks=hooks))
+        a, b = engines
+        shared = _prompt(500, 80)
+        run_requests(a, [GenerateRequest("a1", shared, greedy(4))])
+        prompt = shared + _prompt(501, 10)
+        out = run_requests(b, [GenerateRequest("b1", prompt, greedy(8))])["b1"]
+        assert join_token_ids(out) == hf_greedy(tiny_llama, prompt, 8)
+        assert out[-1].num_cached_tokens == 80  # 5 blocks of 16 from the tier
+        assert b.core.kv_hooks.num_tier_tokens == 80
+        tier = ray.get(ray.get_actor("kv_connector", namespace=f"meshserve-kv-{app}").stats.remote())["prefix_tier"]
+        assert tier["num_blocks"] >= 5 and tier["num_hits"] >= 5
+    finally:
+        for e in engines:
+            e.close()
+        kill_kv_connector(app)
