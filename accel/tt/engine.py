@@ -111,6 +111,8 @@ class TTMeshEngine:
         """
         self._validate(request)
         req_id = request.request_id
+        if request.kv_transfer is not None and hasattr(self.core.kv_hooks, "prefetch"):
+            await self.core.kv_hooks.prefetch(request)  # a KV import's RPCs, off the engine thread
         queue: asyncio.Queue = asyncio.Queue()
         with self._cv:
             if self._stopped:

@@ -29,7 +29,9 @@ block size share blocks. Lookups are best effort: an unreachable tier means a no
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 from typing import Any
 
 import torch
@@ -57,6 +59,8 @@ class KVTransferHooks:
         self.fetch_timeout_s = fetch_timeout_s
         self.share_prefixes = share_prefixes
         self._offered: set[int] = set()  # block hashes this engine already gave the prefix tier
+        self._lock = threading.Lock()
+        self._prefetched: dict[str, KVPayload | Exception] = {}  # request id -> fetched (asyncio side)
         self.num_exported_tokens = 0
         self.num_imported_tokens = 0
         self.num_tier_tokens = 0  # imported from the prefix tier
@@ -107,10 +111,28 @@ class KVTransferHooks:
                            r.req_id, num_tokens, wanted)
             self.transport.report_recompute("no_room")
 
+    async def prefetch(self, request: GenerateRequest) -> None:
+        """Asyncio side, before the request reaches the engine thread: the network part of an
+        import (actor RPC, object-store read), so a slow or dead actor never stalls the step loop.
+        ``on_added`` then validates and copies; without a prefetch it fetches itself."""
+        kv = request.kv_transfer
+        if kv is None or not kv.do_remote_prefill or not kv.transfer_id:
+            return
+        try:
+            payload = await asyncio.to_thread(self.transport.fetch, kv.transfer_id, self.fetch_timeout_s)
+        except Exception as e:
+            payload = e
+        with self._lock:
+            self._prefetched[request.request_id] = payload
+
     def _fetch(self, request: GenerateRequest, lane_kv: Any) -> KVPayload | None:
         transfer_id = request.kv_transfer.transfer_id
+        with self._lock:
+            prefetched = self._prefetched.pop(request.request_id, None)
         try:
-            payload = self.transport.fetch(transfer_id, self.fetch_timeout_s)
+            if isinstance(prefetched, Exception):
+                raise prefetched
+            payload = prefetched or self.transport.fetch(transfer_id, self.fetch_timeout_s)
             key = lane_kv[0][0]  # (num_blocks, Hkv, block_size, D)
             payload.descriptor.check_compatible(self.fingerprint, key.dtype, len(lane_kv), key.shape[1], key.shape[3])
             payload.descriptor.check_prompt(request.prompt_token_ids)
