@@ -4,16 +4,17 @@ actor in the canonical format. Implements ``accel.tt.engine_core.KVHookPoints``.
 Export (``on_finished``, engine thread, a ``do_remote_decode`` request that finished normally and
 still holds its blocks): gather the prompt's KV from the lane's pages into the canonical payload,
 put it to the actor and return the ticket ``{do_remote_prefill, transfer_id, num_tokens}`` for the
-final delta. The put is synchronous (one copy into the object store plus two small RPCs; waits
-at most ``put_timeout_s`` when the actor is full): the ticket is only handed out once the payload
+final delta. The put is synchronous (one copy into the object store plus one RPC; waits at most
+``put_timeout_s`` when the actor is full, stalling this engine's step loop that long): the ticket is only handed out once the payload
 is committed, so the decode side never races the producer. A failed put returns no ticket and the
 decode side recomputes.
 
-Import (``on_added``, engine thread, the request was bound to its lane and nothing is scheduled):
-fetch the payload named by ``do_remote_prefill``, refuse another model (fingerprint, dtype,
-shapes) or other prompt tokens (block hashes), then write the prompt's full blocks into freshly
-allocated blocks of the lane's pool, register them in its prefix cache under the prompt's chained
-hashes and release them to the cache's LRU queue. Ordinary admission takes them as a prefix hit
+Import: ``prefetch`` (asyncio side, called by ``TTMeshEngine.generate``) reads the payload named by
+``do_remote_prefill`` from the actor and the object store, off the engine thread; then
+``on_added`` (engine thread, the request was bound to its lane and nothing is scheduled) refuses
+another model (fingerprint, dtype, shapes) or other prompt tokens (block hashes), then writes the
+prompt's full blocks into freshly allocated blocks of the lane's pool, registers them in its prefix cache under the prompt's chained
+hashes and releases them to the cache's LRU queue. Ordinary admission takes them as a prefix hit
 (blocks reused, tokens marked computed) and prefills only the rest — at least the last prompt
 token, whose logits are needed, and any partial last block — before decoding. Blocks the lane
 already caches are not rewritten. Any failure (missing or expired transfer, dead actor,
