@@ -4,6 +4,11 @@ A request goes prefill pool -> decode pool when no pool was pinned, its prompt h
 ``threshold_tokens`` tokens and its model has both a ``prefill`` and a ``decode`` pool. Within
 each pool the least-loaded known replica is chosen (ties by replica id, so equal replicas are
 picked deterministically); with no replica known yet the pool's handle chooses (replica None).
+
+Pools on TPU take no part: TPU backends load only their own KV connectors, so our KV cannot
+leave or enter a TPU engine, and TPU<->TPU hand-off through ``TPUConnector`` params is not wired
+(see ``accel/tpu/kv_connector.py``). Planning PD there would only add a failed prefill before the
+decode side recomputes; such requests run whole on the decode pool instead.
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ def plan_pd(request: RouteRequest, pools: Sequence[PoolInfo], replicas: Sequence
     """((prefill pool, replica), (decode pool, replica)), or None for a colocated request."""
     if threshold_tokens is None or request.pool is not None or request.num_prompt_tokens < threshold_tokens:
         return None
-    prefill = [p.name for p in pools if p.model == request.model and p.role == "prefill"]
-    decode = [p.name for p in pools if p.model == request.model and p.role == "decode"]
+    prefill = [p.name for p in pools if p.model == request.model and p.role == "prefill" and p.accelerator != "tpu"]
+    decode = [p.name for p in pools if p.model == request.model and p.role == "decode" and p.accelerator != "tpu"]
     if not prefill or not decode:
         return None
     return _least_loaded(prefill, replicas), _least_loaded(decode, replicas)

@@ -29,6 +29,10 @@ failure (missing or expired transfer, dead actor or producer, mismatch) is repor
 ``failed_recving``; with ``kv_load_failure_policy="recompute"`` vLLM then prefills the prompt
 locally, and the actor's recompute counter counts it.
 
+Blocking: the actor lookup in ``get_num_new_matched_tokens`` runs on the engine-core thread (at
+most ``lookup_timeout_s``, once per request); saves and loads run inside the worker's step (one
+object-store copy and one RPC each, bounded by ``put_timeout_s`` / ``fetch_timeout_s``).
+
 TPU data path: tpu-inference and vllm-torchtpu refuse any connector but their own
 (``TPUConnector`` ...), so this class never runs on TPU. There the KV moves TPU-to-TPU through
 ``TPUConnector`` (``jax.experimental.transfer`` pull over its side channel, params

@@ -30,6 +30,8 @@ def test_plan_pd_threshold_pools_and_pinning():
     assert plan_pd(RouteRequest("r", "m2", 500), POOLS, loads, 100) is None  # no PD pools
     assert plan_pd(RouteRequest("r", "m", 500), POOLS, [], 100) == (("pre", None), ("dec", None))
     assert plan_pd(RouteRequest("r", "m", 500), POOLS, loads, None) is None
+    tpu_prefill = (PoolInfo("pre", "m", "vllm", "tpu", "prefill"), POOLS[1])
+    assert plan_pd(RouteRequest("r", "m", 500), tpu_prefill, loads, 100) is None  # no KV path out of TPU
 
 
 def test_router_deployment_decides_pd_and_counts_both_replicas():
