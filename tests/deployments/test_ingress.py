@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
 import time
 from pathlib import Path
 
@@ -59,16 +60,34 @@ def _pin(pool: str) -> dict:
     return {"x-meshserve-pool": pool}
 
 
-def _engine_running(pool: str) -> int:
-    from ray import serve
-    handle = serve.get_deployment_handle(POOLS[pool], APP)
-    return sum(s.num_running + s.num_waiting for s in handle.broadcast("stats").results(timeout_s=30))
+class _HandleLoop:
+    """One event loop thread for every handle call from the test driver: handles bind to the
+    loop they are first used in (and need one at all with RAY_SERVE_THROUGHPUT_OPTIMIZED=1)."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def submit(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
 
-async def _engine_running_async(pool: str) -> int:
+_HANDLES = _HandleLoop()
+
+
+async def _running_on_handle_loop(pool: str) -> int:
     from ray import serve
     handle = serve.get_deployment_handle(POOLS[pool], APP)
     return sum(s.num_running + s.num_waiting for s in await handle.broadcast("stats").results_async(timeout_s=30))
+
+
+def _engine_running(pool: str) -> int:
+    return _HANDLES.submit(_running_on_handle_loop(pool)).result(timeout=60)
+
+
+async def _engine_running_async(pool: str) -> int:
+    return await asyncio.wrap_future(_HANDLES.submit(_running_on_handle_loop(pool)))
 
 
 def test_models(client):
