@@ -30,6 +30,9 @@ $(STAMP): pyproject.toml
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	@touch $@
 
+# Serve's throughput mode: no per-message hop between Serve's loop and user code, gRPC between
+# deployments (the test suite passes with and without it; see docs/BENCHMARKS.md).
+serve: export RAY_SERVE_THROUGHPUT_OPTIMIZED := 1
 serve: setup
 	$(VENV)/bin/serve run configs/local.yaml
 
