@@ -19,6 +19,9 @@ from accel.tt.torch_model.config import DecoderConfig
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        # One op instead of six, same arithmetic: x * rsqrt(mean(x^2) + eps) * weight.
+        return torch.rms_norm(x, weight.shape, weight, eps)
     # HF computes the statistic in fp32 and casts back before scaling.
     x32 = x.to(torch.float32)
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)

@@ -27,7 +27,7 @@ from accel.tt.torch_model.config import DecoderConfig
 from accel.tt.torch_model.device_queue import DeviceQueue, FutureEvent, PendingDecode
 from accel.tt.torch_model.layers import RotaryTables, project_qkv, rms_norm, swiglu_mlp
 from accel.tt.torch_model.paged_attention import AttentionMetadata, PagedKVStore, paged_attention, write_kv
-from accel.tt.torch_model.sampler import prepare_sampling, sample
+from accel.tt.torch_model.sampler import DecodeSamplingCache, prepare_sampling, sample
 from accel.tt.torch_model.weights import ModelWeights, load_weights
 
 logger = logging.getLogger(__name__)
@@ -71,6 +71,7 @@ class TorchMeshModel:
         self.captured_shapes: list[tuple[str, tuple[int, ...], str]] = []  # (phase, shape, variant)
         self._store: PagedKVStore | None = None
         self._queue = DeviceQueue()
+        self._decode_sampling = DecodeSamplingCache(config.vocab_size, device)
 
     # ---- construction (the tt-metal classmethods) ----
 
@@ -196,7 +197,7 @@ class TorchMeshModel:
         lanes = torch.arange(self.max_batch_size) // self.per_lane
         num_ctx_blocks = self._num_ctx_blocks(int(start_pos.max()) + 1, store, page_table.shape[1])
         _check_block_ids(page_table, start_pos + 1, store)
-        prep = (prepare_sampling(sampling_params, (start_pos + 1).tolist(), self.config.vocab_size, self.device)
+        prep = (self._decode_sampling.prepare(sampling_params, (start_pos + 1).tolist())
                 if sampling_params is not None else None)
 
         def program() -> Any:

@@ -13,7 +13,7 @@ rows share the program's generator. Logprobs are of the sampled token under the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -65,6 +65,30 @@ def prepare_sampling(params: TTSamplingParams, positions: Sequence[int], vocab_s
         positions=tuple(int(p) for p in positions),
         wants_logprobs=any(n is not None and int(n) >= 0 for n in fields["num_logprobs"]),
     )
+
+
+class DecodeSamplingCache:
+    """``prepare_sampling`` for decode, reusing the last result while the params stay the same.
+
+    A steady decode batch passes the same per-slot params every step and only the positions move;
+    rebuilding the tensors each step sits on the critical path between two device steps. The
+    params' values (not their identity: the lists are mutable) are compared each call."""
+
+    def __init__(self, vocab_size: int, device: torch.device) -> None:
+        self.vocab_size = vocab_size
+        self.device = device
+        self._key: tuple[tuple, ...] | None = None
+        self._prep: PreparedSampling | None = None
+
+    def prepare(self, params: TTSamplingParams, positions: Sequence[int]) -> PreparedSampling:
+        key = tuple(tuple(getattr(params, f.name)) for f in fields(params))
+        if key != self._key or self._prep is None:
+            self._prep = prepare_sampling(params, positions, self.vocab_size, self.device)
+            self._key = key
+            return self._prep
+        if len(positions) != len(self._prep.positions):
+            raise ValueError(f"sampling params have {len(self._prep.positions)} rows, the batch has {len(positions)}")
+        return replace(self._prep, positions=tuple(int(p) for p in positions))
 
 
 def _refuse_penalties(params: TTSamplingParams, rows: int) -> None:

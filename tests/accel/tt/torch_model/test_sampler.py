@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from accel.tt.mesh_model import TTSamplingParams
-from accel.tt.torch_model.sampler import normalize_top_k, prepare_sampling, sample
+from accel.tt.torch_model.sampler import DecodeSamplingCache, normalize_top_k, prepare_sampling, sample
 
 VOCAB = 100
 
@@ -39,6 +39,29 @@ def test_greedy_rows_take_the_argmax():
     out = sample(logits, prepare_sampling(params(4), [0] * 4, VOCAB, torch.device("cpu")),
                  torch.Generator().manual_seed(1), max_top_k=32)
     assert out.token_ids.tolist() == logits.argmax(-1).tolist() and out.logprobs is None
+
+
+def test_mixed_batch_greedy_rows_match_the_all_greedy_path():
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(2))
+    mixed = prepare_sampling(params(4, temperature=[0.0, 0.8, 0.0, 0.8], top_k=[1, 20, 1, 20], num_logprobs=[0] * 4),
+                             [0] * 4, VOCAB, torch.device("cpu"))
+    greedy = prepare_sampling(params(4, num_logprobs=[0] * 4), [0] * 4, VOCAB, torch.device("cpu"))
+    assert greedy.is_all_greedy and not mixed.is_all_greedy
+    a = sample(logits, mixed, torch.Generator().manual_seed(1), max_top_k=32)
+    b = sample(logits, greedy, torch.Generator().manual_seed(1), max_top_k=32)
+    assert a.token_ids[[0, 2]].tolist() == b.token_ids[[0, 2]].tolist() == logits.argmax(-1)[[0, 2]].tolist()
+    assert torch.allclose(b.logprobs, logits.log_softmax(-1).gather(1, b.token_ids[:, None]).squeeze(1))
+
+
+def test_decode_cache_reuses_tensors_until_a_value_changes():
+    cache = DecodeSamplingCache(VOCAB, torch.device("cpu"))
+    p = params(2, temperature=[0.0, 0.7], top_k=[1, 5], seed=[-1, 3])
+    first = cache.prepare(p, [4, 5])
+    second = cache.prepare(p, [5, 6])
+    assert second.temperature is first.temperature and second.positions == (5, 6)
+    p.top_k[1] = 7  # the lists are mutable: a changed value must not reuse stale tensors
+    third = cache.prepare(p, [6, 7])
+    assert third.top_k.tolist() == [1, 7] and third.positions == (6, 7)
 
 
 def test_candidates_capped_at_max_top_k():
