@@ -127,5 +127,15 @@ class BlockPool:
         events, self._events = self._events, []
         return events
 
+    def cached_block_hashes(self) -> list[BlockHash]:
+        """The prefix cache's hashes, least recently used first: cached free blocks in eviction
+        order, then cached blocks in use. Safe to call from another thread (C-level copies of
+        the containers; a stale entry only costs the router one approximate block)."""
+        hashes, free = list(self._hashes), list(self._free)
+        in_free = set(free)
+        out = [hashes[b] for b in free if hashes[b] is not None]
+        out += [h for b, h in enumerate(hashes) if h is not None and b not in in_free]
+        return out
+
     def ref_count(self, block_id: int) -> int:
         return self._ref_counts[block_id]

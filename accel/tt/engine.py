@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from accel.block_hash import BlockHash
 from accel.contract import (EngineStats, FinishReason, GenerateRequest, InvalidRequestError,
                             OutputDelta)
 from accel.text.output_builder import OutputBuilder
@@ -168,6 +169,16 @@ class TTMeshEngine:
         while self._kv_events:
             events.append(self._kv_events.popleft())
         return events
+
+    def kv_block_snapshot(self) -> list[BlockHash]:
+        """Every block hash some lane holds in its prefix cache now (the replica-level set whose
+        changes ``take_kv_events`` reports), least recently used first per lane. For a router
+        that (re)starts: it rebuilds its precise index from this, then follows the events."""
+        seen: dict[BlockHash, None] = {}
+        for lane in self.core.coordinator.lanes:
+            for h in lane.pool.cached_block_hashes():
+                seen[h] = None
+        return list(seen)
 
     @property
     def step_log(self) -> list[StepRecord]:

@@ -101,3 +101,16 @@ def test_prefix_counters_accumulate_tokens():
     pool.record_prefix_query(10, 4)
     pool.record_prefix_query(6, 0)
     assert (pool.prefix_cache_queries, pool.prefix_cache_hits) == (16, 4)
+
+
+def test_cached_block_hashes_lists_free_cached_blocks_oldest_first_then_blocks_in_use():
+    pool = BlockPool(4, 2, True)
+    old, new = hash_prompt_blocks([1, 2, 3, 4], 2), hash_prompt_blocks([9, 9], 2)
+    a = pool.allocate(2)
+    pool.cache_blocks(a, old)
+    pool.free(a)  # freed in reverse: the tail block is the older free entry
+    b = pool.allocate(1)  # takes a never-cached block, evicting nothing cached
+    pool.cache_blocks(b, new)
+    assert pool.cached_block_hashes() == [old[1], old[0], new[0]]
+    pool.allocate(2)  # takes the two oldest free blocks: the uncached one and old[1]'s
+    assert pool.cached_block_hashes() == [old[0], new[0]]
