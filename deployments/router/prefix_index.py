@@ -71,6 +71,11 @@ class PrefixIndex(ABC):
     def replicas(self) -> tuple[str, ...]:
         return tuple(sorted(self._lru))
 
+    def set_event_driven(self, replica_id: str, is_event_driven: bool) -> None:
+        """Whether the replica's engine publishes KV events; only ``precise`` mode cares (a
+        replica without events is learned from routing there, as in ``approximate``)."""
+        self._lru[replica_id]  # unknown replica -> KeyError
+
     def num_blocks(self, replica_id: str) -> int:
         return len(self._lru[replica_id])
 
@@ -244,12 +249,31 @@ class ApproximatePrefixIndex(PrefixIndex):
 
 
 class PrecisePrefixIndex(PrefixIndex):
-    """Follows engine KV events; routing decisions do not change it."""
+    """Follows engine KV events; routing decisions do not change it — except for replicas
+    marked as publishing no events (``set_event_driven(r, False)``), learned from routing."""
 
     mode = "precise"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._learned: set[str] = set()  # replicas without KV events
+
+    def set_event_driven(self, replica_id: str, is_event_driven: bool) -> None:
+        super().set_event_driven(replica_id, is_event_driven)
+        if is_event_driven:
+            self._learned.discard(replica_id)
+        else:
+            self._learned.add(replica_id)
+
+    def remove_replica(self, replica_id: str) -> None:
+        super().remove_replica(replica_id)
+        self._learned.discard(replica_id)
+
     def on_routed(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
-        self._lru[replica_id]  # the engine will report what it actually stores
+        if replica_id in self._learned:
+            self._store(replica_id, block_hashes)
+        else:
+            self._lru[replica_id]  # the engine will report what it actually stores
 
     def apply_events(self, replica_id: str, events: Iterable[KVEvent]) -> None:
         for event in events:

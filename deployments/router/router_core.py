@@ -48,7 +48,7 @@ from accel.block_hash import BlockHash, hash_prompt_blocks
 from accel.contract import ConfigError, EngineStats
 
 from .kv_events import KVEvent
-from .load import LoadConfig, LoadTracker
+from .load import LoadConfig, LoadTracker, ReplicaLoad
 from .policy import CostWeights, RoutingContext, make_policy
 from .prefix_index import make_prefix_index
 from .sessions import SessionConfig, SessionTable
@@ -70,6 +70,9 @@ class ReplicaInfo:
     model_ids: tuple[str, ...]
     num_kv_blocks: int  # engine KV capacity in blocks of RouterConfig.block_size
     role: ReplicaRole = ReplicaRole.BOTH
+    # False: the engine publishes no KV events (at the router's block size), so even in
+    # ``precise`` mode this replica's index entries are learned from routing (approximate).
+    publishes_kv_events: bool = True
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,8 @@ class RequestInfo:
     session_key: str | None = None
     block_hashes: tuple[BlockHash, ...] | None = None
     num_prompt_tokens_hint: int | None = None  # when only hashes are sent
+    # Restrict the choice to these replicas (a client-pinned pool); None = every replica.
+    allowed_replicas: frozenset[str] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -169,6 +174,7 @@ class RouterCore:
         self._replicas[info.replica_id] = info
         self._replica_hashes[info.replica_id] = stable_hash64(info.replica_id)
         self._index.add_replica(info.replica_id, info.num_kv_blocks)
+        self._index.set_event_driven(info.replica_id, info.publishes_kv_events)
         self._load.add_replica(info.replica_id)
         for model in info.model_ids:
             self._set_pool((model, info.role), self._pools.get((model, info.role), ()) + (info.replica_id,))
@@ -218,6 +224,11 @@ class RouterCore:
         prefill_pool = self._pools.get((model, ReplicaRole.PREFILL))
         decode_pool = self._pools.get((model, ReplicaRole.DECODE))
         both_pool = self._pools.get((model, ReplicaRole.BOTH))
+        allowed = request.allowed_replicas
+        if allowed is not None:  # a pinned pool: no disaggregation, only its replicas
+            prefill_pool = None
+            decode_pool = tuple(r for r in decode_pool or () if r in allowed)
+            both_pool = tuple(r for r in both_pool or () if r in allowed)
         session = request.session_key
         if prefill_pool and decode_pool and request.num_prompt_tokens >= self.config.pd_min_prompt_tokens:
             prefill = self._choose_in(prefill_pool, (model, ReplicaRole.PREFILL), hashes,
@@ -233,17 +244,19 @@ class RouterCore:
             pool = both_pool or decode_pool
             if not pool:
                 raise NoReplicaError(f"no replica serves model {model!r}")
-            plan, num_matched, reason = self._choose_in(pool, (model, role), hashes, session)
+            plan, num_matched, reason = self._choose_in(pool, (model, role), hashes, session, allowed)
             plans = (plan,)
             decision = Decision(request.request_id, plan.replica_id, None, num_matched, len(hashes), reason)
         self._plans[request.request_id] = plans
         return decision
 
     def _choose_in(self, pool: tuple[str, ...], pool_key: tuple[str, ReplicaRole],
-                   hashes: Sequence[BlockHash], session_key: str | None) -> tuple[_Plan, int, str]:
-        matched = self._index.match(hashes, self._pool_sets[pool_key])
+                   hashes: Sequence[BlockHash], session_key: str | None,
+                   allowed: frozenset[str] | None = None) -> tuple[_Plan, int, str]:
+        pool_set = self._pool_sets[pool_key] if allowed is None else self._pool_sets[pool_key] & allowed
+        matched = self._index.match(hashes, pool_set)
         bound = self._sessions.bound_replica(session_key) if session_key else None
-        if bound is not None and bound not in self._pool_sets[pool_key]:
+        if bound is not None and bound not in pool_set:
             bound = None
         if session_key:
             tie_key = stable_hash64(session_key)
@@ -320,6 +333,10 @@ class RouterCore:
 
     def num_in_flight(self, replica_id: str) -> int:
         return self._load.num_in_flight(replica_id)
+
+    def load(self, replica_id: str) -> ReplicaLoad:
+        """The replica's load as the router sees it (in-flight count plus fresh engine stats)."""
+        return self._load.load(replica_id)
 
     def session_replica(self, session_key: str) -> str | None:
         return self._sessions.bound_replica(session_key)

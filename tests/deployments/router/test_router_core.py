@@ -193,3 +193,33 @@ def test_pd_falls_back_to_colocated_replicas_for_short_prompts():
     only_prefill.add_replica(ReplicaInfo("p", ("m",), 100, ReplicaRole.PREFILL))
     with pytest.raises(NoReplicaError):
         only_prefill.choose(req("x", SYSTEM))
+
+
+def test_precise_mode_learns_replicas_without_events_from_routing():
+    core = core_with(0, index_mode="precise")
+    core.add_replica(ReplicaInfo("tt", ("m",), 1000))
+    core.add_replica(ReplicaInfo("vllm", ("m",), 1000, publishes_kv_events=False))
+    hashes = tuple(hash_prompt_blocks(SYSTEM, BS))
+    first = core.route(req("q1", SYSTEM, session=None))
+    learned = core.index.match(hashes, frozenset({"tt", "vllm"}))
+    assert learned == ({"vllm": 16} if first.replica_id == "vllm" else {})
+    core.add_replica(ReplicaInfo("vllm", ("m",), 1000, publishes_kv_events=True))  # re-added: events now
+    core.on_completed("q1")
+    core.route(req("q2", (7,) * 64))
+    assert core.index.match(tuple(hash_prompt_blocks((7,) * 64, BS)), frozenset({"vllm"})) == {}
+
+
+def test_allowed_replicas_restrict_the_choice_and_disable_pd():
+    core = core_with(3, pd_min_prompt_tokens=4)
+    for i in range(6):
+        d = core.route(RequestInfo(f"q{i}", "m", SYSTEM, allowed_replicas=frozenset({"r1", "r2"})))
+        assert d.replica_id in {"r1", "r2"}
+    assert core.load("r1").num_in_flight + core.load("r2").num_in_flight == 6
+    pd = core_with(0, pd_min_prompt_tokens=4)
+    pd.add_replica(ReplicaInfo("p", ("m",), 1000, ReplicaRole.PREFILL))
+    pd.add_replica(ReplicaInfo("d", ("m",), 1000, ReplicaRole.DECODE))
+    assert pd.route(RequestInfo("a", "m", SYSTEM)).prefill_replica_id == "p"
+    pinned = pd.route(RequestInfo("b", "m", SYSTEM, allowed_replicas=frozenset({"d"})))
+    assert (pinned.replica_id, pinned.prefill_replica_id) == ("d", None)
+    with pytest.raises(NoReplicaError):
+        pd.choose(RequestInfo("x", "m", SYSTEM, allowed_replicas=frozenset({"p"})))
