@@ -15,9 +15,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta
-from deployments.least_loaded_policy import eligible_pools
 from deployments.pd_orchestrator import PDOrchestrator
-from deployments.route_types import PoolInfo, RouteDecision, RouteRequest, RoutingError
+from deployments.route_types import PoolInfo, RouteDecision, RouteRequest, RoutingError, eligible_pools
 from serve_app.protocol.errors import APIError
 
 logger = logging.getLogger(__name__)

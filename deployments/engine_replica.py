@@ -19,6 +19,7 @@ from typing import Any
 
 from accel.contract import Engine, EngineStats, FinishReason, GenerateRequest, OutputDelta
 from deployments.route_types import ReplicaSnapshot
+from deployments.router.kv_events import BlockRemoved, BlockStored, KVEvent
 from serve_app.config import PoolConfig
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,18 @@ def current_replica_id() -> str:
         return serve.get_replica_context().replica_id.unique_id
     except Exception:  # constructed outside Serve (unit tests)
         return f"local-{os.getpid()}-{id(object())}"
+
+
+def kv_events_for_router(engine_events: list[Any]) -> tuple[KVEvent, ...]:
+    """The TT engine's ``KVEvent(kind, lane, block_hashes)`` (replica-level: stored when the first
+    lane caches a hash, removed when the last lane drops it) as the router's event types."""
+    out: list[KVEvent] = []
+    for event in engine_events:
+        if event.kind == "stored":
+            out.append(BlockStored(tuple(event.block_hashes)))
+        elif event.kind == "removed":
+            out.append(BlockRemoved(tuple(event.block_hashes)))
+    return tuple(out)
 
 
 class EngineReplica:
@@ -149,9 +162,29 @@ class EngineReplica:
     def stats(self) -> EngineStats:
         return self._engine.stats()
 
-    def routing_snapshot(self) -> ReplicaSnapshot:
+    def routing_snapshot(self, synced_ids: frozenset[str] = frozenset()) -> ReplicaSnapshot:
+        """Stats and KV state for the router (polled by broadcast). KV events since the previous
+        poll when this replica is in ``synced_ids`` (the router follows its index), else the
+        full ``kv_block_snapshot()`` (events drained first, so none is lost: an event already
+        reflected in the snapshot is applied again later, harmlessly)."""
         self._ensure_stats_task()
-        return ReplicaSnapshot(self.replica_id, self.pool.name, self._engine.stats(), self._num_inflight)
+        take = getattr(self._engine, "take_kv_events", None)
+        if take is None:
+            return ReplicaSnapshot(self.replica_id, self.pool.name, self._engine.stats(), self._num_inflight,
+                                   self.pool.block_size)
+        events = kv_events_for_router(take())
+        blocks = None
+        if self.replica_id not in synced_ids:
+            blocks, events = self.kv_block_snapshot(), ()
+        return ReplicaSnapshot(self.replica_id, self.pool.name, self._engine.stats(), self._num_inflight,
+                               self.pool.block_size, True, events, blocks)
+
+    def kv_block_snapshot(self) -> tuple[int, ...] | None:
+        """Block hashes (``accel.block_hash``, engine block size) the engine holds in its prefix
+        cache now; None when the engine has no snapshot API (vLLM: its KV events go to ZMQ
+        and no snapshot call exists, so the router learns vLLM replicas from routing)."""
+        snap = getattr(self._engine, "kv_block_snapshot", None)
+        return None if snap is None else tuple(snap())
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Polled by Serve (``request_routing_stats_period_s``); shows on ``RunningReplica``."""

@@ -8,7 +8,9 @@ Bounded: past ``max_concurrent_requests`` held requests an ingress replica answe
 A client that goes away cancels the engine calls, which abort their engine requests.
 
 Routing to a specific pool: header ``x-meshserve-pool: <pool name>``.
-Session affinity key: header ``x-session-id`` (or body ``session_id``).
+Session affinity key: header ``x-session-id``, else body ``session_id``, ``user`` or
+``prompt_cache_key``. The router also gets the prompt's chained block hashes (computed here, at
+the model's routing block size, so hashing stays off the router's single thread).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from accel.contract import GenerateRequest, InvalidRequestError
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
 from deployments.engine_client import EngineClient, merge_streams
-from deployments.route_types import PoolInfo, RouteRequest
+from accel.block_hash import hash_prompt_blocks
+from deployments.route_types import PoolInfo, RouteRequest, routing_block_size
 from serve_app.config import AppConfig, ModelConfig
 from serve_app.protocol import conversion as conv
 from serve_app.protocol import responses as rsp
@@ -39,7 +42,7 @@ app = FastAPI(title="meshserve")
 
 
 def pool_infos(config: AppConfig) -> tuple[PoolInfo, ...]:
-    return tuple(PoolInfo(p.name, p.model, p.engine, p.accelerator, p.role) for p in config.pools)
+    return tuple(PoolInfo(p.name, p.model, p.engine, p.accelerator, p.role, p.block_size) for p in config.pools)
 
 
 def error_response(err: APIError) -> JSONResponse:
@@ -52,7 +55,9 @@ class OpenAIIngress:
         self._models: dict[str, ModelConfig] = {m.name: m for m in config.models}
         self._tokenizers: dict[str, TextTokenizer] = {m.name: load_tokenizer(str(m.path)) for m in config.models}
         self._metrics = _ingress_metrics()
-        self._client = EngineClient(pool_infos(config), router_handle, pool_handles,
+        pools = pool_infos(config)
+        self._block_sizes = {m.name: routing_block_size(pools, m.name) for m in config.models}
+        self._client = EngineClient(pools, router_handle, pool_handles,
                                     config.router.decision_timeout_s, config.ingress.retry_after_s,
                                     self._metrics)
         self._num_inflight = 0
@@ -116,10 +121,14 @@ class OpenAIIngress:
         sampling = [conv.sampling_params(req, len(p), model.max_model_len) for p in prompts]
         _check_token_ids(sampling, tok.vocab_size)
         base_id = random_id("chatcmpl" if is_chat else "cmpl")
-        session = request.headers.get(SESSION_HEADER) or req.session_id
+        session = (request.headers.get(SESSION_HEADER) or req.session_id or req.user
+                   or req.prompt_cache_key or None)
         pool = request.headers.get(POOL_HEADER)
         greqs = conv.generate_requests(base_id, prompts, sampling, req.n, session)
-        routes = [RouteRequest(g.request_id, model.name, g.num_prompt_tokens, pool, session) for g in greqs]
+        block_size = self._block_sizes[model.name]
+        hashes = {ids: tuple(hash_prompt_blocks(ids, block_size)) for ids in {g.prompt_token_ids for g in greqs}}
+        routes = [RouteRequest(g.request_id, model.name, g.num_prompt_tokens, pool, session,
+                               hashes[g.prompt_token_ids]) for g in greqs]
         self._client.check_routable(routes[0])
         streams = [self._client.stream(g, r) for g, r in zip(greqs, routes)]
         opts = rsp.RenderOptions(

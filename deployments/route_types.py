@@ -1,15 +1,18 @@
 """The typed messages between the ingress, the router deployment and the engine replicas.
 
 The router's decision API is deliberately small: ``RouteRequest`` in, ``RouteDecision`` out,
-``release(ticket)`` when the request ends. A smarter policy (``deployments/router``) replaces
-the policy behind it without changing these types.
+``release(ticket)`` when the request ends (completed, failed or cancelled). The decision itself
+is ``deployments.router.RouterCore``'s; these types are its Serve-facing edge (pools by name).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from accel.contract import EngineStats
+from deployments.router.kv_events import KVEvent
+from deployments.router.load import ReplicaLoad
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,14 @@ class PoolInfo:
     engine: str        # "tt" | "vllm"
     accelerator: str   # "tt" | "tpu" | "cuda" | "cpu"
     role: str          # "both" | "prefill" | "decode"
+    block_size: int = 16  # engine KV block size in tokens
+
+
+def routing_block_size(pools: Sequence[PoolInfo], model: str) -> int:
+    """The block size of the router's prefix hashes for ``model``: the smallest engine block size
+    among its pools. The ingress hashes prompts at it; replicas whose engine blocks differ are
+    learned from routing (their KV events would be in another hash space)."""
+    return min((p.block_size for p in pools if p.model == model), default=16)
 
 
 @dataclass(frozen=True)
@@ -32,7 +43,8 @@ class RouteRequest:
     num_prompt_tokens: int
     pool: str | None = None
     session_id: str | None = None
-    # Chained block hashes of the prompt (accel.block_hash), for prefix-aware policies; may be empty.
+    # Chained block hashes of the prompt's full blocks (accel.block_hash.hash_prompt_blocks at
+    # routing_block_size(pools, model)); may be empty.
     prompt_block_hashes: tuple[int, ...] = ()
 
 
@@ -54,31 +66,31 @@ class RouteDecision:
 
 @dataclass(frozen=True)
 class ReplicaSnapshot:
-    """An engine replica's self-report (``routing_snapshot``), polled by the router."""
+    """An engine replica's self-report (``routing_snapshot``), polled by the router.
+
+    KV state for the router's prefix index, in ``accel.block_hash`` keys at ``block_size``:
+    ``kv_blocks`` is the replica's full cached-block list (sent when the router asked for a
+    resync: a replica it has not synced yet, or after a lost poll), otherwise ``kv_events`` are
+    the changes since the previous poll. ``publishes_kv_events`` False = neither is available
+    (the router learns that replica from routing)."""
 
     replica_id: str
     pool: str
     stats: EngineStats
     num_inflight: int  # requests inside the replica's generate() right now
+    block_size: int = 0  # engine KV block size in tokens (0 = unknown)
+    publishes_kv_events: bool = False
+    kv_events: tuple[KVEvent, ...] = ()
+    kv_blocks: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
-class ReplicaLoad:
-    """The router's view of one replica: its last snapshot plus decisions not yet released."""
+class ReplicaView:
+    """Debug / test view of one replica in the router: its pool and the router's load model."""
 
     replica_id: str
     pool: str
-    num_routed_inflight: int
-    snapshot: ReplicaSnapshot | None = None
-
-    @property
-    def load(self) -> float:
-        """Requests on the replica: the router's own live count, or the replica's (lagging)
-        report when that is higher (other routers' traffic), plus a KV-pressure tie-break."""
-        reported = 0 if self.snapshot is None else (self.snapshot.stats.num_waiting
-                                                    + self.snapshot.stats.num_running)
-        kv = 0.0 if self.snapshot is None else self.snapshot.stats.kv_usage
-        return max(self.num_routed_inflight, reported) + 0.5 * kv
+    load: ReplicaLoad
 
 
 class RoutingError(Exception):
@@ -95,5 +107,27 @@ class RoutingError(Exception):
 class RouterSnapshot:
     """Debug / test view of the router's state."""
 
-    replicas: tuple[ReplicaLoad, ...] = field(default_factory=tuple)
+    replicas: tuple[ReplicaView, ...] = field(default_factory=tuple)
     num_open_tickets: int = 0
+
+
+WHOLE_REQUEST_ROLES = ("both", "decode")
+
+
+def eligible_pools(request: RouteRequest, pools: Sequence[PoolInfo]) -> list[PoolInfo]:
+    """Pools that may run the whole request: the pinned one, else every pool of the model whose
+    role can (``both``, or ``decode``, which prefills locally when no PD plan is made).
+    Raises ``RoutingError`` for an unknown pin, a pin to another model, or an unserved model."""
+    if request.pool is not None:
+        pool = next((p for p in pools if p.name == request.pool), None)
+        if pool is None:
+            raise RoutingError(f"unknown pool {request.pool!r} (pools: {[p.name for p in pools]})",
+                               "x-meshserve-pool")
+        if pool.model != request.model:
+            raise RoutingError(f"pool {pool.name!r} serves {pool.model!r}, not {request.model!r}",
+                               "x-meshserve-pool")
+        return [pool]
+    found = [p for p in pools if p.model == request.model and p.role in WHOLE_REQUEST_ROLES]
+    if not found:
+        raise RoutingError(f"no pool serves model {request.model!r}", "model")
+    return found

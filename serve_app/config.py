@@ -72,6 +72,7 @@ class PoolConfig:
     tpu_type: str | None
     tpu_topology: str | None
     graceful_shutdown_timeout_s: float
+    block_size: int  # engine KV block size in tokens (engine_args.block_size, else the engine's default)
 
     @property
     def deployment_name(self) -> str:
@@ -92,6 +93,24 @@ class RouterConfig:
     num_cpus: float
     stats_period_s: float
     decision_timeout_s: float
+    index_mode: str = "precise"
+    weights: Mapping[str, float] | None = None  # CostWeights fields; None = defaults
+    session_ttl_s: float = 600.0
+    max_in_flight_per_session: int = 2
+    stats_max_age_s: float = 5.0
+
+    def core_config(self, block_size: int, pd_min_prompt_tokens: int):
+        """The ``deployments.router.RouterConfig`` of these settings."""
+        from deployments.router.load import LoadConfig
+        from deployments.router.policy import CostWeights
+        from deployments.router.router_core import RouterConfig as CoreConfig
+        from deployments.router.sessions import SessionConfig
+
+        return CoreConfig(policy=self.policy, index_mode=self.index_mode, block_size=block_size,
+                          pd_min_prompt_tokens=pd_min_prompt_tokens,
+                          weights=CostWeights(**dict(self.weights or {})),
+                          sessions=SessionConfig(self.session_ttl_s, self.max_in_flight_per_session),
+                          load=LoadConfig(self.stats_max_age_s))
 
 
 @dataclass(frozen=True)
@@ -210,7 +229,18 @@ def _to_pool(pool: PoolArgs, model: ModelConfig) -> PoolConfig:
         tpu_type=pool.tpu.type if pool.tpu else None,
         tpu_topology=pool.tpu.topology if pool.tpu else None,
         graceful_shutdown_timeout_s=pool.graceful_shutdown_timeout_s,
+        block_size=engine_block_size(pool.engine, pool.engine_args),
     )
+
+
+# KV block size when engine_args leave it out: TTEngineConfig's default; vLLM's for attention
+# backends without a preference.
+DEFAULT_BLOCK_SIZE = {"tt": 64, "vllm": 16}
+
+
+def engine_block_size(engine: str, engine_args: Mapping[str, Any]) -> int:
+    value = engine_args.get("block_size")
+    return int(value) if isinstance(value, int) and value > 0 else DEFAULT_BLOCK_SIZE[engine]
 
 
 def load_app_config(args: Mapping[str, Any] | AppArgs, config_file: str | None = None) -> AppConfig:
@@ -248,7 +278,9 @@ def load_app_config(args: Mapping[str, Any] | AppArgs, config_file: str | None =
         config_file=file,
         models=tuple(models),
         pools=tuple(_to_pool(p, by_name[p.model]) for p in parsed.pools),
-        router=RouterConfig(r.policy, r.replicas, r.num_cpus, r.stats_period_s, r.decision_timeout_s),
+        router=RouterConfig(r.policy, r.replicas, r.num_cpus, r.stats_period_s, r.decision_timeout_s,
+                            r.index_mode, r.weights.model_dump(), r.session_ttl_s,
+                            r.max_in_flight_per_session, r.stats_max_age_s),
         pd=PDConfig(pd.threshold_tokens),
         ingress=IngressConfig(ing.replicas, ing.num_cpus, ing.max_concurrent_requests, ing.retry_after_s,
                               ing.access_log),

@@ -23,7 +23,9 @@ Schema (``applications[].args`` of a Serve config file)::
       resources: {num_cpus: 0.5, memory: ..., resources: {...}}
       tt: {mesh_device: T3K}            # tt pools on accelerator tt
       tpu: {type: v6e, topology: 4x4}   # tpu pools
-    router: {policy: least_loaded, replicas: 1, stats_period_s: 0.5, decision_timeout_s: 0.2}
+    router: {policy: prefix+session+load, index_mode: precise, weights: {w_prefill: 1, ...},
+             session_ttl_s: 600, max_in_flight_per_session: 2, stats_max_age_s: 5,
+             replicas: 1, stats_period_s: 0.5, decision_timeout_s: 0.2}
     pd: {threshold_tokens: 512}
     ingress: {replicas: 1, max_concurrent_requests: 256, retry_after_s: 1, num_cpus: 0, access_log: true}
 """
@@ -90,9 +92,31 @@ class PoolArgs(_Strict):
     graceful_shutdown_timeout_s: float = Field(default=20.0, ge=0)
 
 
+class RouterWeightsArgs(_Strict):
+    """``deployments.router.policy.CostWeights`` (defaults chosen on bench/router_sim.py)."""
+
+    w_prefill: float = Field(default=1.0, ge=0)
+    w_load_blocks: float = Field(default=4.0, ge=0)
+    w_queue: float = Field(default=1.0, ge=0)
+    w_kv_usage: float = Field(default=4.0, ge=0)
+    window_abs: float = Field(default=8.0, ge=0)
+    window_rel: float = Field(default=0.25, ge=0)
+
+
 class RouterArgs(_Strict):
-    policy: Literal["least_loaded"] = "least_loaded"
-    replicas: int = Field(default=1, ge=1)
+    policy: Literal["prefix+session+load", "round_robin", "least_loaded", "prefix", "session"] = \
+        "prefix+session+load"
+    # precise: engines that publish KV events (TT) drive the prefix index; others are learned
+    # from routing. approximate: every replica is learned from routing.
+    index_mode: Literal["precise", "approximate"] = "precise"
+    weights: RouterWeightsArgs = Field(default_factory=RouterWeightsArgs)
+    session_ttl_s: float = Field(default=600.0, gt=0)
+    # Concurrent requests of one session on its replica; more spill elsewhere (binding kept).
+    max_in_flight_per_session: int = Field(default=2, ge=1)
+    # Engine stats older than this are ignored (load falls back to the router's in-flight counts).
+    stats_max_age_s: float = Field(default=5.0, gt=0)
+    # One router replica holds the global state (sessions, prefix index, in-flight counts).
+    replicas: int = Field(default=1, ge=1, le=1)
     num_cpus: float = Field(default=0.0, ge=0)
     # How often the router polls every engine replica's stats (membership + load).
     stats_period_s: float = Field(default=0.5, gt=0)

@@ -20,6 +20,7 @@ class SamplingFields(OpenAIBaseModel):
     temperature: float | None = None
     top_p: float | None = None
     user: str | None = None
+    prompt_cache_key: str | None = None  # OpenAI's cache-routing key (a session key for the router)
     # vLLM extensions
     use_beam_search: bool = False
     top_k: int | None = None

@@ -88,3 +88,34 @@ def test_slow_consumer_gets_merged_deltas(pool, tiny_llama):
         assert [t for d in deltas for t in d.new_token_ids] == hf_greedy(tiny_llama, [0, 5, 6], 12)
         assert len(deltas) < 12 and deltas[-1].finished
     asyncio.run(run())
+
+
+def test_tt_replica_reports_block_snapshot_then_kv_events(pool):
+    """The real TT engine (torch mesh model): a replica not yet synced by the router answers with
+    its full cached-block list; once synced, with the blocks stored since the previous poll."""
+    from accel.block_hash import hash_prompt_blocks
+    from deployments.router.kv_events import BlockStored
+    from deployments.tt_replica import TTMeshReplica
+
+    async def generate(replica, rid, prompt):
+        req = GenerateRequest(rid, prompt, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+        return [d async for d in replica.generate(req)]
+
+    async def run():
+        replica = TTMeshReplica(pool)
+        try:
+            first_prompt, second_prompt = tuple(range(3, 43)), tuple(range(500, 540))
+            await generate(replica, "a", first_prompt)
+            snap = replica.routing_snapshot(frozenset())
+            assert snap.publishes_kv_events and snap.block_size == 16 and snap.kv_events == ()
+            assert set(hash_prompt_blocks(first_prompt, 16)) <= set(snap.kv_blocks)
+            await generate(replica, "b", second_prompt)
+            synced = replica.routing_snapshot(frozenset({replica.replica_id}))
+            assert synced.kv_blocks is None
+            stored = {h for e in synced.kv_events if isinstance(e, BlockStored) for h in e.block_hashes}
+            assert set(hash_prompt_blocks(second_prompt, 16)) <= stored
+            assert not set(hash_prompt_blocks(first_prompt, 16)) & stored  # already sent in the snapshot
+            assert set(replica.kv_block_snapshot()) >= stored | set(snap.kv_blocks)
+        finally:
+            await replica.shutdown()
+    asyncio.run(run())

@@ -1,5 +1,5 @@
-"""Prefill/decode routing: the router plans PD for long prompts when prefill and decode pools
-exist, and the ingress's engine client runs prefill -> decode with the ticket, releasing both."""
+"""Prefill/decode routing: the router (RouterCore) plans PD for long prompts when prefill and decode
+pools exist, and the ingress's engine client runs prefill -> decode with the ticket, releasing both."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import asyncio
 from accel.contract import (EngineStats, FinishReason, GenerateRequest, KVTransferParams, OutputDelta,
                             SamplingParams, join_token_ids)
 from deployments.engine_client import EngineClient
-from deployments.pd_plan import plan_pd
-from deployments.route_types import PoolInfo, ReplicaLoad, ReplicaSnapshot, RouteRequest
+from deployments.route_types import PoolInfo, ReplicaSnapshot, RouteRequest
 from deployments.router_deployment import RouterDeployment
 from tests.deployments.test_engine_client import FakePoolHandle, FakeRouterHandle, FakeStream
 from tests.deployments.test_router_deployment import FakePoolHandle as FakePolledPool
@@ -18,40 +17,47 @@ POOLS = (PoolInfo("pre", "m", "tt", "cpu", "prefill"), PoolInfo("dec", "m", "vll
          PoolInfo("other", "m2", "tt", "cpu", "both"))
 
 
-def _load(rid, pool, n):
-    return ReplicaLoad(rid, pool, n)
+def _snap(rid, pool):
+    return ReplicaSnapshot(rid, pool, EngineStats(0, 0, 8, 8), 0, 16)
 
 
-def test_plan_pd_threshold_pools_and_pinning():
-    loads = [_load("p1", "pre", 2), _load("p2", "pre", 0), _load("d1", "dec", 1)]
-    assert plan_pd(RouteRequest("r", "m", 100), POOLS, loads, 100) == (("pre", "p2"), ("dec", "d1"))
-    assert plan_pd(RouteRequest("r", "m", 99), POOLS, loads, 100) is None  # short: colocated
-    assert plan_pd(RouteRequest("r", "m", 500, pool="dec"), POOLS, loads, 100) is None  # pinned
-    assert plan_pd(RouteRequest("r", "m2", 500), POOLS, loads, 100) is None  # no PD pools
-    assert plan_pd(RouteRequest("r", "m", 500), POOLS, [], 100) == (("pre", None), ("dec", None))
-    assert plan_pd(RouteRequest("r", "m", 500), POOLS, loads, None) is None
-    tpu_prefill = (PoolInfo("pre", "m", "vllm", "tpu", "prefill"), POOLS[1])
-    assert plan_pd(RouteRequest("r", "m", 500), tpu_prefill, loads, 100) is None  # no KV path out of TPU
+async def _pd_router(pools, threshold=64):
+    handles = {p.name: FakePolledPool([_snap(f"{p.name}1", p.name)]) for p in pools}
+    router = RouterDeployment(pools, handles, stats_period_s=60, pd_threshold_tokens=threshold)
+    await router.refresh()
+    return router
+
+
+def _inflight(router):
+    return {v.replica_id: v.load.num_in_flight for v in router.snapshot().replicas}
 
 
 def test_router_deployment_decides_pd_and_counts_both_replicas():
-    def snap(rid, pool):
-        return ReplicaSnapshot(rid, pool, EngineStats(0, 0, 8, 8), 0)
-
     async def run():
-        handles = {"pre": FakePolledPool([snap("p1", "pre")]), "dec": FakePolledPool([snap("d1", "dec")]),
-                   "other": FakePolledPool([])}
-        router = RouterDeployment(POOLS, handles, stats_period_s=60, pd_threshold_tokens=64)
-        await router.refresh()
+        router = await _pd_router(POOLS)
         long = await router.choose(RouteRequest("a", "m", 64))
-        assert (long.prefill_pool, long.prefill_replica_id, long.pool, long.replica_id) == ("pre", "p1", "dec", "d1")
+        assert (long.prefill_pool, long.prefill_replica_id, long.pool, long.replica_id) == ("pre", "pre1", "dec", "dec1")
         assert long.reason == "prefill_decode" and long.prefill_ticket
-        counts = {r.replica_id: r.num_routed_inflight for r in router.snapshot().replicas}
-        assert counts == {"p1": 1, "d1": 1}
+        assert _inflight(router) == {"pre1": 1, "dec1": 1, "other1": 0}
         router.release(long.prefill_ticket)  # prefill done: only the decode replica stays busy
-        assert {r.replica_id: r.num_routed_inflight for r in router.snapshot().replicas} == {"p1": 0, "d1": 1}
+        assert _inflight(router) == {"pre1": 0, "dec1": 1, "other1": 0}
+        router.release(long.ticket)
         short = await router.choose(RouteRequest("b", "m", 10))
         assert short.prefill_pool is None and short.pool == "dec"  # the decode pool prefills short prompts
+        pinned = await router.choose(RouteRequest("c", "m", 500, pool="dec"))
+        assert pinned.prefill_pool is None and pinned.replica_id == "dec1"  # a pin means no PD
+        assert (await router.choose(RouteRequest("d", "m2", 500))).prefill_pool is None  # no PD pools
+    asyncio.run(run())
+
+
+def test_no_pd_without_threshold_or_through_tpu():
+    async def run():
+        no_threshold = await _pd_router(POOLS, threshold=None)
+        assert (await no_threshold.choose(RouteRequest("a", "m", 500))).prefill_pool is None
+        tpu_prefill = await _pd_router((PoolInfo("pre", "m", "vllm", "tpu", "prefill"), POOLS[1]))
+        assert (await tpu_prefill.choose(RouteRequest("a", "m", 500))).prefill_pool is None  # no KV path out of TPU
+        tpu_decode = await _pd_router((POOLS[0], PoolInfo("dec", "m", "vllm", "tpu", "decode")))
+        assert (await tpu_decode.choose(RouteRequest("a", "m", 500))).prefill_pool is None  # nor into TPU
     asyncio.run(run())
 
 

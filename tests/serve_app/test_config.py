@@ -43,6 +43,20 @@ def test_local_config_values(tiny_llama):
     assert tt.engine_args["max_num_seqs"] == 4  # a copy, the config is not mutated
 
 
+def test_router_settings_become_the_core_config():
+    args = copy.deepcopy(_args())
+    args["router"].update(policy="round_robin", index_mode="approximate", session_ttl_s=30,
+                          max_in_flight_per_session=3, stats_max_age_s=2, weights={"w_load_blocks": 2.5})
+    cfg = load_app_config(args)
+    assert [p.block_size for p in cfg.pools] == [16, 16]  # tt: engine_args; vllm: its default
+    core = cfg.router.core_config(16, cfg.pd.threshold_tokens)
+    assert (core.policy, core.index_mode, core.block_size, core.pd_min_prompt_tokens) == ("round_robin", "approximate", 16, 256)
+    assert (core.sessions.ttl_s, core.sessions.max_in_flight_per_session, core.load.stats_max_age_s) == (30, 3, 2)
+    assert core.weights.w_load_blocks == 2.5 and core.weights.w_prefill == 1.0
+    default = load_app_config(_args()).router
+    assert (default.policy, default.index_mode) == ("prefix+session+load", "precise")
+
+
 def test_galaxy_recipe():
     cfg = load_app_config(_args("tt_galaxy"))
     (pool,) = cfg.pools
@@ -60,6 +74,7 @@ def test_galaxy_recipe():
     (lambda a: a["pools"][1].__setitem__("engine_argz", {}), "pools[1].engine_argz: unknown key"),
     (lambda a: a.__setitem__("routr", {}), "routr: unknown key"),
     (lambda a: a["router"].__setitem__("polcy", "x"), "router.polcy: unknown key"),
+    (lambda a: a["router"].__setitem__("weights", {"w_prefil": 1}), "router.weights.w_prefil: unknown key"),
     (lambda a: a["pools"][0]["resources"].__setitem__("gpus", 1), "pools[0].resources.gpus: unknown key"),
 ])
 def test_unknown_keys_name_key_and_file(mutate, key):
@@ -88,6 +103,12 @@ def test_without_config_file_errors_say_so():
     (lambda a: a["pools"][1].__setitem__("accelerator", "tpu"), r"pools\[1\].tpu: a pool on accelerator tpu needs"),
     (lambda a: a["pools"][0]["engine_args"].__setitem__("model", "/x"), r"pools\[0\].engine_args.model"),
     (lambda a: a["pools"][0].__setitem__("replicas", -1), r"pools\[0\].replicas: Input should be greater"),
+    (lambda a: a["router"].__setitem__("policy", "random"), r"router.policy: Input should be 'prefix\+session\+load'"),
+    (lambda a: a["router"].__setitem__("index_mode", "exact"), r"router.index_mode: Input should be"),
+    (lambda a: a["router"].__setitem__("session_ttl_s", 0), r"router.session_ttl_s: Input should be greater"),
+    (lambda a: a["router"].__setitem__("max_in_flight_per_session", 0), r"router.max_in_flight_per_session"),
+    (lambda a: a["router"].__setitem__("weights", {"window_rel": -1}), r"router.weights.window_rel"),
+    (lambda a: a["router"].__setitem__("replicas", 2), r"router.replicas: Input should be less than"),
 ])
 def test_cross_checks(mutate, message):
     args = copy.deepcopy(_args())
