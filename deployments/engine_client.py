@@ -53,9 +53,17 @@ class EngineClient:
             logger.warning("router unavailable (%s); choosing locally", reason)
             if self._metrics is not None:
                 self._metrics.fallback(reason)
+            self._forget_late_decision(route.request_id)
             pools = eligible_pools(route, self._pools)
             pool = min(pools, key=lambda p: self._local_inflight[p.name])
             return RouteDecision(pool=pool.name, replica_id=None, ticket="", reason=f"fallback:{reason}")
+
+    def _forget_late_decision(self, request_id: str) -> None:
+        """A decision that arrives after the timeout was counted by the router: release it."""
+        try:
+            self._router.forget.remote(request_id)
+        except Exception:  # the router is down: nothing is counted there either
+            pass
 
     async def stream(self, request: GenerateRequest, route: RouteRequest) -> AsyncIterator[OutputDelta]:
         """Deltas of one engine request. Closing or cancelling this generator early cancels the

@@ -22,10 +22,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from accel.block_hash import hash_prompt_blocks
 from accel.contract import GenerateRequest, InvalidRequestError
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
 from deployments.engine_client import EngineClient, merge_streams
-from accel.block_hash import hash_prompt_blocks
 from deployments.route_types import PoolInfo, RouteRequest, routing_block_size
 from serve_app.config import AppConfig, ModelConfig
 from serve_app.protocol import conversion as conv

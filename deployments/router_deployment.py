@@ -112,6 +112,12 @@ class RouterDeployment:
         else:
             self._core.on_completed(request_id)
 
+    def forget(self, request_id: str) -> None:
+        """Release every ticket of ``request_id``: the ingress gave up waiting for the decision
+        (timeout) and routed locally, so a decision made late must not stay counted."""
+        self.release(request_id + PREFILL_SUFFIX)
+        self.release(request_id)
+
     def snapshot(self) -> RouterSnapshot:
         self._ensure_poller()
         views = tuple(ReplicaView(rid, self._replica_pool[rid], self._core.load(rid))

@@ -42,6 +42,8 @@ class FakeRouterHandle:
         self.released = []
         self.choose = FakeMethod(lambda route: FakeResponse(decision, delay_s, error))
         self.release = FakeMethod(lambda ticket: self.released.append(ticket))
+        self.forgotten = []
+        self.forget = FakeMethod(lambda request_id: self.forgotten.append(request_id))
 
 
 class FakeStream:
@@ -113,7 +115,7 @@ def test_unreachable_router_falls_back_locally_and_counts(router):
         deltas = [d async for d in client.stream(REQ, RouteRequest("r", "m", 2, pool="tt"))]
         assert deltas[-1].finished and pools["tt"].calls == [("r", None)]
         assert metrics.reasons in (["timeout"], ["RuntimeError"])
-        assert router.released == []
+        assert router.released == [] and router.forgotten == ["r"]  # a late decision is not left counted
     asyncio.run(run())
 
 

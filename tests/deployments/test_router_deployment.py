@@ -224,3 +224,14 @@ def test_eligible_pools_and_bad_pins():
     with pytest.raises(RoutingError) as err:
         eligible_pools(_route("r", model="m3"), pools)
     assert err.value.param == "model"
+
+
+def test_forget_releases_a_decision_the_ingress_gave_up_on():
+    async def run():
+        router, _ = _router(vllm=[])
+        await router.refresh()
+        await router.choose(_route("late"))
+        router.forget("late")
+        router.forget("never-decided")
+        assert router.snapshot().num_open_tickets == 0 and set(_inflight(router).values()) == {0}
+    asyncio.run(run())
