@@ -191,7 +191,10 @@ class RouterDeployment:
         self._replica_pool.pop(replica_id, None)
         self._synced.discard(replica_id)
 
-    def check_health(self) -> None:
+    async def check_health(self) -> None:
+        """Serve's periodic health probe; async so that it runs on the replica's event loop and
+        starts the poll loop there even before the first decision (sync methods may run on a
+        worker thread without a loop)."""
         self._ensure_poller()
         if self._poller is not None and self._poller.done() and not self._poller.cancelled():
             raise RuntimeError(f"router poll loop died: {self._poller.exception()!r}")
