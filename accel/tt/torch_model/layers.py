@@ -65,6 +65,7 @@ class RotaryTables:
 
     cos: torch.Tensor
     sin: torch.Tensor
+    signed_sin: torch.Tensor  # sin with its first half negated (see apply_rotary_rolled)
 
     @staticmethod
     def build(config: DecoderConfig, max_positions: int, device: torch.device,
@@ -72,11 +73,17 @@ class RotaryTables:
         inv_freq = rope_inv_freq(config)
         freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        return RotaryTables(emb.cos().to(device=device, dtype=dtype), emb.sin().to(device=device, dtype=dtype))
+        cos, sin = emb.cos().to(device=device, dtype=dtype), emb.sin().to(device=device, dtype=dtype)
+        half = sin.shape[-1] // 2
+        return RotaryTables(cos, sin, torch.cat((-sin[:, :half], sin[:, half:]), dim=-1))
 
     def at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin ``[T, 1, D]`` for ``positions`` ``[T]`` (looked up once per forward, all layers)."""
+        """cos, sin ``[T, 1, D]`` for ``positions`` ``[T]``."""
         return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+
+    def at_rolled(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, signed sin ``[T, 1, D]`` for ``apply_rotary_rolled`` (looked up once per forward)."""
+        return self.cos[positions][:, None, :], self.signed_sin[positions][:, None, :]
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return apply_rotary(x, *self.at(positions))
@@ -87,6 +94,12 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+def apply_rotary_rolled(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """``apply_rotary`` with ``signed_sin`` from ``RotaryTables.at_rolled``: ``rotate_half(x) * sin``
+    equals ``roll(x, D/2) * signed_sin`` element for element (a sign flip is exact), in 4 ops not 7."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 @dataclass(frozen=True)
@@ -109,17 +122,18 @@ class LayerWeights:
 
 def project_qkv(h: torch.Tensor, layer: LayerWeights, config: DecoderConfig,
                 cos_sin: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``h`` ``[T, hidden]`` -> q ``[T, H, D]``, k and v ``[T, Hkv, D]`` (q/k normed and rotated)."""
+    """``h`` ``[T, hidden]`` -> q ``[T, H, D]``, k and v ``[T, Hkv, D]`` (q/k normed and rotated).
+    ``cos_sin`` from ``RotaryTables.at_rolled``."""
     num_heads, num_kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
     qkv = F.linear(h, layer.qkv, layer.qkv_bias).view(-1, num_heads + 2 * num_kv_heads, head_dim)
     v = qkv[:, num_heads + num_kv_heads:]
     if layer.q_norm is not None:
         q = rms_norm(qkv[:, :num_heads], layer.q_norm, config.rms_norm_eps)
         k = rms_norm(qkv[:, num_heads:num_heads + num_kv_heads], layer.k_norm, config.rms_norm_eps)
-        return apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin), v
+        return apply_rotary_rolled(q, *cos_sin), apply_rotary_rolled(k, *cos_sin), v
     # No q/k norm: q and k heads sit side by side, so one rotation covers both (same per-element
     # arithmetic as rotating each, half the ops).
-    qk = apply_rotary(qkv[:, :num_heads + num_kv_heads], *cos_sin)
+    qk = apply_rotary_rolled(qkv[:, :num_heads + num_kv_heads], *cos_sin)
     return qk[:, :num_heads], qk[:, num_heads:], v
 
 

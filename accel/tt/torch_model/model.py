@@ -297,16 +297,20 @@ class TorchMeshModel:
         cfg, w = self.config, self.weights
         meta = AttentionMetadata.build(store, page_table.to(dev), lanes.to(dev), positions, is_written, num_ctx_blocks,
                                        cfg.num_queries_per_kv, dtype=store.keys[0].dtype)
-        cos_sin = self.rope.at(positions.reshape(-1))
+        cos_sin = self.rope.at_rolled(positions.reshape(-1))
         scale = cfg.head_dim ** -0.5
         h = w.embed[tokens.reshape(-1)]  # [n * L, hidden]
+        kv_dtype = store.keys[0].dtype
+        is_cast = kv_dtype != h.dtype  # casts only where KV and model dtypes differ (fewer ops per layer)
         for i, layer in enumerate(w.layers):
             x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
             q, k, v = project_qkv(x, layer, cfg, cos_sin)
-            write_kv(store, i, meta, k.to(store.keys[i].dtype), v.to(store.values[i].dtype))
-            q = q.view(n, length, cfg.num_heads, cfg.head_dim).to(store.keys[i].dtype)
-            attn = paged_attention(store, i, meta, q, scale)
-            h = h + F.linear(attn.reshape(n * length, -1).to(h.dtype), layer.o_proj)
+            if is_cast:
+                q, k, v = q.to(kv_dtype), k.to(kv_dtype), v.to(kv_dtype)
+            write_kv(store, i, meta, k, v)
+            attn = paged_attention(store, i, meta, q.view(n, length, cfg.num_heads, cfg.head_dim), scale)
+            attn = attn.view(n * length, -1)
+            h = h + F.linear(attn.to(h.dtype) if is_cast else attn, layer.o_proj)
             h = h + swiglu_mlp(rms_norm(h, layer.post_attention_norm, cfg.rms_norm_eps), layer)
         # Decode (L == 1): every row's only token is its last.
         last = h if length == 1 else h.view(n, length, -1)[torch.arange(n, device=dev), last_index.to(dev)]

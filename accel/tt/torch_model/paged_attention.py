@@ -108,6 +108,10 @@ def paged_attention(store: PagedKVStore, layer: int, meta: AttentionMetadata, q:
     v = _gather(store.values[layer], meta.ctx_blocks, n)
     num_kv = k.shape[1]
     group = num_heads // num_kv
+    if length == 1:  # decode: a head's group of queries is already contiguous, views only
+        out = F.scaled_dot_product_attention(q.view(n, num_kv, group, head_dim), k, v, attn_mask=meta.mask,
+                                             scale=scale)
+        return out.reshape(n, 1, num_heads * head_dim)
     # Queries of one kv head side by side: [n, Hkv, G * L, D]; the mask repeats per group.
     qg = q.view(n, length, num_kv, group, head_dim).permute(0, 2, 3, 1, 4).reshape(n, num_kv, group * length, head_dim)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=meta.mask, scale=scale)
