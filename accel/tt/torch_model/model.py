@@ -33,6 +33,9 @@ from accel.tt.torch_model.weights import ModelWeights, load_weights
 logger = logging.getLogger(__name__)
 
 MIN_PREFILL_BUCKET_TOKENS = 128
+# Attention reads the longest row's context rounded up to this many keys, not to whole blocks
+# (its cost is linear in the key count); few distinct shapes, no partial-vector tails.
+CTX_TOKEN_ALIGN = 16
 
 
 def prefill_bucket(num_tokens: int) -> int:
@@ -164,7 +167,7 @@ class TorchMeshModel:
 
         def program() -> Any:
             logits = self._forward(store, step_tokens, positions, is_written, lanes, page_table,
-                                   num_ctx_blocks, last_index)
+                                   num_ctx_blocks, last_index, _round_up(int(ends.max()), CTX_TOKEN_ALIGN))
             if prep is None:
                 return logits[:, None, :].float().cpu()
             return _to_host(sample(logits, prep, self.generator, self.model_capabilities[MAX_DEVICE_TOP_K]))
@@ -195,14 +198,16 @@ class TorchMeshModel:
         is_written = (start_pos >= 0)[:, None]
         positions = start_pos.clamp_min(0)[:, None]
         lanes = torch.arange(self.max_batch_size) // self.per_lane
-        num_ctx_blocks = self._num_ctx_blocks(int(start_pos.max()) + 1, store, page_table.shape[1])
+        max_end = int(start_pos.max()) + 1
+        num_ctx_blocks = self._num_ctx_blocks(max_end, store, page_table.shape[1])
+        num_ctx_tokens = _round_up(max_end, CTX_TOKEN_ALIGN)
         _check_block_ids(page_table, start_pos + 1, store)
         prep = (self._decode_sampling.prepare(sampling_params, (start_pos + 1).tolist())
                 if sampling_params is not None else None)
 
         def program() -> Any:
             logits = self._forward(store, tokens, positions, is_written, lanes, page_table, num_ctx_blocks,
-                                   torch.zeros(self.max_batch_size, dtype=torch.int64))
+                                   torch.zeros(self.max_batch_size, dtype=torch.int64), num_ctx_tokens)
             if prep is None:
                 return logits.float().cpu()
             return _to_host(sample(logits, prep, self.generator, self.model_capabilities[MAX_DEVICE_TOP_K]))
@@ -289,14 +294,16 @@ class TorchMeshModel:
     @torch.inference_mode()
     def _forward(self, store: PagedKVStore, tokens: torch.Tensor, positions: torch.Tensor,
                  is_written: torch.Tensor, lanes: torch.Tensor, page_table: torch.Tensor,
-                 num_ctx_blocks: int, last_index: torch.Tensor) -> torch.Tensor:
-        """``tokens``/``positions``/``is_written`` ``[n, L]`` -> logits ``[n, vocab]`` at ``last_index``."""
+                 num_ctx_blocks: int, last_index: torch.Tensor, num_ctx_tokens: int | None = None) -> torch.Tensor:
+        """``tokens``/``positions``/``is_written`` ``[n, L]`` -> logits ``[n, vocab]`` at ``last_index``;
+        attention reads ``num_ctx_tokens`` keys per row (default: every gathered block's)."""
         dev = self.device
         tokens, positions, is_written = tokens.to(dev), positions.to(dev), is_written.to(dev)
         n, length = tokens.shape
         cfg, w = self.config, self.weights
         meta = AttentionMetadata.build(store, page_table.to(dev), lanes.to(dev), positions, is_written, num_ctx_blocks,
-                                       cfg.num_queries_per_kv, dtype=store.keys[0].dtype)
+                                       cfg.num_queries_per_kv, dtype=store.keys[0].dtype,
+                                       num_ctx_tokens=num_ctx_tokens)
         cos_sin = self.rope.at_rolled(positions.reshape(-1))
         scale = cfg.head_dim ** -0.5
         h = w.embed[tokens.reshape(-1)]  # [n * L, hidden]
@@ -315,6 +322,10 @@ class TorchMeshModel:
         # Decode (L == 1): every row's only token is its last.
         last = h if length == 1 else h.view(n, length, -1)[torch.arange(n, device=dev), last_index.to(dev)]
         return F.linear(rms_norm(last, w.final_norm, cfg.rms_norm_eps), w.lm_head)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def _check_block_ids(page_table: torch.Tensor, ends: torch.Tensor, store: PagedKVStore) -> None:

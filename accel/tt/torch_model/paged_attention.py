@@ -61,27 +61,32 @@ class PagedKVStore:
 class AttentionMetadata:
     """Where a step's tokens write and what they may read; built once per forward, used by every layer.
 
-    ``n`` rows x ``L`` padded tokens per row; ``C`` = ``num_ctx_blocks * block_size`` keys per row.
+    ``n`` rows x ``L`` padded tokens per row; ``C`` keys per row: the first ``num_ctx_tokens`` of
+    the ``num_ctx_blocks * block_size`` gathered (attention cost is linear in ``C``).
     """
 
     write_slots: torch.Tensor  # int64 [n * L], token slot (block * block_size + offset); scratch if no write
     ctx_blocks: torch.Tensor  # int64 [n * num_ctx_blocks], global block ids, row-major
     num_ctx_blocks: int
+    num_ctx_tokens: int
     mask: torch.Tensor  # float [n, 1, G * L, C]: 0 where key j is visible (j <= position), -inf elsewhere
 
     @staticmethod
     def build(store: PagedKVStore, page_table: torch.Tensor, lanes: torch.Tensor,
               positions: torch.Tensor, is_written: torch.Tensor, num_ctx_blocks: int,
-              num_queries_per_kv: int = 1, dtype: torch.dtype = torch.float32) -> "AttentionMetadata":
+              num_queries_per_kv: int = 1, dtype: torch.dtype = torch.float32,
+              num_ctx_tokens: int | None = None) -> "AttentionMetadata":
         """``page_table`` int ``[n, W]`` lane-local; ``lanes`` int64 ``[n]``; ``positions`` int64
-        ``[n, L]`` (every entry a valid position, padding clamped); ``is_written`` bool ``[n, L]``."""
+        ``[n, L]`` (every entry a valid position, padding clamped); ``is_written`` bool ``[n, L]``;
+        ``num_ctx_tokens`` (default: every gathered token) must exceed the largest position."""
         bs = store.block_size
         base = (lanes * store.num_blocks)[:, None]
         table = page_table.to(torch.int64)
         local_block = torch.gather(table, 1, torch.div(positions, bs, rounding_mode="floor"))
         write_slots = torch.where(is_written, (base + local_block) * bs + positions % bs, store.scratch_block * bs)
         ctx_blocks = base + table[:, :num_ctx_blocks]
-        keys_pos = torch.arange(num_ctx_blocks * bs, device=positions.device)
+        num_ctx_tokens = num_ctx_blocks * bs if num_ctx_tokens is None else min(num_ctx_tokens, num_ctx_blocks * bs)
+        keys_pos = torch.arange(num_ctx_tokens, device=positions.device)
         n, length = positions.shape
         # Additive mask (what SDPA turns a bool mask into anyway; passing it ready is cheaper).
         # Every query sees key 0, so no row is fully masked.
@@ -90,7 +95,7 @@ class AttentionMetadata:
         if num_queries_per_kv > 1:
             mask = mask.expand(n, num_queries_per_kv, length, mask.shape[-1])
         mask = mask.reshape(n, 1, num_queries_per_kv * length, -1)
-        return AttentionMetadata(write_slots.reshape(-1), ctx_blocks.reshape(-1), num_ctx_blocks, mask)
+        return AttentionMetadata(write_slots.reshape(-1), ctx_blocks.reshape(-1), num_ctx_blocks, num_ctx_tokens, mask)
 
 
 def write_kv(store: PagedKVStore, layer: int, meta: AttentionMetadata, k: torch.Tensor,
@@ -104,8 +109,8 @@ def paged_attention(store: PagedKVStore, layer: int, meta: AttentionMetadata, q:
                     scale: float) -> torch.Tensor:
     """``q`` ``[n, L, H, D]`` over each row's pages -> ``[n, L, H * D]`` (GQA: head h reads kv h // G)."""
     n, length, num_heads, head_dim = q.shape
-    k = _gather(store.keys[layer], meta.ctx_blocks, n)  # [n, Hkv, C, D]
-    v = _gather(store.values[layer], meta.ctx_blocks, n)
+    k = _gather(store.keys[layer], meta.ctx_blocks, n)[:, :, :meta.num_ctx_tokens]  # [n, Hkv, C, D]
+    v = _gather(store.values[layer], meta.ctx_blocks, n)[:, :, :meta.num_ctx_tokens]
     num_kv = k.shape[1]
     group = num_heads // num_kv
     if length == 1:  # decode: a head's group of queries is already contiguous, views only
