@@ -63,6 +63,7 @@ class RouterDeployment:
         self._roles = {p.name: _core_role(p, self._pools, pd_threshold_tokens) for p in self._pools}
         self._replica_pool: dict[str, str] = {}  # replica id -> pool name (known to the core)
         self._synced: set[str] = set()  # replicas whose KV state the index follows
+        self._capacity: dict[str, int] = {}  # replica id -> index capacity in routing blocks
         # ticket -> (request id, replica id or None, is prefill ticket, issue time)
         self._tickets: dict[str, tuple[str, str | None, bool, float]] = {}
         self._poller: asyncio.Task | None = None
@@ -171,11 +172,12 @@ class RouterDeployment:
             return
         rid = snap.replica_id
         is_precise = snap.publishes_kv_events and snap.block_size == self._model_block_size(pool.model)
-        if rid not in self._replica_pool:
-            engine_bs = snap.block_size or self._core.config.block_size
-            num_blocks = max(1, snap.stats.num_kv_blocks_total * engine_bs // self._model_block_size(pool.model))
+        engine_bs = snap.block_size or self._core.config.block_size
+        num_blocks = max(1, snap.stats.num_kv_blocks_total * engine_bs // self._model_block_size(pool.model))
+        if self._capacity.get(rid) != num_blocks:  # new, or its KV capacity became known / changed
             self._core.add_replica(ReplicaInfo(rid, (pool.model,), num_blocks, role, publishes_kv_events=is_precise))
             self._replica_pool[rid] = pool.name
+            self._capacity[rid] = num_blocks
         self._core.apply_stats(rid, snap.stats)
         if not is_precise:
             self._synced.add(rid)
@@ -189,6 +191,7 @@ class RouterDeployment:
         """The replica is gone: no more routing there; its index, sessions and load drop now."""
         self._core.remove_replica(replica_id)
         self._replica_pool.pop(replica_id, None)
+        self._capacity.pop(replica_id, None)
         self._synced.discard(replica_id)
 
     async def check_health(self) -> None:

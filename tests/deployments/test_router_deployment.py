@@ -235,3 +235,17 @@ def test_forget_releases_a_decision_the_ingress_gave_up_on():
         router.forget("never-decided")
         assert router.snapshot().num_open_tickets == 0 and set(_inflight(router).values()) == {0}
     asyncio.run(run())
+
+
+def test_capacity_follows_the_engine_report():
+    async def run():
+        router, handles = _router(tt=[_snap("t1", "tt")], vllm=[])
+        await router.refresh()
+        assert router.core.index.capacity("t1") == 64
+        handles["tt"].snapshots = [lambda synced: ReplicaSnapshot("t1", "tt", EngineStats(0, 0, 32, 8), 0, 2 * BS)]
+        await router.refresh()
+        assert router.core.index.capacity("t1") == 64  # 32 engine blocks of 8 tokens = 64 routing blocks of 4
+        handles["tt"].snapshots = [lambda synced: ReplicaSnapshot("t1", "tt", EngineStats(0, 0, 10, 8), 0, BS)]
+        await router.refresh()
+        assert router.core.index.capacity("t1") == 10
+    asyncio.run(run())
