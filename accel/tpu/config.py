@@ -48,7 +48,7 @@ _BOOL_KEYS = ("enable_expert_parallel", "enable_prefix_caching", "async_scheduli
               "disable_log_stats", "enable_log_requests")
 _STR_KEYS = ("model", "tokenizer", "kv_cache_dtype", "dtype", "load_format", "quantization",
              "revision", "served_model_name", "distributed_executor_backend")
-_MAPPING_KEYS = ("additional_config", "kv_transfer_config", "hf_overrides")
+_MAPPING_KEYS = ("additional_config", "kv_transfer_config", "kv_events_config", "hf_overrides")
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,7 @@ class VllmEngineConfig:
     enforce_eager: bool | None = None
     seed: int | None = None
     kv_transfer_config: Mapping[str, Any] | None = None
+    kv_events_config: Mapping[str, Any] | None = None   # vLLM's KV cache event publisher (ZMQ)
     gpu_memory_utilization: float | None = None
     kv_cache_memory_bytes: int | None = None
     load_format: str | None = None
