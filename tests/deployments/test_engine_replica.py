@@ -104,17 +104,18 @@ def test_tt_replica_reports_block_snapshot_then_kv_events(pool):
     async def run():
         replica = TTMeshReplica(pool)
         try:
-            first_prompt, second_prompt = tuple(range(3, 43)), tuple(range(500, 540))
+            bs = pool.block_size
+            first_prompt, second_prompt = tuple(range(3, 3 + 2 * bs + 8)), tuple(range(500, 500 + 2 * bs + 8))
             await generate(replica, "a", first_prompt)
             snap = replica.routing_snapshot(frozenset())
-            assert snap.publishes_kv_events and snap.block_size == 16 and snap.kv_events == ()
-            assert set(hash_prompt_blocks(first_prompt, 16)) <= set(snap.kv_blocks)
+            assert snap.publishes_kv_events and snap.block_size == bs and snap.kv_events == ()
+            assert set(hash_prompt_blocks(first_prompt, bs)) <= set(snap.kv_blocks)
             await generate(replica, "b", second_prompt)
             synced = replica.routing_snapshot(frozenset({replica.replica_id}))
             assert synced.kv_blocks is None
             stored = {h for e in synced.kv_events if isinstance(e, BlockStored) for h in e.block_hashes}
-            assert set(hash_prompt_blocks(second_prompt, 16)) <= stored
-            assert not set(hash_prompt_blocks(first_prompt, 16)) & stored  # already sent in the snapshot
+            assert set(hash_prompt_blocks(second_prompt, bs)) <= stored
+            assert not set(hash_prompt_blocks(first_prompt, bs)) & stored  # already sent in the snapshot
             assert set(replica.kv_block_snapshot()) >= stored | set(snap.kv_blocks)
         finally:
             await replica.shutdown()

