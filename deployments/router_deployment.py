@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 NO_PD = 1 << 62  # pd_min_prompt_tokens when disaggregation is off
 PREFILL_SUFFIX = "#prefill"
+UNSEEN_POOL_WAIT_S = 0.1  # how long a decision waits for an on-demand poll of an unseen pool
 
 
 class RouterDeployment:
@@ -67,6 +68,7 @@ class RouterDeployment:
         # ticket -> (request id, replica id or None, is prefill ticket, issue time)
         self._tickets: dict[str, tuple[str, str | None, bool, float]] = {}
         self._poller: asyncio.Task | None = None
+        self._pending_refresh: asyncio.Task | None = None  # an on-demand poll (unseen pool)
         self._metrics = None
 
     # -- decision API -------------------------------------------------------------------------
@@ -74,7 +76,22 @@ class RouterDeployment:
     async def choose(self, request: RouteRequest) -> RouteDecision:
         """Raises ``RoutingError`` when no pool may serve the request."""
         self._ensure_poller()
+        if self._has_unseen_pool(request.model):
+            # Serve reports the app ready before the first poll has seen every pool; without this
+            # the first requests after start-up would skip PD or a pool. Bounded: the ingress's
+            # decision timeout is short, and a slow poll just finishes in the background.
+            await asyncio.wait({self._refresh_task()}, timeout=UNSEEN_POOL_WAIT_S)
         return self.decide(request)
+
+    def _has_unseen_pool(self, model: str) -> bool:
+        known = set(self._replica_pool.values())
+        return any(p.model == model and self._roles[p.name] is not None and p.name not in known
+                   for p in self._pools)
+
+    def _refresh_task(self) -> asyncio.Task:
+        if self._pending_refresh is None or self._pending_refresh.done():
+            self._pending_refresh = asyncio.get_running_loop().create_task(self.refresh())
+        return self._pending_refresh
 
     def decide(self, request: RouteRequest) -> RouteDecision:
         allowed_pools = eligible_pools(request, self._pools)  # RoutingError -> the ingress's 400

@@ -8,6 +8,7 @@ from __future__ import annotations
 import openai
 import pytest
 
+from tests.deployments.handle_loop import wait_until_router_knows
 from tests.hf_reference import hf_greedy
 
 pytestmark = pytest.mark.slow
@@ -35,6 +36,7 @@ def client(serve_session, tiny_llama):
     }
     serve.run(build_app(args), name=APP, route_prefix="/pd")
     try:
+        wait_until_router_knows(APP, 2)
         yield openai.OpenAI(base_url=f"{serve_session}/pd/v1", api_key="unused", max_retries=0, timeout=120)
     finally:
         serve.delete(APP)

@@ -249,3 +249,16 @@ def test_capacity_follows_the_engine_report():
         await router.refresh()
         assert router.core.index.capacity("t1") == 10
     asyncio.run(run())
+
+
+def test_first_decision_polls_pools_it_has_not_seen():
+    # Serve reports the app ready before the router's first poll: the first decision must not
+    # miss replicas (nor PD) because of that.
+    async def run():
+        router, handles = _router(policy="least_loaded")
+        decision = await router.choose(_route("r0"))
+        assert decision.replica_id in {"t1", "t2", "v1"} and decision.reason != "no_replica_known"
+        polls = len(handles["tt"].synced_args)
+        await router.choose(_route("r1"))  # every pool seen: no extra poll on the decision path
+        assert len(handles["tt"].synced_args) <= polls + 1  # (+1: the background loop's own)
+    asyncio.run(run())

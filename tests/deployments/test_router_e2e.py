@@ -9,14 +9,11 @@ engine replicas (tiny-llama, torch mesh model, one lane each so a replica is one
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
-
 import httpx
 import pytest
 
 from accel.block_hash import hash_prompt_blocks
+from tests.deployments.handle_loop import HANDLES, HandleLoop, wait_until_router_knows
 
 pytestmark = pytest.mark.slow
 
@@ -39,22 +36,8 @@ def _args(tiny_llama, policy: str) -> dict:
     }
 
 
-class _HandleLoop:
-    """Driver-side handle calls on one event-loop thread (handles bind to their first loop)."""
-
-    def __init__(self):
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
-
-    def call(self, coro, timeout_s: float = 60):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=timeout_s)
-
-    def close(self):
-        self.loop.call_soon_threadsafe(self.loop.stop)
-
-
 class _App:
-    def __init__(self, name: str, base_url: str, handles: _HandleLoop):
+    def __init__(self, name: str, base_url: str, handles: HandleLoop):
         self.name, self.base_url, self._handles = name, base_url, handles
 
     async def _broadcast(self, method: str):
@@ -74,22 +57,10 @@ class _App:
     def session_replica(self, key: str) -> str | None:
         return self._handles.call(self._session_replica(key))
 
-    async def _num_known_replicas(self) -> int:
-        from ray import serve
-        return len((await serve.get_deployment_handle(ROUTER, self.name).snapshot.remote()).replicas)
-
-    def wait_until_router_knows(self, num_replicas: int, timeout_s: float = 60) -> None:
-        deadline = time.monotonic() + timeout_s
-        while self._handles.call(self._num_known_replicas()) < num_replicas:
-            assert time.monotonic() < deadline, "the router never saw the engine replicas"
-            time.sleep(0.2)
-
 
 @pytest.fixture(scope="module")
-def handles():
-    loop = _HandleLoop()
-    yield loop
-    loop.close()
+def handles() -> HandleLoop:
+    return HANDLES
 
 
 def _deploy(serve_session, tiny_llama, handles, policy: str):
@@ -100,7 +71,7 @@ def _deploy(serve_session, tiny_llama, handles, policy: str):
     name = f"router-e2e-{policy.replace('+', '-')}"
     serve.run(build_app(_args(tiny_llama, policy)), name=name, route_prefix=f"/{name}")
     app = _App(name, f"{serve_session}/{name}", handles)
-    app.wait_until_router_knows(2)
+    wait_until_router_knows(name, 2)
     return app
 
 
