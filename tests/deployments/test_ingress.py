@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import threading
 import time
 from pathlib import Path
 
@@ -60,20 +59,7 @@ def _pin(pool: str) -> dict:
     return {"x-meshserve-pool": pool}
 
 
-class _HandleLoop:
-    """One event loop thread for every handle call from the test driver: handles bind to the
-    loop they are first used in (and need one at all with RAY_SERVE_THROUGHPUT_OPTIMIZED=1)."""
-
-    def __init__(self):
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-
-    def submit(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-
-_HANDLES = _HandleLoop()
+from tests.deployments.handle_loop import HANDLES as _HANDLES
 
 
 async def _running_on_handle_loop(pool: str) -> int:
@@ -188,6 +174,31 @@ def test_cached_tokens_reported(client):
     client.completions.create(**kw)
     again = client.completions.create(**kw)
     assert again.usage.prompt_tokens_details.cached_tokens >= 128  # vLLM-CPU: full 32-token blocks (local.yaml)
+
+
+async def _vllm_routing_snapshots():
+    from ray import serve
+    handle = serve.get_deployment_handle(POOLS["vllm"], APP)
+    return await handle.broadcast("routing_snapshot", frozenset()).results_async(timeout_s=30)
+
+
+def test_vllm_replica_reports_its_blocks_to_the_router(client):
+    """The vLLM replica follows vLLM's ZMQ KV events inside Serve: its (unsynced) poll answer is a
+    block snapshot with the prompt's full-block hashes at the routing block size (32 here)."""
+    from accel.block_hash import hash_prompt_blocks
+
+    prompt = [0] + [(11 * i) % 900 + 3 for i in range(140)]
+    client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=2, temperature=0,
+                              extra_headers=_pin("vllm"))
+    want = set(hash_prompt_blocks(prompt, 32))
+    deadline = time.monotonic() + 10
+    while True:
+        (snap,) = _HANDLES.submit(_vllm_routing_snapshots()).result(timeout=60)
+        assert snap.publishes_kv_events and snap.block_size == 32
+        if want <= set(snap.kv_blocks) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert want <= set(snap.kv_blocks)
 
 
 @pytest.mark.parametrize("kwargs, status, param", [
