@@ -8,10 +8,11 @@ broadcasts ``routing_snapshot(synced_ids)`` to each pool (``DeploymentHandle.bro
 every live replica). A replica that answers for the first time is added to the core at once; one
 that no longer answers (dead, drained, scaled down) is removed at once — its index entries,
 sessions and in-flight counts go with it. Each answer carries the engine's stats and, for engines
-that publish KV events at the model's routing block size (the TT engine), either the events since
-the previous poll or — when the replica is not in ``synced_ids`` (new to this router, a restarted
-router, or a poll of its pool was lost) — its full ``kv_block_snapshot()``. Engines without events
-(vLLM here) are learned from routing, even in ``precise`` mode.
+that publish KV events at the model's routing block size (the TT engine; vLLM via its ZMQ events,
+``deployments/vllm_kv_subscriber.py``), either the events since the previous poll or — when the
+replica is not in ``synced_ids`` (new to this router, a restarted router, or a poll of its pool
+was lost) — its full ``kv_block_snapshot()``. Replicas without events, or at another block size,
+are learned from routing, even in ``precise`` mode.
 
 Decisions: ``choose(RouteRequest)`` counts the request on the chosen replica(s) before answering
 (so a burst cannot pile onto one replica) and returns a ``RouteDecision`` with a ticket; the
