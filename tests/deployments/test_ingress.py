@@ -18,6 +18,7 @@ import openai
 import pytest
 import yaml
 
+from tests.deployments.handle_loop import HANDLES as _HANDLES
 from tests.hf_reference import hf_greedy
 
 pytestmark = pytest.mark.slow
@@ -57,9 +58,6 @@ def tok(tiny_llama):
 
 def _pin(pool: str) -> dict:
     return {"x-meshserve-pool": pool}
-
-
-from tests.deployments.handle_loop import HANDLES as _HANDLES
 
 
 async def _running_on_handle_loop(pool: str) -> int:
