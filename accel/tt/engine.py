@@ -28,6 +28,8 @@ from accel.tt.config import TTEngineConfig, check_model_capabilities
 from accel.tt.engine_core import EngineCore, KVHookPoints, NewTokens, StepRecord
 from accel.tt.lane_coordinator import LaneCoordinator
 from accel.tt.mesh_model import SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING
+from accel.tt.model_setup import (build_model, devices_per_lane, kv_block_shape, kv_dtype, load_hf_config,
+                                  num_blocks_per_lane, open_default_backend, platform_name)
 from accel.tt.request_state import RequestState
 from accel.tt.runner import MeshRunner
 from accel.tt.sampling_policy import SamplingPolicy
@@ -51,19 +53,19 @@ class TTMeshEngine:
                  keep_step_log: bool = False, kv_hooks: KVHookPoints | None = None):
         self.config = config
         self.tokenizer = load_tokenizer(config.tokenizer_path)
-        self._hf_config = _load_hf_config(config.model)
-        self._backend = backend if backend is not None or model_class is not None else _open_default_backend(config)
+        self._hf_config = load_hf_config(config.model)
+        self._backend = backend if backend is not None or model_class is not None else open_default_backend(config)
         model_cls = model_class or self._backend.model_class(self._hf_config)
         capabilities: Mapping[str, Any] = getattr(model_cls, "model_capabilities", {})
         check_model_capabilities(config, capabilities)
         self.enable_prefix_caching = (bool(capabilities.get(SUPPORTS_PREFIX_CACHING, False))
                                       if config.enable_prefix_caching is None else config.enable_prefix_caching)
-        self.model = _build_model(model_cls, self._hf_config, self._mesh_device, config)
+        self.model = build_model(model_cls, self._hf_config, self._mesh_device, config)
         self.vocab_size = int(self._hf_config.vocab_size)
-        self.num_blocks_per_lane = _num_blocks_per_lane(model_cls, config)
-        kv_shape = _kv_block_shape(self._hf_config, config, self.num_blocks_per_lane,
-                                   _devices_per_lane(self._backend, config.num_lanes))
-        kv_cache = self.model.allocate_kv_cache(kv_shape, _kv_dtype(), int(self._hf_config.num_hidden_layers))
+        self.num_blocks_per_lane = num_blocks_per_lane(model_cls, config)
+        kv_shape = kv_block_shape(self._hf_config, config, self.num_blocks_per_lane,
+                                   devices_per_lane(self._backend, config.num_lanes))
+        kv_cache = self.model.allocate_kv_cache(kv_shape, kv_dtype(), int(self._hf_config.num_hidden_layers))
         policy = SamplingPolicy(config.tt.sample_on_device_mode, config.tt.always_compat_sampling,
                                 dict(capabilities))
         runner = MeshRunner(self.model, kv_cache, config, policy, self.tokenizer.eos_token_ids, self.vocab_size)
@@ -78,7 +80,7 @@ class TTMeshEngine:
         self.core = EngineCore(LaneCoordinator(lanes), AsyncDecodeQueue(runner, is_async),
                                self.tokenizer.eos_token_ids, config.max_model_len, keep_step_log,
                                kv_hooks=kv_hooks, kv_cache=kv_cache)
-        self.platform = _platform_name(self._backend, self.model)
+        self.platform = platform_name(self._backend, self.model)
         self._cv = threading.Condition()
         self._inbox: deque[tuple[str, Any]] = deque()
         self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -336,75 +338,3 @@ def _merge(items: list[NewTokens]) -> tuple[list[int], list | None]:
 def _put_all(batch: list[tuple[asyncio.Queue, Any]]) -> None:
     for queue, value in batch:
         queue.put_nowait(value)
-
-
-# ---- construction helpers ------------------------------------------------------------------
-def _load_hf_config(model: str) -> Any:
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(model, local_files_only=True)
-
-
-def _open_default_backend(config: TTEngineConfig) -> Any:
-    """The ttnn mesh (opened with ``additional_config.tt``'s device options) when chips are
-    present, else the torch program."""
-    from accel.tt.backend import open_backend
-    from accel.tt.mesh_device import MeshDeviceConfig
-
-    return open_backend("auto", MeshDeviceConfig.from_tt_options(config.tt))
-
-
-def _build_model(model_cls: type, hf_config: Any, mesh_device: Any, config: TTEngineConfig) -> Any:
-    optional = {"max_seq_len": config.max_model_len, "tt_data_parallel": config.num_lanes,
-                "optimizations": config.tt.optimizations}
-    try:
-        from accel.tt.backend import load_mesh_model
-    except ImportError:  # the backend module is optional for injected model classes
-        return model_cls.initialize_vllm_model(hf_config, mesh_device, config.max_num_seqs_global, **optional)
-    return load_mesh_model(model_cls, hf_config, mesh_device, config.max_num_seqs_global, **optional)
-
-
-def _num_blocks_per_lane(model_cls: type, config: TTEngineConfig) -> int:
-    """KV blocks per lane (§3): the override, else the model's token pool plus one block of
-    headroom per slot, else every slot at full length."""
-    if config.num_gpu_blocks_override is not None:
-        return config.num_gpu_blocks_override
-    bs = config.block_size
-    get_max = getattr(model_cls, "get_max_tokens_all_users", None)
-    tokens = None
-    if get_max is not None:
-        tokens = get_max(model_name=config.model, num_devices=1, tt_data_parallel=config.num_lanes,
-                         max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs)
-    if not tokens:
-        tokens = config.max_num_seqs * config.max_model_len
-    return max(-(-(int(tokens) + bs * config.max_num_seqs) // bs), config.max_num_blocks_per_req)
-
-
-def _devices_per_lane(backend: Any, num_lanes: int) -> int:
-    grid = getattr(getattr(backend, "mesh", None), "grid", None)
-    return max(1, (grid[0] * grid[1]) // num_lanes) if grid else 1
-
-
-def _kv_block_shape(hf_config: Any, config: TTEngineConfig, num_blocks: int,
-                    devices_per_lane: int) -> tuple[int, int, int, int]:
-    """Per-lane, per-layer KV shape (§3): tensor parallelism inside a lane folds into the heads."""
-    num_heads = int(hf_config.num_attention_heads)
-    num_kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or num_heads)
-    head_dim = int(getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads)
-    num_kv_heads //= min(devices_per_lane, num_kv_heads)
-    return (num_blocks, num_kv_heads, config.block_size, head_dim)
-
-
-def _kv_dtype() -> Any:
-    """The torch program keeps fp32 KV (token-exact vs HF). A tt-metal generator wants
-    ``ttnn.bfloat8_b`` here; the ttnn backend should provide it (not wired yet)."""
-    import torch
-
-    return torch.float32
-
-
-def _platform_name(backend: Any, model: Any) -> str:
-    if getattr(backend, "kind", None) == "ttnn":
-        return "ttnn"
-    device = getattr(model, "device", None)
-    return f"tt-torch-{getattr(device, 'type', 'cpu')}"
