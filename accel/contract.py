@@ -151,10 +151,6 @@ class SamplingParams:
         return (self.presence_penalty != 0 or self.frequency_penalty != 0
                 or self.repetition_penalty != 1)
 
-    @property
-    def max_stop_str_len(self) -> int:
-        return max((len(s) for s in self.stop), default=0)
-
 
 @dataclass(frozen=True)
 class KVTransferParams:
@@ -270,14 +266,6 @@ class Engine(Protocol):
     def stats(self) -> EngineStats: ...
 
     async def shutdown(self) -> None: ...
-
-
-def sampling_from_mapping(values: Mapping[str, Any]) -> SamplingParams:
-    """Build SamplingParams from a plain mapping, refusing unknown keys by name."""
-    known = SamplingParams.__dataclass_fields__
-    unknown = sorted(set(values) - set(known))
-    _require(not unknown, unknown[0] if unknown else "", "unknown sampling parameter")
-    return SamplingParams(**dict(values))
 
 
 def join_token_ids(deltas: Iterable[OutputDelta]) -> list[int]:
