@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from accel.block_hash import ROOT_HASH, BlockHash, hash_block
+from accel.block_hash import ROOT_HASH, BlockHash, hash_prompt_blocks
 from accel.contract import GenerateRequest, SamplingParams
 
 
@@ -95,8 +95,8 @@ class RequestState:
 
     def update_block_hashes(self, block_size: int) -> None:
         """Extend the chained hashes over every full block of known tokens."""
-        num_full = len(self.token_ids) // block_size
-        parent = self.block_hashes[-1] if self.block_hashes else ROOT_HASH
-        for i in range(len(self.block_hashes), num_full):
-            parent = hash_block(parent, self.token_ids[i * block_size:(i + 1) * block_size])
-            self.block_hashes.append(parent)
+        start = len(self.block_hashes) * block_size
+        num_full_tokens = len(self.token_ids) // block_size * block_size
+        if num_full_tokens > start:
+            parent = self.block_hashes[-1] if self.block_hashes else ROOT_HASH
+            self.block_hashes.extend(hash_prompt_blocks(self.token_ids[start:num_full_tokens], block_size, parent))
