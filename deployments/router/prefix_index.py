@@ -100,13 +100,8 @@ class PrefixIndex(ABC):
         touch the LRU order (a lookup is not a use; dispatch is).
         """
         matched: dict[str, int] = {}
-        if not block_hashes:
-            return matched
         owners_of = self._owners
-        first = owners_of.get(block_hashes[0])
-        if not first:
-            return matched
-        active = first & candidates
+        active = self._first_block_holders(block_hashes, candidates)
         num_blocks = len(block_hashes)
         i = 1
         while active and i < num_blocks:
@@ -122,6 +117,12 @@ class PrefixIndex(ABC):
         for replica_id in active:
             matched[replica_id] = i
         return matched
+
+    def _first_block_holders(self, block_hashes: Sequence[BlockHash], candidates: Set[str]) -> set[str]:
+        """The candidates holding the prompt's first block: where every ``match`` walk starts
+        (empty for an empty prompt; the walk then matches nobody)."""
+        first = self._owners.get(block_hashes[0]) if block_hashes else None
+        return first & candidates if first else set()
 
     # ----- mode-specific updates ------------------------------------------------------------
     @abstractmethod
@@ -204,13 +205,8 @@ class ApproximatePrefixIndex(PrefixIndex):
         block."""
         matched: dict[str, int] = {}
         num_blocks = len(block_hashes)
-        if not num_blocks:
-            return matched
         owners_of = self._owners
-        first = owners_of.get(block_hashes[0])
-        if not first:
-            return matched
-        active = first & candidates
+        active = self._first_block_holders(block_hashes, candidates)
 
         def all_hold(j: int) -> bool:
             owners = owners_of.get(block_hashes[j])
