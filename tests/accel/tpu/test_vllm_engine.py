@@ -220,6 +220,18 @@ def test_seeded_sampling_is_reproducible(loop, engine, tok):
     assert a == b and len(a) == 12
 
 
+def test_seeded_sampling_really_samples_and_the_seed_matters(loop, engine, tok, tiny_llama):
+    # Pins that temperature and seed reach vLLM: a greedy or seed-dropping adapter passes the test above.
+    prompt = tuple(tok.encode("The quick"))
+    def seeded(rid, seed):
+        return GenerateRequest(rid, prompt, SamplingParams(temperature=1.0, seed=seed, max_tokens=12,
+                                                           ignore_eos=True))
+    a = join_token_ids(_collect(loop, engine, seeded("seed-x7", 7)))
+    b = join_token_ids(_collect(loop, engine, seeded("seed-x8", 8)))
+    assert a != hf_greedy(tiny_llama, prompt, 12)
+    assert a != b
+
+
 def test_logit_bias_forces_a_token(loop, engine, tok):
     prompt = tuple(tok.encode("The quick"))
     got = _collect(loop, engine, GenerateRequest("bias", prompt, _greedy(4, logit_bias={"42": 100})))
