@@ -31,6 +31,10 @@ def test_small_run_prints_one_coherent_json_object(capsys):
                             rel_tol=1e-2)
     assert entries["prefix+session+load"]["hit_rate"] > entries["round_robin"]["hit_rate"]
     assert entries["prefix"]["hit_rate"] > entries["least_loaded"]["hit_rate"]
+    # no collapse: all on one of 4 replicas would read 4.0; load awareness evens out pure prefix routing
+    for name in ("prefix+session+load", "prefix+session+load@precise"):
+        assert entries[name]["max_over_mean_load"] < 2.0
+        assert entries[name]["max_over_mean_load"] < entries["prefix"]["max_over_mean_load"]
 
 
 def test_engine_cache_reports_stores_and_evictions_in_order():
