@@ -166,7 +166,7 @@ class OpenAIIngress:
         offsets = [0] * len(choices)
 
         def render(i, delta):
-            if opts.num_logprobs is None and not opts.return_token_ids:
+            if opts.is_text_only:
                 chunk = rsp.fast_text_chunk_sse(opts, choices[i].index, delta, is_chat=False)
                 choices[i].add(delta)
                 return chunk
@@ -189,7 +189,7 @@ class OpenAIIngress:
             choices[i].add(delta)
             if not delta.text and not delta.finished and not opts.return_token_ids:
                 return None
-            if opts.num_logprobs is None and not opts.return_token_ids:
+            if opts.is_text_only:
                 return rsp.fast_text_chunk_sse(opts, choices[i].index, delta, is_chat=True)
             return rsp.sse(rsp.chat_chunk(opts, tok, choices[i], delta))
 

@@ -68,6 +68,11 @@ class RenderOptions:
     return_token_ids: bool
     include_usage: bool
 
+    @property
+    def is_text_only(self) -> bool:
+        """Chunks carry text only (no logprobs, no token ids): ``fast_text_chunk_sse`` renders them."""
+        return self.num_logprobs is None and not self.return_token_ids
+
 
 def completion_response(opts: RenderOptions, tok: TextTokenizer, choices: Sequence[ChoiceState],
                         prompts: Sequence[Sequence[int]]) -> CompletionResponse:
