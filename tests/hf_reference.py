@@ -37,3 +37,19 @@ def hf_greedy(model_dir: str | Path, prompt_ids: Sequence[int], max_new_tokens: 
                 break
             ids = torch.tensor([[token]], dtype=torch.long)
     return out
+
+
+def hf_logprobs(model_dir: str | Path, prompt_ids: Sequence[int], token_ids: Sequence[int],
+                num_top: int = 0) -> list[tuple[float, list[int]]]:
+    """Raw log-probability HF gives each of ``token_ids`` after ``prompt_ids`` (teacher forced),
+    with the ids of its ``num_top`` most likely tokens at that position."""
+    import torch
+
+    model = _load(str(model_dir))
+    ids = torch.tensor([list(prompt_ids) + list(token_ids)], dtype=torch.long)
+    with torch.no_grad():
+        # logits at position p predict token p + 1: rows len(prompt)-1 .. end-1 score token_ids
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1: -1]
+    lps = torch.log_softmax(logits.float(), dim=-1)
+    return [(float(lps[i, t]), lps[i].topk(num_top).indices.tolist() if num_top else [])
+            for i, t in enumerate(token_ids)]
