@@ -10,7 +10,7 @@ from accel.tt.step_plan import StepMode
 from accel.tt.torch_model import TorchMeshModel
 from tests.accel.tt.engine_harness import (assert_lane_rules, assert_pool_full, greedy, make_engine, prompt_of,
                                            run_requests, tokens_of)
-from tests.hf_reference import hf_greedy
+from tests.hf_reference import hf_greedy, hf_logprobs
 
 pytestmark = pytest.mark.slow
 
@@ -107,3 +107,19 @@ def test_seeded_sampling_reproduces_on_device_and_host(tiny_llama):
         assert {rec.is_device_sampled for rec in engine.step_log} == {True, False}
     finally:
         engine.close()
+
+
+def test_logprob_values_match_hf(tiny_llama):
+    # Pins the values, not just their shape: the host path must score the raw logits of the right position.
+    engine = make_engine(tiny_llama, model_class=TorchMeshModel, data_parallel_size=1, max_num_seqs=2,
+                         tt={"enable_model_warmup": False})
+    try:
+        req = GenerateRequest("lpv", prompt_of(4, 11), greedy(4, logprobs=3))
+        lps = [lp for d in run_requests(engine, [req])["lpv"] for lp in (d.logprobs or ())]
+    finally:
+        engine.close()
+    ref = hf_logprobs(tiny_llama, req.prompt_token_ids, [lp.token_id for lp in lps], num_top=3)
+    assert len(lps) == 4
+    for lp, (value, top_ids) in zip(lps, ref):
+        assert lp.logprob == pytest.approx(value, abs=1e-3)
+        assert [t for t, _ in lp.top] == top_ids
