@@ -53,6 +53,8 @@ class RouterDeployment:
                  pd_threshold_tokens: int | None = None, core_config: RouterConfig | None = None):
         self._pools = tuple(pools)
         self._pool_by_name = {p.name: p for p in self._pools}
+        # model -> block size of its prefix hashes (what the ingress hashes prompts at)
+        self._block_sizes = {p.model: routing_block_size(self._pools, p.model) for p in self._pools}
         self._handles = dict(pool_handles)
         self._period_s = stats_period_s
         self._ticket_ttl_s = ticket_ttl_s
@@ -189,9 +191,10 @@ class RouterDeployment:
         if pool is None or role is None:
             return
         rid = snap.replica_id
-        is_precise = snap.publishes_kv_events and snap.block_size == self._model_block_size(pool.model)
+        model_bs = self._block_sizes[pool.model]
+        is_precise = snap.publishes_kv_events and snap.block_size == model_bs
         engine_bs = snap.block_size or self._core.config.block_size
-        num_blocks = max(1, snap.stats.num_kv_blocks_total * engine_bs // self._model_block_size(pool.model))
+        num_blocks = max(1, snap.stats.num_kv_blocks_total * engine_bs // model_bs)
         if self._capacity.get(rid) != num_blocks:  # new, or its KV capacity became known / changed
             self._core.add_replica(ReplicaInfo(rid, (pool.model,), num_blocks, role, publishes_kv_events=is_precise))
             self._replica_pool[rid] = pool.name
@@ -221,9 +224,6 @@ class RouterDeployment:
             raise RuntimeError(f"router poll loop died: {self._poller.exception()!r}")
 
     # -- internals ----------------------------------------------------------------------------
-
-    def _model_block_size(self, model: str) -> int:
-        return routing_block_size(self._pools, model)
 
     def _issue(self, request_id: str, replica_id: str, is_prefill: bool) -> str:
         ticket = request_id + (PREFILL_SUFFIX if is_prefill else "")
