@@ -81,10 +81,6 @@ class RequestState:
     def is_decode_ready(self) -> bool:
         return self.num_uncomputed == 1
 
-    @property
-    def is_finished(self) -> bool:
-        return self.status is RequestStatus.FINISHED
-
     def will_finish_by_length(self, max_model_len: int) -> bool:
         """Its pending tokens already reach max_tokens or max_model_len: scheduling another
         step would only compute a token that gets dropped."""

@@ -48,10 +48,6 @@ class RowPlan(NamedTuple):
     def num_scheduled_tokens(self) -> int:
         return self.end_pos - self.start_pos
 
-    @property
-    def is_intermediate_prefill(self) -> bool:
-        return not self.samples
-
 
 @dataclass(frozen=True)
 class StepPlan:
@@ -80,10 +76,6 @@ class StepPlan:
     @property
     def scheduled_rows(self) -> tuple[int, ...]:
         return tuple(r.row for r in self.rows)
-
-    @property
-    def req_id_to_row(self) -> dict[str, int]:
-        return {r.req_id: r.row for r in self.rows}
 
     @property
     def batch_size_per_dp(self) -> tuple[int, ...]:
