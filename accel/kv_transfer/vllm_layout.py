@@ -31,10 +31,6 @@ class VllmCpuBlockLayout:
     key_offsets: torch.Tensor  # int64 [Hkv, block_size, D]: element index inside one flat block
     value_offsets: torch.Tensor  # int64 [Hkv, block_size, D]
 
-    @property
-    def block_numel(self) -> int:
-        return self.num_kv_heads * self.block_size * 2 * self.head_dim
-
     @staticmethod
     def vec(num_kv_heads: int, block_size: int, head_dim: int) -> "VllmCpuBlockLayout":
         """The ``vec``/``vec16`` ISA layout (fp32/fp16/bf16 without AMX)."""
