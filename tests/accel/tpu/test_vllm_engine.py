@@ -9,7 +9,7 @@ import pytest
 from accel.contract import FinishReason, GenerateRequest, SamplingParams, join_token_ids
 from accel.text.output_builder import OutputBuilder
 from accel.text.tokenizer import load_tokenizer
-from tests.hf_reference import hf_greedy
+from tests.hf_reference import hf_greedy, hf_logprobs
 
 pytestmark = pytest.mark.slow
 
@@ -208,6 +208,18 @@ def test_logprobs_with_top_alternatives(loop, engine, tok):
         # greedy: the sampled token is the best one
         assert lp.top[0][0] == lp.token_id and lp.top[0][1] == pytest.approx(lp.logprob)
         assert [v for _, v in lp.top] == sorted((v for _, v in lp.top), reverse=True)
+
+
+def test_logprob_values_match_hf(loop, engine, tok, tiny_llama):
+    # The test above checks shape and order only; this pins the values vLLM's raw logprobs carry through.
+    prompt = tuple(tok.encode("class A:"))
+    got = _collect(loop, engine, GenerateRequest("lpv", prompt, _greedy(4, logprobs=3)))
+    lps = [lp for d in got for lp in (d.logprobs or ())]
+    ref = hf_logprobs(tiny_llama, prompt, [lp.token_id for lp in lps], num_top=3)
+    assert len(lps) == 4
+    for lp, (value, top_ids) in zip(lps, ref):
+        assert lp.logprob == pytest.approx(value, abs=1e-3)
+        assert [t for t, _ in lp.top] == top_ids
 
 
 def test_seeded_sampling_is_reproducible(loop, engine, tok):
