@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from accel.block_hash import hash_block, hash_prompt_blocks
 from accel.kv_transfer.payload import KVDescriptor, KVIntegrityError, KVModelMismatchError, KVPayload
 
 PROMPT = list(range(3, 3 + 70))
@@ -21,6 +22,14 @@ def test_descriptor_hashes_cover_the_partial_tail():
         desc.check_prompt(PROMPT[:-1] + [999])
     with pytest.raises(KVIntegrityError):
         desc.check_prompt(PROMPT[:50])
+
+
+def test_descriptor_hashes_are_the_shared_chained_block_hashes():
+    # The prefix tier and the router key blocks by these: they must be accel.block_hash's, tail chained on.
+    desc = _payload().descriptor
+    full = tuple(hash_prompt_blocks(PROMPT, 32))
+    assert len(full) == 2 and desc.block_hashes[:2] == full
+    assert desc.block_hashes[2] == hash_block(full[1], PROMPT[64:])
 
 
 def test_mismatched_model_is_refused_with_a_clear_error():
