@@ -71,7 +71,7 @@ class VllmEngine:
         num_chips = slice_topology.num_chips if slice_topology is not None else 1
         tp = effective_tensor_parallel_size(config.tensor_parallel_size, num_chips, self.platform)
         kwargs = config.engine_args(slice_topology if self.platform.is_tpu else None, tp)
-        self._set_engine_environment(slice_topology, kwargs)
+        self._set_engine_environment(kwargs)
 
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.usage.usage_lib import UsageContext
@@ -111,7 +111,7 @@ class VllmEngine:
         logger.info("vLLM engine up on %s in %.1f s (%d KV blocks of %d tokens)", self.platform.name,
                     time.monotonic() - start_s, self._stats.num_kv_blocks_total, self.block_size)
 
-    def _set_engine_environment(self, slice_topology: SliceTopology | None, kwargs: dict[str, Any]) -> None:
+    def _set_engine_environment(self, kwargs: dict[str, Any]) -> None:
         """Environment the engine core (spawned) and its workers read."""
         cache = self.config.xla_cache_path
         cache.mkdir(parents=True, exist_ok=True)
