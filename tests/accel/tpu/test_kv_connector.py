@@ -106,6 +106,16 @@ def test_vllm_to_vllm_equals_hf(loop, engine, tiny_llama, num_tokens):
     assert after["recomputes"] == before["recomputes"]
 
 
+def test_decode_reports_the_imported_prompt_as_cached(loop, engine, tiny_llama):
+    # Prefix caching is off here, so cached tokens can only come from the connector: a decode that
+    # completes the transfer but quietly recomputes the prompt passes the test above, not this one.
+    prompt = _prompt(5, 96)
+    ticket = _prefill(loop, engine, "pc", prompt)
+    out = _run(loop, engine, GenerateRequest("dc", tuple(prompt), _greedy(6), kv_transfer=ticket))
+    assert join_token_ids(out) == hf_greedy(tiny_llama, prompt, 6)
+    assert out[-1].num_cached_tokens == 96  # as vLLM counts connector-loaded tokens (cf. test_pd_e2e)
+
+
 def test_imported_kv_is_what_the_prefill_computed(loop, engine):
     """The payload the decode side reads equals an independent export of the same prompt."""
     from deployments.kv_connector_client import RayKVTransport
