@@ -7,6 +7,7 @@ step homogeneous (one mode), each request on its lane, one mesh dispatch per ste
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
@@ -203,9 +204,7 @@ class EngineCore:
         for i in range(len(self.step_log) - 1, -1, -1):
             rec = self.step_log[i]
             if rec.step_id == plan.step_id:
-                self.step_log[i] = StepRecord(rec.step_id, rec.mode, rec.lane_rows, rec.num_dispatches,
-                                              result.is_device_sampled, rec.is_decode_retry,
-                                              rec.preempted_req_ids)
+                self.step_log[i] = dataclasses.replace(rec, is_device_sampled=result.is_device_sampled)
                 return
 
 
