@@ -23,8 +23,6 @@ def _bool(value: str | None, default: bool) -> bool:
 class Envs:
     # Folder holding the tiny offline checkpoints (tiny-llama, tiny-qwen3).
     checkpoint_dir: Path
-    # Log level for meshserve loggers.
-    log_level: str
     # tt-metal registry knobs, spelled as vllm-tt-plugin spells them.
     extra_models_dir: str | None
     tt_builtin_models: bool
@@ -39,7 +37,6 @@ def _read() -> Envs:
     default_ckpt = Path.home() / ".cache" / "meshserve" / "checkpoints"
     return Envs(
         checkpoint_dir=Path(os.environ.get("MESHSERVE_CHECKPOINT_DIR", default_ckpt)).expanduser(),
-        log_level=os.environ.get("MESHSERVE_LOG_LEVEL", "INFO"),
         extra_models_dir=os.environ.get("EXTRA_MODELS_DIR") or None,
         tt_builtin_models=_bool(os.environ.get("TT_VLLM_BUILTIN_MODELS"), True),
         mesh_device=os.environ.get("MESH_DEVICE") or None,
