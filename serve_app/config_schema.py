@@ -125,7 +125,8 @@ class RouterArgs(_Strict):
 
 
 class PDArgs(_Strict):
-    # Prompts at least this long are planned as prefill-on-one-pool, decode-on-another.
+    # Prompts whose uncached part (on the chosen decode replica) is at least this long are planned
+    # as prefill-on-one-pool, decode-on-another; a mostly cached prompt prefills where it decodes.
     threshold_tokens: int = Field(default=512, ge=1)
 
 

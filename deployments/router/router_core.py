@@ -80,7 +80,8 @@ class RouterConfig:
     policy: str = "prefix+session+load"
     index_mode: str = "approximate"  # "precise" where engines publish KV events
     block_size: int = 16  # tokens per block; must equal the engines' block size
-    # Prompts at least this long go prefill pool -> decode pool when both pools exist.
+    # Prompts whose uncached part on the chosen decode replica is at least this long go prefill
+    # pool -> decode pool when both pools exist (a mostly cached prompt prefills where it decodes).
     pd_min_prompt_tokens: int = 1024
     weights: CostWeights = field(default_factory=CostWeights)
     sessions: SessionConfig = field(default_factory=SessionConfig)
@@ -109,6 +110,8 @@ class RequestInfo:
     num_prompt_tokens_hint: int | None = None  # when only hashes are sent
     # Restrict the choice to these replicas (a client-pinned pool); None = every replica.
     allowed_replicas: frozenset[str] | None = None
+    # Tokens per block of ``block_hashes`` (the model's routing block size); None = the config's.
+    block_size: int | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -230,23 +233,29 @@ class RouterCore:
             decode_pool = tuple(r for r in decode_pool or () if r in allowed)
             both_pool = tuple(r for r in both_pool or () if r in allowed)
         session = request.session_key
+        decode = None
         if prefill_pool and decode_pool and request.num_prompt_tokens >= self.config.pd_min_prompt_tokens:
-            prefill = self._choose_in(prefill_pool, (model, ReplicaRole.PREFILL), hashes,
-                                      f"prefill|{session}" if session else None)
             decode = self._choose_in(decode_pool, (model, ReplicaRole.DECODE), hashes, session)
-            plans = (decode[0], prefill[0])
-            decision = Decision(request.request_id, decode[0].replica_id, prefill[0].replica_id,
+            block_size = request.block_size or self.config.block_size
+            num_uncached = request.num_prompt_tokens - decode[1] * block_size
+            if num_uncached >= self.config.pd_min_prompt_tokens:
+                prefill = self._choose_in(prefill_pool, (model, ReplicaRole.PREFILL), hashes,
+                                          f"prefill|{session}" if session else None)
+                self._plans[request.request_id] = (decode[0], prefill[0])
+                return Decision(request.request_id, decode[0].replica_id, prefill[0].replica_id,
                                 prefill[1], len(hashes), prefill[2])
+        # Short or mostly cached prompts (or no PD pools) run where they decode: colocated
+        # replicas, else the decode pool prefills locally — on the replica holding the cache.
+        if decode is not None and not both_pool:
+            plan, num_matched, reason = decode
         else:
-            # Short prompts (or no PD pools) run where they decode: colocated replicas, else the
-            # decode pool prefills locally.
             role = ReplicaRole.BOTH if both_pool else ReplicaRole.DECODE
             pool = both_pool or decode_pool
             if not pool:
                 raise NoReplicaError(f"no replica serves model {model!r}")
             plan, num_matched, reason = self._choose_in(pool, (model, role), hashes, session, allowed)
-            plans = (plan,)
-            decision = Decision(request.request_id, plan.replica_id, None, num_matched, len(hashes), reason)
+        plans = (plan,)
+        decision = Decision(request.request_id, plan.replica_id, None, num_matched, len(hashes), reason)
         self._plans[request.request_id] = plans
         return decision
 
@@ -280,7 +289,7 @@ class RouterCore:
     def _block_hashes(self, request: RequestInfo) -> tuple[BlockHash, ...] | list[BlockHash]:
         if request.block_hashes is not None:
             return request.block_hashes
-        return hash_prompt_blocks(request.prompt_token_ids, self.config.block_size)
+        return hash_prompt_blocks(request.prompt_token_ids, request.block_size or self.config.block_size)
 
     # ----- dispatch and completion ------------------------------------------------------------
     def on_dispatched(self, request: RequestInfo, decision: Decision) -> None:

@@ -179,9 +179,38 @@ def test_pd_pair_only_at_or_above_threshold():
     assert core.num_in_flight(long.prefill_replica_id) == 0 and core.num_in_flight("d0") == 1
     short = core.route(req("short", SYSTEM[:63]))
     assert not short.is_disaggregated and short.replica_id == "d0" and short.decode_replica_id is None
-    # The prefill replica that holds the prefix is preferred next time.
-    again = core.route(req("again", SYSTEM + (1,) * 8))
+    # The prefill replica that holds the prefix is preferred next time (64 uncached tokens: PD).
+    again = core.route(req("again", SYSTEM + (1,) * 64))
     assert again.prefill_replica_id == long.prefill_replica_id and again.num_matched_blocks == 16
+
+
+def test_pd_is_decided_on_the_uncached_part_of_the_prompt():
+    core = pd_core(threshold=64)
+    turn1 = SYSTEM + (5,) * 8  # 72 tokens, nothing cached: disaggregated
+    first = core.route(req("t1", turn1, session="conv"))
+    assert first.is_disaggregated
+    core.on_prefill_done("t1", first.prefill_replica_id)
+    core.on_completed("t1")
+    # The next turn repeats the 72 tokens (cached on the decode replica, which imported them) and
+    # adds 16: only 16 uncached tokens, so the decode replica prefills them itself.
+    turn2 = turn1 + (6,) * 16
+    second = core.route(req("t2", turn2, session="conv"))
+    assert not second.is_disaggregated and second.replica_id == "d0"
+    assert second.num_matched_blocks == 18 and second.num_prompt_blocks == 22
+    core.on_completed("t2")
+    # A long new part is disaggregated again, even with the cached prefix.
+    third = core.route(req("t3", turn2 + (7,) * 64, session="conv"))
+    assert third.is_disaggregated and third.replica_id == "d0"
+    # The uncached count uses the request's block size (hashes at 8 tokens per block: 9 blocks
+    # of 72 tokens cached -> 16 uncached of 88).
+    other = pd_core(threshold=64)
+    hashes8 = tuple(hash_prompt_blocks(turn1, 8))
+    d = other.route(RequestInfo("a", "m", block_hashes=hashes8, num_prompt_tokens_hint=72, block_size=8))
+    assert d.is_disaggregated
+    other.on_completed("a")
+    hashes8b = tuple(hash_prompt_blocks(turn2, 8))
+    d2 = other.route(RequestInfo("b", "m", block_hashes=hashes8b, num_prompt_tokens_hint=88, block_size=8))
+    assert not d2.is_disaggregated and d2.num_matched_blocks == 9
 
 
 def test_pd_falls_back_to_colocated_replicas_for_short_prompts():
@@ -223,3 +252,48 @@ def test_allowed_replicas_restrict_the_choice_and_disable_pd():
     assert (pinned.replica_id, pinned.prefill_replica_id) == ("d", None)
     with pytest.raises(NoReplicaError):
         pd.choose(RequestInfo("x", "m", SYSTEM, allowed_replicas=frozenset({"p"})))
+
+
+def test_rebalancing_keeps_as_many_sessions_in_place_as_possible():
+    """Adding a replica moves no session; an overloaded replica loses only the sessions whose
+    requests arrive while it is overloaded (each follows its newest request and stays there);
+    removing a replica moves only its own sessions."""
+    core = core_with(2)
+    sessions = [f"s{i}" for i in range(12)]
+    history = {s: tuple(range(2000 + 100 * i, 2064 + 100 * i)) for i, s in enumerate(sessions)}
+    for s in sessions:
+        core.route(req(f"{s}-0", history[s], session=s))
+        core.on_completed(f"{s}-0")
+    bound = {s: core.session_replica(s) for s in sessions}
+    assert set(bound.values()) == {"r0", "r1"}
+
+    core.add_replica(ReplicaInfo("r2", ("m",), 1000))  # scale out: every session stays
+    for s in sessions:
+        assert core.route(req(f"{s}-1", history[s] + (1,) * 4, session=s)).replica_id == bound[s]
+        core.on_completed(f"{s}-1")
+    assert {s: core.session_replica(s) for s in sessions} == bound
+
+    # r0 becomes overloaded by other traffic (12 requests in flight, none finishing).
+    for i in range(12):
+        core.route(RequestInfo(f"bg{i}", "m", (9000 + i,) * 8, allowed_replicas=frozenset({"r0"})))
+    on_r0 = [s for s in sessions if bound[s] == "r0"]
+    movers, stayers = on_r0[:2], on_r0[2:]
+    assert stayers
+    for s in movers:  # only these sessions send a turn while r0 is overloaded
+        d = core.route(req(f"{s}-2", history[s] + (2,) * 4, session=s))
+        assert d.replica_id != "r0" and d.reason == "overloaded"
+        core.on_completed(f"{s}-2")
+    for i in range(12):
+        core.on_completed(f"bg{i}")
+    moved = {s for s in sessions if core.session_replica(s) != bound[s]}
+    assert moved == set(movers)
+    for s in sessions:  # after the overload: moved sessions stay where they went, others never moved
+        expected = core.session_replica(s)
+        assert core.route(req(f"{s}-3", history[s] + (3,) * 4, session=s)).replica_id == expected
+        core.on_completed(f"{s}-3")
+    assert all(core.session_replica(s) == bound[s] for s in stayers)
+
+    before = {s: core.session_replica(s) for s in sessions}
+    core.remove_replica("r1")
+    for s in sessions:
+        assert core.session_replica(s) == (None if before[s] == "r1" else before[s])
