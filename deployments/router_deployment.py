@@ -103,7 +103,8 @@ class RouterDeployment:
             allowed = frozenset(r for r, p in self._replica_pool.items() if p == request.pool)
         info = RequestInfo(request.request_id, request.model, session_key=request.session_id,
                            block_hashes=tuple(request.prompt_block_hashes),
-                           num_prompt_tokens_hint=request.num_prompt_tokens, allowed_replicas=allowed)
+                           num_prompt_tokens_hint=request.num_prompt_tokens, allowed_replicas=allowed,
+                           block_size=self._block_sizes[request.model])
         try:
             decision = self._core.route(info)
         except NoReplicaError:  # none known yet (startup): the pool's handle picks
