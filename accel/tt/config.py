@@ -26,6 +26,9 @@ TRACE_MODES = ("all", "decode_only", "none")
 OPTIMIZATIONS = ("performance", "accuracy")
 FABRIC_RELIABILITY_MODES = ("STRICT_INIT", "RELAXED_INIT")
 DISPATCH_CORE_AXES = ("row", "col")
+# vLLM's ``kv_cache_dtype`` values this engine can store. "auto" = the platform default:
+# ``ttnn.bfloat8_b`` on a mesh (what tt-metal's generators allocate), the model dtype in torch.
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float32")
 
 # Engine args a vLLM user may pass that we refuse with a reason instead of "unknown key".
 _REFUSED_ARGS: dict[str, str] = {
@@ -100,6 +103,7 @@ class TTEngineConfig:
     async_scheduling: bool = False
     max_num_batched_tokens: int = 2048      # prefill chunk: tokens per lane per prefill step
     num_gpu_blocks_override: int | None = None  # KV blocks per lane
+    kv_cache_dtype: str = "auto"            # one of KV_CACHE_DTYPES (vLLM's spelling)
     seed: int = 0
     tt: TTOptions = field(default_factory=TTOptions)
 
@@ -113,6 +117,7 @@ class TTEngineConfig:
         if self.num_gpu_blocks_override is not None:
             _check_positive_int("num_gpu_blocks_override", self.num_gpu_blocks_override, minimum=1)
         _check_positive_int("seed", self.seed, minimum=0)
+        _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         if self.enable_prefix_caching is not None:
             _check_type("enable_prefix_caching", self.enable_prefix_caching, bool)
         _check_type("async_scheduling", self.async_scheduling, bool)

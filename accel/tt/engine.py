@@ -65,7 +65,8 @@ class TTMeshEngine:
         self.num_blocks_per_lane = num_blocks_per_lane(model_cls, config)
         kv_shape = kv_block_shape(self._hf_config, config, self.num_blocks_per_lane,
                                    devices_per_lane(self._backend, config.num_lanes))
-        kv_cache = self.model.allocate_kv_cache(kv_shape, kv_dtype(), int(self._hf_config.num_hidden_layers))
+        kv_cache = self.model.allocate_kv_cache(kv_shape, kv_dtype(self._backend, config.kv_cache_dtype),
+                                                int(self._hf_config.num_hidden_layers))
         policy = SamplingPolicy(config.tt.sample_on_device_mode, config.tt.always_compat_sampling,
                                 dict(capabilities))
         runner = MeshRunner(self.model, kv_cache, config, policy, self.tokenizer.eos_token_ids, self.vocab_size)

@@ -44,6 +44,7 @@ TTNN_ATTRIBUTES: tuple[str, ...] = (
     "FabricConfig.FABRIC_2D_TORUS_XY", "FabricReliabilityMode.STRICT_INIT",
     "FabricReliabilityMode.RELAXED_INIT", "DispatchCoreAxis.ROW", "DispatchCoreAxis.COL",
     "cluster.ClusterType.GALAXY", "cluster.ClusterType.BLACKHOLE_GALAXY",
+    "bfloat8_b", "bfloat16", "float32",  # KV cache dtypes (model_setup.kv_dtype)
 )
 
 DEFAULT_TRACE_REGION_BYTES = 50_000_000

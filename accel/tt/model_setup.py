@@ -67,12 +67,17 @@ def kv_block_shape(hf_config: Any, config: TTEngineConfig, num_blocks: int,
     return (num_blocks, num_kv_heads, config.block_size, head_dim)
 
 
-def kv_dtype() -> Any:
-    """The torch program keeps fp32 KV (token-exact vs HF). A tt-metal generator wants
-    ``ttnn.bfloat8_b`` here; the ttnn backend should provide it (not wired yet)."""
+def kv_dtype(backend: Any, kv_cache_dtype: str = "auto") -> Any:
+    """The dtype handed to ``allocate_kv_cache``. On a mesh (ttnn backend): ``ttnn.bfloat8_b`` for
+    "auto" — what tt-metal's generators allocate by default — else the ttnn type of that name.
+    Elsewhere a torch dtype; "auto" = None, which the torch program reads as "the model's dtype"
+    (fp32 for the tiny checkpoints: token-exact vs HF)."""
+    if getattr(backend, "kind", None) == "ttnn":
+        ttnn = backend.ttnn
+        return {"auto": ttnn.bfloat8_b, "bfloat16": ttnn.bfloat16, "float32": ttnn.float32}[kv_cache_dtype]
     import torch
 
-    return torch.float32
+    return {"auto": None, "bfloat16": torch.bfloat16, "float32": torch.float32}[kv_cache_dtype]
 
 
 def platform_name(backend: Any, model: Any) -> str:

@@ -66,6 +66,20 @@ class DispatchCoreType(enum.Enum):
     ETH = 1
 
 
+class DataType(enum.Enum):
+    BFLOAT16 = 0
+    FLOAT32 = 1
+    UINT32 = 2
+    BFLOAT8_B = 3
+    BFLOAT4_B = 4
+
+
+bfloat16 = DataType.BFLOAT16
+float32 = DataType.FLOAT32
+bfloat8_b = DataType.BFLOAT8_B
+bfloat4_b = DataType.BFLOAT4_B
+
+
 class MeshShape:
     def __init__(self, *dims: int) -> None:
         if len(dims) == 1 and isinstance(dims[0], (list, tuple)):

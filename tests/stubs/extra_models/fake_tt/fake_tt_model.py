@@ -42,6 +42,7 @@ class FakeTTModel:
     def allocate_kv_cache(self, kv_cache_shape, dtype, num_layers):
         assert len(kv_cache_shape) == 4, "(num_blocks, kv_heads, block_size, head_dim)"
         self.kv_shape = tuple(kv_cache_shape)
+        self.kv_dtype = dtype  # a real generator allocates ttnn tensors of this dtype
         return [[[torch.zeros(kv_cache_shape), torch.zeros(kv_cache_shape)] for _ in range(num_layers)]
                 for _ in range(self.num_lanes)]
 

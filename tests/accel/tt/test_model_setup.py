@@ -1,0 +1,62 @@
+"""KV cache dtype choice: ttnn.bfloat8_b on a mesh by default (what tt-metal generators allocate),
+the model's dtype in the torch program, vLLM's ``kv_cache_dtype`` spelling for overrides."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from accel.contract import ConfigError
+from accel.tt.backend import open_backend
+from accel.tt.config import TTEngineConfig
+from accel.tt.mesh_device import MeshDeviceConfig
+from accel.tt.model_setup import kv_dtype
+from accel.tt.registry import build_registry
+
+from .conftest import EXTRA_MODELS_DIR
+
+
+def test_mesh_kv_cache_is_bfloat8_b_unless_overridden(ttnn_stub):
+    ttnn = ttnn_stub
+    ttnn._stub_simulate(8, ttnn.cluster.ClusterType.T3K)
+    registry = build_registry(extra_models_dir=str(EXTRA_MODELS_DIR), include_builtins=True)
+    backend = open_backend("ttnn", MeshDeviceConfig(grid=(1, 8), dispatch_core_axis="row"), registry=registry)
+    assert kv_dtype(backend) is ttnn.bfloat8_b
+    assert kv_dtype(backend, "bfloat16") is ttnn.bfloat16
+    assert kv_dtype(backend, "float32") is ttnn.float32
+    model = backend.load_model(SimpleNamespace(architectures=["LlamaForCausalLM"]), 8, max_seq_len=256,
+                               n_layers=None, tt_data_parallel=4)
+    model.allocate_kv_cache((16, 1, 32, 64), kv_dtype(backend), 2)
+    assert model._model.kv_dtype is ttnn.bfloat8_b
+    backend.close()
+
+
+def test_torch_program_keeps_the_model_dtype_by_default():
+    backend = open_backend("torch")
+    assert kv_dtype(backend) is None  # the torch model allocates in its own dtype
+    assert kv_dtype(backend, "bfloat16") is torch.bfloat16
+    assert kv_dtype(None, "float32") is torch.float32
+
+
+def test_kv_cache_dtype_is_validated_in_vllm_spelling():
+    assert TTEngineConfig.from_engine_args({"model": "m", "kv_cache_dtype": "bfloat16"}).kv_cache_dtype == "bfloat16"
+    with pytest.raises(ConfigError, match="kv_cache_dtype: expected one of auto, bfloat16, float32, got 'fp8'"):
+        TTEngineConfig.from_engine_args({"model": "m", "kv_cache_dtype": "fp8"})
+
+
+def test_torch_engine_stores_kv_in_the_requested_dtype(tiny_llama):
+    from accel.contract import GenerateRequest
+    from accel.tt.torch_model import TorchMeshModel
+
+    from .engine_harness import greedy, make_engine, prompt_of, run_requests, tokens_of
+
+    engine = make_engine(tiny_llama, TorchMeshModel, kv_cache_dtype="bfloat16")
+    try:
+        assert engine.model._store.keys[0].dtype == torch.bfloat16
+        out = run_requests(engine, [GenerateRequest(f"r{i}", prompt_of(i, 40), greedy(6)) for i in range(3)])
+        assert all(len(tokens_of(deltas)) == 6 for deltas in out.values())
+    finally:
+        import asyncio
+        asyncio.run(engine.shutdown())
