@@ -11,6 +11,7 @@ Every type here is a frozen dataclass validated on construction: an invalid valu
 from __future__ import annotations
 
 import enum
+import json
 import math
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -158,18 +159,33 @@ class KVTransferParams:
 
     A prefill request carries ``do_remote_decode=True`` (export the KV after prefill); the decode
     request carries ``do_remote_prefill=True`` and the ``transfer_id`` the prefill returned.
+
+    ``connector_params``: the ``kv_transfer_params`` dict of an engine's OWN KV connector (e.g.
+    tpu-inference's ``TPUConnector``: ``{uuid, remote_host, remote_port}``), handed to the engine
+    and returned from it unchanged, never interpreted by meshserve; None = our own connector, which
+    reads the fields above. JSON-like (vLLM returns it in HTTP bodies); copied on construction.
     """
 
     do_remote_decode: bool = False
     do_remote_prefill: bool = False
     transfer_id: str | None = None
     num_tokens: int = 0
+    connector_params: Mapping[str, Any] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         _require(not (self.do_remote_decode and self.do_remote_prefill), "kv_transfer_params",
                  "a request cannot both export and import KV")
         _require(not self.do_remote_prefill or bool(self.transfer_id), "kv_transfer_params",
                  "do_remote_prefill needs a transfer_id")
+        if self.connector_params is not None:
+            _require(isinstance(self.connector_params, Mapping)
+                     and all(isinstance(k, str) for k in self.connector_params),
+                     "kv_transfer_params", "connector params must be a mapping with string keys")
+            try:
+                json.dumps(dict(self.connector_params))
+            except (TypeError, ValueError) as exc:
+                raise InvalidRequestError("kv_transfer_params", f"connector params are not JSON-like: {exc}") from None
+            object.__setattr__(self, "connector_params", dict(self.connector_params))
 
 
 @dataclass(frozen=True)

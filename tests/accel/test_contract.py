@@ -61,6 +61,18 @@ def test_kv_transfer_params_validation():
     assert KVTransferParams(do_remote_prefill=True, transfer_id="t").transfer_id == "t"
 
 
+def test_kv_transfer_connector_params_are_an_opaque_json_like_copy():
+    tpu = {"uuid": 1234, "remote_host": "10.0.0.7", "remote_port": 9100}
+    params = KVTransferParams(do_remote_prefill=True, transfer_id="t", connector_params=tpu)
+    tpu["remote_port"] = 1
+    assert params.connector_params == {"uuid": 1234, "remote_host": "10.0.0.7", "remote_port": 9100}
+    assert KVTransferParams().connector_params is None
+    with pytest.raises(InvalidRequestError, match="string keys"):
+        KVTransferParams(connector_params={1: "x"})
+    with pytest.raises(InvalidRequestError, match="JSON-like"):
+        KVTransferParams(connector_params={"blocks": object()})
+
+
 def test_engine_stats_usage():
     assert EngineStats(0, 0, 100, 25).kv_usage == pytest.approx(0.75)
     assert EngineStats(0, 0, 0, 0).kv_usage == 0.0
