@@ -129,6 +129,15 @@ class KVConnectorActor:
     async def contains(self, transfer_id: str) -> bool:
         return self._registry.contains(transfer_id)
 
+    async def put_params(self, transfer_id: str, params: dict[str, Any]) -> float:
+        """An engine-native connector's ``kv_transfer_params`` (TPU PD: this actor is only the
+        control plane pairing prefill and decode); see ``KVRegistry.put_params``."""
+        self._ensure_sweeper()
+        return self._registry.put_params(transfer_id, params)
+
+    async def claim_params(self, transfer_id: str) -> dict[str, Any]:
+        return self._registry.claim_params(transfer_id)
+
     async def report_recompute(self, reason: str) -> None:
         self._registry.report_recompute(reason)
 

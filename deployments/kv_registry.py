@@ -10,13 +10,18 @@ Invariant: ``num_bytes_used`` == sum of the bytes of every live (reserved or com
 
 The payload is opaque here (the actor stores Ray ``ObjectRef``s it owns); dropping the entry
 drops the last reference, which frees the object.
+
+Params-only entries (``put_params`` -> ``claim_params``): for engines whose own KV connector moves
+the KV (TPU backends accept only ``TPUConnector``), the registry holds just the connector's
+``kv_transfer_params`` dict under our transfer id, with the same lease: the decode side claims it
+once (which removes it); unclaimed, it expires and the decode side recomputes. No bytes counted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -63,6 +68,8 @@ class RegistryStats:
     num_rejected: int
     num_completed: int
     recomputes: dict[str, int]  # reason -> prompts the consumer recomputed
+    num_params: int = 0  # params-only entries held (engine-native connectors)
+    num_params_claimed: int = 0
 
 
 @dataclass
@@ -80,6 +87,8 @@ class KVRegistry:
         self._space_freed = asyncio.Event()
         self._num_expired = self._num_rejected = self._num_completed = 0
         self._recomputes: dict[str, int] = {}
+        self._params: dict[str, tuple[dict[str, Any], float, float]] = {}  # -> (params, created, expires)
+        self._num_params_claimed = 0
 
     # -- producer ---------------------------------------------------------------------------
 
@@ -154,6 +163,28 @@ class KVRegistry:
         self._recomputes[reason] = self._recomputes.get(reason, 0) + 1
         self.metrics.on_recompute(reason)
 
+    # -- params-only entries (an engine's own connector moves the KV) ------------------------
+
+    def put_params(self, transfer_id: str, params: Mapping[str, Any]) -> float:
+        """Hold ``params`` (opaque) for the decode side; returns the lease's expiry."""
+        if transfer_id in self._params or transfer_id in self._transfers:
+            raise KVTransferError(f"transfer {transfer_id!r} already exists")
+        now = self.clock()
+        self._params[transfer_id] = (dict(params), now, now + self.lease_s)
+        self.metrics.on_commit(0)
+        return now + self.lease_s
+
+    def claim_params(self, transfer_id: str) -> dict[str, Any]:
+        """The params, removed (one decode per prefill). ``KVTransferNotFound`` if unknown,
+        already claimed or expired."""
+        self.expire()
+        entry = self._params.pop(transfer_id, None)
+        if entry is None:
+            raise KVTransferNotFound(f"no KV params {transfer_id!r} (unknown, claimed or lease expired)")
+        self._num_params_claimed += 1
+        self.metrics.on_complete(0, self.clock() - entry[1])
+        return entry[0]
+
     def contains(self, transfer_id: str) -> bool:
         self.expire()
         t = self._transfers.get(transfer_id)
@@ -169,12 +200,17 @@ class KVRegistry:
             self._num_expired += 1
             self.metrics.on_expire(self._transfers[tid].num_bytes)
             self._free(tid)
-        return expired
+        expired_params = [tid for tid, (_, _, expires_s) in self._params.items() if expires_s <= now]
+        for tid in expired_params:
+            del self._params[tid]
+            self._num_expired += 1
+            self.metrics.on_expire(0)
+        return expired + expired_params
 
     def stats(self) -> RegistryStats:
         return RegistryStats(len(self._transfers), self._num_bytes_used, self.capacity_bytes,
                              self._num_expired, self._num_rejected, self._num_completed,
-                             dict(self._recomputes))
+                             dict(self._recomputes), len(self._params), self._num_params_claimed)
 
     def _live(self, transfer_id: str) -> _Transfer:
         self.expire()

@@ -159,3 +159,30 @@ def test_prefix_tier_longest_leading_run_and_lru():
     assert tier.match("fp", 4, [11, 12, 14]) == ["a", "b", "d"]
     stats = tier.stats()
     assert stats.num_blocks == 3 and stats.num_bytes_used == 300 and stats.num_evicted == 1
+
+
+def test_params_entry_is_claimed_once_and_holds_no_bytes():
+    reg, clock, metrics = _registry()
+    tpu = {"uuid": 7, "remote_host": "10.0.0.7", "remote_port": 9100}
+    assert reg.put_params("t1", tpu) == clock.now + 30.0
+    with pytest.raises(KVTransferError, match="already exists"):
+        reg.put_params("t1", tpu)
+    assert reg.stats().num_params == 1 and reg.stats().num_bytes_used == 0
+    clock.now += 2.0
+    assert reg.claim_params("t1") == tpu  # unchanged
+    with pytest.raises(KVTransferNotFound):
+        reg.claim_params("t1")  # one decode per prefill
+    stats = reg.stats()
+    assert stats.num_params == 0 and stats.num_params_claimed == 1
+    assert ("on_complete", 0, 2.0) in metrics.events
+
+
+def test_params_entry_expires_with_its_lease():
+    reg, clock, metrics = _registry(lease_s=5.0)
+    reg.put_params("t1", {"uuid": 1})
+    clock.now += 5.0
+    assert reg.expire() == ["t1"]
+    with pytest.raises(KVTransferNotFound, match="lease expired"):
+        reg.claim_params("t1")
+    assert reg.stats().num_expired == 1 and reg.stats().num_params == 0
+    assert ("on_expire", 0) in metrics.events
