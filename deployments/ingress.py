@@ -42,7 +42,8 @@ app = FastAPI(title="meshserve")
 
 
 def pool_infos(config: AppConfig) -> tuple[PoolInfo, ...]:
-    return tuple(PoolInfo(p.name, p.model, p.engine, p.accelerator, p.role, p.block_size) for p in config.pools)
+    return tuple(PoolInfo(p.name, p.model, p.engine, p.accelerator, p.role, p.block_size, p.kv_connector)
+                 for p in config.pools)
 
 
 def error_response(err: APIError) -> JSONResponse:

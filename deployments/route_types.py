@@ -25,6 +25,9 @@ class PoolInfo:
     accelerator: str   # "tt" | "tpu" | "cuda" | "cpu"
     role: str          # "both" | "prefill" | "decode"
     block_size: int = 16  # engine KV block size in tokens
+    # The engine's own vLLM KV connector (engine_args.kv_transfer_config.kv_connector), if the pool
+    # configures one; decides which prefill and decode pools pair (deployments/pd_pairing.py).
+    kv_connector: str | None = None
 
 
 def routing_block_size(pools: Sequence[PoolInfo], model: str) -> int:

@@ -32,6 +32,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from deployments.pd_pairing import pairing_problem
 from deployments.route_types import (
     PoolInfo, ReplicaSnapshot, ReplicaView, RouteDecision, RouteRequest, RouterSnapshot, eligible_pools,
     routing_block_size,
@@ -268,14 +269,13 @@ class RouterDeployment:
 def _core_role(pool: PoolInfo, pools: Sequence[PoolInfo], pd_threshold_tokens: int | None) -> ReplicaRole | None:
     """The role the core gives a pool's replicas; None = not routed by the core.
 
-    Prefill pools take part only with PD on, when neither they nor a decode pool of their model
-    is on TPU: TPU backends load only their own KV connectors, so our KV cannot leave or enter a
-    TPU engine (see ``accel/tpu/kv_connector.py``); such requests run whole on the decode pool."""
+    Prefill pools take part only with PD on, when every prefill and decode pool of their model
+    shares one KV path (``deployments.pd_pairing``: TPU engines hand KV only to TPU engines that
+    load the same connector); otherwise their model's requests run whole on the decode pool."""
     if pool.role == "both":
         return ReplicaRole.BOTH
     if pool.role == "decode":
         return ReplicaRole.DECODE
-    tpu_decode = any(p.model == pool.model and p.role == "decode" and p.accelerator == "tpu" for p in pools)
-    if pd_threshold_tokens is None or pool.accelerator == "tpu" or tpu_decode:
+    if pd_threshold_tokens is None or pairing_problem(pool, pools) is not None:
         return None
     return ReplicaRole.PREFILL

@@ -75,6 +75,13 @@ class PoolConfig:
     block_size: int  # engine KV block size in tokens (engine_args.block_size, else the engine's default)
 
     @property
+    def kv_connector(self) -> str | None:
+        """The engine's own vLLM KV connector (``engine_args.kv_transfer_config.kv_connector``)."""
+        from deployments.pd_pairing import kv_connector_name
+
+        return kv_connector_name(self.engine, self.engine_args)
+
+    @property
     def deployment_name(self) -> str:
         return f"{'TTMeshReplica' if self.engine == 'tt' else 'VllmReplica'}-{self.name}"
 
@@ -211,6 +218,39 @@ def _check_pool(file: str, i: int, pool: PoolArgs) -> None:
         raise _fail(file, f"{key}.engine", "tpu pools run the vllm engine")
 
 
+def _check_pd_pools(file: str, pools: tuple[PoolConfig, ...]) -> None:
+    """Prefill/decode pools must be able to hand KV to each other (``deployments.pd_pairing``):
+    a TPU pool needs its backend's own connector, a native connector the kv_role of its side,
+    and a prefill pool a decode pool on its KV path (else it would never get a request)."""
+    from deployments.pd_pairing import KV_ROLES, PD_ROLES, TPU_CONNECTORS, TPU_PD_CONNECTORS, pairing_problem
+
+    for i, pool in enumerate(pools):
+        key = f"pools[{i}].engine_args.kv_transfer_config"
+        config = pool.engine_args.get("kv_transfer_config")
+        if config is not None and not isinstance(config, Mapping):
+            raise _fail(file, key, "must be a mapping (vLLM's KVTransferConfig fields)")
+        connector = pool.kv_connector
+        if connector in TPU_CONNECTORS and pool.accelerator != "tpu":
+            raise _fail(file, f"{key}.kv_connector", f"{connector} loads only on TPU backends")
+        if pool.role not in PD_ROLES:
+            continue
+        if pool.accelerator == "tpu" and connector not in TPU_PD_CONNECTORS:
+            raise _fail(file, key, (
+                f"a TPU pool with role {pool.role} needs its backend's own prefill/decode connector "
+                f"(TPU backends load no other, so meshserve's cannot be wired in): {{kv_connector: "
+                f"TPUConnector, kv_connector_module_path: tpu_inference.distributed.tpu_connector, "
+                f"kv_role: {KV_ROLES[pool.role][0]}}}; got {connector or 'none'}"))
+        if connector is not None and config.get("kv_role") not in KV_ROLES[pool.role]:
+            raise _fail(file, f"{key}.kv_role", f"a {pool.role} pool's connector needs kv_role "
+                        f"{' or '.join(KV_ROLES[pool.role])}, got {config.get('kv_role')!r}")
+    for i, pool in enumerate(pools):
+        if pool.role == "prefill":
+            problem = pairing_problem(pool, pools)
+            if problem is not None:
+                raise _fail(file, f"pools[{i}].role", f"prefill pool {pool.name!r} cannot take part in "
+                            f"prefill/decode disaggregation: {problem}")
+
+
 def _to_pool(pool: PoolArgs, model: ModelConfig) -> PoolConfig:
     auto = pool.autoscaling
     return PoolConfig(
@@ -278,11 +318,13 @@ def load_app_config(args: Mapping[str, Any] | AppArgs, config_file: str | None =
             raise _fail(file, f"models[{i}]", f"model {m.name!r} is served by no pool")
         models.append(ModelConfig(m.name, path, _resolve_max_model_len(file, i, m, path, pools)))
     by_name = {m.name: m for m in models}
+    pools = tuple(_to_pool(p, by_name[p.model]) for p in parsed.pools)
+    _check_pd_pools(file, pools)
     r, pd, ing = parsed.router, parsed.pd, parsed.ingress
     return AppConfig(
         config_file=file,
         models=tuple(models),
-        pools=tuple(_to_pool(p, by_name[p.model]) for p in parsed.pools),
+        pools=pools,
         router=RouterConfig(r.policy, r.replicas, r.num_cpus, r.stats_period_s, r.decision_timeout_s,
                             r.index_mode, r.weights.model_dump(), r.session_ttl_s,
                             r.max_in_flight_per_session, r.stats_max_age_s),

