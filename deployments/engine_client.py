@@ -5,11 +5,24 @@ If the router does not answer within ``decision_timeout_s`` (or fails), the clie
 locally: the eligible pool with the fewest requests this ingress has in flight, and no replica
 hint, so the pool handle's request router picks the least-loaded replica. Each such fallback
 is counted (``meshserve_router_fallbacks``).
+
+With several router replicas: ``choose`` goes to the router replica that owns the request's
+affinity key (the router handle's ``RendezvousRouter``), ``release`` to the one that issued the
+ticket (``replica_hint``), and ``forget`` / ``report_dead`` to all of them (broadcast, fire and
+forget: control messages that must not delay the request).
+
+A call to an engine replica that fails because the replica's actor died (``RayActorError``:
+died or unavailable; Serve's ``ReplicaUnavailableError``) is reported to the routers at once
+(they drop the replica before their next poll). If the consumer has seen nothing of that
+request yet it is decided again without the dead replica and retried once; other errors, and
+deaths after output began, end the request with an error as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -22,6 +35,23 @@ from serve_app.protocol.errors import APIError
 logger = logging.getLogger(__name__)
 
 _DONE = object()
+RETRY_SUFFIX = "#retry"
+CONTROL_TIMEOUT_S = 10.0  # a broadcast control message to the routers gives up after this
+
+
+def dead_replica_actor(exc: BaseException) -> tuple[bool, str | None]:
+    """(whether ``exc`` says the engine replica's actor is gone, that actor's id if known).
+
+    Only the replica's own death counts: a ``RayTaskError`` raised inside a live replica (e.g.
+    an actor it depends on died) is that replica's answer, not its death."""
+    from ray.exceptions import RayActorError, RayTaskError
+    from ray.serve.exceptions import ReplicaUnavailableError
+
+    if isinstance(exc, RayTaskError):
+        return False, None
+    if isinstance(exc, RayActorError):
+        return True, getattr(exc, "actor_id", None)
+    return isinstance(exc, ReplicaUnavailableError), None
 
 
 class EngineClient:
@@ -35,6 +65,7 @@ class EngineClient:
         self._metrics = metrics
         self._local_inflight = {p.name: 0 for p in self._pools}
         self._pd = PDOrchestrator()
+        self._control_tasks: set[asyncio.Task] = set()  # fire-and-forget broadcasts in flight
 
     def check_routable(self, route: RouteRequest) -> None:
         """400 for a pinned pool that does not exist or serves another model (no RPC)."""
@@ -59,16 +90,74 @@ class EngineClient:
             return RouteDecision(pool=pool.name, replica_id=None, ticket="", reason=f"fallback:{reason}")
 
     def _forget_late_decision(self, request_id: str) -> None:
-        """A decision that arrives after the timeout was counted by the router: release it."""
+        """A decision that arrives after the timeout was counted by the router: release it
+        (on every router replica: which one decided is unknown)."""
+        self._broadcast_to_routers("forget", request_id)
+
+    def _release(self, decision: RouteDecision, ticket: str) -> None:
         try:
-            self._router.forget.remote(request_id)
-        except Exception:  # the router is down: nothing is counted there either
-            pass
+            self._router.release.remote(ticket, replica_hint=decision.router_replica_id)
+        except Exception:  # the router is down: its tickets expire there
+            logger.debug("release of %s failed", ticket, exc_info=True)
+
+    def _broadcast_to_routers(self, method: str, *args: Any) -> None:
+        """Call ``method`` on every router replica without waiting for it."""
+        async def send() -> None:
+            try:
+                await asyncio.wait_for(self._router.broadcast(method, *args).results_async(
+                    return_exceptions=True), CONTROL_TIMEOUT_S)
+            except Exception as exc:  # a router down or gone: nothing of ours is counted there
+                logger.debug("router broadcast %s failed: %r", method, exc)
+        task = asyncio.get_running_loop().create_task(send())
+        self._control_tasks.add(task)
+        task.add_done_callback(self._control_tasks.discard)
+
+    def _report_dead(self, decision: RouteDecision, actor_id: str | None) -> None:
+        """Tell every router replica. Under PD the failed call may have been the prefill one, so
+        only the actor id (exact) names the replica there."""
+        replica_id = decision.replica_id if decision.prefill_pool is None else None
+        logger.warning("engine replica %s (actor %s) of pool %s died; telling the routers",
+                       replica_id, actor_id, decision.pool)
+        if replica_id is not None or actor_id is not None:
+            self._broadcast_to_routers("report_dead", replica_id, actor_id)
 
     async def stream(self, request: GenerateRequest, route: RouteRequest) -> AsyncIterator[OutputDelta]:
         """Deltas of one engine request. Closing or cancelling this generator early cancels the
         replica call, which aborts the engine request there."""
         decision = await self.decide(route)
+        is_started = False
+        try:
+            # aclosing: a consumer that leaves early closes the attempt at once (cancel + release).
+            async with contextlib.aclosing(self._stream_once(request, decision)) as attempt:
+                async for delta in attempt:
+                    is_started = True
+                    yield delta
+            return
+        except _ReplicaDied as died:
+            self._report_dead(decision, died.actor_id)
+            if is_started or decision.prefill_pool is not None:
+                raise self._died_error() from died.error
+            error = died.error
+        # Nothing was produced: decide again without the dead replica (a new route id, so the
+        # first decision's release cannot end the second) and retry once.
+        excluded = route.excluded_replicas + ((decision.replica_id,) if decision.replica_id else ())
+        retry = dataclasses.replace(route, request_id=route.request_id + RETRY_SUFFIX, excluded_replicas=excluded)
+        logger.warning("retrying %s after %s", request.request_id, type(error).__name__)
+        decision = await self.decide(retry)
+        try:
+            async with contextlib.aclosing(self._stream_once(request, decision)) as attempt:
+                async for delta in attempt:
+                    yield delta
+        except _ReplicaDied as died:
+            self._report_dead(decision, died.actor_id)
+            raise self._died_error() from died.error
+
+    def _died_error(self) -> APIError:
+        return APIError(503, "The engine replica serving this request died; retry.", None, self._retry_after_s)
+
+    async def _stream_once(self, request: GenerateRequest, decision: RouteDecision) -> AsyncIterator[OutputDelta]:
+        """One attempt on ``decision``; a dead replica raises ``_ReplicaDied``, other failures
+        their ``APIError``. Releases the decision's ticket however it ends."""
         self._local_inflight[decision.pool] += 1
         gen = None
         finished = False
@@ -85,13 +174,16 @@ class EngineClient:
         except (APIError, asyncio.CancelledError, GeneratorExit):
             raise
         except Exception as exc:
+            is_dead, actor_id = dead_replica_actor(exc)
+            if is_dead:
+                raise _ReplicaDied(exc, actor_id) from exc
             raise _as_api_error(exc, self._retry_after_s) from exc
         finally:
             self._local_inflight[decision.pool] -= 1
             if gen is not None and not finished:
                 gen.cancel()
             if decision.ticket:
-                self._router.release.remote(decision.ticket)
+                self._release(decision, decision.ticket)
 
 
     # -- prefill/decode disaggregation (deployments/pd_orchestrator.py) ---------------------------
@@ -103,7 +195,7 @@ class EngineClient:
                     yield delta
             finally:
                 if decision.prefill_ticket:
-                    self._router.release.remote(decision.prefill_ticket)
+                    self._release(decision, decision.prefill_ticket)
         return call
 
     def _decode_call(self, decision: RouteDecision):
@@ -120,6 +212,14 @@ class EngineClient:
         finally:
             if not finished:
                 gen.cancel()
+
+
+class _ReplicaDied(Exception):
+    """The engine replica serving an attempt is gone (``error``: what the call raised)."""
+
+    def __init__(self, error: Exception, actor_id: str | None):
+        super().__init__(str(error))
+        self.error, self.actor_id = error, actor_id
 
 
 def _as_api_error(exc: Exception, retry_after_s: int) -> APIError:

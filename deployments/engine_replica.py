@@ -13,11 +13,13 @@ import dataclasses
 import inspect
 import logging
 import os
+import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from accel.contract import Engine, EngineStats, FinishReason, GenerateRequest, OutputDelta
+from deployments.kv_event_log import DEFAULT_CAPACITY_EVENTS, KVCursor, KVEventLog
 from deployments.route_types import ReplicaSnapshot
 from deployments.router.kv_events import BlockRemoved, BlockStored, KVEvent
 from serve_app.config import PoolConfig
@@ -49,6 +51,15 @@ def current_replica_id() -> str:
         return f"local-{os.getpid()}-{id(object())}"
 
 
+def current_actor_id() -> str | None:
+    """This process's Ray actor id (hex), what ``RayActorError.actor_id`` names when it dies."""
+    try:
+        import ray
+        return ray.get_runtime_context().get_actor_id()
+    except Exception:
+        return None
+
+
 def kv_events_for_router(engine_events: list[Any]) -> tuple[KVEvent, ...]:
     """The TT engine's ``KVEvent(kind, lane, block_hashes)`` (replica-level: stored when the first
     lane caches a hash, removed when the last lane drops it) as the router's event types."""
@@ -62,12 +73,19 @@ def kv_events_for_router(engine_events: list[Any]) -> tuple[KVEvent, ...]:
 
 
 class EngineReplica:
-    def __init__(self, pool: PoolConfig, engine_factory: EngineFactory, emit_vllm_metrics: bool = True):
+    def __init__(self, pool: PoolConfig, engine_factory: EngineFactory, emit_vllm_metrics: bool = True,
+                 kv_event_log_size: int = DEFAULT_CAPACITY_EVENTS):
         """``emit_vllm_metrics`` False when the engine emits ``vllm_*`` itself (vLLM with Ray's
-        stat logger): one process must not register the same metric twice."""
+        stat logger): one process must not register the same metric twice.
+        ``kv_event_log_size``: KV events kept for routers that poll (``kv_event_log``)."""
         self.pool = pool
         self.replica_id = current_replica_id()
+        self.actor_id = current_actor_id()
         self._engine = engine_factory(pool)
+        self._kv_log = KVEventLog(kv_event_log_size)
+        # One poll at a time: drain -> log -> read (-> snapshot) must not interleave with another
+        # router's poll (Serve runs this sync method on a thread pool).
+        self._routing_lock = threading.Lock()
         self._num_inflight = 0
         self._stats_task: asyncio.Task | None = None
         self._metrics = self._make_metrics(emit_vllm_metrics)
@@ -162,21 +180,36 @@ class EngineReplica:
     def stats(self) -> EngineStats:
         return self._engine.stats()
 
-    def routing_snapshot(self, synced_ids: frozenset[str] = frozenset()) -> ReplicaSnapshot:
-        """Stats and KV state for the router (polled by broadcast). KV events since the previous
-        poll when this replica is in ``synced_ids`` (the router follows its index), else the
-        full ``kv_block_snapshot()`` (events drained first, so none is lost: an event already
-        reflected in the snapshot is applied again later, harmlessly)."""
+    def routing_snapshot(self, cursors: Mapping[str, KVCursor] | None = None) -> ReplicaSnapshot:
+        """Stats and KV state for one router's poll (by broadcast, so ``cursors`` holds the
+        calling router's cursor per replica id; this replica reads its own).
+
+        KV state: the events after the router's cursor while this replica's event log still
+        holds them; otherwise (no cursor, a cursor of an earlier incarnation of this replica, or
+        one that fell off the log) the full ``kv_block_snapshot()``. Either way the answer
+        carries the cursor the router holds once it has applied it, so every router replica
+        follows every event, and an answer lost on the way is re-read from the same cursor.
+
+        The engine's pending events are drained into the log first and the new head is taken
+        before the snapshot, so the snapshot reflects every event up to that head; events it
+        already reflects may come again after it, which is harmless (stored/removed are
+        idempotent)."""
         self._ensure_stats_task()
-        events = self._take_kv_events()
-        if events is None:
+        with self._routing_lock:
+            events = self._take_kv_events()
+            if events is None:
+                return ReplicaSnapshot(self.replica_id, self.pool.name, self._engine.stats(), self._num_inflight,
+                                       self.kv_block_size, actor_id=self.actor_id)
+            head = self._kv_log.append(events)
+            cursor = (cursors or {}).get(self.replica_id)
+            since = self._kv_log.read(cursor)
+            if since is None:
+                return ReplicaSnapshot(self.replica_id, self.pool.name, self._engine.stats(), self._num_inflight,
+                                       self.kv_block_size, True, (), self.kv_block_snapshot() or (),
+                                       kv_cursor=head, actor_id=self.actor_id)
             return ReplicaSnapshot(self.replica_id, self.pool.name, self._engine.stats(), self._num_inflight,
-                                   self.kv_block_size)
-        blocks = None
-        if self.replica_id not in synced_ids:
-            blocks, events = self.kv_block_snapshot(), ()
-        return ReplicaSnapshot(self.replica_id, self.pool.name, self._engine.stats(), self._num_inflight,
-                               self.kv_block_size, True, events, blocks)
+                                   self.kv_block_size, True, since, None, kv_cursor=head,
+                                   kv_from_seq=cursor.seq, actor_id=self.actor_id)
 
     @property
     def kv_block_size(self) -> int:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from accel.contract import EngineStats
+from deployments.kv_event_log import KVCursor
 from deployments.router.kv_events import KVEvent
 from deployments.router.load import ReplicaLoad
 
@@ -49,12 +50,26 @@ class RouteRequest:
     # Chained block hashes of the prompt's full blocks (accel.block_hash.hash_prompt_blocks at
     # routing_block_size(pools, model)); may be empty.
     prompt_block_hashes: tuple[int, ...] = ()
+    # Engine replicas not to choose (a retry after the first choice died).
+    excluded_replicas: tuple[str, ...] = ()
+
+    @property
+    def affinity_key(self) -> str:
+        """Which router replica decides this request (``deployments.rendezvous_router``): every
+        request of a session, else of a prompt head, goes to the same one, so its session
+        binding and in-flight counts live in one place."""
+        if self.session_id:
+            return "s:" + self.session_id
+        if self.prompt_block_hashes:
+            return f"b:{self.prompt_block_hashes[0]}"
+        return "r:" + self.request_id
 
 
 @dataclass(frozen=True)
 class RouteDecision:
     """Where to send it. ``replica_id`` None = the router knows no replica of ``pool`` yet; the
-    engine handle then picks the least-loaded one itself. ``ticket`` goes back in ``release``."""
+    engine handle then picks the least-loaded one itself. ``ticket`` goes back in ``release``, to
+    ``router_replica_id`` (the router replica that issued it and counts the request)."""
 
     pool: str
     replica_id: str | None
@@ -65,17 +80,19 @@ class RouteDecision:
     prefill_pool: str | None = None
     prefill_replica_id: str | None = None
     prefill_ticket: str = ""
+    router_replica_id: str | None = None
 
 
 @dataclass(frozen=True)
 class ReplicaSnapshot:
-    """An engine replica's self-report (``routing_snapshot``), polled by the router.
+    """An engine replica's self-report (``routing_snapshot``), polled by every router replica.
 
     KV state for the router's prefix index, in ``accel.block_hash`` keys at ``block_size``:
-    ``kv_blocks`` is the replica's full cached-block list (sent when the router asked for a
-    resync: a replica it has not synced yet, or after a lost poll), otherwise ``kv_events`` are
-    the changes since the previous poll. ``publishes_kv_events`` False = neither is available
-    (the router learns that replica from routing)."""
+    ``kv_blocks`` is the replica's full cached-block list (the router had no usable cursor into
+    this replica's event log), otherwise ``kv_events`` are the events after the router's cursor
+    (seq ``kv_from_seq``). ``kv_cursor`` is the router's cursor once it has applied either.
+    ``publishes_kv_events`` False = neither is available (the router learns that replica from
+    routing)."""
 
     replica_id: str
     pool: str
@@ -85,6 +102,9 @@ class ReplicaSnapshot:
     publishes_kv_events: bool = False
     kv_events: tuple[KVEvent, ...] = ()
     kv_blocks: tuple[int, ...] | None = None
+    kv_cursor: KVCursor | None = None
+    kv_from_seq: int = 0
+    actor_id: str | None = None  # the replica's Ray actor id (matches RayActorError.actor_id)
 
 
 @dataclass(frozen=True)
@@ -112,6 +132,16 @@ class RouterSnapshot:
 
     replicas: tuple[ReplicaView, ...] = field(default_factory=tuple)
     num_open_tickets: int = 0
+    router_replica_id: str | None = None
+
+
+@dataclass(frozen=True)
+class IndexView:
+    """Test view of one router replica's prefix index: per engine replica (sorted by id), the
+    probed block hashes it holds and its total number of indexed blocks."""
+
+    router_replica_id: str | None
+    replicas: tuple[tuple[str, tuple[int, ...], int], ...]
 
 
 WHOLE_REQUEST_ROLES = ("both", "decode")

@@ -1,18 +1,33 @@
-"""The router deployment: global routing state shared by every ingress replica.
+"""The router deployment: routing state shared by every ingress replica.
 
 A thin async wrapper around ``deployments.router.RouterCore`` (prefix index, sessions, load,
-policy by config name). Exactly one router replica holds it, so every ingress sees one truth.
+policy by config name). It may run as several replicas (``router.replicas``); they agree:
 
-Membership, load and KV state come from one mechanism: every ``stats_period_s`` the router
-broadcasts ``routing_snapshot(synced_ids)`` to each pool (``DeploymentHandle.broadcast`` reaches
-every live replica). A replica that answers for the first time is added to the core at once; one
-that no longer answers (dead, drained, scaled down) is removed at once — its index entries,
-sessions and in-flight counts go with it. Each answer carries the engine's stats and, for engines
-that publish KV events at the model's routing block size (the TT engine; vLLM via its ZMQ events,
-``deployments/vllm_kv_subscriber.py``), either the events since the previous poll or — when the
-replica is not in ``synced_ids`` (new to this router, a restarted router, or a poll of its pool
-was lost) — its full ``kv_block_snapshot()``. Replicas without events, or at another block size,
-are learned from routing, even in ``precise`` mode.
+- **Same engine view.** Every router replica polls every engine replica itself. Membership, load
+  and KV state come from one mechanism: every ``stats_period_s`` the router broadcasts
+  ``routing_snapshot(cursors)`` to each pool (``DeploymentHandle.broadcast`` reaches every live
+  replica). A replica that answers for the first time is added to the core at once; one that no
+  longer answers (dead, drained, scaled down) is removed at once — its index entries, sessions
+  and in-flight counts go with it. Each answer carries the engine's stats and, for engines that
+  publish KV events at the model's routing block size (the TT engine; vLLM via its ZMQ events,
+  ``deployments/vllm_kv_subscriber.py``), the events after this router's cursor into the
+  replica's KV event log (``deployments/kv_event_log.py``), or — with no usable cursor (new
+  replica, restarted router, restarted engine replica, a cursor that fell off the log) — its full
+  ``kv_block_snapshot()``, plus the new cursor. The log is read, never drained, by a poll, so
+  every router replica applies every event and their precise prefix indexes are identical; a lost
+  answer is re-read from the same cursor. Replicas without events, or at another block size, are
+  learned from routing, even in ``precise`` mode (that part is per router replica).
+- **One owner per session.** The ingress's handle to this deployment routes ``choose`` by
+  rendezvous hashing of the request's affinity key (``deployments/rendezvous_router.py``), so a
+  session's binding and in-flight cap live on one router replica; ``release`` goes to the replica
+  that issued the ticket (``RouteDecision.router_replica_id``).
+- **Load.** Each router counts its own decisions in flight; what other routers (or ingress
+  fallbacks) have in flight on an engine replica is the replica's reported ``num_inflight`` minus
+  this router's count, added to the engine's waiting queue in the load view, so N routers do not
+  each see a busy replica as idle.
+- **Dead replicas at once.** The ingress reports an engine replica whose call failed because its
+  actor died (``report_dead``, broadcast to every router replica); it is removed before the next
+  poll, which re-adds it if it answers again.
 
 Decisions: ``choose(RouteRequest)`` counts the request on the chosen replica(s) before answering
 (so a burst cannot pile onto one replica) and returns a ``RouteDecision`` with a ticket; the
@@ -21,21 +36,27 @@ ticket when the request ends — completion, error and cancel alike. A disaggreg
 a second ticket for the prefill phase. Tickets older than ``ticket_ttl_s`` expire (an ingress
 that crashed never releases).
 
+Every method Serve calls is ``async``: they all run on the replica's event loop, one at a time
+between awaits, so ``RouterCore`` (not thread-safe) is never entered from Serve's thread pool.
+
 A plain class; the builder turns it into a Serve deployment and binds the pool handles.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from deployments.engine_replica import current_replica_id
+from deployments.kv_event_log import KVCursor
 from deployments.pd_pairing import pairing_problem
 from deployments.route_types import (
-    PoolInfo, ReplicaSnapshot, ReplicaView, RouteDecision, RouteRequest, RouterSnapshot, eligible_pools,
-    routing_block_size,
+    IndexView, PoolInfo, ReplicaSnapshot, ReplicaView, RouteDecision, RouteRequest, RouterSnapshot,
+    eligible_pools, routing_block_size,
 )
 from deployments.router.router_core import (
     NoReplicaError, ReplicaInfo, ReplicaRole, RequestInfo, RouterConfig, RouterCore,
@@ -52,6 +73,7 @@ class RouterDeployment:
     def __init__(self, pools: Sequence[PoolInfo], pool_handles: Mapping[str, Any],
                  stats_period_s: float = 0.5, ticket_ttl_s: float = 3600.0,
                  pd_threshold_tokens: int | None = None, core_config: RouterConfig | None = None):
+        self.replica_id = current_replica_id()
         self._pools = tuple(pools)
         self._pool_by_name = {p.name: p for p in self._pools}
         # model -> block size of its prefix hashes (what the ingress hashes prompts at)
@@ -67,7 +89,11 @@ class RouterDeployment:
             weights=base.weights, sessions=base.sessions, load=base.load))
         self._roles = {p.name: _core_role(p, self._pools, pd_threshold_tokens) for p in self._pools}
         self._replica_pool: dict[str, str] = {}  # replica id -> pool name (known to the core)
-        self._synced: set[str] = set()  # replicas whose KV state the index follows
+        # replica id -> this router's cursor into its KV event log (precise replicas only)
+        self._cursors: dict[str, KVCursor] = {}
+        self._actor_replica: dict[str, str] = {}  # Ray actor id -> replica id
+        # replica id -> when the ingress reported it dead; answers of polls sent before are ignored
+        self._dead_since_s: dict[str, float] = {}
         self._capacity: dict[str, int] = {}  # replica id -> index capacity in routing blocks
         # ticket -> (request id, replica id or None, is prefill ticket, issue time)
         self._tickets: dict[str, tuple[str, str | None, bool, float]] = {}
@@ -102,6 +128,9 @@ class RouterDeployment:
         allowed = None
         if request.pool is not None:
             allowed = frozenset(r for r, p in self._replica_pool.items() if p == request.pool)
+        if request.excluded_replicas:
+            allowed = (allowed if allowed is not None else frozenset(self._replica_pool)) \
+                - frozenset(request.excluded_replicas)
         info = RequestInfo(request.request_id, request.model, session_key=request.session_id,
                            block_hashes=tuple(request.prompt_block_hashes),
                            num_prompt_tokens_hint=request.num_prompt_tokens, allowed_replicas=allowed,
@@ -111,21 +140,29 @@ class RouterDeployment:
         except NoReplicaError:  # none known yet (startup): the pool's handle picks
             pool = allowed_pools[0].name
             self._count(pool, "no_replica_known")
-            return RouteDecision(pool=pool, replica_id=None, ticket="", reason="no_replica_known")
+            return RouteDecision(pool=pool, replica_id=None, ticket="", reason="no_replica_known",
+                                 router_replica_id=self.replica_id)
         pool = self._replica_pool[decision.replica_id]
         ticket = self._issue(request.request_id, decision.replica_id, is_prefill=False)
         if decision.prefill_replica_id is None:
             reason = "pinned" if request.pool is not None else decision.reason
             self._count(pool, reason)
-            return RouteDecision(pool=pool, replica_id=decision.replica_id, ticket=ticket, reason=reason)
+            return RouteDecision(pool=pool, replica_id=decision.replica_id, ticket=ticket, reason=reason,
+                                 router_replica_id=self.replica_id)
         prefill = decision.prefill_replica_id
         self._count(pool, "prefill_decode")
         return RouteDecision(pool=pool, replica_id=decision.replica_id, ticket=ticket, reason="prefill_decode",
                              prefill_pool=self._replica_pool[prefill], prefill_replica_id=prefill,
-                             prefill_ticket=self._issue(request.request_id, prefill, is_prefill=True))
+                             prefill_ticket=self._issue(request.request_id, prefill, is_prefill=True),
+                             router_replica_id=self.replica_id)
 
-    def release(self, ticket: str) -> None:
-        """The request (or its prefill phase) ended: completed, failed or cancelled. Idempotent."""
+    async def release(self, ticket: str, replica_hint: str | None = None) -> None:
+        """The request (or its prefill phase) ended: completed, failed or cancelled. Idempotent.
+        ``replica_hint`` (this router replica's id) is read by the handle's request router."""
+        del replica_hint
+        self._release(ticket)
+
+    def _release(self, ticket: str) -> None:
         entry = self._tickets.pop(ticket, None)
         if entry is None:
             return
@@ -135,20 +172,32 @@ class RouterDeployment:
         else:
             self._core.on_completed(request_id)
 
-    def forget(self, request_id: str) -> None:
+    async def forget(self, request_id: str) -> None:
         """Release every ticket of ``request_id``: the ingress gave up waiting for the decision
-        (timeout) and routed locally, so a decision made late must not stay counted."""
-        self.release(request_id + PREFILL_SUFFIX)
-        self.release(request_id)
+        (timeout) and routed locally, so a decision made late must not stay counted. (Sent to
+        every router replica: the ingress does not know which one decided.)"""
+        self._release(request_id + PREFILL_SUFFIX)
+        self._release(request_id)
 
-    def snapshot(self) -> RouterSnapshot:
+    async def snapshot(self) -> RouterSnapshot:
         self._ensure_poller()
         views = tuple(ReplicaView(rid, self._replica_pool[rid], self._core.load(rid))
                       for rid in sorted(self._replica_pool))
-        return RouterSnapshot(replicas=views, num_open_tickets=len(self._tickets))
+        return RouterSnapshot(replicas=views, num_open_tickets=len(self._tickets),
+                              router_replica_id=self.replica_id)
 
-    def session_replica(self, session_key: str) -> str | None:
+    async def session_replica(self, session_key: str) -> str | None:
         return self._core.session_replica(session_key)
+
+    async def prefix_index_view(self, probe_hashes: Sequence[int]) -> IndexView:
+        """Which of ``probe_hashes`` this router's prefix index holds per engine replica, and how
+        many blocks it holds in all (tests compare router replicas with each other and with the
+        engines' own block lists)."""
+        index = self._core.index
+        held = tuple(sorted(
+            (rid, tuple(h for h in probe_hashes if index.holds(rid, h)), index.num_blocks(rid))
+            for rid in self._replica_pool))
+        return IndexView(router_replica_id=self.replica_id, replicas=held)
 
     @property
     def core(self) -> RouterCore:
@@ -159,27 +208,28 @@ class RouterDeployment:
     async def refresh(self) -> None:
         """Poll every pool once (also what the background loop does)."""
         seen: set[str] = set()
+        started_s = time.monotonic()
         for pool in self._pools:
             handle = self._handles.get(pool.name)
             if handle is None or self._roles[pool.name] is None:
                 continue
             try:
                 results = await asyncio.wait_for(
-                    handle.broadcast("routing_snapshot", frozenset(self._synced)).results_async(
+                    handle.broadcast("routing_snapshot", dict(self._cursors)).results_async(
                         return_exceptions=True),
                     timeout=max(1.0, 4 * self._period_s))
             except Exception as exc:  # a pool still deploying or gone: keep the others
                 logger.debug("router: polling pool %s failed: %r", pool.name, exc)
-                kept = {r for r, p in self._replica_pool.items() if p == pool.name}
-                seen |= kept
-                self._synced -= kept  # events may have been lost with the answer: resync
+                # Keep its replicas and cursors: a lost answer is re-read from the same cursor.
+                seen |= {r for r, p in self._replica_pool.items() if p == pool.name}
                 continue
             for snap in results:
-                if isinstance(snap, ReplicaSnapshot):
+                if isinstance(snap, ReplicaSnapshot) and self._dead_since_s.get(snap.replica_id, -1.0) < started_s:
                     self.apply_snapshot(snap)
                     seen.add(snap.replica_id)
         for replica_id in set(self._replica_pool) - seen:
             self.remove_replica(replica_id)
+        self._dead_since_s = {r: t for r, t in self._dead_since_s.items() if t >= started_s}
         self._expire_tickets()
         if self._metrics is not None:
             for pool in self._pools:
@@ -201,21 +251,55 @@ class RouterDeployment:
             self._core.add_replica(ReplicaInfo(rid, (pool.model,), num_blocks, role, publishes_kv_events=is_precise))
             self._replica_pool[rid] = pool.name
             self._capacity[rid] = num_blocks
-        self._core.apply_stats(rid, snap.stats)
-        if not is_precise:
-            self._synced.add(rid)
-        elif snap.kv_blocks is not None:
+        if snap.actor_id:
+            self._actor_replica[snap.actor_id] = rid
+        # Requests other routers (and ingress fallbacks) have on the replica count as queued
+        # work: the replica's own in-flight count minus what this router has dispatched there.
+        num_foreign = max(0, snap.num_inflight - self._core.num_in_flight(rid))
+        stats = snap.stats
+        if num_foreign:
+            stats = dataclasses.replace(stats, num_waiting=stats.num_waiting + num_foreign)
+        self._core.apply_stats(rid, stats)
+        if is_precise and snap.kv_cursor is not None:
+            self._apply_kv_state(rid, snap)
+
+    def _apply_kv_state(self, rid: str, snap: ReplicaSnapshot) -> None:
+        """Follow the replica's KV event log from this router's cursor. An answer to an older
+        cursor (two polls in flight at once) is ignored; the next poll reads from the cursor."""
+        cursor, new = self._cursors.get(rid), snap.kv_cursor
+        is_same_log = cursor is not None and cursor.log_id == new.log_id
+        if snap.kv_blocks is not None:
+            if is_same_log and cursor.seq >= new.seq:
+                return  # this router is already past that snapshot
             self._core.apply_snapshot(rid, snap.kv_blocks)
-            self._synced.add(rid)
-        elif rid in self._synced and snap.kv_events:
-            self._core.apply_kv_events(rid, snap.kv_events)
+            self._cursors[rid] = new
+        elif is_same_log and cursor.seq == snap.kv_from_seq:
+            if snap.kv_events:
+                self._core.apply_kv_events(rid, snap.kv_events)
+            self._cursors[rid] = new
 
     def remove_replica(self, replica_id: str) -> None:
         """The replica is gone: no more routing there; its index, sessions and load drop now."""
         self._core.remove_replica(replica_id)
         self._replica_pool.pop(replica_id, None)
         self._capacity.pop(replica_id, None)
-        self._synced.discard(replica_id)
+        self._cursors.pop(replica_id, None)
+        for actor_id in [a for a, r in self._actor_replica.items() if r == replica_id]:
+            del self._actor_replica[actor_id]
+
+    async def report_dead(self, replica_id: str | None, actor_id: str | None = None) -> None:
+        """An ingress saw a call to an engine replica fail because its actor died: stop routing
+        there now (its index entries, sessions and load go). ``actor_id`` (from the error) names
+        the replica exactly when this router knows it; else ``replica_id`` (the replica the
+        decision named). Answers of polls already under way are ignored; a later poll re-adds
+        the replica if it answers."""
+        rid = self._actor_replica.get(actor_id) if actor_id else None
+        rid = rid or replica_id
+        if rid is None or rid not in self._replica_pool:
+            return
+        logger.warning("router: engine replica %s reported dead; removed", rid)
+        self._dead_since_s[rid] = time.monotonic()
+        self.remove_replica(rid)
 
     async def check_health(self) -> None:
         """Serve's periodic health probe; async so that it runs on the replica's event loop and
@@ -236,7 +320,7 @@ class RouterDeployment:
         deadline = time.monotonic() - self._ticket_ttl_s
         for ticket, (_, _, _, issued) in list(self._tickets.items()):
             if issued < deadline:
-                self.release(ticket)
+                self._release(ticket)
 
     def _count(self, pool: str, reason: str) -> None:
         if self._metrics is not None:

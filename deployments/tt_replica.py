@@ -13,6 +13,7 @@ from typing import Any
 
 from accel.contract import ConfigError, Engine
 from deployments.engine_replica import EngineFactory, EngineReplica
+from deployments.kv_event_log import DEFAULT_CAPACITY_EVENTS
 from serve_app.config import PoolConfig
 
 # tt-metal's MESH_DEVICE presets (utils/dp_discovery.py) -> chips in the mesh.
@@ -60,5 +61,6 @@ def deployment_options(pool: PoolConfig) -> dict[str, Any]:
 
 
 class TTMeshReplica(EngineReplica):
-    def __init__(self, pool: PoolConfig, engine_factory: EngineFactory | None = None):
-        super().__init__(pool, engine_factory or make_tt_engine)
+    def __init__(self, pool: PoolConfig, engine_factory: EngineFactory | None = None,
+                 kv_event_log_size: int = DEFAULT_CAPACITY_EVENTS):
+        super().__init__(pool, engine_factory or make_tt_engine, kv_event_log_size=kv_event_log_size)

@@ -23,6 +23,7 @@ from typing import Any
 
 from accel.contract import Engine
 from deployments.engine_replica import EngineFactory, EngineReplica
+from deployments.kv_event_log import DEFAULT_CAPACITY_EVENTS
 from deployments.router.kv_events import KVEvent
 from serve_app.config import PoolConfig
 
@@ -93,12 +94,14 @@ def publishes_kv_events(pool: PoolConfig) -> bool:
 
 
 class VllmReplica(EngineReplica):
-    def __init__(self, pool: PoolConfig, engine_factory: EngineFactory | None = None):
+    def __init__(self, pool: PoolConfig, engine_factory: EngineFactory | None = None,
+                 kv_event_log_size: int = DEFAULT_CAPACITY_EVENTS):
         from deployments.vllm_kv_subscriber import VllmKVEventSubscriber, new_ipc_endpoint
 
         endpoint = new_ipc_endpoint() if engine_factory is None and publishes_kv_events(pool) else None
         factory = engine_factory or functools.partial(make_vllm_engine, kv_events_endpoint=endpoint)
-        super().__init__(pool, factory, emit_vllm_metrics=engine_factory is not None)
+        super().__init__(pool, factory, emit_vllm_metrics=engine_factory is not None,
+                         kv_event_log_size=kv_event_log_size)
         # Connected once the engine is up and before any request (missed batches are replayed).
         self._kv_subscriber = (VllmKVEventSubscriber(endpoint, self._engine.block_size)
                                if endpoint is not None else None)

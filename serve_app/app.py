@@ -1,9 +1,10 @@
 """The builder ``serve run configs/<name>.yaml`` calls: ``import_path: serve_app.app:build_app``.
 
-Graph: ``OpenAIIngress`` (HTTP) -> ``Router`` (decisions, global state) and -> one engine
-deployment per pool (``TTMeshReplica-<pool>`` / ``VllmReplica-<pool>``), each engine
+Graph: ``OpenAIIngress`` (HTTP) -> ``Router`` (decisions; ``router.replicas`` of them, with
+``RendezvousRouter`` on their handles so a session's requests reach the same router replica) and
+-> one engine deployment per pool (``TTMeshReplica-<pool>`` / ``VllmReplica-<pool>``), each engine
 deployment with ``PinnedReplicaRouter`` on its handles so the ingress reaches the replica the
-router chose. The router also holds the pool handles (to poll replica stats).
+router chose. The router also holds the pool handles (to poll replica stats and KV events).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from serve_app.config import AppConfig, PoolConfig, load_app_config
 logger = logging.getLogger(__name__)
 
 PINNED_ROUTER = "deployments.pinned_router:PinnedReplicaRouter"
+RENDEZVOUS_ROUTER = "deployments.rendezvous_router:RendezvousRouter"
 ROUTER_NAME = "Router"
 INGRESS_NAME = "OpenAIIngress"
 
@@ -76,6 +78,7 @@ def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | N
     """The application graph of a validated config. ``engine_factories`` (engine kind ->
     ``callable(PoolConfig) -> Engine``) replaces the real engines, for tests."""
     from ray import serve
+    from ray.serve.config import RequestRouterConfig
 
     from deployments.ingress import make_ingress_class, pool_infos
     from deployments.router_deployment import RouterDeployment
@@ -92,12 +95,15 @@ def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | N
             section = "tpu" if pool.accelerator == "tpu" else "tt"
             raise ConfigError(f"{config.config_file}: pools[{i}].{section}: {exc}") from None
         deployment = serve.deployment(cls).options(**options)
-        pool_apps[pool.name] = deployment.bind(pool, factories.get(pool.engine))
+        pool_apps[pool.name] = deployment.bind(pool, factories.get(pool.engine),
+                                               kv_event_log_size=config.router.kv_event_log_size)
     router = serve.deployment(RouterDeployment).options(
         name=ROUTER_NAME, num_replicas=config.router.replicas,
         ray_actor_options={"num_cpus": config.router.num_cpus},
         max_ongoing_requests=100_000,
         logging_config={"enable_access_log": False},
+        request_router_config=RequestRouterConfig(
+            request_router_class=RENDEZVOUS_ROUTER, request_routing_stats_period_s=10),
     ).bind(pool_infos(config), pool_apps, config.router.stats_period_s,
            pd_threshold_tokens=config.pd.threshold_tokens,
            core_config=config.router.core_config(min(p.block_size for p in config.pools),

@@ -105,6 +105,7 @@ class RouterConfig:
     session_ttl_s: float = 600.0
     max_in_flight_per_session: int = 2
     stats_max_age_s: float = 5.0
+    kv_event_log_size: int = 8192  # KV events each engine replica keeps for router polls
 
     def core_config(self, block_size: int, pd_min_prompt_tokens: int):
         """The ``deployments.router.RouterConfig`` of these settings."""
@@ -327,7 +328,7 @@ def load_app_config(args: Mapping[str, Any] | AppArgs, config_file: str | None =
         pools=pools,
         router=RouterConfig(r.policy, r.replicas, r.num_cpus, r.stats_period_s, r.decision_timeout_s,
                             r.index_mode, r.weights.model_dump(), r.session_ttl_s,
-                            r.max_in_flight_per_session, r.stats_max_age_s),
+                            r.max_in_flight_per_session, r.stats_max_age_s, r.kv_event_log_size),
         pd=PDConfig(pd.threshold_tokens),
         ingress=IngressConfig(ing.replicas, ing.num_cpus, ing.max_concurrent_requests, ing.retry_after_s,
                               ing.access_log),

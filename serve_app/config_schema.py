@@ -25,7 +25,7 @@ Schema (``applications[].args`` of a Serve config file)::
       tpu: {type: v6e, topology: 4x4}   # tpu pools
     router: {policy: prefix+session+load, index_mode: precise, weights: {w_prefill: 1, ...},
              session_ttl_s: 600, max_in_flight_per_session: 2, stats_max_age_s: 5,
-             replicas: 1, stats_period_s: 0.5, decision_timeout_s: 0.2}
+             replicas: 1, stats_period_s: 0.5, decision_timeout_s: 0.2, kv_event_log_size: 8192}
     pd: {threshold_tokens: 512}
     ingress: {replicas: 1, max_concurrent_requests: 256, retry_after_s: 1, num_cpus: 0, access_log: true}
 """
@@ -115,13 +115,18 @@ class RouterArgs(_Strict):
     max_in_flight_per_session: int = Field(default=2, ge=1)
     # Engine stats older than this are ignored (load falls back to the router's in-flight counts).
     stats_max_age_s: float = Field(default=5.0, gt=0)
-    # One router replica holds the global state (sessions, prefix index, in-flight counts).
-    replicas: int = Field(default=1, ge=1, le=1)
+    # Router replicas. Several agree: each follows every engine's KV event log (identical precise
+    # indexes); a session's requests go to one of them by rendezvous hashing (its binding and
+    # in-flight cap live there); each adds what the others have in flight from engine reports.
+    replicas: int = Field(default=1, ge=1)
     num_cpus: float = Field(default=0.0, ge=0)
     # How often the router polls every engine replica's stats (membership + load).
     stats_period_s: float = Field(default=0.5, gt=0)
     # The ingress waits this long for a decision before choosing locally (counted as a fallback).
     decision_timeout_s: float = Field(default=0.2, gt=0)
+    # KV events each engine replica keeps for router polls; a router further behind resyncs from
+    # the replica's full block snapshot.
+    kv_event_log_size: int = Field(default=8192, ge=1)
 
 
 class PDArgs(_Strict):

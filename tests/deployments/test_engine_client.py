@@ -37,13 +37,38 @@ class FakeMethod:
         self.remote = fn
 
 
+class FakeBroadcast:
+    def __init__(self, record):
+        self._record = record
+
+    async def results_async(self, return_exceptions=False):
+        self._record()
+        return [None]
+
+
 class FakeRouterHandle:
+    """``choose`` answers ``decision`` (or a list of them, one per call); ``release`` records the
+    ticket and its router-replica hint; broadcasts (``forget``, ``report_dead``) are recorded."""
+
     def __init__(self, decision=None, delay_s=0.0, error=None):
-        self.released = []
-        self.choose = FakeMethod(lambda route: FakeResponse(decision, delay_s, error))
-        self.release = FakeMethod(lambda ticket: self.released.append(ticket))
-        self.forgotten = []
-        self.forget = FakeMethod(lambda request_id: self.forgotten.append(request_id))
+        self.released, self.hints, self.routes = [], [], []
+        decisions = decision if isinstance(decision, list) else None
+
+        def choose(route):
+            self.routes.append(route)
+            return FakeResponse(decisions.pop(0) if decisions else decision, delay_s, error)
+
+        def release(ticket, replica_hint=None):
+            self.released.append(ticket)
+            self.hints.append(replica_hint)
+
+        self.choose = FakeMethod(choose)
+        self.release = FakeMethod(release)
+        self.forgotten, self.dead_reports = [], []
+
+    def broadcast(self, method, *args):
+        target = {"forget": self.forgotten, "report_dead": self.dead_reports}[method]
+        return FakeBroadcast(lambda: target.append(args[0] if method == "forget" else args))
 
 
 class FakeStream:
@@ -91,11 +116,12 @@ REQ = GenerateRequest("r", (1, 2))
 
 def test_routes_to_the_chosen_replica_and_releases():
     async def run():
-        router = FakeRouterHandle(RouteDecision("vllm", "v1", "t7", "least_loaded"))
+        router = FakeRouterHandle(RouteDecision("vllm", "v1", "t7", "least_loaded", router_replica_id="R2"))
         client, pools = _client(router)
         deltas = [d async for d in client.stream(REQ, RouteRequest("r", "m", 2))]
         assert len(deltas) == 1 and pools["vllm"].calls == [("r", "v1")]
         assert router.released == ["t7"] and not pools["vllm"].last.cancelled
+        assert router.hints == ["R2"]  # released on the router replica that issued the ticket
     asyncio.run(run())
 
 
@@ -113,6 +139,7 @@ def test_unreachable_router_falls_back_locally_and_counts(router):
         metrics = Counter()
         client, pools = _client(router, metrics=metrics)
         deltas = [d async for d in client.stream(REQ, RouteRequest("r", "m", 2, pool="tt"))]
+        await asyncio.sleep(0.01)  # (the forget broadcast is fire-and-forget)
         assert deltas[-1].finished and pools["tt"].calls == [("r", None)]
         assert metrics.reasons in (["timeout"], ["RuntimeError"])
         assert router.released == [] and router.forgotten == ["r"]  # a late decision is not left counted
@@ -173,4 +200,72 @@ def test_merge_interleaves_and_cancels_on_exit():
         await merged.__anext__()
         await merged.aclose()
         assert {"c", "d"} <= set(closed)
+    asyncio.run(run())
+
+
+class DyingStream(FakeStream):
+    """Yields ``deltas`` then fails the way a call to a dead replica actor fails."""
+
+    def __init__(self, deltas, error):
+        super().__init__(deltas, error)
+
+
+def _dead_actor_error():
+    from ray.exceptions import ActorUnavailableError
+    return ActorUnavailableError("Actor is unavailable.", bytes.fromhex("ab" * 16))
+
+
+def test_dead_replica_before_any_output_is_reported_and_retried_elsewhere():
+    async def run():
+        router = FakeRouterHandle([RouteDecision("tt", "t1", "r", "prefix", router_replica_id="R1"),
+                                   RouteDecision("tt", "t2", "r#retry", "load", router_replica_id="R1")])
+        calls = []
+
+        def make(request):
+            calls.append(request.request_id)
+            if len(calls) == 1:
+                return FakeStream([], _dead_actor_error())
+            return FakeStream([_delta(request.request_id, 1), _delta(request.request_id, 2, True)])
+
+        client, pools = _client(router, pools={"tt": FakePoolHandle(make)})
+        route = RouteRequest("r", "m", 2, session_id="chat")
+        deltas = [d async for d in client.stream(REQ, route)]
+        await asyncio.sleep(0.01)
+        assert [d.new_token_ids for d in deltas] == [(1,), (2,)] and deltas[-1].finished
+        assert pools["tt"].calls == [("r", "t1"), ("r", "t2")]  # the same engine request, elsewhere
+        retry = router.routes[1]
+        assert retry.excluded_replicas == ("t1",) and retry.request_id == "r#retry"
+        assert retry.affinity_key == route.affinity_key  # decided by the same router replica
+        assert router.dead_reports == [("t1", "ab" * 16)]
+        assert router.released == ["r", "r#retry"]
+    asyncio.run(run())
+
+
+def test_dead_replica_after_output_began_is_a_503_and_reported():
+    async def run():
+        router = FakeRouterHandle(RouteDecision("tt", "t1", "r", "prefix", router_replica_id="R1"))
+        pools = {"tt": FakePoolHandle(lambda r: FakeStream([_delta(r.request_id, 1)], _dead_actor_error()))}
+        client, _ = _client(router, pools=pools)
+        got = []
+        with pytest.raises(APIError) as err:
+            async for d in client.stream(REQ, RouteRequest("r", "m", 2)):
+                got.append(d)
+        await asyncio.sleep(0.01)
+        assert len(got) == 1 and err.value.status == 503 and err.value.headers() == {"Retry-After": "2"}
+        assert router.dead_reports == [("t1", "ab" * 16)] and len(router.routes) == 1
+        assert router.released == ["r"]
+    asyncio.run(run())
+
+
+def test_a_dependency_dying_inside_a_live_replica_is_not_a_replica_death():
+    from ray.exceptions import ActorDiedError, RayTaskError
+
+    async def run():
+        router = FakeRouterHandle(RouteDecision("tt", "t1", "r", "prefix"))
+        wrapped = RayTaskError("generate", "traceback", ActorDiedError())
+        client, _ = _client(router, pools={"tt": FakePoolHandle(lambda r: FakeStream([], wrapped))})
+        with pytest.raises(APIError) as err:
+            [d async for d in client.stream(REQ, RouteRequest("r", "m", 2))]
+        await asyncio.sleep(0.01)
+        assert err.value.status == 500 and router.dead_reports == [] and len(router.routes) == 1
     asyncio.run(run())

@@ -91,8 +91,9 @@ def test_slow_consumer_gets_merged_deltas(pool, tiny_llama):
 
 
 def test_tt_replica_reports_block_snapshot_then_kv_events(pool):
-    """The real TT engine (torch mesh model): a replica not yet synced by the router answers with
-    its full cached-block list; once synced, with the blocks stored since the previous poll."""
+    """The real TT engine (torch mesh model): a router without a cursor gets the full cached-block
+    list; with one, the blocks stored since — and so does a second router from the same cursor
+    (the log is read, not drained)."""
     from accel.block_hash import hash_prompt_blocks
     from deployments.router.kv_events import BlockStored
     from deployments.tt_replica import TTMeshReplica
@@ -107,16 +108,23 @@ def test_tt_replica_reports_block_snapshot_then_kv_events(pool):
             bs = pool.block_size
             first_prompt, second_prompt = tuple(range(3, 3 + 2 * bs + 8)), tuple(range(500, 500 + 2 * bs + 8))
             await generate(replica, "a", first_prompt)
-            snap = replica.routing_snapshot(frozenset())
+            snap = replica.routing_snapshot({})
             assert snap.publishes_kv_events and snap.block_size == bs and snap.kv_events == ()
             assert set(hash_prompt_blocks(first_prompt, bs)) <= set(snap.kv_blocks)
+            assert snap.kv_cursor is not None and snap.actor_id is None  # (no Ray actor here)
             await generate(replica, "b", second_prompt)
-            synced = replica.routing_snapshot(frozenset({replica.replica_id}))
-            assert synced.kv_blocks is None
+            cursors = {replica.replica_id: snap.kv_cursor}
+            synced = replica.routing_snapshot(cursors)
+            assert synced.kv_blocks is None and synced.kv_from_seq == snap.kv_cursor.seq
+            assert synced.kv_cursor.seq > snap.kv_cursor.seq
             stored = {h for e in synced.kv_events if isinstance(e, BlockStored) for h in e.block_hashes}
             assert set(hash_prompt_blocks(second_prompt, bs)) <= stored
             assert not set(hash_prompt_blocks(first_prompt, bs)) & stored  # already sent in the snapshot
             assert set(replica.kv_block_snapshot()) >= stored | set(snap.kv_blocks)
+            # Another router at the same cursor (or this one after a lost answer): the same events.
+            again = replica.routing_snapshot(cursors)
+            assert (again.kv_events, again.kv_cursor) == (synced.kv_events, synced.kv_cursor)
+            assert replica.routing_snapshot({replica.replica_id: synced.kv_cursor}).kv_events == ()
         finally:
             await replica.shutdown()
     asyncio.run(run())

@@ -177,11 +177,11 @@ def test_cached_tokens_reported(client):
 async def _vllm_routing_snapshots():
     from ray import serve
     handle = serve.get_deployment_handle(POOLS["vllm"], APP)
-    return await handle.broadcast("routing_snapshot", frozenset()).results_async(timeout_s=30)
+    return await handle.broadcast("routing_snapshot", {}).results_async(timeout_s=30)
 
 
 def test_vllm_replica_reports_its_blocks_to_the_router(client):
-    """The vLLM replica follows vLLM's ZMQ KV events inside Serve: its (unsynced) poll answer is a
+    """The vLLM replica follows vLLM's ZMQ KV events inside Serve: its poll answer without a cursor is a
     block snapshot with the prompt's full-block hashes at the routing block size (32 here)."""
     from accel.block_hash import hash_prompt_blocks
 

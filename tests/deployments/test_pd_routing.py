@@ -28,8 +28,8 @@ async def _pd_router(pools, threshold=64):
     return router
 
 
-def _inflight(router):
-    return {v.replica_id: v.load.num_in_flight for v in router.snapshot().replicas}
+async def _inflight(router):
+    return {v.replica_id: v.load.num_in_flight for v in (await router.snapshot()).replicas}
 
 
 def test_router_deployment_decides_pd_and_counts_both_replicas():
@@ -38,10 +38,10 @@ def test_router_deployment_decides_pd_and_counts_both_replicas():
         long = await router.choose(RouteRequest("a", "m", 64))
         assert (long.prefill_pool, long.prefill_replica_id, long.pool, long.replica_id) == ("pre", "pre1", "dec", "dec1")
         assert long.reason == "prefill_decode" and long.prefill_ticket
-        assert _inflight(router) == {"pre1": 1, "dec1": 1, "other1": 0}
-        router.release(long.prefill_ticket)  # prefill done: only the decode replica stays busy
-        assert _inflight(router) == {"pre1": 0, "dec1": 1, "other1": 0}
-        router.release(long.ticket)
+        assert await _inflight(router) == {"pre1": 1, "dec1": 1, "other1": 0}
+        await router.release(long.prefill_ticket)  # prefill done: only the decode replica stays busy
+        assert await _inflight(router) == {"pre1": 0, "dec1": 1, "other1": 0}
+        await router.release(long.ticket)
         short = await router.choose(RouteRequest("b", "m", 10))
         assert short.prefill_pool is None and short.pool == "dec"  # the decode pool prefills short prompts
         pinned = await router.choose(RouteRequest("c", "m", 500, pool="dec"))

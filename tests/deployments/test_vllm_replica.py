@@ -50,13 +50,16 @@ def _generate(loop, replica, rid, prompt):
     return loop.run_until_complete(run())
 
 
-def _poll_until(replica, synced, predicate, timeout_s=10.0):
-    """Poll answers (as the router would) until ``predicate`` holds on the events gathered."""
+def _poll_until(replica, cursor, predicate, timeout_s=10.0):
+    """Poll answers (as one router would, following its cursor when given one) until
+    ``predicate`` holds on the events gathered."""
     events, snap = [], None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        snap = replica.routing_snapshot(synced)
+        snap = replica.routing_snapshot({} if cursor is None else {replica.replica_id: cursor})
         events.extend(snap.kv_events)
+        if cursor is not None:
+            cursor = snap.kv_cursor
         if predicate(snap, events):
             break
         time.sleep(0.05)
@@ -74,18 +77,17 @@ def test_reports_exactly_the_prompts_full_blocks_and_router_matches(loop, replic
     first_blocks = hash_prompt_blocks(first, BLOCK_SIZE)
     assert len(first_blocks) == 3
 
-    # Not synced yet: the full snapshot (the subscriber's view), no events.
-    snap, _ = _poll_until(replica, frozenset(), lambda s, _: s.kv_blocks and len(s.kv_blocks) >= 3)
+    # No cursor yet: the full snapshot (the subscriber's view), no events.
+    snap, _ = _poll_until(replica, None, lambda s, _: s.kv_blocks and len(s.kv_blocks) >= 3)
     assert snap.publishes_kv_events and snap.block_size == BLOCK_SIZE and snap.kv_events == ()
     assert snap.kv_blocks == tuple(first_blocks)
 
-    # Synced: the events since the previous poll; a follow-up sharing 2 blocks of the prefix adds
+    # From the snapshot's cursor: the events since; a follow-up sharing 2 blocks of the prefix adds
     # exactly its own new full blocks (the shared ones were cached, so not stored again).
-    synced = frozenset({replica.replica_id})
     second = first[:2 * BLOCK_SIZE] + list(range(600, 600 + 2 * BLOCK_SIZE + 5))
     _generate(loop, replica, "b", second)
     second_blocks = hash_prompt_blocks(second, BLOCK_SIZE)
-    _, events = _poll_until(replica, synced, lambda _, ev: len(_stored(ev)) >= 2)
+    _, events = _poll_until(replica, snap.kv_cursor, lambda _, ev: len(_stored(ev)) >= 2)
     assert _stored(events) == second_blocks[2:]
     assert set(replica.kv_block_snapshot()) == set(first_blocks) | set(second_blocks)
 

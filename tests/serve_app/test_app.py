@@ -60,6 +60,17 @@ def test_every_config_builds(path):
         assert d.max_ongoing_requests == pool.get("max_ongoing_requests", 64)
 
 
+def test_several_router_replicas_get_the_rendezvous_router():
+    from serve_app.app import RENDEZVOUS_ROUTER
+
+    args = _args(CONFIGS[[p.stem for p in CONFIGS].index("local")])
+    args["router"] = dict(args.get("router") or {}, replicas=3, kv_event_log_size=100)
+    graph = _graph(build_app(args))
+    router = graph[ROUTER_NAME]
+    assert router.num_replicas == 3
+    assert router._deployment_config.request_router_config.request_router_class == RENDEZVOUS_ROUTER
+
+
 def test_local_graph_is_cpu_only():
     graph = _graph(build_app(_args(CONFIGS[[p.stem for p in CONFIGS].index("local")])))
     assert graph["TTMeshReplica-tt"].num_replicas == 2

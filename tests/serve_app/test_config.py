@@ -108,7 +108,8 @@ def test_without_config_file_errors_say_so():
     (lambda a: a["router"].__setitem__("session_ttl_s", 0), r"router.session_ttl_s: Input should be greater"),
     (lambda a: a["router"].__setitem__("max_in_flight_per_session", 0), r"router.max_in_flight_per_session"),
     (lambda a: a["router"].__setitem__("weights", {"window_rel": -1}), r"router.weights.window_rel"),
-    (lambda a: a["router"].__setitem__("replicas", 2), r"router.replicas: Input should be less than"),
+    (lambda a: a["router"].__setitem__("replicas", 0), r"router.replicas: Input should be greater"),
+    (lambda a: a["router"].__setitem__("kv_event_log_size", 0), r"router.kv_event_log_size: Input should be greater"),
 ])
 def test_cross_checks(mutate, message):
     args = copy.deepcopy(_args())
