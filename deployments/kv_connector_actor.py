@@ -70,7 +70,8 @@ class RayKVMetrics:
         self._num_held = metrics.Gauge("meshserve_kv_connector_transfers", "Transfers held by the KV connector")
 
     def on_commit(self, num_bytes: int) -> None:
-        self._bytes.inc(num_bytes)
+        if num_bytes > 0:  # a params-only entry commits 0 bytes; Ray counters refuse inc(0)
+            self._bytes.inc(num_bytes)
         self._transfers.inc(1, tags={"outcome": "committed"})
 
     def on_complete(self, num_bytes: int, latency_s: float) -> None:

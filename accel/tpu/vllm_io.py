@@ -1,4 +1,5 @@
-"""Our contract types <-> vLLM's: sampling params in, sampled tokens and logprobs out.
+"""Our contract types <-> vLLM's: sampling params and kv_transfer_params in, sampled tokens,
+logprobs and the KV connector's returned params out.
 
 vLLM runs with ``detokenize=False`` and no stop strings: it samples and stops on the token-level
 conditions (eos, ``stop_token_ids``, ``max_tokens``, ``max_model_len``, ``min_tokens``), and every
@@ -12,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from accel.contract import FinishReason, SamplingParams, TokenLogprob
+from accel.contract import FinishReason, KVTransferParams, SamplingParams, TokenLogprob
+from accel.kv_transfer import params as kv_params
 
 # vLLM's CompletionOutput.finish_reason strings -> ours ("error" ends the stream like an abort).
 _FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH,
@@ -71,3 +73,22 @@ def to_token_logprobs(token_ids: Sequence[int], logprobs: Sequence[Mapping[int, 
         out.append(TokenLogprob(token_id=token_id, logprob=float(sampled.logprob),
                                 top=tuple((tid, float(lp)) for _, tid, lp in best)))
     return out
+
+
+def to_vllm_kv_params(kv: KVTransferParams) -> dict[str, Any]:
+    """The request's ``kv_transfer_params`` (vLLM: ``SamplingParams.extra_args``, read by the
+    scheduler-side connector): an engine-native connector's own dict (``connector_params``)
+    unchanged, else ours, for ``MeshServeConnector``."""
+    return dict(kv.connector_params) if kv.connector_params is not None else kv_params.to_dict(kv)
+
+
+def from_vllm_kv_params(returned: Mapping[str, Any] | None, sent: KVTransferParams | None
+                        ) -> KVTransferParams | None:
+    """What the connector returned (``RequestOutput.kv_transfer_params``), in the terms the
+    request was sent in: the engine-native connector's dict unchanged as ``connector_params``,
+    else parsed as ours. None when it returned nothing."""
+    if not returned:
+        return None
+    if sent is not None and sent.connector_params is not None:
+        return KVTransferParams(connector_params=returned)
+    return kv_params.from_dict(returned)

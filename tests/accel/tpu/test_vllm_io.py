@@ -1,8 +1,9 @@
 import dataclasses
 from types import SimpleNamespace
 
-from accel.contract import FinishReason, SamplingParams
-from accel.tpu.vllm_io import to_finish_reason, to_token_logprobs, to_vllm_sampling_params
+from accel.contract import FinishReason, KVTransferParams, SamplingParams
+from accel.tpu.vllm_io import (from_vllm_kv_params, to_finish_reason, to_token_logprobs, to_vllm_kv_params,
+                               to_vllm_sampling_params)
 
 
 def test_every_contract_field_reaches_vllm():
@@ -43,3 +44,17 @@ def test_finish_reasons():
     assert to_finish_reason("length") is FinishReason.LENGTH
     assert to_finish_reason("abort") is FinishReason.ABORT
     assert to_finish_reason(None) is FinishReason.ABORT
+
+
+def test_kv_transfer_params_ours_or_the_engine_connectors_unchanged():
+    ours = KVTransferParams(do_remote_prefill=True, transfer_id="t", num_tokens=96)
+    assert to_vllm_kv_params(ours) == {"do_remote_decode": False, "do_remote_prefill": True,
+                                       "transfer_id": "t", "num_tokens": 96}
+    assert from_vllm_kv_params(to_vllm_kv_params(ours), None) == ours
+    nixl = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+            "remote_block_ids": None, "remote_host": None, "remote_port": None}
+    native = KVTransferParams(do_remote_decode=True, transfer_id="t", connector_params=nixl)
+    assert to_vllm_kv_params(native) == nixl  # our transfer id stays on our side
+    tpu = {"uuid": 99, "remote_host": "10.0.0.7", "remote_port": 9100}
+    assert from_vllm_kv_params(tpu, native) == KVTransferParams(connector_params=tpu)
+    assert from_vllm_kv_params(None, native) is None and from_vllm_kv_params({}, ours) is None
