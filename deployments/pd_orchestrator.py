@@ -7,6 +7,9 @@
    delta (the prefill's sampled token is discarded: decode samples it again from the same KV);
 2. the decode replica gets the original request with that ticket (``do_remote_prefill``); its
    engine imports the KV (tokens marked computed) and decodes; its deltas stream to the caller.
+On pools whose engine's own connector moves the KV (TPU: ``TPUConnector``) the replicas translate
+this protocol to the connector's ``kv_transfer_params`` and back (``deployments.native_kv_handoff``);
+the orchestrator sees the same tickets either way.
 Any failure before decode — prefill error or timeout, no ticket (export failed, actor full or
 gone) — sends the original request to the decode replica without a ticket: it recomputes the
 prompt locally, so no request is lost; the decode engines recompute on their own when the ticket

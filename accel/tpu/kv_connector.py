@@ -34,12 +34,22 @@ most ``lookup_timeout_s``, once per request); saves and loads run inside the wor
 object-store copy and one RPC each, bounded by ``put_timeout_s`` / ``fetch_timeout_s``).
 
 TPU data path: tpu-inference and vllm-torchtpu refuse any connector but their own
-(``TPUConnector`` ...), so this class never runs on TPU. There the KV moves TPU-to-TPU through
-``TPUConnector`` (``jax.experimental.transfer`` pull over its side channel, params
-``{uuid, remote_host, remote_port}``), and the KV-connector actor is only the control plane: the
-PD orchestrator pairs prefill and decode replicas and carries the ``kv_transfer_params`` the
-prefill engine returned into the decode request unchanged. Cross-kind hand-offs (TPU <-> TT) have
-no KV path out of a TPU engine; they recompute the prompt on the decode side.
+(``TPUConnector`` ...), so this class never runs on TPU. There the pools configure
+``TPUConnector`` in their engine_args (producer on the prefill pool, consumer on the decode pool;
+``configs/tpu_pd.yaml``) and the KV moves TPU to TPU through it (``jax.experimental.transfer``
+pull over its side channel). The KV-connector actor is only the control plane
+(``deployments/native_kv_handoff.py``): the prefill replica runs the request with vLLM's NIXL
+params (``do_remote_decode``, no id), the engine returns TPUConnector's ``{uuid, remote_host,
+remote_port}``, the replica registers that dict with the actor under our transfer id
+(``put_params``, leased), and the decode replica claims it and passes it to its engine
+unchanged; expired or missing -> the decode side recomputes. TPU <-> TT hand-offs have no KV
+path (no connector both sides load) and are refused by the config builder
+(``deployments/pd_pairing.py``).
+
+This class also serves as the CPU stand-in for ``TPUConnector`` in that mode (named in a pool's
+own ``kv_transfer_config``; ``pd_wiring`` fills in ``app_name``/``ray_address``): a
+``do_remote_decode`` request without a ``transfer_id`` gets an id made here, as NIXL's and TPU's
+connectors make theirs, and the dict ``request_finished`` returns is carried back unchanged.
 """
 
 from __future__ import annotations
