@@ -55,6 +55,8 @@ def current_actor_id() -> str | None:
     """This process's Ray actor id (hex), what ``RayActorError.actor_id`` names when it dies."""
     try:
         import ray
+        if not ray.is_initialized():  # (get_runtime_context would start a local Ray)
+            return None
         return ray.get_runtime_context().get_actor_id()
     except Exception:
         return None

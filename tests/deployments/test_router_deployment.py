@@ -400,7 +400,10 @@ def _two_routers(replicas, **kw):
 
 def test_router_replicas_follow_every_event_and_agree_with_the_engines():
     async def run():
+        import ray
+
         engines, replicas = _engine_replicas(2, log_size=16)
+        assert not ray.is_initialized()  # (a replica built outside Ray must not start one)
         (a, pool_a), (b, pool_b) = _two_routers(replicas)
         engines[0].store([1, 2, 3])
         await a.refresh()  # a starts early (snapshot), b only later
