@@ -53,3 +53,16 @@ def hf_logprobs(model_dir: str | Path, prompt_ids: Sequence[int], token_ids: Seq
     lps = torch.log_softmax(logits.float(), dim=-1)
     return [(float(lps[i, t]), lps[i].topk(num_top).indices.tolist() if num_top else [])
             for i, t in enumerate(token_ids)]
+
+
+def hf_prompt_kv(model_dir: str | Path, prompt_ids: Sequence[int]):
+    """HF's KV cache after prefilling ``prompt_ids``, in the canonical transfer layout
+    ``[layers, 2 (K, V), tokens, kv_heads, head_dim]`` (K after RoPE, as engines store it)."""
+    import torch
+
+    model = _load(str(model_dir))
+    with torch.no_grad():
+        past = model(input_ids=torch.tensor([list(prompt_ids)], dtype=torch.long), use_cache=True).past_key_values
+    # each layer's K and V: [batch=1, kv_heads, tokens, head_dim]
+    layers = [(layer.keys, layer.values) for layer in past.layers]
+    return torch.stack([torch.stack([k[0].transpose(0, 1), v[0].transpose(0, 1)]) for k, v in layers])
