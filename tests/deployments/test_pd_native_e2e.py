@@ -9,13 +9,12 @@ both replicas to keep the module to one engine start (~30 s)."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 
 import pytest
 
-from accel.contract import GenerateRequest, KVTransferParams, SamplingParams, join_token_ids
+from accel.contract import GenerateRequest, SamplingParams, join_token_ids
 from tests.hf_reference import hf_greedy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -27,17 +26,14 @@ LEASE_S = 4.0
 
 
 @pytest.fixture(scope="module")
-def actor():
+def actor(serve_session):
+    """The session's Ray (shared with the Serve tests); the actor made here with a short lease,
+    before any replica asks for it."""
     from deployments.kv_connector_actor import KVConnectorConfig, get_or_create_kv_connector, kill_kv_connector
 
-    ray.init(address="local", num_cpus=1, object_store_memory=100 << 20, include_dashboard=False,
-             log_to_driver=False)
-    try:
-        get_or_create_kv_connector(APP, KVConnectorConfig(lease_s=LEASE_S))  # before any replica asks
-        yield
-        kill_kv_connector(APP)
-    finally:
-        ray.shutdown()
+    get_or_create_kv_connector(APP, KVConnectorConfig(lease_s=LEASE_S))
+    yield
+    kill_kv_connector(APP)
 
 
 @pytest.fixture(scope="module")
