@@ -9,6 +9,7 @@ define them, and listed here only when we read them ourselves.
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,8 @@ class Envs:
     xla_cache_dir: Path
     # Interpreter of a Python 3.12 venv with the real ttnn wheel (checks our ttnn calls' signatures).
     ttnn_python: Path
+    # tmpfs folder holding the same-node KV transfer stores (accel/kv_transfer/shm_store.py).
+    kv_shm_root: Path
 
 
 def _read() -> Envs:
@@ -44,6 +47,8 @@ def _read() -> Envs:
                                           Path.home() / ".cache" / "meshserve" / "xla_cache")).expanduser(),
         ttnn_python=Path(os.environ.get("MESHSERVE_TTNN_PYTHON",
                                         Path.home() / ".cache" / "meshserve" / "ttnn-venv" / "bin" / "python")).expanduser(),
+        kv_shm_root=Path(os.environ.get("MESHSERVE_KV_SHM_ROOT")
+                         or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())),
     )
 
 
