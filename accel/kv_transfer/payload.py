@@ -8,6 +8,7 @@ calls ``check_compatible`` before copying a single byte.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,7 +58,7 @@ class KVDescriptor:
 
     @property
     def num_bytes(self) -> int:
-        return int(np.prod(self.shape)) * torch.empty((), dtype=self.torch_dtype).element_size()
+        return math.prod(self.shape) * self.torch_dtype.itemsize
 
     def check_compatible(self, model_fingerprint: str, dtype: torch.dtype, num_layers: int,
                          num_kv_heads: int, head_dim: int) -> None:
