@@ -1,15 +1,28 @@
 """The KV-connector actor: one per application, where prefill replicas leave a prompt's KV and
 decode replicas pick it up.
 
-Data path: the producer ``ray.put``s the canonical payload (one copy into the node's shared object
-store) and hands the actor the ``ObjectRef``; the producer then drops its own reference, so the
-actor's borrowed reference alone keeps the payload alive and dropping it (completion or lease
-expiry) frees it. Consumers read it zero-copy. Only refs and descriptors pass through the actor,
-never payload bytes. Ray >= 2.56 removed ``ray.put(_owner=...)``, so the producer process stays
-the object's owner: if it dies before the decode side reads, the read fails and the decode side
-recomputes the prompt (the same fallback as an expired lease or a dead actor). Logic lives in the
-Ray-free ``KVRegistry`` / ``KVPrefixTier``; this module adds naming, a lease sweeper and
-``ray.util.metrics``.
+Two data paths, chosen by the producer's ``RayKVTransport`` and invisible to engines:
+
+- Same node, payloads up to ``shm_max_payload_bytes`` (the common PD hand-off): the node's
+  shared-memory store (``accel.kv_transfer.shm_store``, a tmpfs directory per application and
+  cluster). Producer and consumer talk through files and a ``flock``-guarded byte ledger; no RPC
+  and no object-store put per hand-off. This actor creates the store on its node (clients on
+  other nodes create theirs with ``shm_config``), sweeps its leases every second (the state lives
+  in the directory, so a restarted actor picks it up), turns the ledger's counters into metrics,
+  and removes the directory with the application (``kill_kv_connector``). Producers notify it in
+  the background (``note_shm_transfers``), so a consumer on another node can ``locate`` a
+  payload and pull it through a task pinned to the producer's node (``kv_shm_remote``).
+- Larger payloads, or no usable store: the producer ``ray.put``s the canonical payload (one copy
+  into the node's shared object store) and hands the actor the ``ObjectRef``; the producer then
+  drops its own reference, so the actor's borrowed reference alone keeps the payload alive and
+  dropping it (completion or lease expiry) frees it. Consumers read it zero-copy. Ray >= 2.56
+  removed ``ray.put(_owner=...)``, so the producer process stays the object's owner: if it dies
+  before the decode side reads, the read fails and the decode side recomputes the prompt (the
+  same fallback as an expired lease or a dead actor). Logic lives in the Ray-free ``KVRegistry``
+  / ``KVPrefixTier``; this module adds naming, a lease sweeper and ``ray.util.metrics``.
+
+``capacity_bytes`` bounds each path separately: the object-store registry cluster-wide, and each
+node's shared-memory store (its spare, reusable files included).
 
 Addressing: a named detached actor ``kv_connector`` in namespace ``meshserve-kv-<app>``, so any
 process of the cluster — a Serve replica, or a vLLM engine-core/worker child that joined the
@@ -20,12 +33,21 @@ cluster with ``ray.init(address="auto")`` — finds it by name. Created idempote
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import shutil
+import threading
+import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from accel.block_hash import BlockHash
+from accel.envs import ENVS
 from accel.kv_transfer.payload import KVDescriptor
+from accel.kv_transfer.shm_ledger import LedgerState
+from accel.kv_transfer.shm_store import ShmKVStore, ShmStoreConfig, store_path
+from accel.kv_transfer.transport import KVTransferNotFound
 from deployments.kv_prefix_tier import KVPrefixTier
 from deployments.kv_registry import KVRegistry
 
@@ -40,14 +62,31 @@ class KVConnectorConfig:
     capacity_bytes: int = 1 << 30
     lease_s: float = 30.0
     prefix_tier_bytes: int = 0  # 0 = no prefix tier
+    # Payloads up to this size go through the node's shared-memory store; 0 = always the object
+    # store. Above ~32 MiB the object store's copy is as fast (bench/kv_transfer.py).
+    shm_max_payload_bytes: int = 32 << 20
 
     def __post_init__(self) -> None:
-        if self.capacity_bytes <= 0 or self.lease_s <= 0 or self.prefix_tier_bytes < 0:
+        if self.capacity_bytes <= 0 or self.lease_s <= 0 or self.prefix_tier_bytes < 0 \
+                or self.shm_max_payload_bytes < 0:
             raise ValueError(f"invalid KV connector config {self}")
+
+    @property
+    def shm_config(self) -> ShmStoreConfig:
+        return ShmStoreConfig(self.capacity_bytes, self.lease_s, self.shm_max_payload_bytes)
 
 
 def actor_namespace(app_name: str) -> str:
     return f"meshserve-kv-{app_name}"
+
+
+def shm_store_path(app_name: str, root: Path | None = None) -> Path:
+    """This node's shared-memory store of ``app_name`` in the cluster this process is connected
+    to (the GCS address tells clusters on one machine apart)."""
+    import ray
+
+    tag = hashlib.sha256(ray.get_runtime_context().gcs_address.encode()).hexdigest()[:10]
+    return store_path(root or ENVS.kv_shm_root, app_name, tag)
 
 
 class RayKVMetrics:
@@ -68,6 +107,7 @@ class RayKVMetrics:
                                            tag_keys=("reason",))
         self._bytes_used = metrics.Gauge("meshserve_kv_connector_bytes_used", "Bytes held by the KV connector")
         self._num_held = metrics.Gauge("meshserve_kv_connector_transfers", "Transfers held by the KV connector")
+        self._registry_usage = self._shm_usage = (0, 0)  # (bytes, transfers) of each data path
 
     def on_commit(self, num_bytes: int) -> None:
         if num_bytes > 0:  # a params-only entry commits 0 bytes; Ray counters refuse inc(0)
@@ -89,19 +129,41 @@ class RayKVMetrics:
         self._recomputes.inc(1, tags={"reason": reason})
 
     def on_usage(self, num_bytes_used: int, num_transfers: int) -> None:
-        self._bytes_used.set(num_bytes_used)
-        self._num_held.set(num_transfers)
+        """The object-store registry's usage; the gauges add this node's shared-memory store's."""
+        self._registry_usage = (num_bytes_used, num_transfers)
+        self._bytes_used.set(num_bytes_used + self._shm_usage[0])
+        self._num_held.set(num_transfers + self._shm_usage[1])
+
+    def on_shm_progress(self, before: LedgerState, after: LedgerState, latencies_s: list[float]) -> None:
+        """The shared-memory store's counters moved from ``before`` to ``after`` (sweeper thread)."""
+        self._shm_usage = (after.bytes_live, after.num_live)
+        self.on_usage(*self._registry_usage)
+        if after.bytes_committed > before.bytes_committed:
+            self._bytes.inc(after.bytes_committed - before.bytes_committed)
+        rejected = after.num_rejected_capacity + after.num_rejected_too_large \
+            - before.num_rejected_capacity - before.num_rejected_too_large
+        for outcome, n in (("committed", after.num_committed - before.num_committed),
+                           ("completed", after.num_completed - before.num_completed),
+                           ("expired", after.num_expired - before.num_expired), ("rejected_capacity", rejected)):
+            if n > 0:
+                self._transfers.inc(n, tags={"outcome": outcome})
+        if after.num_expired > before.num_expired:
+            self._expired.inc(after.num_expired - before.num_expired)
+        for latency_s in latencies_s:
+            self._latency.observe(latency_s)
 
 
 class KVConnectorActor:
     """Async Ray actor. Payload arguments are ``[ObjectRef]`` (a list, so Ray passes the reference
     instead of resolving it); errors are ``accel.kv_transfer.transport`` exceptions."""
 
-    def __init__(self, config: KVConnectorConfig):
+    def __init__(self, config: KVConnectorConfig, app_name: str = "default"):
         self._config = config
-        self._registry = KVRegistry(config.capacity_bytes, config.lease_s, metrics=_make_metrics())
+        metrics = _make_metrics()
+        self._registry = KVRegistry(config.capacity_bytes, config.lease_s, metrics=metrics)
         self._tier = KVPrefixTier(config.prefix_tier_bytes) if config.prefix_tier_bytes else None
         self._sweeper: asyncio.Task | None = None
+        self._shm = _ShmSide(config, app_name, metrics) if config.shm_max_payload_bytes else None
 
     async def reserve(self, transfer_id: str, num_bytes: int, timeout_s: float) -> None:
         self._ensure_sweeper()
@@ -127,8 +189,13 @@ class KVConnectorActor:
     async def complete(self, transfer_id: str) -> None:
         self._registry.complete(transfer_id)
 
-    async def contains(self, transfer_id: str) -> bool:
-        return self._registry.contains(transfer_id)
+    async def contains(self, transfer_id: str, searched: tuple[str, str] | None = None) -> bool:
+        """Committed and unexpired, in the object store or some node's shared-memory store other
+        than ``searched`` ((node id, store path) the caller already looked in)."""
+        if self._registry.contains(transfer_id):
+            return True
+        where = self._shm.where(transfer_id) if self._shm is not None else None
+        return where is not None and tuple(where) != tuple(searched or ())
 
     async def put_params(self, transfer_id: str, params: dict[str, Any]) -> float:
         """An engine-native connector's ``kv_transfer_params`` (TPU PD: this actor is only the
@@ -151,8 +218,46 @@ class KVConnectorActor:
     async def match_prefix(self, fingerprint: str, block_size: int, hashes: list[BlockHash]) -> list:
         return [] if self._tier is None else self._tier.match(fingerprint, block_size, hashes)
 
+    # -- the shared-memory path (see the module docstring) ----------------------------------
+
+    async def shm_config(self) -> ShmStoreConfig | None:
+        """What a client on another node creates its node's store with (None: path disabled)."""
+        return self._config.shm_config if self._shm is not None else None
+
+    async def note_shm_transfers(self, node_id: str, store: str, transfer_ids: list[str]) -> None:
+        """Fire-and-forget from producers: these transfers were committed in ``store`` on
+        ``node_id`` (only consumers on other nodes need to learn it)."""
+        if self._shm is not None:
+            self._shm.note(node_id, store, transfer_ids)
+
+    async def locate(self, transfer_id: str) -> tuple:
+        """For a consumer that did not find ``transfer_id`` in its node's store:
+        ``("object", descriptor, [ref])`` (claimed, as ``claim``) or ``("shm", node_id, store)``;
+        ``KVTransferNotFound`` if neither."""
+        try:
+            descriptor, refs = await self.claim(transfer_id)
+            return "object", descriptor, refs
+        except KVTransferNotFound:
+            where = self._shm.where(transfer_id) if self._shm is not None else None
+            if where is None:
+                raise
+            return ("shm", *where)
+
+    async def destroy_shm(self) -> list[str]:
+        """Remove this node's store (the application is going away); returns the other nodes
+        that reported transfers, whose stores the caller removes."""
+        return self._shm.destroy() if self._shm is not None else []
+
     async def stats(self) -> dict[str, Any]:
         out = {"registry": asdict(self._registry.stats())}
+        if self._shm is not None:
+            shm = self._shm.stats()
+            out["shm"] = shm
+            reg = out["registry"]
+            for key, value in (("num_transfers", shm["num_live"]), ("num_bytes_used", shm["bytes_live"]),
+                               ("num_expired", shm["num_expired"]), ("num_completed", shm["num_completed"]),
+                               ("num_rejected", shm["num_rejected_capacity"] + shm["num_rejected_too_large"])):
+                reg[key] += value
         if self._tier is not None:
             out["prefix_tier"] = asdict(self._tier.stats())
         return out
@@ -169,6 +274,69 @@ class KVConnectorActor:
                 logger.info("KV connector: %d transfer lease(s) expired and were freed", len(expired))
 
 
+class _ShmSide:
+    """This node's shared-memory store as the actor sees it: created at start (adopted after a
+    restart), swept by a thread, counters reported since this actor started; plus where other
+    nodes' producers said their transfers are."""
+
+    def __init__(self, config: KVConnectorConfig, app_name: str, metrics: Any):
+        import ray
+
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.lease_s = config.lease_s
+        self.store = ShmKVStore.create(shm_store_path(app_name), config.shm_config)
+        self.baseline = self.store.snapshot()  # counters before this actor: not ours to report
+        self._metrics = metrics
+        self._lock = threading.Lock()
+        self._remote: dict[str, tuple[str, str, float]] = {}  # transfer id -> (node, store, expires)
+        self._stop = threading.Event()
+        threading.Thread(target=self._sweep_loop, name="kv-shm-sweeper", daemon=True).start()
+
+    def note(self, node_id: str, store: str, transfer_ids: list[str]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for tid in [t for t, (_, _, expires) in self._remote.items() if expires <= now]:
+                del self._remote[tid]
+            for tid in transfer_ids:
+                self._remote[tid] = (node_id, store, now + self.lease_s)
+
+    def where(self, transfer_id: str) -> tuple[str, str] | None:
+        with self._lock:
+            entry = self._remote.get(transfer_id)
+        if entry is None or entry[2] <= time.monotonic():
+            return None
+        return entry[0], entry[1]
+
+    def stats(self) -> dict[str, int]:
+        s, b = asdict(self.store.snapshot()), asdict(self.baseline)
+        for key in ("num_committed", "bytes_committed", "num_completed", "num_expired",
+                    "num_rejected_capacity", "num_rejected_too_large", "num_cancelled"):
+            s[key] -= b[key]
+        return s
+
+    def destroy(self) -> list[str]:
+        self._stop.set()
+        self.store.destroy()
+        with self._lock:
+            return sorted({node for node, _, _ in self._remote.values() if node != self.node_id})
+
+    def _sweep_loop(self) -> None:
+        seen = self.baseline
+        while not self._stop.wait(SWEEP_PERIOD_S):
+            try:
+                expired = self.store.sweep()
+                now = self.store.snapshot()
+                if isinstance(self._metrics, RayKVMetrics):
+                    self._metrics.on_shm_progress(seen, now, self.store.drain_latencies())
+                seen = now
+                if expired:
+                    logger.info("KV connector: %d shared-memory lease(s) expired and were freed", expired)
+            except FileNotFoundError:
+                return  # the store was removed (application deleted)
+            except Exception:
+                logger.exception("KV connector: shared-memory sweep failed")
+
+
 def _make_metrics():
     try:
         return RayKVMetrics()
@@ -182,8 +350,10 @@ def get_or_create_kv_connector(app_name: str, config: KVConnectorConfig = KVConn
     import ray
 
     remote_cls = ray.remote(KVConnectorActor)
-    return remote_cls.options(name=ACTOR_NAME, namespace=actor_namespace(app_name), get_if_exists=True,
-                              lifetime="detached", num_cpus=0, max_restarts=0).remote(config)
+    handle = remote_cls.options(name=ACTOR_NAME, namespace=actor_namespace(app_name), get_if_exists=True,
+                                lifetime="detached", num_cpus=0, max_restarts=0).remote(config, app_name)
+    ray.get(handle.shm_config.remote(), timeout=60)  # started: its node's store exists from here on
+    return handle
 
 
 def get_kv_connector(app_name: str):
@@ -194,9 +364,22 @@ def get_kv_connector(app_name: str):
 
 
 def kill_kv_connector(app_name: str) -> None:
+    """Remove the application's actor and its shared-memory stores (best effort on other nodes)."""
     import ray
 
+    from deployments.kv_shm_remote import destroy_on_nodes
+
     try:
-        ray.kill(get_kv_connector(app_name))
+        handle = get_kv_connector(app_name)
     except ValueError:
-        pass
+        handle = None
+    other_nodes: list[str] = []
+    if handle is not None:
+        try:
+            other_nodes = ray.get(handle.destroy_shm.remote(), timeout=10)
+        except Exception:  # a dead actor: its node's store is removed below if it is this node
+            logger.warning("KV connector of %r did not remove its store", app_name, exc_info=True)
+        ray.kill(handle)
+    path = shm_store_path(app_name)
+    shutil.rmtree(path, ignore_errors=True)  # this node's, whether or not the actor lived here
+    destroy_on_nodes(other_nodes, str(path))

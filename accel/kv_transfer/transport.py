@@ -1,7 +1,8 @@
 """How an engine hands a payload to the KV-connector actor and gets one back.
 
 Engines (the TT engine's hooks, the vLLM connector) depend on ``KVTransport`` only. The
-implementation over the Ray actor is ``deployments.kv_connector_client.RayKVTransport``; tests
+implementation over the Ray actor is ``deployments.kv_connector_client.RayKVTransport`` (the
+node's shared-memory store for same-node payloads, the object store otherwise); tests
 and single-process setups can use ``deployments.kv_registry`` directly through
 ``InProcessKVTransport`` there. Every call is blocking with a deadline: engines call it from their
 step thread / worker, never from an event loop.

@@ -1,4 +1,6 @@
-"""The KV-connector actor on a small real Ray cluster, through the engines' transport."""
+"""The KV-connector actor on a small real Ray cluster, through the engines' transport. Most tests
+run over both data paths: the node's shared-memory store (the default for payloads this size)
+and the object store (``shm_max_payload_bytes=0``)."""
 
 import time
 
@@ -37,12 +39,21 @@ def app(ray_cluster, request):
     kill_kv_connector(name)
 
 
+@pytest.fixture(params=["shm", "object"])
+def data_path(request):
+    return request.param
+
+
+def _config(data_path, **kwargs):
+    return KVConnectorConfig(**kwargs, **({} if data_path == "shm" else {"shm_max_payload_bytes": 0}))
+
+
 def _stats(app_name):
     return ray.get(get_kv_connector(app_name).stats.remote())["registry"]
 
 
-def test_put_fetch_complete_round_trip(app):
-    get_or_create_kv_connector(app)
+def test_put_fetch_complete_round_trip(app, data_path):
+    get_or_create_kv_connector(app, _config(data_path))
     transport = RayKVTransport(app)
     payload = _payload()
     transport.put("t1", payload, timeout_s=5)
@@ -58,9 +69,10 @@ def test_put_fetch_complete_round_trip(app):
         transport.fetch("t1", timeout_s=5)
 
 
-def test_payload_survives_the_producer_dropping_its_reference(app):
-    """The actor's borrowed reference keeps the payload alive after the producer forgets it."""
-    get_or_create_kv_connector(app)
+def test_payload_survives_the_producer_dropping_its_reference(app, data_path):
+    """The actor's borrowed reference (object store) or the file (shared memory) keeps the
+    payload alive after the producer forgets it."""
+    get_or_create_kv_connector(app, _config(data_path))
     payload = _payload(seed=3)
     RayKVTransport(app).put("t1", payload, timeout_s=5)
     import gc
@@ -68,8 +80,8 @@ def test_payload_survives_the_producer_dropping_its_reference(app):
     assert torch.equal(RayKVTransport(app).fetch("t1", timeout_s=5).kv, payload.kv)
 
 
-def test_lease_expiry_frees_payload(app):
-    get_or_create_kv_connector(app, KVConnectorConfig(lease_s=1.0))
+def test_lease_expiry_frees_payload(app, data_path):
+    get_or_create_kv_connector(app, _config(data_path, lease_s=1.0))
     transport = RayKVTransport(app)
     transport.put("t1", _payload(), timeout_s=5)
     deadline = time.time() + 15  # lease 1 s, sweeper every second; generous for a loaded machine
@@ -81,9 +93,9 @@ def test_lease_expiry_frees_payload(app):
         transport.fetch("t1", timeout_s=5)
 
 
-def test_capacity_full_backpressure_nothing_dropped(app):
+def test_capacity_full_backpressure_nothing_dropped(app, data_path):
     size = _payload().descriptor.num_bytes
-    get_or_create_kv_connector(app, KVConnectorConfig(capacity_bytes=2 * size))
+    get_or_create_kv_connector(app, _config(data_path, capacity_bytes=2 * size))
     transport = RayKVTransport(app)
     transport.put("a", _payload(seed=1), timeout_s=5)
     transport.put("b", _payload(seed=2), timeout_s=5)
@@ -101,7 +113,8 @@ def test_capacity_full_backpressure_nothing_dropped(app):
 
 
 def test_actor_killed_mid_transfer_fails_cleanly(app):
-    get_or_create_kv_connector(app)
+    """Object-store path: the payload dies with the actor's reference; the consumer learns it."""
+    get_or_create_kv_connector(app, _config("object"))
     transport = RayKVTransport(app)
     transport.put("t1", _payload(), timeout_s=5)
     ray.kill(get_kv_connector(app))
@@ -109,6 +122,57 @@ def test_actor_killed_mid_transfer_fails_cleanly(app):
     with pytest.raises(KVTransferError):
         transport.fetch("t1", timeout_s=5)
     transport.report_recompute("actor_dead")  # must not raise with the actor gone
+
+
+def test_shared_memory_transfer_survives_the_actor(app):
+    """Shared-memory path: the transfer lives in the node's store, not in the actor, so killing
+    the actor mid-transfer loses nothing; a restarted actor adopts the store and sweeps it."""
+    get_or_create_kv_connector(app, KVConnectorConfig(lease_s=2.0))
+    payload = _payload(seed=5)
+    RayKVTransport(app).put("t1", payload, timeout_s=5)
+    RayKVTransport(app).put("t2", payload, timeout_s=5)
+    ray.kill(get_kv_connector(app))
+    time.sleep(0.5)
+    transport = RayKVTransport(app)  # a fresh consumer, as after a replica restart
+    assert torch.equal(transport.fetch("t1", timeout_s=5).kv, payload.kv)
+    transport.complete("t1")
+    transport.put("t3", payload, timeout_s=5)  # producers keep working without the actor
+    transport.report_recompute("actor_dead")  # must not raise with the actor gone
+    get_or_create_kv_connector(app, KVConnectorConfig(lease_s=2.0))
+    assert _stats(app)["num_transfers"] == 2  # t2 and t3, found in the store
+    deadline = time.time() + 15
+    while _stats(app)["num_transfers"] and time.time() < deadline:
+        time.sleep(0.2)
+    stats = _stats(app)
+    assert stats["num_transfers"] == 0 and stats["num_bytes_used"] == 0 and stats["num_expired"] == 2
+
+
+def test_consumer_on_another_node_pulls_through_a_pinned_task(app, tmp_path):
+    """A consumer whose node store lacks the transfer asks the actor where it is and reads it
+    there. Simulated on one machine: the consumer's "node" keeps its store under another root."""
+    get_or_create_kv_connector(app)
+    payload = _payload(seed=7)
+    RayKVTransport(app).put("t1", payload, timeout_s=5)
+    remote = RayKVTransport(app, shm_root=str(tmp_path))
+    deadline = time.time() + 5  # the producer's note reaches the actor in the background
+    while not remote.contains("t1", timeout_s=5) and time.time() < deadline:
+        time.sleep(0.05)
+    assert torch.equal(remote.fetch("t1", timeout_s=30).kv, payload.kv)
+    remote.complete("t1")
+    while _stats(app)["num_transfers"] and time.time() < deadline + 25:
+        time.sleep(0.1)
+    assert _stats(app)["num_completed"] == 1 and _stats(app)["num_bytes_used"] == 0
+    with pytest.raises(KVTransferNotFound):
+        remote.fetch("never-made", timeout_s=5)
+
+
+def test_kill_removes_the_shared_memory_store(ray_cluster):
+    from deployments.kv_connector_actor import shm_store_path
+    get_or_create_kv_connector("teardown-app")
+    RayKVTransport("teardown-app").put("t1", _payload(), timeout_s=5)
+    assert shm_store_path("teardown-app").is_dir()
+    kill_kv_connector("teardown-app")
+    assert not shm_store_path("teardown-app").exists()
 
 
 def test_prefix_tier_shares_blocks_between_clients(app):
