@@ -30,8 +30,10 @@ failure (missing or expired transfer, dead actor or producer, mismatch) is repor
 locally, and the actor's recompute counter counts it.
 
 Blocking: the actor lookup in ``get_num_new_matched_tokens`` runs on the engine-core thread (at
-most ``lookup_timeout_s``, once per request); saves and loads run inside the worker's step (one
-object-store copy and one RPC each, bounded by ``put_timeout_s`` / ``fetch_timeout_s``).
+most ``lookup_timeout_s``, once per request; a file check when the payload is on this node);
+saves and loads run inside the worker's step (one copy into / a zero-copy view of the node's
+shared-memory store, or for large payloads an object-store copy and one RPC; bounded by
+``put_timeout_s`` / ``fetch_timeout_s``).
 
 TPU data path: tpu-inference and vllm-torchtpu refuse any connector but their own
 (``TPUConnector`` ...), so this class never runs on TPU. There the pools configure

@@ -4,13 +4,15 @@ actor in the canonical format. Implements ``accel.tt.engine_core.KVHookPoints``.
 Export (``on_finished``, engine thread, a ``do_remote_decode`` request that finished normally and
 still holds its blocks): gather the prompt's KV from the lane's pages into the canonical payload,
 put it to the actor and return the ticket ``{do_remote_prefill, transfer_id, num_tokens}`` for the
-final delta. The put is synchronous (one copy into the object store plus one RPC; waits at most
-``put_timeout_s`` when the actor is full, stalling this engine's step loop that long): the ticket is only handed out once the payload
-is committed, so the decode side never races the producer. A failed put returns no ticket and the
+final delta. The put is synchronous (one copy into the node's shared-memory store, no RPC, or
+for large payloads into the object store plus one RPC; waits at most ``put_timeout_s`` when the
+store is full, stalling this engine's step loop that long): the ticket is only handed out once
+the payload is committed, so the decode side never races the producer. A failed put returns no ticket and the
 decode side recomputes.
 
 Import: ``prefetch`` (asyncio side, called by ``TTMeshEngine.generate``) reads the payload named by
-``do_remote_prefill`` from the actor and the object store, off the engine thread; then
+``do_remote_prefill`` (a zero-copy view of the node's store, or via the actor and the object
+store), off the engine thread; then
 ``on_added`` (engine thread, the request was bound to its lane and nothing is scheduled) refuses
 another model (fingerprint, dtype, shapes) or other prompt tokens (block hashes), then writes the
 prompt's full blocks into freshly allocated blocks of the lane's pool, registers them in its prefix cache under the prompt's chained

@@ -147,22 +147,25 @@ def test_orchestrated_pd_equals_hf(engines, tiny_llama):
 
 
 def test_actor_killed_mid_transfer_request_completes(engines, tiny_llama):
-    """Last in the module: the actor dies between requests' transfers; the prefill's export fails,
-    the orchestrator sends decode the plain request, decode recomputes and the output is exact."""
-    from deployments.kv_connector_actor import get_kv_connector, get_or_create_kv_connector
+    """Last in the module: the actor dies between requests' transfers. Same-node transfers live in
+    the node's shared-memory store, not in the actor, so the hand-off still works (strictly better
+    than recomputing); a ticket whose payload is gone makes the decode engine recompute."""
+    from deployments.kv_connector_actor import get_kv_connector, get_or_create_kv_connector, kill_kv_connector
     prefill, decode = engines
     prompt = _prompt(78, 90)
     ray.kill(get_kv_connector(APP))
     orch, out = _orchestrated(prefill, decode, "o2", prompt)
     assert join_token_ids(out) == hf_greedy(tiny_llama, prompt, 10)
-    assert orch.num_recomputes == {"no_ticket": 1} and out[-1].num_cached_tokens == 0
-    # A ticket whose payload died with the actor: the decode engine itself recomputes.
+    assert orch.num_recomputes == {} and out[-1].num_cached_tokens == 64
+    # A ticket whose payload died with the application's store: the decode engine recomputes.
     get_or_create_kv_connector(APP)
     ticket, _ = _pd(prefill, decode, "o3", _prompt(79, 90))
-    ray.kill(get_kv_connector(APP))
+    kill_kv_connector(APP)
     prompt = _prompt(79, 90)
+    imported_before = decode.core.kv_hooks.num_imported_tokens
     out = run_requests(decode, [GenerateRequest("o4", prompt, greedy(10), kv_transfer=ticket)])["o4"]
     assert join_token_ids(out) == hf_greedy(tiny_llama, prompt, 10)
+    assert decode.core.kv_hooks.num_imported_tokens == imported_before  # nothing came from the gone store
     get_or_create_kv_connector(APP)  # for the module teardown
 
 
