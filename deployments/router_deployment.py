@@ -23,8 +23,8 @@ policy by config name). It may run as several replicas (``router.replicas``); th
   that issued the ticket (``RouteDecision.router_replica_id``).
 - **Load.** Each router counts its own decisions in flight; what other routers (or ingress
   fallbacks) have in flight on an engine replica is the replica's reported ``num_inflight`` minus
-  this router's count, added to the engine's waiting queue in the load view, so N routers do not
-  each see a busy replica as idle.
+  this router's count (from fresh stats), weighed like its own in-flight requests
+  (``RouterCore.apply_stats``), so N routers do not each see a busy replica as idle.
 - **Dead replicas at once.** The ingress reports an engine replica whose call failed because its
   actor died (``report_dead``, broadcast to every router replica); it is removed before the next
   poll, which re-adds it if it answers again.
@@ -45,7 +45,6 @@ A plain class; the builder turns it into a Serve deployment and binds the pool h
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -253,13 +252,9 @@ class RouterDeployment:
             self._capacity[rid] = num_blocks
         if snap.actor_id:
             self._actor_replica[snap.actor_id] = rid
-        # Requests other routers (and ingress fallbacks) have on the replica count as queued
-        # work: the replica's own in-flight count minus what this router has dispatched there.
-        num_foreign = max(0, snap.num_inflight - self._core.num_in_flight(rid))
-        stats = snap.stats
-        if num_foreign:
-            stats = dataclasses.replace(stats, num_waiting=stats.num_waiting + num_foreign)
-        self._core.apply_stats(rid, stats)
+        # Requests other routers (and ingress fallbacks) have on the replica count as load: the
+        # replica's own in-flight count minus what this router has dispatched there.
+        self._core.apply_stats(rid, snap.stats, snap.num_inflight)
         if is_precise and snap.kv_cursor is not None:
             self._apply_kv_state(rid, snap)
 

@@ -9,6 +9,10 @@ signal to in-flight counts instead of freezing it (the "everything to replica A"
 
 With prefill/decode disaggregation a request counts on both replicas; the prefill replica's count
 is released as soon as the prefill phase ends (``on_phase_done``).
+
+With several router replicas each counts only its own decisions. The requests the others (and
+ingress fallbacks) have on a replica are that replica's reported in-flight count minus ours, taken
+from the latest fresh snapshot (``foreign_in_flight``) and weighed like our own in-flight requests.
 """
 
 from __future__ import annotations
@@ -35,12 +39,14 @@ class ReplicaLoad:
     num_waiting: int  # engine wait queue from fresh stats, else 0
     kv_usage: float  # engine KV usage in [0, 1] from fresh stats, else 0.0
     is_stats_fresh: bool
+    num_foreign_in_flight: int = 0  # other routers' requests there, from fresh stats, else 0
 
 
 @dataclass(frozen=True)
 class _Snapshot:
     num_waiting: int
     kv_usage: float
+    num_foreign_in_flight: int
     received_s: float
 
 
@@ -54,6 +60,7 @@ class LoadTracker:
         self._replicas_of_request: dict[str, list[str]] = {}
         self._stats: dict[str, _Snapshot] = {}
         self._fresh: dict[str, tuple[int, float]] | None = None  # fresh_stats() cache
+        self._fresh_foreign: dict[str, int] = {}  # foreign_in_flight() cache (same lifetime)
         self._fresh_until_s = 0.0
 
     def add_replica(self, replica_id: str) -> None:
@@ -108,10 +115,13 @@ class LoadTracker:
         return len(self._replicas_of_request)
 
     # ----- engine stats ---------------------------------------------------------------------
-    def apply_stats(self, replica_id: str, stats: EngineStats) -> None:
+    def apply_stats(self, replica_id: str, stats: EngineStats, num_reported_in_flight: int | None = None) -> None:
+        """``num_reported_in_flight``: requests the replica itself says it is serving (all routers'),
+        when known; the excess over our own count is other routers' load."""
         if replica_id not in self._in_flight:
             return  # a late report from a removed replica
-        self._stats[replica_id] = _Snapshot(stats.num_waiting, stats.kv_usage, self._clock())
+        num_foreign = 0 if num_reported_in_flight is None else max(0, num_reported_in_flight - self._in_flight[replica_id])
+        self._stats[replica_id] = _Snapshot(stats.num_waiting, stats.kv_usage, num_foreign, self._clock())
         self._fresh = None
 
     def fresh_stats(self) -> Mapping[str, tuple[int, float]]:
@@ -125,9 +135,16 @@ class LoadTracker:
             fresh = {replica_id: snap for replica_id, snap in self._stats.items()
                      if snap.received_s >= oldest_s}
             self._fresh = {r: (snap.num_waiting, snap.kv_usage) for r, snap in fresh.items()}
+            self._fresh_foreign = {r: snap.num_foreign_in_flight for r, snap in fresh.items()
+                                   if snap.num_foreign_in_flight}
             self._fresh_until_s = (min(snap.received_s for snap in fresh.values())
                                    + self._config.stats_max_age_s) if fresh else math.inf
         return self._fresh
+
+    def foreign_in_flight(self) -> Mapping[str, int]:
+        """Replica id -> other routers' requests in flight there (fresh snapshots only; absent = 0)."""
+        self.fresh_stats()
+        return self._fresh_foreign
 
     def load(self, replica_id: str) -> ReplicaLoad:
         snap = self._stats.get(replica_id)
@@ -137,4 +154,5 @@ class LoadTracker:
             num_waiting=snap.num_waiting if is_fresh else 0,
             kv_usage=snap.kv_usage if is_fresh else 0.0,
             is_stats_fresh=is_fresh,
+            num_foreign_in_flight=snap.num_foreign_in_flight if is_fresh else 0,
         )

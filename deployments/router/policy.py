@@ -4,8 +4,8 @@ A policy sees one ``RoutingContext`` (the candidate replicas of one pool with th
 matches, loads and the session binding) and returns a ``Choice``. It holds no state about
 replicas, so ``RouterCore`` owns all bookkeeping; the only policy state is round-robin's counter.
 
-Load score (``load_score``), in requests: ``in_flight + w_queue * waiting + w_kv_usage * kv_usage``,
-the engine terms only from fresh stats. In-flight is always present (tracked locally), so the score
+Load score (``load_score``), in requests: ``in_flight + foreign_in_flight + w_queue * waiting +
+w_kv_usage * kv_usage``, the last three only from fresh stats (foreign = other router replicas'). In-flight is always present (tracked locally), so the score
 never freezes when stats are stale or missing.
 
 Ties are broken deterministically by rendezvous hashing of (request tie key, replica): equal
@@ -68,6 +68,8 @@ class RoutingContext:
     tie_key: int  # stable 64-bit key of the request (first block hash or session key)
     session_replica: str | None = None  # bound replica when it is among the candidates
     can_stick: bool = True  # the session is under its in-flight cap
+    # replica -> requests other router replicas have in flight there (fresh stats only; absent = 0)
+    foreign_in_flight: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,9 @@ class LoadView:
 def load_view(ctx: RoutingContext, weights: CostWeights) -> LoadView:
     in_flight, stats = ctx.in_flight, ctx.fresh_stats
     scores = {replica_id: float(in_flight[replica_id]) for replica_id in ctx.candidates}
+    for replica_id, num_foreign in ctx.foreign_in_flight.items():
+        if replica_id in scores:
+            scores[replica_id] += num_foreign
     if stats:
         w_queue, w_kv = weights.w_queue, weights.w_kv_usage
         for replica_id, (num_waiting, kv_usage) in stats.items():

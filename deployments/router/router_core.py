@@ -5,12 +5,13 @@ Composes a prefix index (``prefix_index``), a session table (``sessions``), a lo
 
 How the Router deployment drives it
 -----------------------------------
-There is exactly ONE router deployment replica holding a ``RouterCore`` (``num_replicas=1``); every
-ingress replica asks it instead of keeping its own state, so all ingresses share one view of
-caches, sessions and in-flight counts (several independent routers each seeing a fraction of the
-traffic is the failure SMG measured at 0.66 vs 0.93 hit rate). The deployment is a thin async
-wrapper whose methods never block (no RPCs inside; all methods below are O(prompt blocks +
-replicas)):
+Each router deployment replica holds one ``RouterCore``; every ingress replica asks the router
+instead of keeping its own state (several independent routers each seeing a fraction of the
+traffic is the failure SMG measured at 0.66 vs 0.93 hit rate). With several router replicas they
+agree because each core is fed the same engine view (every KV event, every replica's stats) and a
+session's requests always reach the same router replica (``deployments/router_deployment.py``).
+The deployment is a thin async wrapper whose methods never block (no RPCs inside; all methods
+below are O(prompt blocks + replicas)):
 
 - ``route(RequestInfo) -> Decision``: choose and count the request at once, *before* the ingress
   dispatches it (so a burst cannot pile onto one replica). The ingress computes
@@ -21,7 +22,7 @@ replicas)):
 - ``add_replica(ReplicaInfo)`` / ``remove_replica(id)`` from the deployment's view of the engine
   replicas (e.g. polling the engine deployment handles, or ``on_replica_actor_died``); removal
   drops the replica's index entries, sessions and load at once.
-- ``apply_stats(id, EngineStats)`` from the engines' periodic ``record_routing_stats``;
+- ``apply_stats(id, EngineStats, num_reported_in_flight)`` from the router's periodic poll;
   ``apply_kv_events(id, events)`` from engines that publish KV events (``precise`` mode; the TT
   engine publishes ``kv_events`` directly, vLLM replicas go through one
   ``vllm_kv_events.VLLMEventTranslator`` each);
@@ -277,6 +278,7 @@ class RouterCore:
             matched_blocks=matched,
             in_flight=self._load.in_flight,
             fresh_stats=self._load.fresh_stats(),
+            foreign_in_flight=self._load.foreign_in_flight(),
             replica_hashes=self._replica_hashes,
             tie_key=tie_key,
             session_replica=bound,
@@ -321,8 +323,10 @@ class RouterCore:
             self._sessions.on_finished(key)
 
     # ----- engine signals -------------------------------------------------------------------
-    def apply_stats(self, replica_id: str, stats: EngineStats) -> None:
-        self._load.apply_stats(replica_id, stats)
+    def apply_stats(self, replica_id: str, stats: EngineStats, num_reported_in_flight: int | None = None) -> None:
+        """``num_reported_in_flight``: the replica's own count of requests it serves (every
+        router's), when it reports one; the excess over ours counts as load (several routers)."""
+        self._load.apply_stats(replica_id, stats, num_reported_in_flight)
 
     def apply_kv_events(self, replica_id: str, events: Iterable[KVEvent]) -> None:
         """KV events of one replica, in publication order (``precise`` mode follows them)."""

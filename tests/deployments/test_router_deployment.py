@@ -456,7 +456,8 @@ def test_what_other_routers_have_in_flight_counts_as_load():
         await router.refresh()
         picks = [(await router.choose(_route(f"r{i}"))).replica_id for i in range(5)]
         assert picks == ["t2"] * 5  # t2 reaches 5 of ours while t1 carries 6 foreign requests
-        assert (await router.snapshot()).replicas[0].load.num_waiting == 6
+        load = (await router.snapshot()).replicas[0].load
+        assert (load.num_foreign_in_flight, load.num_waiting) == (6, 0)
         # Its own requests are not counted twice: the replica reports them, the router knows them.
         router2, handles = _router(policy="least_loaded", tt=[_snap("t1", "tt"), _snap("t2", "tt")], vllm=[])
         await router2.refresh()

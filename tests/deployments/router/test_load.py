@@ -88,3 +88,18 @@ def test_fresh_stats_cache_follows_reports_and_expiry():
     assert tracker.fresh_stats() == {"a": (4, 0.0)}
     clock.now_s = 100.0
     assert tracker.fresh_stats() == {}
+
+
+def test_other_routers_in_flight_counts_as_load_while_fresh():
+    clock = Clock()
+    tracker = LoadTracker(LoadConfig(stats_max_age_s=5.0), clock)
+    for r in ("a", "b"):
+        tracker.add_replica(r)
+    tracker.on_dispatched("mine", ["a"])
+    tracker.apply_stats("a", stats(0, 100), num_reported_in_flight=4)  # 3 of them are other routers'
+    tracker.apply_stats("b", stats(0, 100), num_reported_in_flight=0)
+    assert tracker.foreign_in_flight() == {"a": 3}
+    assert tracker.load("a").num_foreign_in_flight == 3 and tracker.load("a").num_in_flight == 1
+    tracker.apply_stats("b", stats(0, 100))  # no report: nothing foreign
+    clock.now_s += 6.0  # stale: the foreign count goes with the snapshot
+    assert tracker.foreign_in_flight() == {} and tracker.load("a").num_foreign_in_flight == 0

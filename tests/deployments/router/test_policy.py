@@ -32,6 +32,9 @@ def test_load_view_uses_fresh_stats_and_window():
     assert view.is_acceptable("a") and not view.is_acceptable("b")
     view = load_view(context({"a": 10, "b": 16}), weights)
     assert view.limit == 15.0  # relative part wins at higher load
+    # Other routers' requests weigh like ours, whatever w_queue is.
+    view = load_view(context({"a": 1, "b": 2}, foreign={"a": 5}), CostWeights(w_queue=0.0))
+    assert view.scores == {"a": 6.0, "b": 2.0}
 
 
 def test_tie_rank_spreads_keys_deterministically():
