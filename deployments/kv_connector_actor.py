@@ -36,6 +36,7 @@ import asyncio
 import hashlib
 import logging
 import shutil
+import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -284,7 +285,10 @@ class _ShmSide:
 
         self.node_id = ray.get_runtime_context().get_node_id()
         self.lease_s = config.lease_s
-        self.store = ShmKVStore.create(shm_store_path(app_name), config.shm_config)
+        path = shm_store_path(app_name)
+        _remove_orphan_stores(path.parent)
+        self.store = ShmKVStore.create(path, config.shm_config)
+        (path / "owner").write_text(ray.get_runtime_context().gcs_address)
         self.baseline = self.store.snapshot()  # counters before this actor: not ours to report
         self._metrics = metrics
         self._lock = threading.Lock()
@@ -335,6 +339,21 @@ class _ShmSide:
                 return  # the store was removed (application deleted)
             except Exception:
                 logger.exception("KV connector: shared-memory sweep failed")
+
+
+def _remove_orphan_stores(root: Path) -> None:
+    """Stores whose cluster is gone (its GCS refuses connections): a cluster that stopped without
+    ``kill_kv_connector`` (``ray.shutdown``, a crash) cannot remove its own tmpfs directory."""
+    for owner in root.glob("meshserve-kv-*/owner"):
+        try:
+            host, _, port = owner.read_text().strip().rpartition(":")
+            with socket.create_connection((host, int(port)), timeout=1.0):
+                continue
+        except ConnectionRefusedError:
+            logger.info("removing the KV store of a stopped cluster: %s", owner.parent)
+            shutil.rmtree(owner.parent, ignore_errors=True)
+        except (OSError, ValueError):
+            continue  # unreachable for another reason: leave it
 
 
 def _make_metrics():

@@ -7,8 +7,10 @@ One directory per (application, Ray cluster) under a tmpfs root (``/dev/shm``)::
     tmp/<name>   reserved transfers being written (header first, then the payload)
     data/<name>  committed transfers (``tmp`` renamed: the atomic commit; readers never see a
                  partial payload)
-    spare/<size>-<uuid>  completed files kept for reuse: rewriting pages tmpfs already holds
-                 costs about a third of allocating fresh ones, which is most of a small hand-off
+    spare/<size>-<uuid>  completed files kept for reuse (at most ``MAX_SPARE_FILES``, dropped
+                 after a lease idle): rewriting pages tmpfs already holds costs about a third of
+                 allocating fresh ones, which is most of a small hand-off
+    owner        who created the store (the actor writes its cluster's GCS address there)
 
 Lifecycle of a transfer, every step but the payload write and the read under the ledger lock:
 ``reserve`` (capacity checked, file created with its header; waits up to the put deadline while
@@ -289,7 +291,14 @@ class ShmKVStore:
                     num_expired += _unlink(entry.path)
                 else:
                     num_live, bytes_live = num_live + 1, bytes_live + num_bytes
-        spares = self._spare_sizes()
+        spares = []
+        for size, name in self._spare_sizes():  # idle past a lease: give the memory back
+            try:
+                is_idle = now - os.stat(self._spare + name).st_mtime > s.lease_s
+            except FileNotFoundError:
+                continue
+            if not (is_idle and _unlink(self._spare + name)):
+                spares.append((size, name))
         s.num_live, s.bytes_live = num_live, bytes_live
         s.num_spare, s.bytes_spare = len(spares), sum(size for size, _ in spares)
         s.num_expired += num_expired

@@ -183,3 +183,25 @@ def test_prefix_tier_shares_blocks_between_clients(app):
     found = ray.get(handle.match_prefix.remote("fp", 16, [7, 8]))
     assert len(found) == 1 and torch.equal(torch.from_numpy(ray.get(found[0])), block)
     assert ray.get(handle.stats.remote())["prefix_tier"]["num_hits"] == 1
+
+
+def test_stores_of_stopped_clusters_are_removed(ray_cluster):
+    """A cluster stopped without kill_kv_connector leaves its store behind; the next actor on the
+    node removes it (its GCS refuses connections), and leaves live clusters' stores alone."""
+    import socket
+
+    from deployments.kv_connector_actor import shm_store_path
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead_port = s.getsockname()[1]  # closed again: nothing listens there
+    orphan = shm_store_path("orphan-app").with_name("meshserve-kv-orphan-app-0000000000")
+    orphan.mkdir(parents=True)
+    (orphan / "owner").write_text(f"127.0.0.1:{dead_port}")
+    get_or_create_kv_connector("live-app")
+    try:
+        get_or_create_kv_connector("another-app")
+        assert not orphan.exists()
+        assert shm_store_path("live-app").is_dir()
+    finally:
+        kill_kv_connector("live-app")
+        kill_kv_connector("another-app")

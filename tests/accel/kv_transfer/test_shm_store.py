@@ -189,6 +189,18 @@ def test_lease_sweep_expires_and_recounts(root):
     assert _files(root)["data"] == [] and _files(root)["spare"] == []  # expired files are never recycled
 
 
+def test_sweep_drops_idle_spare_files(root):
+    store = _store(root, lease_s=0.2)
+    store.put("a", _payload(), timeout_s=1)
+    store.complete("a")
+    assert len(_files(root)["spare"]) == 1
+    store.sweep()
+    assert len(_files(root)["spare"]) == 1  # recently used: kept for the next put
+    time.sleep(0.3)
+    store.sweep()
+    assert _files(root)["spare"] == [] and store.snapshot().bytes_spare == 0
+
+
 def test_sweep_recounts_a_ledger_left_wrong_by_a_crash(root):
     store = _store(root)
     store.put("a", _payload(), timeout_s=1)
