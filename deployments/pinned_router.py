@@ -1,5 +1,6 @@
 """The request router on every engine deployment's handle: send a request to the replica the
-router deployment chose (the ``replica_hint`` keyword of ``generate``), else least-loaded.
+router deployment chose (the ``replica_hint`` keyword of ``generate``), else least-loaded. It also
+publishes each running-replica set Serve pushes (``deployments.replica_membership``).
 
 Serve probes the replicas of the first rank and uses the least-loaded one with spare capacity,
 moving to the next rank when the chosen replica is full, so a hint is a strong preference, not
@@ -11,6 +12,8 @@ from __future__ import annotations
 from typing import List, Optional
 
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
+
+from deployments import replica_membership
 
 HINT_KWARG = "replica_hint"
 
@@ -25,6 +28,20 @@ def replica_hint(pending_request: Optional[PendingRequest]) -> str | None:
 class PinnedReplicaRouter(FIFOMixin, RequestRouter):
     def initialize_state(self, **kwargs) -> None:
         pass
+
+    def update_replicas(self, replicas: List[RunningReplica]) -> None:
+        """Serve pushed the running set: also tell in-process subscribers (the router deployment)."""
+        super().update_replicas(replicas)
+        self._publish_membership()
+
+    def on_replica_actor_died(self, replica_id) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._publish_membership()
+
+    def _publish_membership(self) -> None:
+        deployment = self._deployment_id
+        replica_membership.publish(deployment.app_name, deployment.name,
+                                   frozenset(r.unique_id for r in self.curr_replicas))
 
     async def choose_replicas(self, candidate_replicas: List[RunningReplica],
                               pending_request: Optional[PendingRequest] = None

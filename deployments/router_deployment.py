@@ -25,9 +25,13 @@ policy by config name). It may run as several replicas (``router.replicas``); th
   fallbacks) have in flight on an engine replica is the replica's reported ``num_inflight`` minus
   this router's count (from fresh stats), weighed like its own in-flight requests
   (``RouterCore.apply_stats``), so N routers do not each see a busy replica as idle.
-- **Dead replicas at once.** The ingress reports an engine replica whose call failed because its
-  actor died (``report_dead``, broadcast to every router replica); it is removed before the next
-  poll, which re-adds it if it answers again.
+- **Churn at once.** Serve pushes every change of a pool's running replicas to this process's
+  handle (our request router publishes it, ``deployments/replica_membership.py``): a replica that
+  stopped, was scaled down or failed Serve's health check is removed at once, and a new one
+  triggers an immediate poll that adds it with its KV snapshot. The ingress also reports an engine
+  replica whose call failed because its actor died (``report_dead``, broadcast to every router
+  replica), which can come before Serve notices. The periodic poll remains the backstop (a
+  replica that stops answering is dropped; one that answers again is re-added).
 
 Decisions: ``choose(RouteRequest)`` counts the request on the chosen replica(s) before answering
 (so a burst cannot pile onto one replica) and returns a ``RouteDecision`` with a ticket; the
@@ -98,6 +102,7 @@ class RouterDeployment:
         self._tickets: dict[str, tuple[str, str | None, bool, float]] = {}
         self._poller: asyncio.Task | None = None
         self._pending_refresh: asyncio.Task | None = None  # an on-demand poll (unseen pool)
+        self._unsubscribe: list[Any] = []  # replica_membership subscriptions
         self._metrics = None
 
     # -- decision API -------------------------------------------------------------------------
@@ -296,6 +301,33 @@ class RouterDeployment:
         self._dead_since_s[rid] = time.monotonic()
         self.remove_replica(rid)
 
+    def on_membership(self, pool_name: str, running_ids: frozenset[str]) -> None:
+        """Serve pushed the running replicas of a pool (``deployments.replica_membership``):
+        replicas no longer running are removed at once (answers of polls sent before are ignored);
+        new ones trigger a poll now, which adds them with their stats and KV state."""
+        known = {r for r, p in self._replica_pool.items() if p == pool_name}
+        now_s = time.monotonic()
+        for rid in known - running_ids:
+            logger.info("router: engine replica %s left pool %s; removed", rid, pool_name)
+            self._dead_since_s[rid] = now_s
+            self.remove_replica(rid)
+        if running_ids - known and self._roles.get(pool_name) is not None:
+            self._refresh_task()
+
+    def _subscribe_membership(self, loop: asyncio.AbstractEventLoop) -> None:
+        from deployments import replica_membership
+
+        for pool in self._pools:
+            handle = self._handles.get(pool.name)
+            app_name, name = getattr(handle, "app_name", None), getattr(handle, "deployment_name", None)
+            if self._roles[pool.name] is None or not isinstance(name, str) or not isinstance(app_name, str):
+                continue
+
+            def listener(ids: frozenset[str], pool_name: str = pool.name) -> None:
+                # called on Serve's router thread: hand over to this replica's loop
+                loop.call_soon_threadsafe(self.on_membership, pool_name, ids)
+            self._unsubscribe.append(replica_membership.subscribe(app_name, name, listener))
+
     async def check_health(self) -> None:
         """Serve's periodic health probe; async so that it runs on the replica's event loop and
         starts the poll loop there even before the first decision (sync methods may run on a
@@ -335,6 +367,7 @@ class RouterDeployment:
             except Exception:  # outside a Ray worker (unit tests)
                 self._metrics = None
         self._poller = loop.create_task(self._poll_forever())
+        self._subscribe_membership(loop)
 
     async def _poll_forever(self) -> None:
         while True:
