@@ -86,27 +86,30 @@ class OpenAIIngress:
     # -- request handling ---------------------------------------------------------------------
 
     async def _handle(self, request: Request, is_chat: bool) -> Response:
+        # Label of rejects: the served model the request resolved to; before that (or for an
+        # unknown name, which must not become a label value) the only served model, else "unknown".
+        label = {"model": next(iter(self._models)) if len(self._models) == 1 else "unknown"}
         if self._num_inflight >= self._config.ingress.max_concurrent_requests:
-            self._reject("?", 429)
+            self._reject(label["model"], 429)
             return error_response(APIError(429, "Too many requests in flight; retry later.", None,
                                            self._config.ingress.retry_after_s))
         self._enter()
         streaming = False
         try:
-            response = await self._prepare(request, is_chat)
+            response = await self._prepare(request, is_chat, label)
             streaming = isinstance(response, StreamingResponse)
             return response
         except APIError as err:
-            self._reject(getattr(err, "model", "?"), err.status)
+            self._reject(label["model"], err.status)
             return error_response(err)
         except InvalidRequestError as err:
-            self._reject("?", 400)
+            self._reject(label["model"], 400)
             return error_response(APIError(400, err.message, err.field))
         finally:
             if not streaming:  # a stream leaves when its body generator ends
                 self._leave()
 
-    async def _prepare(self, request: Request, is_chat: bool) -> Response:
+    async def _prepare(self, request: Request, is_chat: bool, label: dict[str, str]) -> Response:
         try:
             body = await request.json()
         except Exception:
@@ -117,6 +120,7 @@ class OpenAIIngress:
         model = self._models.get(name or "")
         if model is None:
             raise model_not_found(req.model)
+        label["model"] = model.name
         tok = self._tokenizers[model.name]
         prompts = [conv.chat_prompt(req, tok)] if is_chat else conv.completion_prompts(req, tok)
         sampling = [conv.sampling_params(req, len(p), model.max_model_len) for p in prompts]
