@@ -4,11 +4,14 @@ prefill/decode disaggregation vs colocated serving under a mixed long/short load
     python bench/kv_transfer.py --json
 
 1. ``bandwidth_vs_memcpy[size]`` = (bytes / transfer time) / (bytes / memcpy time), medians of
-   ``--reps``. Transfer = what a PD hand-off costs beyond the engines' own KV reads/writes:
-   producer ``put`` (one copy into Ray's object store, one store RPC) + consumer
-   ``fetch`` (claim RPC, zero-copy read from the object store) + ``complete``. memcpy = ``clone()``
-   of the same tensor, measured in the same run. Sizes <= 16 MiB also get
-   ``pipelined_bandwidth_vs_memcpy``: throughput with ``--in-flight`` overlapping hand-offs.
+   ``--reps``. Transfer = what a PD hand-off costs beyond the engines' own KV reads/writes,
+   through ``RayKVTransport`` as engines use it: producer ``put`` + consumer ``fetch`` (a
+   zero-copy view) + ``complete``. Payloads up to the connector's ``shm_max_payload_bytes``
+   (``--shm-max-mib``, 64 MiB as the connector's default) take the node's shared-memory store (one copy into tmpfs, file and ``flock``
+   operations, no RPC); larger ones the object store (one ``ray.put`` copy, a store RPC and a
+   claim RPC). ``path`` says which. memcpy = ``clone()`` of the same tensor, measured in the same
+   run. Sizes <= 16 MiB also get ``pipelined_bandwidth_vs_memcpy``: throughput with
+   ``--in-flight`` overlapping hand-offs.
 2. Mixed load on two TT engines (torch mesh model, tiny Llama) either way: colocated = both engines
    serve whole requests (least in flight); PD = one prefill engine + one decode engine, prompts
    >= ``--pd-threshold`` tokens go prefill -> actor -> decode via ``PDOrchestrator``, shorter ones
@@ -69,7 +72,9 @@ def bandwidth(sizes_mib: list[int], reps: int, in_flight: int) -> dict:
                 memcpy_s.append(t3 - t2)
         tr, mc = statistics.median(transfer_s), statistics.median(memcpy_s)
         piped_s = _pipelined(transport, payload, size, in_flight) if size <= 16 else None
-        out[f"{size}MiB"] = {"transfer_ms": round(tr * 1e3, 3), "memcpy_ms": round(mc * 1e3, 3),
+        store = transport._shm()  # the same decision RayKVTransport.put makes
+        path = "shm" if store is not None and size * MIB <= store.max_payload_bytes else "object"
+        out[f"{size}MiB"] = {"path": path, "transfer_ms": round(tr * 1e3, 3), "memcpy_ms": round(mc * 1e3, 3),
                              "transfer_gbps": round(size * MIB / tr / 1e9, 2),
                              "memcpy_gbps": round(size * MIB / mc / 1e9, 2),
                              "bandwidth_vs_memcpy": round(mc / tr, 3)}
@@ -210,18 +215,21 @@ def main() -> None:
     parser.add_argument("--pd-threshold", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-mixed", action="store_true")
+    parser.add_argument("--shm-max-mib", type=int, default=64,
+                        help="largest payload through the shared-memory store (0: object store only)")
     args = parser.parse_args()
 
     import ray
 
-    from deployments.kv_connector_actor import KVConnectorConfig, get_or_create_kv_connector
+    from deployments.kv_connector_actor import KVConnectorConfig, get_or_create_kv_connector, kill_kv_connector
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     sizes = [int(s) for s in args.sizes_mib.split(",")]
     ray.init(address="local", num_cpus=1, object_store_memory=max(sizes) * 3 * MIB + 200 * MIB,
              include_dashboard=False, log_to_driver=False)
     try:
-        get_or_create_kv_connector(APP, KVConnectorConfig(capacity_bytes=max(sizes) * 2 * MIB + 64 * MIB))
+        get_or_create_kv_connector(APP, KVConnectorConfig(capacity_bytes=max(sizes) * 2 * MIB + 64 * MIB,
+                                                          shm_max_payload_bytes=args.shm_max_mib * MIB))
         result = {"bandwidth": bandwidth(sizes, args.reps, args.in_flight)}
         result["bandwidth_vs_memcpy_min_ge_1MiB"] = min(v["bandwidth_vs_memcpy"] for v in result["bandwidth"].values())
         if not args.skip_mixed:
@@ -230,6 +238,7 @@ def main() -> None:
             result["ttft_p50_ratio"] = result["mixed_load"]["ttft_p50_ratio"]
         result["machine"] = {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()}
     finally:
+        kill_kv_connector(APP)  # also removes the shared-memory store from /dev/shm
         ray.shutdown()
     print(json.dumps(result, indent=None if args.json else 2))
 

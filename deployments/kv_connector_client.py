@@ -5,8 +5,8 @@ process (``connect`` joins the running cluster with ``ray.init(address="auto")``
 
 Data path per payload (see ``deployments.kv_connector_actor``): up to the store's
 ``max_payload_bytes``, this node's shared-memory store — ``put``, ``fetch`` and ``complete`` are
-file operations, no RPC (the actor learns of the transfer from a batched background
-notification, for consumers on other nodes). Larger payloads, or a node without a usable store:
+file operations, no RPC (in a multi-node cluster the actor learns of the transfer from a batched
+background notification, for consumers on other nodes). Larger payloads, or a node without a usable store:
 the object store plus actor RPCs. A consumer looks in its node's store first, then asks the actor
 where the transfer is. The shared-memory path keeps working while the actor is dead; the
 object-store path then raises ``KVTransferError`` and the next call looks the actor up again.
@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 RPC_GRACE_S = 5.0  # on top of a call's own deadline, for the round trip
 STORE_RETRY_S = 10.0  # a node without a usable store asks again after this long
 NOTE_BATCH_S = 0.005  # how long transfer notes gather before one RPC carries them
+NODE_CHECK_S = 10.0  # how often the notes thread asks whether the cluster has several nodes
 
 
 def connect_to_cluster(app_name: str, address: str | None = None) -> None:
@@ -48,9 +49,12 @@ def connect_to_cluster(app_name: str, address: str | None = None) -> None:
 class RayKVTransport:
     """``address``: the cluster's GCS address, for processes Ray did not start (vLLM children);
     None inside a Ray worker or driver that already called ``ray.init``. ``shm_root``: where
-    this node's stores live (default ``ENVS.kv_shm_root``)."""
+    this node's stores live (default ``ENVS.kv_shm_root``). ``note_transfers``: tell the actor
+    where shared-memory transfers are (None: only while the cluster has several nodes, the only
+    case a consumer can need it)."""
 
-    def __init__(self, app_name: str, address: str | None = None, shm_root: str | None = None):
+    def __init__(self, app_name: str, address: str | None = None, shm_root: str | None = None,
+                 note_transfers: bool | None = None):
         self.app_name = app_name
         self.address = address
         self.shm_root = Path(shm_root) if shm_root else None
@@ -61,6 +65,8 @@ class RayKVTransport:
         self._lock = threading.Lock()
         self._remote_reads: dict[str, tuple[str, str]] = {}  # transfer id -> (node, store) it came from
         self._notes: queue.SimpleQueue[str] | None = None
+        self._note_transfers = note_transfers
+        self._is_multi_node = True  # until the notes thread has asked the cluster
 
     def put(self, transfer_id: str, payload: KVPayload, timeout_s: float) -> None:
         store = self._shm()
@@ -248,11 +254,24 @@ class RayKVTransport:
                 if self._notes is None:
                     self._notes = queue.SimpleQueue()
                     threading.Thread(target=self._send_notes, name="kv-shm-notes", daemon=True).start()
-        self._notes.put(transfer_id)
+        if self._note_transfers or (self._note_transfers is None and self._is_multi_node):
+            self._notes.put(transfer_id)
 
     def _send_notes(self) -> None:
+        import ray
+
+        next_check_s = 0.0
         while True:
-            batch = [self._notes.get()]
+            if self._note_transfers is None and time.monotonic() >= next_check_s:
+                try:
+                    self._is_multi_node = sum(1 for n in ray.nodes() if n.get("Alive")) > 1
+                except Exception:
+                    self._is_multi_node = True
+                next_check_s = time.monotonic() + NODE_CHECK_S
+            try:
+                batch = [self._notes.get(timeout=NODE_CHECK_S)]
+            except queue.Empty:
+                continue
             time.sleep(NOTE_BATCH_S)  # one RPC per batch, not per transfer: keeps it off the CPU
             while not self._notes.empty():
                 batch.append(self._notes.get())

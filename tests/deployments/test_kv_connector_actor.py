@@ -152,7 +152,7 @@ def test_consumer_on_another_node_pulls_through_a_pinned_task(app, tmp_path):
     there. Simulated on one machine: the consumer's "node" keeps its store under another root."""
     get_or_create_kv_connector(app)
     payload = _payload(seed=7)
-    RayKVTransport(app).put("t1", payload, timeout_s=5)
+    RayKVTransport(app, note_transfers=True).put("t1", payload, timeout_s=5)  # (one node: notes off by default)
     remote = RayKVTransport(app, shm_root=str(tmp_path))
     deadline = time.time() + 5  # the producer's note reaches the actor in the background
     while not remote.contains("t1", timeout_s=5) and time.time() < deadline:
