@@ -8,6 +8,10 @@ LRU cache of the same total size fed the same trace), load imbalance (max over m
 time-averaged requests in system per replica), TTFT in simulated seconds, and decision latency
 measured on this machine at 64 replicas with >= 100k cached blocks in the router's index.
 
+Entries ending in ``/4routers`` run the default policy on 4 router replicas at once
+(``router_sim_multi``): each request decided by its rendezvous owner, every router fed every KV
+event and stats report — what splitting the router costs.
+
 Peers: ``ray_prefix_cache_affinity`` is Ray Serve's PrefixCacheAffinityRouter algorithm
 (``ray_prefix_affinity``) with its 2.60 default ``imbalanced_threshold=inf`` and, as
 ``ray_prefix_cache_affinity@10``, the 2.50 default 10.
@@ -36,6 +40,7 @@ from deployments.router.policy import CostWeights  # noqa: E402
 from deployments.router.router_core import ReplicaInfo, RequestInfo, RouterConfig, RouterCore  # noqa: E402
 from ray_prefix_affinity import RayPrefixAffinityPeer  # noqa: E402
 from router_sim_cluster import ClusterConfig, oracle_hit_tokens, simulate  # noqa: E402
+from router_sim_multi import MultiCoreSimRouter  # noqa: E402
 from router_sim_workload import TraceRequest, WorkloadConfig, make_trace  # noqa: E402
 
 MODEL = "sim-model"
@@ -106,6 +111,10 @@ def _core(policy: str, mode: str = "approximate") -> RouterFactory:
     return lambda ids, kv, bs, w, seed: CoreSimRouter(policy, mode, ids, kv, bs, w)
 
 
+def _multi(num_routers: int, policy: str, mode: str) -> RouterFactory:
+    return lambda ids, kv, bs, w, seed: MultiCoreSimRouter(num_routers, policy, mode, ids, kv, bs, w)
+
+
 def _ray(threshold: float) -> RouterFactory:
     return lambda ids, kv, bs, w, seed: RaySimRouter(ids, threshold, seed)
 
@@ -117,6 +126,9 @@ ENTRIES: dict[str, RouterFactory] = {
     "session": _core("session"),
     "prefix+session+load": _core("prefix+session+load"),
     "prefix+session+load@precise": _core("prefix+session+load", "precise"),
+    # The same policy decided by 4 router replicas (``router_sim_multi``): what agreement costs.
+    "prefix+session+load/4routers": _multi(4, "prefix+session+load", "approximate"),
+    "prefix+session+load@precise/4routers": _multi(4, "prefix+session+load", "precise"),
     "ray_prefix_cache_affinity": _ray(math.inf),
     "ray_prefix_cache_affinity@10": _ray(10.0),
 }
@@ -240,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kv-blocks", type=int, default=1024, help="engine KV blocks per replica")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-batch", type=int, default=8)
+    p.add_argument("--stats-period-s", type=float, default=ClusterConfig.stats_period_s,
+                   help="engine stats reports (the router deployment polls every 0.5 s by default)")
     p.add_argument("--duration-s", type=float, default=WorkloadConfig.duration_s)
     p.add_argument("--sessions", type=int, default=240)
     p.add_argument("--turns", type=int, default=8)
@@ -263,7 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               group_system_tokens=args.group_system_tokens,
                               num_shared_requests=args.shared_requests)
     cluster = ClusterConfig(num_replicas=args.replicas, kv_blocks_per_replica=args.kv_blocks,
-                            block_size=args.block_size, max_batch=args.max_batch)
+                            block_size=args.block_size, max_batch=args.max_batch,
+                            stats_period_s=args.stats_period_s)
     started = time.perf_counter()
     trace = make_trace(workload)
     hits, prompt = oracle_hit_tokens(trace, cluster.num_replicas * cluster.kv_blocks_per_replica,
@@ -282,6 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                            num_groups=256, num_shared_requests=4000))
         kv_blocks = math.ceil(args.latency_cached_blocks * 1.25 / args.latency_replicas)
         for name in names:
+            if "routers" in name:  # one decision is one RouterCore's, as in the single-router entry
+                continue
             gc.collect()
             entries[name].update(measure_latency(
                 name, latency_trace, args.latency_replicas, kv_blocks, args.block_size, weights,

@@ -64,3 +64,36 @@ def test_imbalance_threshold_switches_to_power_of_two(threshold):
     peer.on_routed("shared prefix", "a", 0.0)
     assert peer.choose("shared prefix!", {"a": 11, "b": 0}) == "b"
     assert peer.choose("shared prefix!", {"a": 10, "b": 0}) == "a"
+
+
+def test_several_router_replicas_split_the_decisions_and_agree_on_the_index():
+    from router_sim_multi import MultiCoreSimRouter
+    from router_sim_workload import WorkloadConfig, make_trace
+
+    from accel.contract import EngineStats
+    from deployments.router.kv_events import BlockStored
+    from deployments.router.policy import CostWeights
+
+    ids = ["a", "b", "c"]
+    multi = MultiCoreSimRouter(3, "prefix+session+load", "precise", ids, 256, 16, CostWeights())
+    trace = make_trace(WorkloadConfig(seed=1, block_size=16, duration_s=10, num_sessions=12, num_turns=2,
+                                      num_groups=2, group_system_tokens=128, num_shared_requests=20))
+    owners, sessions = set(), {}
+    for i, req in enumerate(trace[:40]):
+        replica = multi.choose(req, float(i))
+        owner = multi._router_of[req.request_id]
+        owners.add(owner)
+        if req.session_key:  # every request of a session is decided by the same router replica
+            assert sessions.setdefault(req.session_key, owner) == owner
+        multi.on_kv_events(replica, [BlockStored(tuple(req.prompt_hashes))])
+    assert len(owners) == 3  # the decisions are spread over every router replica
+    # Every router follows every engine's events: identical precise indexes.
+    probe = trace[0].prompt_hashes
+    views = {name: r.core.index.match(probe, frozenset(ids)) for name, r in multi.routers.items()}
+    assert len({tuple(sorted(v.items())) for v in views.values()}) == 1 and any(views.values())
+    # The engine's own in-flight count tells each router what the others have there.
+    multi.on_stats("a", EngineStats(0, 0, 256, 256))
+    total = sum(r.core.num_in_flight("a") for r in multi.routers.values())
+    for router in multi.routers.values():
+        assert router.core.load("a").num_foreign_in_flight == total - router.core.num_in_flight("a")
+    assert any(router.core.load("a").num_foreign_in_flight > 0 for router in multi.routers.values())

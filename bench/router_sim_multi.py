@@ -1,0 +1,63 @@
+"""Several router replicas in the router simulator: how much affinity survives splitting the
+decisions over N independent ``RouterCore``s, the way the router deployment runs them.
+
+Each request goes to the router replica its affinity key picks by rendezvous hashing
+(``deployments.rendezvous_router``, key = ``RouteRequest.affinity_key``: session, else first prompt
+block, else request id), and its completion goes back to that replica. Every replica gets every
+engine's KV events (each follows each engine's event log from its own cursor) and every stats
+report, with the engine's own in-flight count, so the others' requests count as load
+(``RouterCore.apply_stats(..., num_reported_in_flight)``). In ``approximate`` mode a replica learns
+its index only from its own decisions, so the split costs hit rate there; ``precise`` mode should
+not lose any.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from accel.contract import EngineStats
+from deployments.rendezvous_router import rendezvous_order
+from deployments.route_types import RouteRequest
+from deployments.router.kv_events import KVEvent
+from deployments.router.policy import CostWeights
+from router_sim_workload import TraceRequest
+
+
+class MultiCoreSimRouter:
+    def __init__(self, num_routers: int, policy: str, index_mode: str, replica_ids: Sequence[str],
+                 num_kv_blocks: int, block_size: int, weights: CostWeights) -> None:
+        from router_sim import CoreSimRouter  # the single-router driver; imported late (cycle)
+
+        self.routers = {f"router-{i}": CoreSimRouter(policy, index_mode, replica_ids, num_kv_blocks,
+                                                     block_size, weights) for i in range(num_routers)}
+        self._router_ids = sorted(self.routers)
+        self._router_of: dict[str, str] = {}  # request id -> router replica that decided it
+
+    def _owner(self, req: TraceRequest) -> str:
+        key = RouteRequest(req.request_id, "sim", len(req.prompt_token_ids), session_id=req.session_key,
+                           prompt_block_hashes=tuple(req.prompt_hashes[:1])).affinity_key
+        return rendezvous_order(key, self._router_ids)[0]
+
+    def _tick(self, now_s: float) -> None:
+        for router in self.routers.values():  # one simulated clock for all router replicas
+            router.now_s = now_s
+
+    def choose(self, req: TraceRequest, now_s: float) -> str:
+        self._tick(now_s)
+        owner = self._owner(req)
+        self._router_of[req.request_id] = owner
+        return self.routers[owner].choose(req, now_s)
+
+    def on_completed(self, req: TraceRequest, now_s: float) -> None:
+        self._tick(now_s)
+        self.routers[self._router_of.pop(req.request_id)].on_completed(req, now_s)
+
+    def on_kv_events(self, replica_id: str, events: list[KVEvent]) -> None:
+        for router in self.routers.values():
+            router.on_kv_events(replica_id, events)
+
+    def on_stats(self, replica_id: str, stats: EngineStats) -> None:
+        # The engine replica's own count of requests it serves: every router's in flight there.
+        num_in_flight = sum(r.core.num_in_flight(replica_id) for r in self.routers.values())
+        for router in self.routers.values():
+            router.core.apply_stats(replica_id, stats, num_in_flight)
