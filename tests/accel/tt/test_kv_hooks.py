@@ -10,7 +10,7 @@ import torch
 
 from accel.contract import GenerateRequest, KVTransferParams, join_token_ids
 from tests.accel.tt.engine_harness import greedy, make_engine, run_requests
-from tests.hf_reference import hf_greedy
+from tests.hf_reference import hf_greedy, hf_prompt_kv
 
 pytestmark = pytest.mark.slow
 
@@ -87,8 +87,9 @@ def test_tt_to_tt_equals_hf_and_colocated(engines, tiny_llama, num_tokens):
     assert out[-1].num_cached_tokens == (num_tokens - 1) // 32 * 32
 
 
-def test_payload_is_exactly_the_prefill_kv(engines, transport):
-    """The exported payload equals the KV the prefill engine wrote (gathered independently)."""
+def test_payload_is_exactly_the_prefill_kv(engines, transport, tiny_llama):
+    """The exported payload is the prompt's KV as HF transformers computes it (an independent
+    reference: K after RoPE, per layer, in the canonical [L, 2, T, Hkv, D] layout)."""
     prefill, _ = engines
     prompt = _prompt(5, 40)
     pre = run_requests(prefill, [GenerateRequest("x-p", prompt, greedy(1),
@@ -98,6 +99,9 @@ def test_payload_is_exactly_the_prefill_kv(engines, transport):
     payload = transport.fetch("exact", 5)
     payload.descriptor.check_prompt(prompt)
     assert payload.kv.shape == (4, 2, 40, 2, 32) and payload.kv.dtype == torch.float32
+    reference = hf_prompt_kv(tiny_llama, prompt)
+    assert torch.allclose(payload.kv, reference, atol=1e-4, rtol=1e-4), \
+        f"max |engine - HF| = {(payload.kv - reference).abs().max():.3g}"
     # A second export of the same prompt (served from the prefix cache) carries identical KV.
     run_requests(prefill, [GenerateRequest("y-p", prompt, greedy(1),
                                            kv_transfer=KVTransferParams(do_remote_decode=True, transfer_id="exact2"))])
