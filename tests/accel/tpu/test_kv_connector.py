@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from accel.contract import GenerateRequest, KVTransferParams, SamplingParams, join_token_ids
-from tests.hf_reference import hf_greedy
+from tests.hf_reference import hf_greedy, hf_prompt_kv
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -116,8 +116,9 @@ def test_decode_reports_the_imported_prompt_as_cached(loop, engine, tiny_llama):
     assert out[-1].num_cached_tokens == 96  # as vLLM counts connector-loaded tokens (cf. test_pd_e2e)
 
 
-def test_imported_kv_is_what_the_prefill_computed(loop, engine):
-    """The payload the decode side reads equals an independent export of the same prompt."""
+def test_imported_kv_is_what_the_prefill_computed(loop, engine, tiny_llama):
+    """The payload the decode side reads is the prompt's KV as HF transformers computes it, and a
+    second export of the same prompt is identical."""
     from deployments.kv_connector_client import RayKVTransport
     prompt = _prompt(7, 70)
     t1 = _prefill(loop, engine, "pa", prompt, transfer_id="same-a")
@@ -126,6 +127,9 @@ def test_imported_kv_is_what_the_prefill_computed(loop, engine):
     a, b = transport.fetch(t1.transfer_id, 5), transport.fetch(t2.transfer_id, 5)
     assert a.descriptor.num_tokens == 70 and torch.equal(a.kv, b.kv)
     a.descriptor.check_prompt(prompt)
+    reference = hf_prompt_kv(tiny_llama, prompt)
+    assert torch.allclose(a.kv, reference, atol=1e-3, rtol=1e-3), \
+        f"max |vLLM export - HF| = {(a.kv - reference).abs().max():.3g}"
     transport.complete(t1.transfer_id)
     transport.complete(t2.transfer_id)
 
