@@ -19,7 +19,7 @@ Two data paths, chosen by the producer's ``RayKVTransport`` and invisible to eng
   removed ``ray.put(_owner=...)``, so the producer process stays the object's owner: if it dies
   before the decode side reads, the read fails and the decode side recomputes the prompt (the
   same fallback as an expired lease or a dead actor). Logic lives in the Ray-free ``KVRegistry``
-  / ``KVPrefixTier``; this module adds naming, a lease sweeper and ``ray.util.metrics``.
+  / ``KVPrefixTier``; this module adds naming and a lease sweeper (metrics: ``kv_connector_metrics``).
 
 ``capacity_bytes`` bounds each path separately: the object-store registry cluster-wide, and each
 node's shared-memory store (its spare, reusable files included).
@@ -46,9 +46,9 @@ from typing import Any
 from accel.block_hash import BlockHash
 from accel.envs import ENVS
 from accel.kv_transfer.payload import KVDescriptor
-from accel.kv_transfer.shm_ledger import LedgerState
 from accel.kv_transfer.shm_store import ShmKVStore, ShmStoreConfig, store_path
 from accel.kv_transfer.transport import KVTransferNotFound
+from deployments.kv_connector_metrics import RayKVMetrics, make_metrics
 from deployments.kv_prefix_tier import KVPrefixTier
 from deployments.kv_registry import KVRegistry
 
@@ -90,77 +90,13 @@ def shm_store_path(app_name: str, root: Path | None = None) -> Path:
     return store_path(root or ENVS.kv_shm_root, app_name, tag)
 
 
-class RayKVMetrics:
-    """``KVMetricsSink`` over ``ray.util.metrics`` (exported as ``ray_meshserve_kv_*``)."""
-
-    def __init__(self) -> None:
-        from ray.util import metrics
-
-        self._bytes = metrics.Counter("meshserve_kv_transfer_bytes", "Bytes of KV committed to the connector")
-        self._transfers = metrics.Counter("meshserve_kv_transfers", "KV transfers by outcome",
-                                          tag_keys=("outcome",))
-        self._latency = metrics.Histogram("meshserve_kv_transfer_latency_seconds",
-                                          "Reserve-to-complete time of a KV transfer",
-                                          boundaries=[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30])
-        self._expired = metrics.Counter("meshserve_kv_transfer_expired", "KV transfers freed by lease expiry")
-        self._recomputes = metrics.Counter("meshserve_kv_transfer_recomputes",
-                                           "Prompts recomputed because a KV transfer failed",
-                                           tag_keys=("reason",))
-        self._bytes_used = metrics.Gauge("meshserve_kv_connector_bytes_used", "Bytes held by the KV connector")
-        self._num_held = metrics.Gauge("meshserve_kv_connector_transfers", "Transfers held by the KV connector")
-        self._registry_usage = self._shm_usage = (0, 0)  # (bytes, transfers) of each data path
-
-    def on_commit(self, num_bytes: int) -> None:
-        if num_bytes > 0:  # a params-only entry commits 0 bytes; Ray counters refuse inc(0)
-            self._bytes.inc(num_bytes)
-        self._transfers.inc(1, tags={"outcome": "committed"})
-
-    def on_complete(self, num_bytes: int, latency_s: float) -> None:
-        self._transfers.inc(1, tags={"outcome": "completed"})
-        self._latency.observe(latency_s)
-
-    def on_expire(self, num_bytes: int) -> None:
-        self._expired.inc(1)
-        self._transfers.inc(1, tags={"outcome": "expired"})
-
-    def on_reject(self, reason: str) -> None:
-        self._transfers.inc(1, tags={"outcome": f"rejected_{reason}"})
-
-    def on_recompute(self, reason: str) -> None:
-        self._recomputes.inc(1, tags={"reason": reason})
-
-    def on_usage(self, num_bytes_used: int, num_transfers: int) -> None:
-        """The object-store registry's usage; the gauges add this node's shared-memory store's."""
-        self._registry_usage = (num_bytes_used, num_transfers)
-        self._bytes_used.set(num_bytes_used + self._shm_usage[0])
-        self._num_held.set(num_transfers + self._shm_usage[1])
-
-    def on_shm_progress(self, before: LedgerState, after: LedgerState, latencies_s: list[float]) -> None:
-        """The shared-memory store's counters moved from ``before`` to ``after`` (sweeper thread)."""
-        self._shm_usage = (after.bytes_live, after.num_live)
-        self.on_usage(*self._registry_usage)
-        if after.bytes_committed > before.bytes_committed:
-            self._bytes.inc(after.bytes_committed - before.bytes_committed)
-        rejected = after.num_rejected_capacity + after.num_rejected_too_large \
-            - before.num_rejected_capacity - before.num_rejected_too_large
-        for outcome, n in (("committed", after.num_committed - before.num_committed),
-                           ("completed", after.num_completed - before.num_completed),
-                           ("expired", after.num_expired - before.num_expired), ("rejected_capacity", rejected)):
-            if n > 0:
-                self._transfers.inc(n, tags={"outcome": outcome})
-        if after.num_expired > before.num_expired:
-            self._expired.inc(after.num_expired - before.num_expired)
-        for latency_s in latencies_s:
-            self._latency.observe(latency_s)
-
-
 class KVConnectorActor:
     """Async Ray actor. Payload arguments are ``[ObjectRef]`` (a list, so Ray passes the reference
     instead of resolving it); errors are ``accel.kv_transfer.transport`` exceptions."""
 
     def __init__(self, config: KVConnectorConfig, app_name: str = "default"):
         self._config = config
-        metrics = _make_metrics()
+        metrics = make_metrics()
         self._registry = KVRegistry(config.capacity_bytes, config.lease_s, metrics=metrics)
         self._tier = KVPrefixTier(config.prefix_tier_bytes) if config.prefix_tier_bytes else None
         self._sweeper: asyncio.Task | None = None
@@ -354,14 +290,6 @@ def _remove_orphan_stores(root: Path) -> None:
             shutil.rmtree(owner.parent, ignore_errors=True)
         except (OSError, ValueError):
             continue  # unreachable for another reason: leave it
-
-
-def _make_metrics():
-    try:
-        return RayKVMetrics()
-    except Exception:  # outside a Ray worker (unit tests construct the class directly)
-        from deployments.kv_registry import NullMetrics
-        return NullMetrics()
 
 
 def get_or_create_kv_connector(app_name: str, config: KVConnectorConfig = KVConnectorConfig()):
