@@ -257,9 +257,14 @@ class EngineReplica:
             self._stats_task.cancel()
         await self._engine.shutdown()
 
-    async def __del__(self):
-        # Serve calls (and awaits) __del__ when it stops the replica: graceful engine shutdown.
-        await self.shutdown()
+    def __del__(self):
+        """Serve calls ``__del__`` when it stops the replica and awaits a coroutine it returns:
+        the graceful engine shutdown. Sync on purpose: the garbage collector calls it too (after
+        Serve did, or on replicas tests built), and an ``async def`` would then leave a coroutine
+        never awaited; once shut down (or never started) there is nothing to return."""
+        if getattr(self, "_is_shut_down", True):
+            return None
+        return self.shutdown()
 
     def _ensure_stats_task(self) -> None:
         if self._stats_task is not None or self._metrics is None:

@@ -84,6 +84,7 @@ class HFReplayEngine:
 
     async def shutdown(self) -> None:
         self._running.clear()
+        self.is_shut_down = True
 
 
 def make_hf_replay_engine(pool) -> HFReplayEngine:

@@ -128,3 +128,18 @@ def test_tt_replica_reports_block_snapshot_then_kv_events(pool):
         finally:
             await replica.shutdown()
     asyncio.run(run())
+
+
+def test_serve_stop_hook_shuts_the_engine_down_once(pool):
+    """Serve calls ``__del__`` on stop and awaits the coroutine it returns; afterwards (the garbage
+    collector's call) there is nothing left to await."""
+    async def run():
+        replica = _replica(pool)
+        stop = replica.__del__()
+        assert asyncio.iscoroutine(stop)
+        await stop
+        assert replica._engine.is_shut_down
+        with pytest.raises(RuntimeError, match="shut down"):
+            await replica.check_health()
+        assert replica.__del__() is None
+    asyncio.run(run())
