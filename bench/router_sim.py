@@ -8,9 +8,10 @@ LRU cache of the same total size fed the same trace), load imbalance (max over m
 time-averaged requests in system per replica), TTFT in simulated seconds, and decision latency
 measured on this machine at 64 replicas with >= 100k cached blocks in the router's index.
 
-Entries ending in ``/4routers`` run the default policy on 4 router replicas at once
+Entries with ``/4routers`` run the default policy on 4 router replicas at once
 (``router_sim_multi``): each request decided by its rendezvous owner, every router fed every KV
-event and stats report — what splitting the router costs.
+event and stats report and its peers' in-flight counts every 0.1 s (``-no-peer-load``: without
+those) — what splitting the router costs.
 
 Peers: ``ray_prefix_cache_affinity`` is Ray Serve's PrefixCacheAffinityRouter algorithm
 (``ray_prefix_affinity``) with its 2.60 default ``imbalanced_threshold=inf`` and, as
@@ -36,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from accel.block_hash import hash_prompt_blocks  # noqa: E402
 from accel.contract import EngineStats  # noqa: E402
 from deployments.router.kv_events import BlockStored, KVEvent  # noqa: E402
+from deployments.router.load import PEER_LOAD_PERIOD_S  # noqa: E402
 from deployments.router.policy import CostWeights  # noqa: E402
 from deployments.router.router_core import ReplicaInfo, RequestInfo, RouterConfig, RouterCore  # noqa: E402
 from ray_prefix_affinity import RayPrefixAffinityPeer  # noqa: E402
@@ -111,8 +113,10 @@ def _core(policy: str, mode: str = "approximate") -> RouterFactory:
     return lambda ids, kv, bs, w, seed: CoreSimRouter(policy, mode, ids, kv, bs, w)
 
 
-def _multi(num_routers: int, policy: str, mode: str) -> RouterFactory:
-    return lambda ids, kv, bs, w, seed: MultiCoreSimRouter(num_routers, policy, mode, ids, kv, bs, w)
+def _multi(num_routers: int, policy: str, mode: str, peer_period_s: float | None = PEER_LOAD_PERIOD_S
+           ) -> RouterFactory:
+    return lambda ids, kv, bs, w, seed: MultiCoreSimRouter(num_routers, policy, mode, ids, kv, bs, w,
+                                                           peer_period_s)
 
 
 def _ray(threshold: float) -> RouterFactory:
@@ -129,6 +133,8 @@ ENTRIES: dict[str, RouterFactory] = {
     # The same policy decided by 4 router replicas (``router_sim_multi``): what agreement costs.
     "prefix+session+load/4routers": _multi(4, "prefix+session+load", "approximate"),
     "prefix+session+load@precise/4routers": _multi(4, "prefix+session+load", "precise"),
+    # ... without the routers' peer load broadcast: others' load only from engine stats reports.
+    "prefix+session+load@precise/4routers-no-peer-load": _multi(4, "prefix+session+load", "precise", None),
     "ray_prefix_cache_affinity": _ray(math.inf),
     "ray_prefix_cache_affinity@10": _ray(10.0),
 }

@@ -5,10 +5,11 @@ Each request goes to the router replica its affinity key picks by rendezvous has
 (``deployments.rendezvous_router``, key = ``RouteRequest.affinity_key``: session, else first prompt
 block, else request id), and its completion goes back to that replica. Every replica gets every
 engine's KV events (each follows each engine's event log from its own cursor) and every stats
-report, with the engine's own in-flight count, so the others' requests count as load
-(``RouterCore.apply_stats(..., num_reported_in_flight)``). In ``approximate`` mode a replica learns
-its index only from its own decisions, so the split costs hit rate there; ``precise`` mode should
-not lose any.
+report, with the engine's own in-flight count; and, as the router deployment does, each publishes
+its own in-flight counts to the others every ``PEER_LOAD_PERIOD_S`` of simulated time
+(``peer_period_s``; None = never, leaving only the engine-reported counts, as old as the last
+stats report). In ``approximate`` mode a replica learns its index only from its own decisions, so
+the split costs hit rate there; ``precise`` mode should lose little.
 """
 
 from __future__ import annotations
@@ -19,19 +20,23 @@ from accel.contract import EngineStats
 from deployments.rendezvous_router import rendezvous_order
 from deployments.route_types import RouteRequest
 from deployments.router.kv_events import KVEvent
+from deployments.router.load import PEER_LOAD_PERIOD_S
 from deployments.router.policy import CostWeights
 from router_sim_workload import TraceRequest
 
 
 class MultiCoreSimRouter:
     def __init__(self, num_routers: int, policy: str, index_mode: str, replica_ids: Sequence[str],
-                 num_kv_blocks: int, block_size: int, weights: CostWeights) -> None:
+                 num_kv_blocks: int, block_size: int, weights: CostWeights,
+                 peer_period_s: float | None = PEER_LOAD_PERIOD_S) -> None:
         from router_sim import CoreSimRouter  # the single-router driver; imported late (cycle)
 
         self.routers = {f"router-{i}": CoreSimRouter(policy, index_mode, replica_ids, num_kv_blocks,
                                                      block_size, weights) for i in range(num_routers)}
         self._router_ids = sorted(self.routers)
         self._router_of: dict[str, str] = {}  # request id -> router replica that decided it
+        self._peer_period_s = peer_period_s
+        self._next_publish_s = 0.0
 
     def _owner(self, req: TraceRequest) -> str:
         key = RouteRequest(req.request_id, "sim", len(req.prompt_token_ids), session_id=req.session_key,
@@ -41,6 +46,13 @@ class MultiCoreSimRouter:
     def _tick(self, now_s: float) -> None:
         for router in self.routers.values():  # one simulated clock for all router replicas
             router.now_s = now_s
+        if self._peer_period_s is not None and now_s >= self._next_publish_s:
+            self._next_publish_s = now_s + self._peer_period_s
+            for name, router in self.routers.items():  # every router's broadcast of its counts
+                counts = router.core.in_flight_counts()
+                for peer_name, peer in self.routers.items():
+                    if peer_name != name:
+                        peer.core.apply_peer_in_flight(name, counts)
 
     def choose(self, req: TraceRequest, now_s: float) -> str:
         self._tick(now_s)

@@ -133,6 +133,7 @@ class RouterSnapshot:
     replicas: tuple[ReplicaView, ...] = field(default_factory=tuple)
     num_open_tickets: int = 0
     router_replica_id: str | None = None
+    peer_router_ids: tuple[str, ...] = ()  # router replicas whose in-flight counts are fresh here
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,11 @@ policy by config name). It may run as several replicas (``router.replicas``); th
   rendezvous hashing of the request's affinity key (``deployments/rendezvous_router.py``), so a
   session's binding and in-flight cap live on one router replica; ``release`` goes to the replica
   that issued the ticket (``RouteDecision.router_replica_id``).
-- **Load.** Each router counts its own decisions in flight; what other routers (or ingress
-  fallbacks) have in flight on an engine replica is the replica's reported ``num_inflight`` minus
-  this router's count (from fresh stats), weighed like its own in-flight requests
-  (``RouterCore.apply_stats``), so N routers do not each see a busy replica as idle.
+- **Load.** Each router counts its own decisions in flight and broadcasts those counts to its
+  peers every ``PEER_LOAD_PERIOD_S`` (``peer_load``); what the others have in flight on an
+  engine replica is the sum of their fresh counts, weighed like its own, so N routers do not
+  each see a busy replica as idle. Without fresh peer counts it falls back to the replica's
+  reported ``num_inflight`` minus this router's count (as old as the last poll).
 - **Churn at once.** Serve pushes every change of a pool's running replicas to this process's
   handle (our request router publishes it, ``deployments/replica_membership.py``): a replica that
   stopped, was scaled down or failed Serve's health check is removed at once, and a new one
@@ -61,6 +62,7 @@ from deployments.route_types import (
     IndexView, PoolInfo, ReplicaSnapshot, ReplicaView, RouteDecision, RouteRequest, RouterSnapshot,
     eligible_pools, routing_block_size,
 )
+from deployments.router.load import PEER_LOAD_PERIOD_S
 from deployments.router.router_core import (
     NoReplicaError, ReplicaInfo, ReplicaRole, RequestInfo, RouterConfig, RouterCore,
 )
@@ -75,8 +77,10 @@ UNSEEN_POOL_WAIT_S = 0.1  # how long a decision waits for an on-demand poll of a
 class RouterDeployment:
     def __init__(self, pools: Sequence[PoolInfo], pool_handles: Mapping[str, Any],
                  stats_period_s: float = 0.5, ticket_ttl_s: float = 3600.0,
-                 pd_threshold_tokens: int | None = None, core_config: RouterConfig | None = None):
+                 pd_threshold_tokens: int | None = None, core_config: RouterConfig | None = None,
+                 num_router_replicas: int = 1):
         self.replica_id = current_replica_id()
+        self._num_router_replicas = num_router_replicas
         self._pools = tuple(pools)
         self._pool_by_name = {p.name: p for p in self._pools}
         # model -> block size of its prefix hashes (what the ingress hashes prompts at)
@@ -103,6 +107,7 @@ class RouterDeployment:
         self._poller: asyncio.Task | None = None
         self._pending_refresh: asyncio.Task | None = None  # an on-demand poll (unseen pool)
         self._unsubscribe: list[Any] = []  # replica_membership subscriptions
+        self._gossip: asyncio.Task | None = None  # publishes our in-flight counts to peer routers
         self._metrics = None
 
     # -- decision API -------------------------------------------------------------------------
@@ -188,7 +193,7 @@ class RouterDeployment:
         views = tuple(ReplicaView(rid, self._replica_pool[rid], self._core.load(rid))
                       for rid in sorted(self._replica_pool))
         return RouterSnapshot(replicas=views, num_open_tickets=len(self._tickets),
-                              router_replica_id=self.replica_id)
+                              router_replica_id=self.replica_id, peer_router_ids=self._core.peer_router_ids())
 
     async def session_replica(self, session_key: str) -> str | None:
         return self._core.session_replica(session_key)
@@ -287,6 +292,32 @@ class RouterDeployment:
         for actor_id in [a for a, r in self._actor_replica.items() if r == replica_id]:
             del self._actor_replica[actor_id]
 
+    async def peer_load(self, router_replica_id: str, counts: Mapping[str, int]) -> None:
+        """A peer router replica's requests in flight per engine replica (broadcast every
+        ``PEER_LOAD_PERIOD_S`` by each router replica; our own broadcast is ignored)."""
+        if router_replica_id != self.replica_id:
+            self._core.apply_peer_in_flight(router_replica_id, counts)
+
+    async def _publish_load_forever(self) -> None:
+        """Several router replicas: tell the others what this one has in flight, so each sees the
+        whole load between engine polls (fire and forget; a lost round is replaced by the next)."""
+        from ray import serve
+
+        context = serve.get_replica_context()
+        handle = serve.get_deployment_handle(context.deployment, context.app_name)
+        pending = None
+        while True:
+            await asyncio.sleep(PEER_LOAD_PERIOD_S)
+            if pending is not None and not pending.done():
+                continue  # the previous round is still out (a slow peer): skip, never pile up
+            pending = asyncio.ensure_future(self._publish_load_once(handle, self._core.in_flight_counts()))
+
+    async def _publish_load_once(self, handle: Any, counts: dict[str, int]) -> None:
+        try:
+            await handle.broadcast("peer_load", self.replica_id, counts).results_async(return_exceptions=True)
+        except Exception:  # a peer starting or gone: the next round tries again
+            logger.debug("router: publishing in-flight counts failed", exc_info=True)
+
     async def report_dead(self, replica_id: str | None, actor_id: str | None = None) -> None:
         """An ingress saw a call to an engine replica fail because its actor died: stop routing
         there now (its index entries, sessions and load go). ``actor_id`` (from the error) names
@@ -333,8 +364,9 @@ class RouterDeployment:
         starts the poll loop there even before the first decision (sync methods may run on a
         worker thread without a loop)."""
         self._ensure_poller()
-        if self._poller is not None and self._poller.done() and not self._poller.cancelled():
-            raise RuntimeError(f"router poll loop died: {self._poller.exception()!r}")
+        for name, task in (("poll", self._poller), ("peer load", self._gossip)):
+            if task is not None and task.done() and not task.cancelled():
+                raise RuntimeError(f"router {name} loop died: {task.exception()!r}")
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -368,6 +400,8 @@ class RouterDeployment:
                 self._metrics = None
         self._poller = loop.create_task(self._poll_forever())
         self._subscribe_membership(loop)
+        if self._num_router_replicas > 1:
+            self._gossip = loop.create_task(self._publish_load_forever())
 
     async def _poll_forever(self) -> None:
         while True:

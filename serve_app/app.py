@@ -107,7 +107,8 @@ def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | N
     ).bind(pool_infos(config), pool_apps, config.router.stats_period_s,
            pd_threshold_tokens=config.pd.threshold_tokens,
            core_config=config.router.core_config(min(p.block_size for p in config.pools),
-                                                 config.pd.threshold_tokens))
+                                                 config.pd.threshold_tokens),
+           num_router_replicas=config.router.replicas)
     ingress = serve.deployment(make_ingress_class()).options(
         name=INGRESS_NAME, num_replicas=config.ingress.replicas,
         ray_actor_options={"num_cpus": config.ingress.num_cpus},

@@ -10,9 +10,12 @@ signal to in-flight counts instead of freezing it (the "everything to replica A"
 With prefill/decode disaggregation a request counts on both replicas; the prefill replica's count
 is released as soon as the prefill phase ends (``on_phase_done``).
 
-With several router replicas each counts only its own decisions. The requests the others (and
-ingress fallbacks) have on a replica are that replica's reported in-flight count minus ours, taken
-from the latest fresh snapshot (``foreign_in_flight``) and weighed like our own in-flight requests.
+With several router replicas each counts only its own decisions; the others' requests on a replica
+(``foreign_in_flight``, weighed like our own) come from the peers themselves when they are fresh:
+every router publishes its in-flight counts every ``PEER_LOAD_PERIOD_S`` (``apply_peer_in_flight``).
+Without fresh peer counts, a replica's reported in-flight count minus ours (from the latest fresh
+stats) stands in — as old as the last poll, which the simulator shows costs affinity (4 routers:
+hit ratio 0.80 vs 0.96 with peer counts every 0.1 s, ``bench/router_sim.py``).
 """
 
 from __future__ import annotations
@@ -24,13 +27,19 @@ from dataclasses import dataclass
 from accel.contract import EngineStats
 
 
+PEER_LOAD_PERIOD_S = 0.1  # how often each router replica publishes its in-flight counts
+
+
 @dataclass(frozen=True)
 class LoadConfig:
     stats_max_age_s: float = 5.0  # engine stats older than this are ignored
+    peer_max_age_s: float = 1.0  # a peer router's in-flight counts older than this are ignored
 
     def __post_init__(self) -> None:
         if not self.stats_max_age_s > 0:
             raise ValueError(f"stats_max_age_s must be positive, got {self.stats_max_age_s}")
+        if not self.peer_max_age_s > 0:
+            raise ValueError(f"peer_max_age_s must be positive, got {self.peer_max_age_s}")
 
 
 @dataclass(frozen=True)
@@ -60,7 +69,10 @@ class LoadTracker:
         self._replicas_of_request: dict[str, list[str]] = {}
         self._stats: dict[str, _Snapshot] = {}
         self._fresh: dict[str, tuple[int, float]] | None = None  # fresh_stats() cache
-        self._fresh_foreign: dict[str, int] = {}  # foreign_in_flight() cache (same lifetime)
+        self._fresh_foreign: dict[str, int] = {}  # engine-derived foreign counts (same lifetime)
+        self._peers: dict[str, tuple[dict[str, int], float]] = {}  # peer -> (its counts, received)
+        self._peer_foreign: dict[str, int] | None = None  # sum over fresh peers (cache)
+        self._peer_until_s = 0.0
         self._fresh_until_s = 0.0
 
     def add_replica(self, replica_id: str) -> None:
@@ -141,8 +153,32 @@ class LoadTracker:
                                    + self._config.stats_max_age_s) if fresh else math.inf
         return self._fresh
 
+    def apply_peer_in_flight(self, peer_id: str, counts: Mapping[str, int]) -> None:
+        """Another router replica's in-flight counts (replica id -> requests), replacing its last."""
+        self._peers[peer_id] = ({r: n for r, n in counts.items() if n > 0}, self._clock())
+        self._peer_foreign = None
+
+    def fresh_peer_ids(self) -> tuple[str, ...]:
+        self.foreign_in_flight()  # drops the stale ones
+        return tuple(sorted(self._peers))
+
     def foreign_in_flight(self) -> Mapping[str, int]:
-        """Replica id -> other routers' requests in flight there (fresh snapshots only; absent = 0)."""
+        """Replica id -> other routers' requests in flight there (absent = 0): the sum of the
+        fresh peer counts when any peer published lately, else derived from fresh engine stats."""
+        now_s = self._clock()
+        if self._peers and (self._peer_foreign is None or now_s > self._peer_until_s):
+            oldest_s = now_s - self._config.peer_max_age_s
+            self._peers = {p: v for p, v in self._peers.items() if v[1] >= oldest_s}
+            total: dict[str, int] = {}
+            for counts, _ in self._peers.values():
+                for replica_id, n in counts.items():
+                    if replica_id in self._in_flight:
+                        total[replica_id] = total.get(replica_id, 0) + n
+            self._peer_foreign = total
+            self._peer_until_s = (min(t for _, t in self._peers.values()) + self._config.peer_max_age_s
+                                  if self._peers else math.inf)
+        if self._peers:
+            return self._peer_foreign
         self.fresh_stats()
         return self._fresh_foreign
 
@@ -154,5 +190,5 @@ class LoadTracker:
             num_waiting=snap.num_waiting if is_fresh else 0,
             kv_usage=snap.kv_usage if is_fresh else 0.0,
             is_stats_fresh=is_fresh,
-            num_foreign_in_flight=snap.num_foreign_in_flight if is_fresh else 0,
+            num_foreign_in_flight=self.foreign_in_flight().get(replica_id, 0),
         )

@@ -42,7 +42,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from accel.block_hash import BlockHash, hash_prompt_blocks
@@ -327,6 +327,18 @@ class RouterCore:
         """``num_reported_in_flight``: the replica's own count of requests it serves (every
         router's), when it reports one; the excess over ours counts as load (several routers)."""
         self._load.apply_stats(replica_id, stats, num_reported_in_flight)
+
+    def apply_peer_in_flight(self, peer_id: str, counts: Mapping[str, int]) -> None:
+        """Another router replica's in-flight counts per engine replica (several routers)."""
+        self._load.apply_peer_in_flight(peer_id, counts)
+
+    def peer_router_ids(self) -> tuple[str, ...]:
+        """The peer router replicas whose in-flight counts are fresh."""
+        return self._load.fresh_peer_ids()
+
+    def in_flight_counts(self) -> dict[str, int]:
+        """This router's own requests in flight per engine replica (what it publishes to peers)."""
+        return {replica_id: n for replica_id, n in self._load.in_flight.items() if n}
 
     def apply_kv_events(self, replica_id: str, events: Iterable[KVEvent]) -> None:
         """KV events of one replica, in publication order (``precise`` mode follows them)."""

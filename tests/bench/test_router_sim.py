@@ -91,8 +91,10 @@ def test_several_router_replicas_split_the_decisions_and_agree_on_the_index():
     probe = trace[0].prompt_hashes
     views = {name: r.core.index.match(probe, frozenset(ids)) for name, r in multi.routers.items()}
     assert len({tuple(sorted(v.items())) for v in views.values()}) == 1 and any(views.values())
-    # The engine's own in-flight count tells each router what the others have there.
+    # Each router publishes its in-flight counts to the others (every 0.1 s of simulated time):
+    # every router's foreign load on a replica is what the others have there.
     multi.on_stats("a", EngineStats(0, 0, 256, 256))
+    multi._tick(1000.0)
     total = sum(r.core.num_in_flight("a") for r in multi.routers.values())
     for router in multi.routers.values():
         assert router.core.load("a").num_foreign_in_flight == total - router.core.num_in_flight("a")

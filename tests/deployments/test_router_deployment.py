@@ -527,3 +527,15 @@ def test_retry_excludes_the_dead_choice():
         alone = await router.choose(dataclasses.replace(_route("q", _ids(8)), excluded_replicas=("t1", "t2")))
         assert (alone.replica_id, alone.reason) == (None, "no_replica_known")
     asyncio.run(run())
+
+
+def test_peer_router_counts_are_load_and_our_own_broadcast_is_ignored():
+    async def run():
+        router, _ = _router(policy="least_loaded", tt=[_snap("t1", "tt"), _snap("t2", "tt")], vllm=[])
+        await router.refresh()
+        await router.peer_load(router.replica_id, {"t2": 50})  # our own broadcast comes back: ignored
+        await router.peer_load("router-b", {"t1": 6})
+        picks = [(await router.choose(_route(f"r{i}"))).replica_id for i in range(5)]
+        assert picks == ["t2"] * 5  # t1 carries the peer's 6 requests
+        assert router.core.in_flight_counts() == {"t2": 5}  # what this router publishes
+    asyncio.run(run())

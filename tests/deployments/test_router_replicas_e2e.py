@@ -90,8 +90,16 @@ def app_url(serve_session, tiny_llama):
 
 
 def test_router_replicas_agree_and_conversations_stay_put(app_url):
-    router_ids = sorted(s.router_replica_id for s in _call(ROUTER, "snapshot"))
+    snapshots = _call(ROUTER, "snapshot")
+    router_ids = sorted(s.router_replica_id for s in snapshots)
     assert len(set(router_ids)) == 2
+    # Each router replica hears the other's in-flight counts (the peer load broadcast).
+    deadline = time.monotonic() + 30
+    while not all(s.peer_router_ids == tuple(r for r in router_ids if r != s.router_replica_id)
+                  for s in snapshots):
+        assert time.monotonic() < deadline, [s.peer_router_ids for s in snapshots]
+        time.sleep(0.2)
+        snapshots = _call(ROUTER, "snapshot")
     owners = _sessions_split_over(router_ids, per_router=2)
     histories = {s: _user_tokens(c, 0, 40) for c, s in enumerate(owners)}
     with httpx.Client(timeout=120) as http:

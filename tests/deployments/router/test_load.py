@@ -103,3 +103,20 @@ def test_other_routers_in_flight_counts_as_load_while_fresh():
     tracker.apply_stats("b", stats(0, 100))  # no report: nothing foreign
     clock.now_s += 6.0  # stale: the foreign count goes with the snapshot
     assert tracker.foreign_in_flight() == {} and tracker.load("a").num_foreign_in_flight == 0
+
+
+def test_fresh_peer_counts_replace_the_engine_derived_foreign_load():
+    clock = Clock()
+    tracker = LoadTracker(LoadConfig(stats_max_age_s=5.0, peer_max_age_s=1.0), clock)
+    for r in ("a", "b"):
+        tracker.add_replica(r)
+    tracker.apply_stats("a", stats(0, 100), num_reported_in_flight=9)  # stale-ish: 9 foreign on a
+    assert tracker.foreign_in_flight() == {"a": 9}
+    tracker.apply_peer_in_flight("router-2", {"a": 2, "b": 1, "gone": 5})
+    tracker.apply_peer_in_flight("router-3", {"b": 3, "a": 0})
+    assert tracker.foreign_in_flight() == {"a": 2, "b": 4}  # peers' own counts win; unknown replicas dropped
+    assert tracker.load("b").num_foreign_in_flight == 4
+    tracker.apply_peer_in_flight("router-2", {"a": 1})  # a newer round replaces the older one
+    assert tracker.foreign_in_flight() == {"a": 1, "b": 3}
+    clock.now_s += 1.5  # peers went quiet (dead, or a single router again): back to engine stats
+    assert tracker.foreign_in_flight() == {"a": 9}
