@@ -3,31 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 
 from deployments.pinned_router import PinnedReplicaRouter, replica_hint
-
-
-@dataclass
-class FakeReplicaID:
-    unique_id: str
-
-
-@dataclass
-class FakeReplica:
-    replica_id: FakeReplicaID
-
-
-@dataclass
-class FakeRoutingContext:
-    should_backoff: bool = False
-
-
-@dataclass
-class FakePending:
-    args: tuple = ()
-    kwargs: dict = field(default_factory=dict)
-    routing_context: FakeRoutingContext = field(default_factory=FakeRoutingContext)
+from tests.deployments.request_router_fakes import FakePending, fake_replicas
 
 
 def _choose(replicas, pending):
@@ -35,7 +13,7 @@ def _choose(replicas, pending):
     return asyncio.run(router.choose_replicas(replicas, pending))
 
 
-REPLICAS = [FakeReplica(FakeReplicaID(x)) for x in ("a", "b", "c")]
+REPLICAS = fake_replicas("a", "b", "c")
 
 
 def test_hint_ranks_first():

@@ -7,47 +7,16 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from dataclasses import dataclass, field
 
 from deployments.rendezvous_router import RendezvousRouter, rendezvous_order
 from deployments.route_types import RouteRequest
+from tests.deployments.request_router_fakes import FakeMetadata, FakePending, fake_replicas
 
-
-@dataclass
-class FakeReplicaID:
-    unique_id: str
-
-
-@dataclass
-class FakeReplica:
-    replica_id: FakeReplicaID
-
-
-@dataclass
-class FakeRoutingContext:
-    should_backoff: bool = False
-
-
-@dataclass
-class FakeMetadata:
-    request_id: str = ""
-
-
-@dataclass
-class FakePending:
-    args: tuple = ()
-    kwargs: dict = field(default_factory=dict)
-    routing_context: FakeRoutingContext = field(default_factory=FakeRoutingContext)
-    metadata: FakeMetadata = field(default_factory=FakeMetadata)
-
-
-def _replicas(*ids):
-    return [FakeReplica(FakeReplicaID(i)) for i in ids]
 
 
 def _ranks(replicas, pending):
     router = RendezvousRouter.__new__(RendezvousRouter)  # the ranking needs no router state
-    return [[r.replica_id.unique_id for r in rank] for rank in asyncio.run(router.choose_replicas(replicas, pending))]
+    return [[r.replica_id.unique_id for r in rank] for rank in asyncio.run(router.choosefake_replicas(replicas, pending))]
 
 
 def _route(rid, session=None, hashes=()):
@@ -63,7 +32,7 @@ def test_affinity_key_prefers_session_then_prompt_head_then_request():
 
 
 def test_every_rank_is_one_replica_in_rendezvous_order_and_the_order_is_stable():
-    replicas = _replicas("a", "b", "c")
+    replicas = fake_replicas("a", "b", "c")
     pending = FakePending(args=(_route("r1", "chat-7"),))
     ranks = _ranks(replicas, pending)
     assert sorted(sum(ranks, [])) == ["a", "b", "c"] and all(len(r) == 1 for r in ranks)
@@ -96,14 +65,14 @@ def test_removing_a_replica_moves_only_its_keys_and_adding_one_takes_a_fair_shar
 
 
 def test_release_is_pinned_to_the_issuing_replica():
-    replicas = _replicas("a", "b", "c")
+    replicas = fake_replicas("a", "b", "c")
     for issuer in ("a", "b", "c"):
         ranks = _ranks(replicas, FakePending(args=("ticket-1",), kwargs={"replica_hint": issuer}))
         assert ranks[0] == [issuer] and sorted(sum(ranks, [])) == ["a", "b", "c"]
 
 
 def test_calls_without_a_route_are_spread_and_odd_shapes_are_tolerated():
-    replicas = _replicas("a", "b", "c")
+    replicas = fake_replicas("a", "b", "c")
     firsts = {_ranks(replicas, FakePending(metadata=FakeMetadata(f"req-{i}")))[0][0] for i in range(30)}
     assert firsts == {"a", "b", "c"}
     for pending in (None, FakePending(args=(3, "x"), kwargs={"replica_hint": 17}),
