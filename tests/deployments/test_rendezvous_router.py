@@ -16,7 +16,7 @@ from tests.deployments.request_router_fakes import FakeMetadata, FakePending, fa
 
 def _ranks(replicas, pending):
     router = RendezvousRouter.__new__(RendezvousRouter)  # the ranking needs no router state
-    return [[r.replica_id.unique_id for r in rank] for rank in asyncio.run(router.choosefake_replicas(replicas, pending))]
+    return [[r.replica_id.unique_id for r in rank] for rank in asyncio.run(router.choose_replicas(replicas, pending))]
 
 
 def _route(rid, session=None, hashes=()):
