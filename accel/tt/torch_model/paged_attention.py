@@ -70,6 +70,11 @@ class AttentionMetadata:
     num_ctx_blocks: int
     num_ctx_tokens: int
     mask: torch.Tensor  # float [n, 1, G * L, C]: 0 where key j is visible (j <= position), -inf elsewhere
+    # Decode only, when rows' contexts differ a lot: (row indices int64 [k], keys to read) per group
+    # of rows whose own context rounds to the same power-of-two block count. A paged-SDPA decode
+    # kernel reads each row's own pages; reading the longest row's context for every slot made one
+    # long-context request cost every slot its length (16 slots x 1800 keys gathered per layer).
+    decode_groups: tuple[tuple[torch.Tensor, int], ...] | None = None
 
     @staticmethod
     def build(store: PagedKVStore, page_table: torch.Tensor, lanes: torch.Tensor,
@@ -95,7 +100,24 @@ class AttentionMetadata:
         if num_queries_per_kv > 1:
             mask = mask.expand(n, num_queries_per_kv, length, mask.shape[-1])
         mask = mask.reshape(n, 1, num_queries_per_kv * length, -1)
-        return AttentionMetadata(write_slots.reshape(-1), ctx_blocks.reshape(-1), num_ctx_blocks, num_ctx_tokens, mask)
+        groups = _decode_groups(positions, bs, num_ctx_blocks, num_ctx_tokens) if length == 1 else None
+        return AttentionMetadata(write_slots.reshape(-1), ctx_blocks.reshape(-1), num_ctx_blocks, num_ctx_tokens, mask,
+                                 groups)
+
+
+def _decode_groups(positions: torch.Tensor, block_size: int, num_ctx_blocks: int,
+                   num_ctx_tokens: int) -> tuple[tuple[torch.Tensor, int], ...] | None:
+    """Rows grouped by their own context (``position + 1`` keys, rounded up to a power-of-two
+    block count, at most the step's); None when one group would read (nearly) everything anyway.
+    Keys past a row's position are masked, so reading fewer of them never changes its output."""
+    by_blocks: dict[int, list[int]] = {}
+    for row, pos in enumerate(positions[:, 0].tolist()):
+        need = -(-(pos + 1) // block_size)
+        by_blocks.setdefault(min(num_ctx_blocks, 1 << (need - 1).bit_length()), []).append(row)
+    if len(by_blocks) < 2:
+        return None
+    return tuple((torch.tensor(rows, dtype=torch.int64, device=positions.device),
+                  min(num_blocks * block_size, num_ctx_tokens)) for num_blocks, rows in sorted(by_blocks.items()))
 
 
 def write_kv(store: PagedKVStore, layer: int, meta: AttentionMetadata, k: torch.Tensor,
@@ -109,6 +131,8 @@ def paged_attention(store: PagedKVStore, layer: int, meta: AttentionMetadata, q:
                     scale: float) -> torch.Tensor:
     """``q`` ``[n, L, H, D]`` over each row's pages -> ``[n, L, H * D]`` (GQA: head h reads kv h // G)."""
     n, length, num_heads, head_dim = q.shape
+    if meta.decode_groups is not None:
+        return _grouped_decode_attention(store, layer, meta, q, scale)
     k = _gather(store.keys[layer], meta.ctx_blocks, n)[:, :, :meta.num_ctx_tokens]  # [n, Hkv, C, D]
     v = _gather(store.values[layer], meta.ctx_blocks, n)[:, :, :meta.num_ctx_tokens]
     num_kv = k.shape[1]
@@ -121,6 +145,27 @@ def paged_attention(store: PagedKVStore, layer: int, meta: AttentionMetadata, q:
     qg = q.view(n, length, num_kv, group, head_dim).permute(0, 2, 3, 1, 4).reshape(n, num_kv, group * length, head_dim)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=meta.mask, scale=scale)
     return out.view(n, num_kv, group, length, head_dim).permute(0, 3, 1, 2, 4).reshape(n, length, num_heads * head_dim)
+
+
+def _grouped_decode_attention(store: PagedKVStore, layer: int, meta: AttentionMetadata, q: torch.Tensor,
+                              scale: float) -> torch.Tensor:
+    """Decode attention per ``meta.decode_groups``: each group gathers only its rows' first
+    ``num_keys`` keys (``q`` ``[n, 1, H, D]`` -> ``[n, 1, H * D]``)."""
+    n, _, num_heads, head_dim = q.shape
+    table = meta.ctx_blocks.view(n, meta.num_ctx_blocks)
+    num_kv = store.keys[layer].shape[2]
+    group = num_heads // num_kv
+    out = q.new_empty(n, 1, num_heads * head_dim)
+    for rows, num_keys in meta.decode_groups:
+        num_blocks = -(-num_keys // store.block_size)
+        blocks = table.index_select(0, rows)[:, :num_blocks].reshape(-1)
+        k = _gather(store.keys[layer], blocks, len(rows))[:, :, :num_keys]
+        v = _gather(store.values[layer], blocks, len(rows))[:, :, :num_keys]
+        mask = meta.mask.index_select(0, rows)[..., :num_keys]
+        qg = q.index_select(0, rows).view(len(rows), num_kv, group, head_dim)
+        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
+        out.index_copy_(0, rows, o.reshape(len(rows), 1, num_heads * head_dim))
+    return out
 
 
 def _gather(storage: torch.Tensor, blocks: torch.Tensor, n: int) -> torch.Tensor:
