@@ -12,11 +12,17 @@ prefill/decode disaggregation vs colocated serving under a mixed long/short load
    claim RPC). ``path`` says which. memcpy = ``clone()`` of the same tensor, measured in the same
    run. Sizes <= 16 MiB also get ``pipelined_bandwidth_vs_memcpy``: throughput with
    ``--in-flight`` overlapping hand-offs.
-2. Mixed load on two TT engines (torch mesh model, tiny Llama) either way: colocated = both engines
-   serve whole requests (least in flight); PD = one prefill engine + one decode engine, prompts
-   >= ``--pd-threshold`` tokens go prefill -> actor -> decode via ``PDOrchestrator``, shorter ones
-   straight to the decode engine. ``itl_p99_ratio`` = PD / colocated p99 gap between streamed
-   tokens (all requests); ``ttft_p50_ratio`` = PD / colocated median time to first token.
+2. Mixed load on two TT engines (torch mesh model, tiny Llama) either way, each engine in its own
+   process (a Ray actor, as a Serve replica is), pinned to its own core (``--no-pin``: unpinned)
+   with torch on one thread; fresh replicas per setup, warmed on prompts outside the workload (no
+   measured prompt is in a prefix cache). Colocated = both replicas serve whole requests (fewer
+   in flight); PD = replica A prefills, replica B decodes: prompts >= ``--pd-threshold`` tokens
+   go prefill -> actor -> decode via ``PDOrchestrator``, shorter ones straight to B. Token stamps
+   are taken in the replica as the engine emits each delta (CLOCK_MONOTONIC, comparable across
+   processes); ``client_*`` = the same stamped at the bench driver after Ray's streaming hop.
+   ``itl_p99_ratio`` = PD / colocated p99 gap between streamed tokens (all requests; p99.9 is
+   reported too); ``ttft_p50_ratio`` = PD / colocated median time to first token (request sent
+   by the driver -> first token stamped in the replica).
 Greedy outputs of every PD request are checked equal to the colocated run's.
 """
 
@@ -112,9 +118,46 @@ def _engine(model_dir: str, hooks):
     return TTMeshEngine(config, model_class=TorchMeshModel, kv_hooks=hooks)
 
 
-def _workload(args) -> list[tuple[float, tuple[int, ...], int]]:
+def _pin_process(cores: set[int]) -> None:
+    """Every thread of this process (Ray's gRPC/core-worker threads included) onto ``cores``;
+    threads started later (the engine's step loop and device queue) inherit it."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:  # a thread that just exited
+            pass
+
+
+class EngineReplica:
+    """One TT engine in its own process (a Ray actor, as a Serve replica is), optionally pinned to
+    one core, with torch on one thread. ``generate`` streams ``(delta, stamp)``: ``stamp`` =
+    ``time.perf_counter()`` (CLOCK_MONOTONIC, comparable across processes of this machine) when
+    the replica produced the delta, so token gaps are measured where the engine emits them, not
+    after Ray's per-item streaming hop to the bench driver (reported separately as ``client_*``)."""
+
+    def __init__(self, model_dir: str, app: str, core: int | None):
+        if core is not None:
+            _pin_process({core})
+        torch.set_num_threads(1)
+        from accel.tt.kv_hooks import KVTransferHooks
+        from deployments.kv_connector_client import RayKVTransport
+
+        self.engine = _engine(model_dir, KVTransferHooks(RayKVTransport(app), model_dir))
+
+    async def generate(self, request):
+        async for delta in self.engine.generate(request):
+            yield delta, time.perf_counter()
+
+    def affinity(self) -> list[int]:
+        return sorted(os.sched_getaffinity(0))
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _workload(args, seed: int | None = None) -> list[tuple[float, tuple[int, ...], int]]:
     """(arrival s, prompt, max_tokens): short chats with a few long documents mixed in."""
-    rng = random.Random(args.seed)
+    rng = random.Random(args.seed if seed is None else seed)
     items, t = [], 0.0
     for i in range(args.num_requests):
         t += rng.expovariate(args.rate)
@@ -124,72 +167,116 @@ def _workload(args) -> list[tuple[float, tuple[int, ...], int]]:
     return items
 
 
-async def _serve(workload, route) -> list[dict]:
+async def _serve(workload, route, replica_stamps: dict[str, list[float]]) -> list[dict]:
+    """Replay ``workload`` through ``route`` (request -> async iterator of deltas); the replicas
+    append their token stamps to ``replica_stamps[request_id]``."""
     from accel.contract import GenerateRequest, SamplingParams
 
     async def one(i, arrival, prompt, max_tokens, start):
         await asyncio.sleep(max(0.0, start + arrival - time.perf_counter()))
         req = GenerateRequest(f"q{i}", prompt, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
-        sent, stamps, tokens = time.perf_counter(), [], []
+        sent, client, tokens = time.perf_counter(), [], []
         async for delta in route(req):
             if delta.new_token_ids:
-                stamps.append(time.perf_counter())
+                client.append(time.perf_counter())
                 tokens.extend(delta.new_token_ids)
-        return {"ttft": stamps[0] - sent, "gaps": [b - a for a, b in zip(stamps, stamps[1:])], "tokens": tokens,
-                "is_long": len(prompt) >= 256}
+        stamps = replica_stamps.pop(req.request_id)
+        return {"ttft": stamps[0] - sent, "gaps": _gaps(stamps), "client_ttft": client[0] - sent,
+                "client_gaps": _gaps(client), "tokens": tokens, "is_long": len(prompt) >= 256}
 
     start = time.perf_counter()
     return await asyncio.gather(*(one(i, a, p, m, start) for i, (a, p, m) in enumerate(workload)))
 
 
-def mixed_load(args) -> dict:
-    from accel.tt.kv_hooks import KVTransferHooks
-    from deployments.kv_connector_client import RayKVTransport
+def _gaps(stamps: list[float]) -> list[float]:
+    return [b - a for a, b in zip(stamps, stamps[1:])]
+
+
+def _run_setup(args, model: str, workload, is_pd: bool) -> tuple[list[dict], dict, list[list[int]]]:
+    """Fresh replicas A and B (own processes, A on core 0 and B on core 1 when the machine has
+    two), warmed on prompts outside ``workload`` (nothing measured is in a prefix cache), then
+    the workload: colocated = each request to the replica with fewer in flight; PD = prompts >=
+    ``--pd-threshold`` prefill on A -> actor -> decode on B, shorter ones straight to B."""
+    import ray
+
     from deployments.pd_orchestrator import PDOrchestrator
 
+    cores = sorted(os.sched_getaffinity(0))
+    pin = [cores[0], cores[1]] if args.pin and len(cores) >= 2 else [None, None]
+    actor = ray.remote(num_cpus=0)(EngineReplica)
+    a, b = (actor.options(max_concurrency=1000).remote(model, APP, core) for core in pin)
+    stamps: dict[str, list[float]] = {}
+
+    def call(replica):
+        async def generate(req):
+            stream = replica.generate.options(num_returns="streaming").remote(req)
+            async for ref in stream:
+                delta, stamp = await ref
+                if delta.new_token_ids:
+                    stamps.setdefault(delta.request_id, []).append(stamp)
+                yield delta
+        return generate
+
+    gen_a, gen_b = call(a), call(b)
+    inflight = {"a": 0, "b": 0}
+
+    async def colocated(req):
+        name = min(inflight, key=inflight.get)
+        inflight[name] += 1
+        try:
+            async for d in (gen_a if name == "a" else gen_b)(req):
+                yield d
+        finally:
+            inflight[name] -= 1
+
+    orch = PDOrchestrator(metrics=False)
+
+    def pd(req):
+        if req.num_prompt_tokens >= args.pd_threshold:
+            return orch.stream(req, gen_a, gen_b)
+        return gen_b(req)
+
+    try:
+        affinity = ray.get([a.affinity.remote(), b.affinity.remote()])
+        warm = _workload(args, seed=args.seed + 1000)[:6]
+        for gen in (gen_a, gen_b):  # both replicas' code paths, then the PD hand-off itself
+            asyncio.run(_serve([(0.0, p, m) for _, p, m in warm], gen, stamps))
+        if is_pd:
+            asyncio.run(_serve([(0.0, p, m) for _, p, m in warm if len(p) >= args.pd_threshold], pd, stamps))
+        stamps.clear()
+        results = asyncio.run(_serve(workload, pd if is_pd else colocated, stamps))
+    finally:
+        ray.get([a.close.remote(), b.close.remote()])
+        ray.kill(a)
+        ray.kill(b)
+    return results, orch.num_recomputes, affinity
+
+
+def mixed_load(args) -> dict:
     model = str(Path(args.model).expanduser())
     workload = _workload(args)
-    hooks = KVTransferHooks(RayKVTransport(APP), model)
-    a, b = _engine(model, hooks), _engine(model, hooks)
-    try:
-        asyncio.run(_serve(workload[:4], a.generate))  # warm both engines' code paths
-        asyncio.run(_serve(workload[:4], b.generate))
-        inflight = {id(a): 0, id(b): 0}
-
-        async def colocated(req):
-            engine = min((a, b), key=lambda e: inflight[id(e)])
-            inflight[id(engine)] += 1
-            try:
-                async for d in engine.generate(req):
-                    yield d
-            finally:
-                inflight[id(engine)] -= 1
-
-        orch = PDOrchestrator(metrics=False)
-
-        def pd(req):
-            if req.num_prompt_tokens >= args.pd_threshold:
-                return orch.stream(req, a.generate, b.generate)
-            return b.generate(req)
-
-        base = asyncio.run(_serve(workload, colocated))
-        disagg = asyncio.run(_serve(workload, pd))
-    finally:
-        a.close()
-        b.close()
+    base, _, affinity = _run_setup(args, model, workload, is_pd=False)
+    disagg, recomputes, _ = _run_setup(args, model, workload, is_pd=True)
     mismatches = sum(1 for x, y in zip(base, disagg) if x["tokens"] != y["tokens"])
 
     def summary(results):
-        gaps = sorted(g for r in results for g in r["gaps"])
-        ttfts = sorted(r["ttft"] for r in results)
-        return {"itl_p50_ms": round(_pct(gaps, 50) * 1e3, 2), "itl_p99_ms": round(_pct(gaps, 99) * 1e3, 2),
-                "ttft_p50_ms": round(_pct(ttfts, 50) * 1e3, 2), "ttft_p99_ms": round(_pct(ttfts, 99) * 1e3, 2)}
+        out = {}
+        for prefix in ("", "client_"):
+            gaps = sorted(g for r in results for g in r[prefix + "gaps"])
+            ttfts = sorted(r[prefix + "ttft"] for r in results)
+            out.update({f"{prefix}itl_p50_ms": round(_pct(gaps, 50) * 1e3, 2),
+                        f"{prefix}itl_p99_ms": round(_pct(gaps, 99) * 1e3, 2),
+                        f"{prefix}itl_p999_ms": round(_pct(gaps, 99.9) * 1e3, 2),
+                        f"{prefix}ttft_p50_ms": round(_pct(ttfts, 50) * 1e3, 2),
+                        f"{prefix}ttft_p99_ms": round(_pct(ttfts, 99) * 1e3, 2)})
+        return out
 
     c, p = summary(base), summary(disagg)
     return {"colocated": c, "pd": p, "itl_p99_ratio": round(p["itl_p99_ms"] / c["itl_p99_ms"], 3),
             "ttft_p50_ratio": round(p["ttft_p50_ms"] / c["ttft_p50_ms"], 3),
+            "client_itl_p99_ratio": round(p["client_itl_p99_ms"] / c["client_itl_p99_ms"], 3),
             "num_requests": len(workload), "num_long": sum(r["is_long"] for r in base),
-            "num_output_mismatches": mismatches, "pd_recomputes": orch.num_recomputes}
+            "num_output_mismatches": mismatches, "pd_recomputes": recomputes, "replica_cores": affinity}
 
 
 def _pct(sorted_values, q):
@@ -215,6 +302,8 @@ def main() -> None:
     parser.add_argument("--pd-threshold", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-mixed", action="store_true")
+    parser.add_argument("--no-pin", dest="pin", action="store_false",
+                        help="leave the two engine replicas unpinned (default: one core each)")
     parser.add_argument("--shm-max-mib", type=int, default=64,
                         help="largest payload through the shared-memory store (0: object store only)")
     args = parser.parse_args()
