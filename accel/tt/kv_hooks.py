@@ -16,10 +16,13 @@ store), off the engine thread; then
 ``on_added`` (engine thread, the request was bound to its lane and nothing is scheduled) refuses
 another model (fingerprint, dtype, shapes) or other prompt tokens (block hashes), then writes the
 prompt's full blocks into freshly allocated blocks of the lane's pool, registers them in its prefix cache under the prompt's chained
-hashes and releases them to the cache's LRU queue. Ordinary admission takes them as a prefix hit
-(blocks reused, tokens marked computed) and prefills only the rest — at least the last prompt
-token, whose logits are needed, and any partial last block — before decoding. Blocks the lane
-already caches are not rewritten. Any failure (missing or expired transfer, dead actor,
+hashes and releases them to the cache's LRU queue, then writes the partial last block (up to,
+not including, the last prompt token) into a block the request holds and marks it preloaded.
+Admission adopts both and marks every prompt token but the last computed, so the request starts
+in a DECODE step (its last prompt token is its first decode input): a decode engine never
+interrupts its running requests with a prefill step for an imported prompt. If the cache lost a
+block in between, or there is no room for the tail block, the rest is prefilled as an ordinary
+prefix hit. Blocks the lane already caches are not rewritten. Any failure (missing or expired transfer, dead actor,
 mismatch, no free blocks) -> the prompt is prefilled locally and the actor counts a recompute.
 
 Prefix sharing (``share_prefixes=True``, the actor's host-memory prefix tier): every request that
@@ -106,9 +109,11 @@ class KVTransferHooks:
             logger.exception("KV import of %s failed, recomputing", r.req_id)
             self.transport.report_recompute("import_error")
             return
+        wanted = min(payload.descriptor.num_tokens, r.num_prompt_tokens - 1) // pool.block_size * pool.block_size
+        if num_tokens == wanted and payload.descriptor.num_tokens >= r.num_prompt_tokens - 1:
+            num_tokens += _preload_tail(r, pool, lane_kv, payload.kv, num_tokens)
         self.transport.complete(kv.transfer_id)
         self.num_imported_tokens += num_tokens
-        wanted = min(payload.descriptor.num_tokens, r.num_prompt_tokens - 1) // pool.block_size * pool.block_size
         if num_tokens < wanted:
             logger.warning("request %s: imported %d of %d transferable tokens (no room); recomputing the rest",
                            r.req_id, num_tokens, wanted)
@@ -198,6 +203,25 @@ class KVTransferHooks:
         key = lane_kv[0][0]
         return KVDescriptor.for_prompt(self.fingerprint, key.dtype, len(lane_kv), key.shape[1], key.shape[3],
                                        tokens, key.shape[2])
+
+
+def _preload_tail(r: Any, pool: Any, lane_kv: Any, kv: torch.Tensor, num_full_tokens: int) -> int:
+    """Every full block of ``r``'s prompt but the last token's is cached: write the rest of the
+    prompt's KV up to (not including) its last token — the partial last block — into a fresh block
+    of ``pool`` held by ``r`` and mark ``r`` preloaded, so admission puts it straight into decode
+    (the last prompt token is its first decode input) instead of prefilling that block. Returns
+    the tokens written (0 when there is no room for the block: ``r`` is then prefilled as usual)."""
+    num_tail = r.num_prompt_tokens - 1 - num_full_tokens  # 0 <= num_tail < block_size
+    if num_tail > 0:
+        if pool.num_free_blocks < 1:
+            return 0
+        block = pool.allocate(1)[0]
+        # A page table whose positions [num_full_tokens, +block_size) map to the new block.
+        table = [0] * (num_full_tokens // pool.block_size) + [block]
+        scatter_tt(lane_kv, table, kv[:, :, num_full_tokens:num_full_tokens + num_tail], start_token=num_full_tokens)
+        r.preloaded_block = block
+    r.is_kv_preloaded = True
+    return num_tail
 
 
 def _cache_blocks(pool: Any, lane_kv: Any, hashes: list[int], num_cached: int, kv: torch.Tensor) -> int:

@@ -43,6 +43,12 @@ class RequestState:
     num_cached_blocks: int = 0            # leading blocks registered in the prefix cache
     num_preemptions: int = 0
     num_prefix_hit_tokens: int = 0        # from the latest admission
+    # A KV import (prefill/decode disaggregation) left the prompt's KV up to, not including, its
+    # last token: full blocks in the lane's prefix cache, the partial tail in ``preloaded_block``
+    # (None when the tail is empty). Admission adopts them and the request starts in a DECODE step
+    # (its last prompt token is the decode input), never a prefill step. Cleared on admission.
+    is_kv_preloaded: bool = False
+    preloaded_block: int | None = None
     # Plain copies of request fields read on the per-step hot path.
     num_prompt_tokens: int = 0
     sampling: SamplingParams | None = None

@@ -69,9 +69,11 @@ class LaneScheduler:
     def has_prefill_intent(self) -> bool:
         if any(len(r.token_ids) + r.num_pending - r.num_computed > 1 for r in self.running):
             return True
-        return bool(self.waiting) and bool(self._free_slots)
+        return bool(self._free_slots) and any(not r.is_kv_preloaded for r in self.waiting)
 
     def has_decode_work(self) -> bool:
+        if self._free_slots and self.waiting and self.waiting[0].is_kv_preloaded:
+            return True  # admitted straight into the next decode step
         return any(self._is_decodable(r) for r in self.running)
 
     def _is_decodable(self, r: RequestState) -> bool:
@@ -92,6 +94,10 @@ class LaneScheduler:
         r.status = RequestStatus.FINISHED
 
     def _release(self, r: RequestState) -> None:
+        if r.preloaded_block is not None:  # finished or aborted before admission adopted it
+            self.pool.free([r.preloaded_block])
+            r.preloaded_block = None
+        r.is_kv_preloaded = False
         if r.block_ids:
             self.pool.free(r.block_ids)
             r.block_ids = []
@@ -133,6 +139,8 @@ class LaneScheduler:
             r = self.waiting[0]
             if r.num_pending:  # its last token is still in flight; admit it next step
                 break
+            if r.is_kv_preloaded and self._try_admit_preloaded(r):
+                continue  # no prefill row: it decodes from the next decode step on
             chunk = self._try_admit(r, budget)
             if chunk == 0:
                 break
@@ -161,6 +169,29 @@ class LaneScheduler:
         self._admit(r)
         return chunk
 
+    def _try_admit_preloaded(self, r: RequestState) -> bool:
+        """Admit ``r`` (head of ``waiting``, ``is_kv_preloaded``) with its imported KV: the full
+        blocks from the prefix cache plus the preloaded tail block, every prompt token but the
+        last computed. False when the cache no longer holds every full block (evicted since the
+        import): the preload is dropped and ``r`` is admitted the ordinary way (a prefill)."""
+        bs = self.block_size
+        r.update_block_hashes(bs)
+        num_full = (r.num_tokens - 1) // bs
+        hit = self.pool.find_cached_prefix(r.block_hashes[:num_full])
+        if len(hit) < num_full:
+            self._release(r)  # frees the tail block; r stays waiting, nothing else held
+            return False
+        self.pool.touch(hit)
+        tail = [r.preloaded_block] if r.preloaded_block is not None else []
+        r.preloaded_block, r.is_kv_preloaded = None, False
+        r.block_ids = hit + tail
+        r.block_table = tuple(r.block_ids)
+        r.num_cached_blocks = len(hit)
+        r.num_computed = r.num_prefix_hit_tokens = r.num_tokens - 1
+        self.pool.record_prefix_query(r.num_tokens, r.num_computed)
+        self._admit(r)
+        return True
+
     def _prefill_row(self, r: RequestState, chunk: int) -> RowPlan:
         start, end = r.num_computed, r.num_computed + chunk
         samples = end == r.num_tokens
@@ -176,6 +207,11 @@ class LaneScheduler:
     # ---- decode --------------------------------------------------------------------------
     def schedule_decode(self) -> LanePart:
         part = LanePart()
+        # Imported prompts join here, without a prefill step (FIFO: only from the queue's head).
+        while self._free_slots and self.waiting and self.waiting[0].is_kv_preloaded \
+                and not self.waiting[0].num_pending:
+            if not self._try_admit_preloaded(self.waiting[0]):
+                break
         lane, bs, max_len = self.lane, self.block_size, self.max_model_len
         rows = part.rows
         for r in list(self.running):  # hot path at 128 rows: properties inlined

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from accel.contract import GenerateRequest, KVTransferParams, join_token_ids
+from accel.tt.step_plan import StepMode
 from tests.accel.tt.engine_harness import greedy, make_engine, run_requests
 from tests.hf_reference import hf_greedy, hf_prompt_kv
 
@@ -83,8 +84,12 @@ def test_tt_to_tt_equals_hf_and_colocated(engines, tiny_llama, num_tokens):
     colocated = run_requests(prefill, [GenerateRequest(f"c{num_tokens}", prompt, greedy(10))])[f"c{num_tokens}"]
     assert join_token_ids(colocated) == expected
     assert _stats()["num_completed"] == before + 1
-    # The decode replica took the imported full blocks (of its own block size 32) as cached.
-    assert out[-1].num_cached_tokens == (num_tokens - 1) // 32 * 32
+    # The decode engine (its own block size, 32) took every imported token as cached — full
+    # blocks from its prefix cache, the partial tail preloaded — and never ran a prefill step for
+    # the request: its last prompt token was the input of its first decode step.
+    assert out[-1].num_cached_tokens == num_tokens - 1
+    steps = [rec.mode for rec in decode.step_log for lane in rec.lane_rows for row in lane if row[0] == f"r{num_tokens}-d"]
+    assert steps and set(steps) == {StepMode.DECODE}
 
 
 def test_payload_is_exactly_the_prefill_kv(engines, transport, tiny_llama):
@@ -147,7 +152,7 @@ def test_orchestrated_pd_equals_hf(engines, tiny_llama):
     orch, out = _orchestrated(prefill, decode, "o1", prompt)
     assert join_token_ids(out) == hf_greedy(tiny_llama, prompt, 10)
     assert orch.num_recomputes == {} and _stats()["num_completed"] == before + 1
-    assert out[-1].num_cached_tokens == 64  # (90 - 1) // 32 * 32 imported
+    assert out[-1].num_cached_tokens == 89  # every prompt token but the last imported
 
 
 def test_actor_killed_mid_transfer_request_completes(engines, tiny_llama):
@@ -160,7 +165,7 @@ def test_actor_killed_mid_transfer_request_completes(engines, tiny_llama):
     ray.kill(get_kv_connector(APP))
     orch, out = _orchestrated(prefill, decode, "o2", prompt)
     assert join_token_ids(out) == hf_greedy(tiny_llama, prompt, 10)
-    assert orch.num_recomputes == {} and out[-1].num_cached_tokens == 64
+    assert orch.num_recomputes == {} and out[-1].num_cached_tokens == 89
     # A ticket whose payload died with the application's store: the decode engine recomputes.
     get_or_create_kv_connector(APP)
     ticket, _ = _pd(prefill, decode, "o3", _prompt(79, 90))

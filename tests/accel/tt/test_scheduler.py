@@ -150,3 +150,66 @@ def test_will_finish_rows_are_not_scheduled_while_their_last_token_is_pending():
     lane.schedule_prefill()  # samples the one and only token (pending)
     assert not lane.has_decode_work()
     assert lane.schedule_decode().rows == []
+
+
+def _preload(lane, r):
+    """What ``KVTransferHooks.on_added`` leaves for an imported prompt: its full blocks (all but the
+    last token's) cached and released, its partial tail in a block the request holds."""
+    from accel.block_hash import hash_prompt_blocks
+    bs = lane.block_size
+    num_full = (r.num_tokens - 1) // bs
+    blocks = lane.pool.allocate(num_full)
+    lane.pool.cache_blocks(blocks, hash_prompt_blocks(r.token_ids[:num_full * bs], bs))
+    lane.pool.free(blocks)
+    if (r.num_tokens - 1) % bs:
+        r.preloaded_block = lane.pool.allocate(1)[0]
+    r.is_kv_preloaded = True
+    return blocks
+
+
+def test_an_imported_prompt_starts_in_a_decode_step():
+    lane = make_lane(block_size=4)
+    r = make_req("a", 11)  # 10 imported tokens: 2 full blocks + a 2-token tail block
+    full = _preload(lane, r)
+    tail = r.preloaded_block
+    lane.add(r)
+    assert not lane.has_prefill_intent() and lane.has_decode_work()
+    part = lane.schedule_decode()
+    (row,) = part.rows
+    assert (row.start_pos, row.end_pos, row.input_token_ids) == (10, 11, (r.token_ids[10],))
+    assert row.samples and row.num_output_tokens == 0
+    assert r.block_ids == full + [tail] and r.num_computed == 11 and r.num_prefix_hit_tokens == 10
+    assert r.preloaded_block is None and not r.is_kv_preloaded
+    # A prefill pass admits it too, without a row of its own (the coordinator then decodes).
+    lane2 = make_lane(block_size=4)
+    r2 = make_req("b", 9)  # 8 imported tokens: 2 full blocks, empty tail
+    _preload(lane2, r2)
+    lane2.add(r2)
+    assert lane2.schedule_prefill().rows == [] and r2.status is RequestStatus.RUNNING
+    (row2,) = lane2.schedule_decode().rows
+    assert (row2.start_pos, len(row2.block_ids)) == (8, 3)  # position 8 opens a third block
+
+
+def test_an_imported_prompt_aborted_while_waiting_frees_its_tail_block():
+    lane = make_lane(block_size=4, per_lane=1)
+    lane.add(make_req("busy", 3))
+    lane.schedule_prefill()  # takes the only slot
+    r = make_req("a", 7)
+    _preload(lane, r)
+    lane.add(r)
+    free_before = lane.pool.num_free_blocks
+    lane.finish(r)
+    assert lane.pool.num_free_blocks == free_before + 1 and r.preloaded_block is None
+
+
+def test_an_imported_prompt_whose_blocks_were_evicted_is_prefilled():
+    lane = make_lane(num_blocks=6, block_size=4)
+    r = make_req("a", 11)
+    _preload(lane, r)
+    other = lane.pool.allocate(lane.pool.num_free_blocks)  # other work evicts the cached full blocks
+    lane.pool.free(other)
+    lane.add(r)
+    part = lane.schedule_prefill()  # the prefix is gone: tail block dropped, ordinary prefill
+    assert [(row.req_id, row.start_pos) for row in part.rows] == [("a", 0)]
+    assert not r.is_kv_preloaded and r.preloaded_block is None and r.num_prefix_hit_tokens == 0
+    assert lane.pool.num_free_blocks == 6 - len(r.block_ids)  # the tail block went back
