@@ -42,6 +42,10 @@ class KVHookPoints(Protocol):
     """Where prefill/decode KV transfer attaches (engine thread; ``lane_kv`` = that lane's
     ``[layer] = [K, V]`` from ``allocate_kv_cache``; block ids are lane-local)."""
 
+    def may_import(self, r: RequestState) -> bool:
+        """Whether ``on_added`` may write KV for ``r`` (the engine then lets in-flight steps
+        finish first; for other requests it does not wait)."""
+
     def on_added(self, r: RequestState, pool: BlockPool, lane_kv: Any) -> None:
         """``r`` was bound to its lane and nothing is scheduled yet: an import can allocate blocks
         in ``pool``, write the KV, ``cache_blocks`` them under ``r``'s prompt hashes and free them;
@@ -88,7 +92,7 @@ class EngineCore:
             raise ValueError(f"request id {r.req_id!r} is already in the engine")
         self.requests[r.req_id] = r
         self.coordinator.add_request(r)
-        if self.kv_hooks is not None:
+        if self.kv_hooks is not None and self.kv_hooks.may_import(r):
             # An import writes KV from the host: let the in-flight step (which may still write
             # recently freed blocks) finish first. Its result stays queued for the next step.
             self.queue.wait_idle()

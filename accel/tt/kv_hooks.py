@@ -94,6 +94,10 @@ class KVTransferHooks:
         return kv_params.exported(transfer_id, len(tokens))
 
     # ---- import -------------------------------------------------------------------------
+    def may_import(self, r: Any) -> bool:
+        kv = r.request.kv_transfer
+        return self.share_prefixes or (kv is not None and kv.do_remote_prefill and bool(kv.transfer_id))
+
     def on_added(self, r: Any, pool: Any, lane_kv: Any) -> None:
         kv = r.request.kv_transfer
         if kv is None or not kv.do_remote_prefill or not kv.transfer_id:

@@ -269,11 +269,14 @@ class CellTransferHooks:
                                    for p in range(r.num_prompt_tokens)}
         return KVTransferParams(do_remote_decode=True, transfer_id=f"t-{r.req_id}", num_tokens=r.num_prompt_tokens)
 
-    def on_added(self, r, pool, lane_kv):
+    def may_import(self, r):
         kv = r.request.kv_transfer
-        if kv is None or not kv.do_remote_prefill:
+        return kv is not None and kv.do_remote_prefill
+
+    def on_added(self, r, pool, lane_kv):
+        if not self.may_import(r):
             return
-        cells, bs = self.exported[kv.transfer_id[2:]], self.block_size
+        cells, bs = self.exported[r.request.kv_transfer.transfer_id[2:]], self.block_size
         r.update_block_hashes(bs)
         num_full = r.num_prompt_tokens // bs
         blocks = pool.allocate(num_full)
@@ -292,6 +295,9 @@ def test_kv_hook_points_export_and_import(tiny_llama):
         additional_config={"tt": {"sample_on_device_mode": "all"}})),
         model_class=ScriptedMeshModel, keep_step_log=True, kv_hooks=hooks)
     hooks.model = engine.model
+    waits = []
+    wait_idle = engine.core.queue.wait_idle
+    engine.core.queue.wait_idle = lambda: (waits.append(1), wait_idle())[1]
     try:
         prompt = prompt_of(8, 50)
         pre = run_requests(engine, [GenerateRequest("pre", prompt, greedy(1),
@@ -309,6 +315,8 @@ def test_kv_hook_points_export_and_import(tiny_llama):
         computed = sum(n for rec in engine.step_log if rec.mode is StepMode.PREFILL
                        for rows in rec.lane_rows for rid, _, n in rows if rid == "dec")
         assert computed == 2
+        # Only the import waited for in-flight steps; the export request was added without waiting.
+        assert len(waits) == 1
         assert_pool_full(engine)
     finally:
         engine.close()
