@@ -44,7 +44,9 @@ that crashed never releases).
 Every method Serve calls is ``async``: they all run on the replica's event loop, one at a time
 between awaits, so ``RouterCore`` (not thread-safe) is never entered from Serve's thread pool.
 
-A plain class; the builder turns it into a Serve deployment and binds the pool handles.
+A plain class; the builder turns it into a Serve deployment and binds the pool handles. What the
+polls and Serve's pushes say about the engine replicas is kept and applied to the core by
+``deployments.router_engine_view.EngineView`` (``self.engines``).
 """
 
 from __future__ import annotations
@@ -56,16 +58,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deployments.engine_replica import current_replica_id
-from deployments.kv_event_log import KVCursor
-from deployments.pd_pairing import pairing_problem
 from deployments.route_types import (
-    IndexView, PoolInfo, ReplicaSnapshot, ReplicaView, RouteDecision, RouteRequest, RouterSnapshot,
-    eligible_pools, routing_block_size,
+    IndexView, PoolInfo, ReplicaView, RouteDecision, RouteRequest, RouterSnapshot, eligible_pools,
 )
 from deployments.router.load import PEER_LOAD_PERIOD_S
-from deployments.router.router_core import (
-    NoReplicaError, ReplicaInfo, ReplicaRole, RequestInfo, RouterConfig, RouterCore,
-)
+from deployments.router.router_core import NoReplicaError, RequestInfo, RouterConfig, RouterCore
+from deployments.router_engine_view import EngineView
 
 logger = logging.getLogger(__name__)
 
@@ -82,9 +80,6 @@ class RouterDeployment:
         self.replica_id = current_replica_id()
         self._num_router_replicas = num_router_replicas
         self._pools = tuple(pools)
-        self._pool_by_name = {p.name: p for p in self._pools}
-        # model -> block size of its prefix hashes (what the ingress hashes prompts at)
-        self._block_sizes = {p.model: routing_block_size(self._pools, p.model) for p in self._pools}
         self._handles = dict(pool_handles)
         self._period_s = stats_period_s
         self._ticket_ttl_s = ticket_ttl_s
@@ -94,14 +89,7 @@ class RouterDeployment:
             block_size=min((p.block_size for p in self._pools), default=base.block_size),
             pd_min_prompt_tokens=NO_PD if pd_threshold_tokens is None else pd_threshold_tokens,
             weights=base.weights, sessions=base.sessions, load=base.load))
-        self._roles = {p.name: _core_role(p, self._pools, pd_threshold_tokens) for p in self._pools}
-        self._replica_pool: dict[str, str] = {}  # replica id -> pool name (known to the core)
-        # replica id -> this router's cursor into its KV event log (precise replicas only)
-        self._cursors: dict[str, KVCursor] = {}
-        self._actor_replica: dict[str, str] = {}  # Ray actor id -> replica id
-        # replica id -> when the ingress reported it dead; answers of polls sent before are ignored
-        self._dead_since_s: dict[str, float] = {}
-        self._capacity: dict[str, int] = {}  # replica id -> index capacity in routing blocks
+        self.engines = EngineView(self._core, self._pools, pd_threshold_tokens)
         # ticket -> (request id, replica id or None, is prefill ticket, issue time)
         self._tickets: dict[str, tuple[str, str | None, bool, float]] = {}
         self._poller: asyncio.Task | None = None
@@ -123,8 +111,8 @@ class RouterDeployment:
         return self.decide(request)
 
     def _has_unseen_pool(self, model: str) -> bool:
-        known = set(self._replica_pool.values())
-        return any(p.model == model and self._roles[p.name] is not None and p.name not in known
+        known = set(self.engines.replica_pool.values())
+        return any(p.model == model and self.engines.is_routed(p.name) and p.name not in known
                    for p in self._pools)
 
     def _refresh_task(self) -> asyncio.Task:
@@ -134,16 +122,17 @@ class RouterDeployment:
 
     def decide(self, request: RouteRequest) -> RouteDecision:
         allowed_pools = eligible_pools(request, self._pools)  # RoutingError -> the ingress's 400
+        replica_pool = self.engines.replica_pool
         allowed = None
         if request.pool is not None:
-            allowed = frozenset(r for r, p in self._replica_pool.items() if p == request.pool)
+            allowed = frozenset(self.engines.replicas_of(request.pool))
         if request.excluded_replicas:
-            allowed = (allowed if allowed is not None else frozenset(self._replica_pool)) \
+            allowed = (allowed if allowed is not None else frozenset(replica_pool)) \
                 - frozenset(request.excluded_replicas)
         info = RequestInfo(request.request_id, request.model, session_key=request.session_id,
                            block_hashes=tuple(request.prompt_block_hashes),
                            num_prompt_tokens_hint=request.num_prompt_tokens, allowed_replicas=allowed,
-                           block_size=self._block_sizes[request.model])
+                           block_size=self.engines.block_sizes[request.model])
         try:
             decision = self._core.route(info)
         except NoReplicaError:  # none known yet (startup): the pool's handle picks
@@ -151,7 +140,7 @@ class RouterDeployment:
             self._count(pool, "no_replica_known")
             return RouteDecision(pool=pool, replica_id=None, ticket="", reason="no_replica_known",
                                  router_replica_id=self.replica_id)
-        pool = self._replica_pool[decision.replica_id]
+        pool = replica_pool[decision.replica_id]
         ticket = self._issue(request.request_id, decision.replica_id, is_prefill=False)
         if decision.prefill_replica_id is None:
             reason = "pinned" if request.pool is not None else decision.reason
@@ -161,7 +150,7 @@ class RouterDeployment:
         prefill = decision.prefill_replica_id
         self._count(pool, "prefill_decode")
         return RouteDecision(pool=pool, replica_id=decision.replica_id, ticket=ticket, reason="prefill_decode",
-                             prefill_pool=self._replica_pool[prefill], prefill_replica_id=prefill,
+                             prefill_pool=replica_pool[prefill], prefill_replica_id=prefill,
                              prefill_ticket=self._issue(request.request_id, prefill, is_prefill=True),
                              router_replica_id=self.replica_id)
 
@@ -190,8 +179,8 @@ class RouterDeployment:
 
     async def snapshot(self) -> RouterSnapshot:
         self._ensure_poller()
-        views = tuple(ReplicaView(rid, self._replica_pool[rid], self._core.load(rid))
-                      for rid in sorted(self._replica_pool))
+        replica_pool = self.engines.replica_pool
+        views = tuple(ReplicaView(rid, replica_pool[rid], self._core.load(rid)) for rid in sorted(replica_pool))
         return RouterSnapshot(replicas=views, num_open_tickets=len(self._tickets),
                               router_replica_id=self.replica_id, peer_router_ids=self._core.peer_router_ids())
 
@@ -205,7 +194,7 @@ class RouterDeployment:
         index = self._core.index
         held = tuple(sorted(
             (rid, tuple(h for h in probe_hashes if index.holds(rid, h)), index.num_blocks(rid))
-            for rid in self._replica_pool))
+            for rid in self.engines.replica_pool))
         return IndexView(router_replica_id=self.replica_id, replicas=held)
 
     @property
@@ -216,81 +205,32 @@ class RouterDeployment:
 
     async def refresh(self) -> None:
         """Poll every pool once (also what the background loop does)."""
+        engines = self.engines
         seen: set[str] = set()
         started_s = time.monotonic()
         for pool in self._pools:
             handle = self._handles.get(pool.name)
-            if handle is None or self._roles[pool.name] is None:
+            if handle is None or not engines.is_routed(pool.name):
                 continue
             try:
                 results = await asyncio.wait_for(
-                    handle.broadcast("routing_snapshot", dict(self._cursors)).results_async(
+                    handle.broadcast("routing_snapshot", dict(engines.cursors)).results_async(
                         return_exceptions=True),
                     timeout=max(1.0, 4 * self._period_s))
             except Exception as exc:  # a pool still deploying or gone: keep the others
                 logger.debug("router: polling pool %s failed: %r", pool.name, exc)
                 # Keep its replicas and cursors: a lost answer is re-read from the same cursor.
-                seen |= {r for r, p in self._replica_pool.items() if p == pool.name}
+                seen |= engines.replicas_of(pool.name)
                 continue
-            for snap in results:
-                if isinstance(snap, ReplicaSnapshot) and self._dead_since_s.get(snap.replica_id, -1.0) < started_s:
-                    self.apply_snapshot(snap)
-                    seen.add(snap.replica_id)
-        for replica_id in set(self._replica_pool) - seen:
-            self.remove_replica(replica_id)
-        self._dead_since_s = {r: t for r, t in self._dead_since_s.items() if t >= started_s}
+            seen |= engines.apply_poll(results, started_s)
+        for replica_id in set(engines.replica_pool) - seen:
+            engines.remove(replica_id)
+        engines.end_poll_round(started_s)
         self._expire_tickets()
         if self._metrics is not None:
+            counts = engines.num_replicas_by_pool()
             for pool in self._pools:
-                self._metrics.known_replicas.set(
-                    sum(1 for p in self._replica_pool.values() if p == pool.name), {"pool": pool.name})
-
-    def apply_snapshot(self, snap: ReplicaSnapshot) -> None:
-        """One replica's poll answer: membership, stats and KV state."""
-        pool = self._pool_by_name.get(snap.pool)
-        role = self._roles.get(snap.pool)
-        if pool is None or role is None:
-            return
-        rid = snap.replica_id
-        model_bs = self._block_sizes[pool.model]
-        is_precise = snap.publishes_kv_events and snap.block_size == model_bs
-        engine_bs = snap.block_size or self._core.config.block_size
-        num_blocks = max(1, snap.stats.num_kv_blocks_total * engine_bs // model_bs)
-        if self._capacity.get(rid) != num_blocks:  # new, or its KV capacity became known / changed
-            self._core.add_replica(ReplicaInfo(rid, (pool.model,), num_blocks, role, publishes_kv_events=is_precise))
-            self._replica_pool[rid] = pool.name
-            self._capacity[rid] = num_blocks
-        if snap.actor_id:
-            self._actor_replica[snap.actor_id] = rid
-        # Requests other routers (and ingress fallbacks) have on the replica count as load: the
-        # replica's own in-flight count minus what this router has dispatched there.
-        self._core.apply_stats(rid, snap.stats, snap.num_inflight)
-        if is_precise and snap.kv_cursor is not None:
-            self._apply_kv_state(rid, snap)
-
-    def _apply_kv_state(self, rid: str, snap: ReplicaSnapshot) -> None:
-        """Follow the replica's KV event log from this router's cursor. An answer to an older
-        cursor (two polls in flight at once) is ignored; the next poll reads from the cursor."""
-        cursor, new = self._cursors.get(rid), snap.kv_cursor
-        is_same_log = cursor is not None and cursor.log_id == new.log_id
-        if snap.kv_blocks is not None:
-            if is_same_log and cursor.seq >= new.seq:
-                return  # this router is already past that snapshot
-            self._core.apply_snapshot(rid, snap.kv_blocks)
-            self._cursors[rid] = new
-        elif is_same_log and cursor.seq == snap.kv_from_seq:
-            if snap.kv_events:
-                self._core.apply_kv_events(rid, snap.kv_events)
-            self._cursors[rid] = new
-
-    def remove_replica(self, replica_id: str) -> None:
-        """The replica is gone: no more routing there; its index, sessions and load drop now."""
-        self._core.remove_replica(replica_id)
-        self._replica_pool.pop(replica_id, None)
-        self._capacity.pop(replica_id, None)
-        self._cursors.pop(replica_id, None)
-        for actor_id in [a for a, r in self._actor_replica.items() if r == replica_id]:
-            del self._actor_replica[actor_id]
+                self._metrics.known_replicas.set(counts.get(pool.name, 0), {"pool": pool.name})
 
     async def peer_load(self, router_replica_id: str, counts: Mapping[str, int]) -> None:
         """A peer router replica's requests in flight per engine replica (broadcast every
@@ -324,25 +264,21 @@ class RouterDeployment:
         the replica exactly when this router knows it; else ``replica_id`` (the replica the
         decision named). Answers of polls already under way are ignored; a later poll re-adds
         the replica if it answers."""
-        rid = self._actor_replica.get(actor_id) if actor_id else None
-        rid = rid or replica_id
-        if rid is None or rid not in self._replica_pool:
+        rid = self.engines.replica_of_actor(actor_id) or replica_id
+        if rid is None or rid not in self.engines.replica_pool:
             return
         logger.warning("router: engine replica %s reported dead; removed", rid)
-        self._dead_since_s[rid] = time.monotonic()
-        self.remove_replica(rid)
+        self.engines.drop(rid)
 
     def on_membership(self, pool_name: str, running_ids: frozenset[str]) -> None:
         """Serve pushed the running replicas of a pool (``deployments.replica_membership``):
         replicas no longer running are removed at once (answers of polls sent before are ignored);
         new ones trigger a poll now, which adds them with their stats and KV state."""
-        known = {r for r, p in self._replica_pool.items() if p == pool_name}
-        now_s = time.monotonic()
+        known = self.engines.replicas_of(pool_name)
         for rid in known - running_ids:
             logger.info("router: engine replica %s left pool %s; removed", rid, pool_name)
-            self._dead_since_s[rid] = now_s
-            self.remove_replica(rid)
-        if running_ids - known and self._roles.get(pool_name) is not None:
+            self.engines.drop(rid)
+        if running_ids - known and self.engines.is_routed(pool_name):
             self._refresh_task()
 
     def _subscribe_membership(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -351,7 +287,7 @@ class RouterDeployment:
         for pool in self._pools:
             handle = self._handles.get(pool.name)
             app_name, name = getattr(handle, "app_name", None), getattr(handle, "deployment_name", None)
-            if self._roles[pool.name] is None or not isinstance(name, str) or not isinstance(app_name, str):
+            if not self.engines.is_routed(pool.name) or not isinstance(name, str) or not isinstance(app_name, str):
                 continue
 
             def listener(ids: frozenset[str], pool_name: str = pool.name) -> None:
@@ -411,17 +347,3 @@ class RouterDeployment:
                 logger.exception("router: refresh failed")
             await asyncio.sleep(self._period_s)
 
-
-def _core_role(pool: PoolInfo, pools: Sequence[PoolInfo], pd_threshold_tokens: int | None) -> ReplicaRole | None:
-    """The role the core gives a pool's replicas; None = not routed by the core.
-
-    Prefill pools take part only with PD on, when every prefill and decode pool of their model
-    shares one KV path (``deployments.pd_pairing``: TPU engines hand KV only to TPU engines that
-    load the same connector); otherwise their model's requests run whole on the decode pool."""
-    if pool.role == "both":
-        return ReplicaRole.BOTH
-    if pool.role == "decode":
-        return ReplicaRole.DECODE
-    if pd_threshold_tokens is None or pairing_problem(pool, pools) is not None:
-        return None
-    return ReplicaRole.PREFILL

@@ -75,14 +75,14 @@ def test_router_deployment_applies_membership_on_its_loop():
         router.refresh = fake_refresh
         router._ensure_poller()
         await asyncio.sleep(0)
-        router._replica_pool.update({"r1": "tt", "r2": "tt"})
+        router.engines.replica_pool.update({"r1": "tt", "r2": "tt"})
         # Serve's router thread publishes: r2 is gone, r3 is new.
         thread = threading.Thread(target=replica_membership.publish,
                                   args=("app-m4", "tt-pool", frozenset({"r1", "r3"})))
         thread.start()
         thread.join()
         await asyncio.sleep(0.05)
-        assert set(router._replica_pool) == {"r1"}  # r2 removed at once; r3 comes with the poll
+        assert set(router.engines.replica_pool) == {"r1"}  # r2 removed at once; r3 comes with the poll
         assert len(polls) >= 2  # the periodic poll's first round + one for the new replica
         router._poller.cancel()
     asyncio.run(run())
