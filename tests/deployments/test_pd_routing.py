@@ -11,24 +11,24 @@ from deployments.engine_client import EngineClient
 from deployments.route_types import PoolInfo, ReplicaSnapshot, RouteRequest
 from deployments.router_deployment import RouterDeployment
 from tests.deployments.test_engine_client import FakePoolHandle, FakeRouterHandle, FakeStream
-from tests.deployments.test_router_deployment import FakePoolHandle as FakePolledPool
+from tests.deployments.router_fakes import FakePoolHandle as FakePolledPool
 
 POOLS = (PoolInfo("pre", "m", "tt", "cpu", "prefill"), PoolInfo("dec", "m", "vllm", "cpu", "decode"),
          PoolInfo("other", "m2", "tt", "cpu", "both"))
 
 
-def _snap(rid, pool):
+def make_snap(rid, pool):
     return ReplicaSnapshot(rid, pool, EngineStats(0, 0, 8, 8), 0, 16)
 
 
 async def _pd_router(pools, threshold=64):
-    handles = {p.name: FakePolledPool([_snap(f"{p.name}1", p.name)]) for p in pools}
+    handles = {p.name: FakePolledPool([make_snap(f"{p.name}1", p.name)]) for p in pools}
     router = RouterDeployment(pools, handles, stats_period_s=60, pd_threshold_tokens=threshold)
     await router.refresh()
     return router
 
 
-async def _inflight(router):
+async def in_flight_counts(router):
     return {v.replica_id: v.load.num_in_flight for v in (await router.snapshot()).replicas}
 
 
@@ -38,9 +38,9 @@ def test_router_deployment_decides_pd_and_counts_both_replicas():
         long = await router.choose(RouteRequest("a", "m", 64))
         assert (long.prefill_pool, long.prefill_replica_id, long.pool, long.replica_id) == ("pre", "pre1", "dec", "dec1")
         assert long.reason == "prefill_decode" and long.prefill_ticket
-        assert await _inflight(router) == {"pre1": 1, "dec1": 1, "other1": 0}
+        assert await in_flight_counts(router) == {"pre1": 1, "dec1": 1, "other1": 0}
         await router.release(long.prefill_ticket)  # prefill done: only the decode replica stays busy
-        assert await _inflight(router) == {"pre1": 0, "dec1": 1, "other1": 0}
+        assert await in_flight_counts(router) == {"pre1": 0, "dec1": 1, "other1": 0}
         await router.release(long.ticket)
         short = await router.choose(RouteRequest("b", "m", 10))
         assert short.prefill_pool is None and short.pool == "dec"  # the decode pool prefills short prompts
