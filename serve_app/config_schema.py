@@ -117,7 +117,7 @@ class RouterArgs(_Strict):
     stats_max_age_s: float = Field(default=5.0, gt=0)
     # Router replicas. Several agree: each follows every engine's KV event log (identical precise
     # indexes); a session's requests go to one of them by rendezvous hashing (its binding and
-    # in-flight cap live there); each adds what the others have in flight from engine reports.
+    # in-flight cap live there); each broadcasts its in-flight counts to the others every 0.1 s.
     replicas: int = Field(default=1, ge=1)
     num_cpus: float = Field(default=0.0, ge=0)
     # How often the router polls every engine replica's stats (membership + load).
