@@ -101,6 +101,11 @@ class MeshBackend:
     def load_model(self, hf_config: Any, max_batch_size: int, **optional: Any) -> Any:
         """A ``MeshModel``: the torch program, or a tt-metal generator behind ``TtnnMeshModel``."""
         model = load_mesh_model(self.model_class(hf_config), hf_config, self.mesh_device, max_batch_size, **optional)
+        return self.adapt(model)
+
+    def adapt(self, model: Any) -> Any:
+        """What the engine drives: a ttnn model behind ``TtnnMeshModel`` (device events with
+        ``synchronize``), any other as it is."""
         return TtnnMeshModel(model, self.ttnn) if self.kind == BACKEND_TTNN else model
 
     def close(self) -> None:

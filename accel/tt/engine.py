@@ -60,7 +60,7 @@ class TTMeshEngine:
         check_model_capabilities(config, capabilities)
         self.enable_prefix_caching = (bool(capabilities.get(SUPPORTS_PREFIX_CACHING, False))
                                       if config.enable_prefix_caching is None else config.enable_prefix_caching)
-        self.model = build_model(model_cls, self._hf_config, self._mesh_device, config)
+        self.model = build_model(model_cls, self._hf_config, self._backend, config)
         self.vocab_size = int(self._hf_config.vocab_size)
         self.num_blocks_per_lane = num_blocks_per_lane(model_cls, config)
         kv_shape = kv_block_shape(self._hf_config, config, self.num_blocks_per_lane,
@@ -322,10 +322,6 @@ class TTMeshEngine:
         if kv is not None and (kv.do_remote_decode or kv.do_remote_prefill) and self.core.kv_hooks is None:
             raise InvalidRequestError("kv_transfer_params",
                                       "KV export/import is not supported by the TT mesh engine yet")
-
-    @property
-    def _mesh_device(self) -> Any:
-        return getattr(self._backend, "mesh_device", None)
 
 
 def _merge(items: list[NewTokens]) -> tuple[list[int], list | None]:

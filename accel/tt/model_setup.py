@@ -26,14 +26,16 @@ def open_default_backend(config: TTEngineConfig) -> Any:
     return open_backend("auto", MeshDeviceConfig.from_tt_options(config.tt))
 
 
-def build_model(model_cls: type, hf_config: Any, mesh_device: Any, config: TTEngineConfig) -> Any:
+def build_model(model_cls: type, hf_config: Any, backend: Any, config: TTEngineConfig) -> Any:
+    """``model_cls`` on ``backend``'s mesh (None: no backend, an injected model class), adapted
+    for the engine by the backend (``MeshBackend.adapt``: ttnn models get their event adapter)."""
+    from accel.tt.backend import load_mesh_model
+
     optional = {"max_seq_len": config.max_model_len, "tt_data_parallel": config.num_lanes,
                 "optimizations": config.tt.optimizations}
-    try:
-        from accel.tt.backend import load_mesh_model
-    except ImportError:  # the backend module is optional for injected model classes
-        return model_cls.initialize_vllm_model(hf_config, mesh_device, config.max_num_seqs_global, **optional)
-    return load_mesh_model(model_cls, hf_config, mesh_device, config.max_num_seqs_global, **optional)
+    mesh_device = getattr(backend, "mesh_device", None)
+    model = load_mesh_model(model_cls, hf_config, mesh_device, config.max_num_seqs_global, **optional)
+    return backend.adapt(model) if backend is not None else model
 
 
 def num_blocks_per_lane(model_cls: type, config: TTEngineConfig) -> int:

@@ -60,3 +60,29 @@ def test_torch_engine_stores_kv_in_the_requested_dtype(tiny_llama):
     finally:
         import asyncio
         asyncio.run(engine.shutdown())
+
+
+def test_the_engine_drives_a_ttnn_model_through_its_event_adapter(ttnn_stub, tiny_llama):
+    """On a mesh the engine gets ``TtnnMeshModel`` (device events with ``synchronize``), the same
+    object ``MeshBackend.load_model`` gives, not the raw tt-metal model."""
+    from accel.contract import GenerateRequest
+    from accel.tt.backend import TtnnMeshModel
+    from accel.tt.engine import TTMeshEngine
+
+    from .engine_harness import greedy, run_requests, tokens_of
+
+    ttnn = ttnn_stub
+    ttnn._stub_simulate(8, ttnn.cluster.ClusterType.T3K)
+    registry = build_registry(extra_models_dir=str(EXTRA_MODELS_DIR), include_builtins=True)
+    backend = open_backend("ttnn", MeshDeviceConfig(grid=(1, 8), dispatch_core_axis="row"), registry=registry)
+    config = TTEngineConfig.from_engine_args(dict(
+        model=str(tiny_llama), max_num_seqs=2, data_parallel_size=4, block_size=32, max_model_len=256,
+        async_scheduling=True, additional_config={"tt": {"enable_model_warmup": False}}))
+    engine = TTMeshEngine(config, backend=backend)
+    try:
+        assert isinstance(engine.model, TtnnMeshModel)
+        assert engine.model._model.kv_dtype is ttnn.bfloat8_b
+        out = run_requests(engine, [GenerateRequest("r", (5, 6, 7), greedy(4))])["r"]
+        assert len(tokens_of(out)) == 4
+    finally:
+        engine.close()
