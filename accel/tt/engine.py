@@ -287,10 +287,11 @@ class TTMeshEngine:
                 pass
 
     def _snapshot(self) -> EngineStats:
-        lanes = self.core.coordinator.lanes
+        coordinator = self.core.coordinator
+        lanes = coordinator.lanes
         return EngineStats(
-            num_waiting=sum(len(lane.waiting) for lane in lanes),
-            num_running=sum(len(lane.running) for lane in lanes),
+            num_waiting=coordinator.num_waiting,
+            num_running=coordinator.num_running,
             num_kv_blocks_total=self.num_blocks_per_lane * self.config.num_lanes,
             num_kv_blocks_free=sum(lane.pool.num_free_blocks for lane in lanes),
             prefix_cache_queries=sum(lane.pool.prefix_cache_queries for lane in lanes),

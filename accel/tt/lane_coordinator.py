@@ -34,10 +34,6 @@ class LaneCoordinator:
         self._finished_since_plan: set[str] = set()
 
     @property
-    def num_lanes(self) -> int:
-        return len(self.lanes)
-
-    @property
     def num_waiting(self) -> int:
         return sum(len(lane.waiting) for lane in self.lanes)
 

@@ -11,7 +11,6 @@ program returns logits and ``host_sampler`` samples the rows that emit a token.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -107,7 +106,6 @@ class MeshRunner:
         self.eos_token_ids = eos_token_ids
         self.vocab_size = vocab_size
         self.num_dispatches = 0
-        self.device_wait_s = 0.0  # host time blocked on the mesh (prefill calls, decode read-back)
         self._generator = torch.Generator()
         self._generator.manual_seed(config.seed)
         capacity = config.max_num_seqs_global
@@ -210,12 +208,9 @@ class MeshRunner:
         out, events = self.model.read_decode_output(out, async_read=True)
 
         def wait() -> Any:
-            started = time.perf_counter()
             for event in events:
                 event.synchronize()
-            host_out = self.model.process_decode_output_host(out, is_tokens=use_device)
-            self.device_wait_s += time.perf_counter() - started
-            return host_out
+            return self.model.process_decode_output_host(out, is_tokens=use_device)
 
         slots = [r.row for r in rows]
         return PendingStep(prepared.plan, wait, lambda host_out: self._result(rows, slots, host_out, use_device),
@@ -232,12 +227,10 @@ class MeshRunner:
         kwargs: dict[str, Any] = {}
         if use_device:
             kwargs["sampling_params"] = self._sampling_params(rows, n, by_slot=False)
-        started = time.perf_counter()
         out = self.model.prefill_forward(
             tokens=tokens, page_table=page_table, kv_cache=self.kv_cache,
             prompt_lens=[r.end_pos for r in rows], start_pos=[r.start_pos for r in rows],
             empty_slots=[r.row for r in rows], enable_trace=self._prefill_trace, **kwargs)
-        self.device_wait_s += time.perf_counter() - started
         if not use_device:
             out = torch.as_tensor(out).reshape(n, -1)  # [n, 1, vocab] -> [n, vocab]
         result = self._result(rows, list(range(n)), out, use_device)

@@ -159,15 +159,19 @@ class LaneScheduler:
         num_new = -(-(num_hit_tokens + chunk) // self.block_size) - len(hit)
         if num_new > self.pool.num_free_after_touch(hit):
             return 0
-        self.pool.touch(hit)
-        r.block_ids = hit + self.pool.allocate(num_new)
+        self.pool.touch(hit)  # before allocating: the hit must not be evicted for the new blocks
+        self._adopt(r, hit, self.pool.allocate(num_new), num_hit_tokens)
+        return chunk
+
+    def _adopt(self, r: RequestState, hit: list[int], more_blocks: list[int], num_computed: int) -> None:
+        """Admit ``r`` holding the prefix-cache ``hit`` (already touched) plus ``more_blocks``, its
+        first ``num_computed`` tokens' KV present (counted as prefix hits)."""
+        r.block_ids = hit + more_blocks
         r.block_table = tuple(r.block_ids)
         r.num_cached_blocks = len(hit)
-        r.num_computed = num_hit_tokens
-        r.num_prefix_hit_tokens = num_hit_tokens
-        self.pool.record_prefix_query(r.num_tokens, num_hit_tokens)
+        r.num_computed = r.num_prefix_hit_tokens = num_computed
+        self.pool.record_prefix_query(r.num_tokens, num_computed)
         self._admit(r)
-        return chunk
 
     def _try_admit_preloaded(self, r: RequestState) -> bool:
         """Admit ``r`` (head of ``waiting``, ``is_kv_preloaded``) with its imported KV: the full
@@ -184,12 +188,7 @@ class LaneScheduler:
         self.pool.touch(hit)
         tail = [r.preloaded_block] if r.preloaded_block is not None else []
         r.preloaded_block, r.is_kv_preloaded = None, False
-        r.block_ids = hit + tail
-        r.block_table = tuple(r.block_ids)
-        r.num_cached_blocks = len(hit)
-        r.num_computed = r.num_prefix_hit_tokens = r.num_tokens - 1
-        self.pool.record_prefix_query(r.num_tokens, r.num_computed)
-        self._admit(r)
+        self._adopt(r, hit, tail, r.num_tokens - 1)
         return True
 
     def _prefill_row(self, r: RequestState, chunk: int) -> RowPlan:
@@ -228,7 +227,7 @@ class LaneScheduler:
             if pos // bs >= len(r.block_ids) and not self._reserve(r, pos + 1, part):
                 continue
             token = r.token_ids[pos] if pos < num_known else PENDING_TOKEN
-            history = _history(r) if r.sampling.has_penalties else None
+            history = _history(r)
             rows.append(RowPlan(r.req_id, lane, r.slot, pos, pos + 1, (token,), r.block_table, True,
                                 r.sampling, num_known + num_pending - r.num_prompt_tokens, history))
             r.num_computed = pos + 1

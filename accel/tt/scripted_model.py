@@ -28,6 +28,7 @@ import torch
 
 from accel.tt.mesh_model import (SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING,
                                  SUPPORTS_SAMPLE_ON_DEVICE, SampledOutput, TTSamplingParams)
+from accel.tt.torch_model.device_queue import FutureEvent
 
 _MOD = 1_000_003
 _FIRST_TOKEN = 3
@@ -47,14 +48,6 @@ def expected_tokens(prompt: Sequence[int], num_new: int, vocab_size: int) -> lis
         out.append(token)
         h = _advance(h, token)
     return out
-
-
-@dataclass(frozen=True)
-class _FutureEvent:
-    future: Future
-
-    def synchronize(self) -> None:
-        self.future.result()
 
 
 @dataclass(frozen=True)
@@ -190,7 +183,7 @@ class ScriptedMeshModel:
 
     def read_decode_output(self, out: Any, async_read: bool = False) -> tuple[Any, list[Any]]:
         if isinstance(out, (Future, _TimedOutput)) and async_read:
-            return out, [_FutureEvent(out) if isinstance(out, Future) else out]
+            return out, [FutureEvent(out) if isinstance(out, Future) else out]
         return (out.result() if isinstance(out, (Future, _TimedOutput)) else out), []
 
     def process_decode_output_host(self, out: Any, is_tokens: bool = False) -> Any:
