@@ -44,6 +44,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from accel.envs import ENVS  # noqa: E402
+
 MIB = 1 << 20
 APP = "kv-bench"
 
@@ -292,8 +294,7 @@ def main() -> None:
     parser.add_argument("--sizes-mib", default="1,4,16,64,256")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--in-flight", type=int, default=4, help="overlapping transfers in the pipelined figure")
-    parser.add_argument("--model", default=os.environ.get("MESHSERVE_CHECKPOINT_DIR", "~/.cache/meshserve/checkpoints")
-                        + "/tiny-llama")
+    parser.add_argument("--model", default=str(ENVS.checkpoint_dir / "tiny-llama"))
     parser.add_argument("--num-requests", type=int, default=48)
     parser.add_argument("--rate", type=float, default=3.0, help="arrivals per second (3: busy, not saturated here)")
     parser.add_argument("--long-every", type=int, default=6)

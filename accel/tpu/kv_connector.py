@@ -144,6 +144,7 @@ class MeshServeConnector(KVConnectorBase_V1):
         # worker side
         self._kv_caches: dict[str, torch.Tensor] = {}
         self._layout: VllmCpuBlockLayout | None = None
+        self._fingerprint, self._kv_dtype = "", None  # set by register_kv_caches (worker side)
         self._recv_done: set[str] = set()
         self._recv_failed: set[str] = set()
 
@@ -156,7 +157,7 @@ class MeshServeConnector(KVConnectorBase_V1):
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
         p = kv_params.from_dict(request.kv_transfer_params)
-        if p is None or not p.do_remote_prefill or not p.transfer_id:
+        if p is None or not p.do_remote_prefill:  # (do_remote_prefill implies a transfer_id)
             return 0, False
         rid = request.request_id
         if rid not in self._promised:
@@ -224,8 +225,10 @@ class MeshServeConnector(KVConnectorBase_V1):
         _, num_kv_heads, block_size, two_d = first.shape
         self._layout = _cpu_layout(num_kv_heads, block_size, two_d // 2, first.dtype,
                                    self._vllm_config.cache_config.cache_dtype)
+        # Once here, not per transfer: what every descriptor carries / every payload is checked against.
+        self._fingerprint, self._kv_dtype = model_fingerprint(self._model_dir), first.dtype
         logger.info("MeshServeConnector: %d layers of %s %s (model %s)", len(kv_caches), tuple(first.shape),
-                    first.dtype, model_fingerprint(self._model_dir))
+                    first.dtype, self._fingerprint)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         if not self.has_connector_metadata():
@@ -262,7 +265,7 @@ class MeshServeConnector(KVConnectorBase_V1):
         try:
             kv = gather_vllm(self._kv_caches, self._layout, spec.block_ids, num_tokens)
             L, _, _, H, D = kv.shape
-            desc = KVDescriptor.for_prompt(model_fingerprint(self._model_dir), kv.dtype, L, H, D,
+            desc = KVDescriptor.for_prompt(self._fingerprint, kv.dtype, L, H, D,
                                            spec.prompt_token_ids, self._layout.block_size)
             self._transport().put(spec.transfer_id, KVPayload(desc, kv), self._settings.put_timeout_s)
         except Exception:  # the decode side finds no transfer and recomputes
@@ -272,8 +275,7 @@ class MeshServeConnector(KVConnectorBase_V1):
         transport = self._transport()
         try:
             payload = transport.fetch(spec.transfer_id, self._settings.fetch_timeout_s)
-            first = next(iter(self._kv_caches.values()))
-            payload.descriptor.check_compatible(model_fingerprint(self._model_dir), first.dtype,
+            payload.descriptor.check_compatible(self._fingerprint, self._kv_dtype,
                                                 len(self._kv_caches), self._layout.num_kv_heads,
                                                 self._layout.head_dim)
             payload.descriptor.check_prompt(spec.prompt_token_ids)

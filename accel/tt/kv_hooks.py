@@ -96,11 +96,11 @@ class KVTransferHooks:
     # ---- import -------------------------------------------------------------------------
     def may_import(self, r: Any) -> bool:
         kv = r.request.kv_transfer
-        return self.share_prefixes or (kv is not None and kv.do_remote_prefill and bool(kv.transfer_id))
+        return self.share_prefixes or (kv is not None and kv.do_remote_prefill)
 
     def on_added(self, r: Any, pool: Any, lane_kv: Any) -> None:
         kv = r.request.kv_transfer
-        if kv is None or not kv.do_remote_prefill or not kv.transfer_id:
+        if kv is None or not kv.do_remote_prefill:  # (do_remote_prefill implies a transfer_id)
             if self.share_prefixes:
                 self._pull_prefix(r, pool, lane_kv)
             return
@@ -128,7 +128,7 @@ class KVTransferHooks:
         import (actor RPC, object-store read), so a slow or dead actor never stalls the step loop.
         ``on_added`` then validates and copies; without a prefetch it fetches itself."""
         kv = request.kv_transfer
-        if kv is None or not kv.do_remote_prefill or not kv.transfer_id:
+        if kv is None or not kv.do_remote_prefill:
             return
         try:
             payload = await asyncio.to_thread(self.transport.fetch, kv.transfer_id, self.fetch_timeout_s)
