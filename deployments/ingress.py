@@ -23,10 +23,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from accel.block_hash import hash_prompt_blocks
-from accel.contract import GenerateRequest, InvalidRequestError
+from accel.contract import InvalidRequestError
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
 from deployments.engine_client import EngineClient, merge_streams
 from deployments.route_types import PoolInfo, RouteRequest, routing_block_size
+from deployments.router.sessions import session_key_from
 from serve_app.config import AppConfig, ModelConfig
 from serve_app.protocol import conversion as conv
 from serve_app.protocol import responses as rsp
@@ -36,7 +37,6 @@ from serve_app.protocol.completions import CompletionRequest
 from serve_app.protocol.errors import APIError, model_not_found
 
 POOL_HEADER = "x-meshserve-pool"
-SESSION_HEADER = "x-session-id"
 
 app = FastAPI(title="meshserve")
 
@@ -126,8 +126,7 @@ class OpenAIIngress:
         sampling = [conv.sampling_params(req, len(p), model.max_model_len) for p in prompts]
         _check_token_ids(sampling, tok.vocab_size)
         base_id = random_id("chatcmpl" if is_chat else "cmpl")
-        session = (request.headers.get(SESSION_HEADER) or req.session_id or req.user
-                   or req.prompt_cache_key or None)
+        session = session_key_from(request.headers, req.session_id or req.user, req.prompt_cache_key)
         pool = request.headers.get(POOL_HEADER)
         greqs = conv.generate_requests(base_id, prompts, sampling, req.n, session)
         block_size = self._block_sizes[model.name]

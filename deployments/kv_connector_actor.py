@@ -102,18 +102,12 @@ class KVConnectorActor:
         self._sweeper: asyncio.Task | None = None
         self._shm = _ShmSide(config, app_name, metrics) if config.shm_max_payload_bytes else None
 
-    async def reserve(self, transfer_id: str, num_bytes: int, timeout_s: float) -> None:
-        self._ensure_sweeper()
-        await self._registry.reserve(transfer_id, num_bytes, timeout_s)
-
     async def store(self, transfer_id: str, descriptor: KVDescriptor, payload_refs: list,
                     timeout_s: float) -> float:
-        """``reserve`` + ``commit`` in one round trip (the payload is already in the object store;
-        if it does not fit in time the put fails and the producer's reference frees it)."""
-        await self.reserve(transfer_id, descriptor.num_bytes, timeout_s)
-        return self._registry.commit(transfer_id, descriptor, payload_refs[0])
-
-    async def commit(self, transfer_id: str, descriptor: KVDescriptor, payload_refs: list) -> float:
+        """Reserve + commit in one round trip (the payload is already in the object store; if it
+        does not fit in time the put fails and the producer's reference frees it)."""
+        self._ensure_sweeper()
+        await self._registry.reserve(transfer_id, descriptor.num_bytes, timeout_s)
         return self._registry.commit(transfer_id, descriptor, payload_refs[0])
 
     async def cancel(self, transfer_id: str) -> None:

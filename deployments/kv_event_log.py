@@ -18,6 +18,7 @@ Pure logic (no Ray, no torch); thread-safe (Serve runs sync replica methods on a
 
 from __future__ import annotations
 
+import itertools
 import threading
 import uuid
 from collections import deque
@@ -71,10 +72,7 @@ class KVEventLog:
         with self._lock:
             if cursor is None or cursor.log_id != self.log_id or cursor.seq > self._head_seq:
                 return None
-            first = self._head_seq - len(self._events) + 1
-            if cursor.seq + 1 < first:
+            skip = cursor.seq + 1 - self.first_seq
+            if skip < 0:
                 return None
-            skip = cursor.seq + 1 - first
-            if skip == 0:
-                return tuple(self._events)
-            return tuple(self._events[i] for i in range(skip, len(self._events)))
+            return tuple(itertools.islice(self._events, skip, None))

@@ -19,7 +19,6 @@ Ranks are single replicas in rendezvous order, so when the first choice cannot t
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import List, Optional
 
@@ -27,12 +26,12 @@ from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, R
 
 from deployments.pinned_router import replica_hint
 from deployments.route_types import RouteRequest
+from deployments.router.router_core import stable_hash64
 
 
 def rendezvous_weight(key: str, replica_id: str) -> int:
     """Stable 64-bit weight of (key, replica); the highest wins."""
-    digest = hashlib.blake2b(f"{key}\x00{replica_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
+    return stable_hash64(f"{key}\x00{replica_id}")
 
 
 def rendezvous_order(key: str, replica_ids: Sequence[str]) -> list[str]:

@@ -75,7 +75,7 @@ class RouteDecision:
     replica_id: str | None
     ticket: str
     reason: str
-    # Prefill/decode disaggregation (deployments/pd_plan.py): set when the prompt is prefilled on
+    # Prefill/decode disaggregation (deployments/pd_orchestrator.py): set when the prompt is prefilled on
     # ``prefill_pool`` and decoded on ``pool``; ``prefill_ticket`` is released when prefill ends.
     prefill_pool: str | None = None
     prefill_replica_id: str | None = None

@@ -52,6 +52,7 @@ polls and Serve's pushes say about the engine replicas is kept and applied to th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -84,11 +85,9 @@ class RouterDeployment:
         self._period_s = stats_period_s
         self._ticket_ttl_s = ticket_ttl_s
         base = core_config or RouterConfig()
-        self._core = RouterCore(RouterConfig(
-            policy=base.policy, index_mode=base.index_mode,
-            block_size=min((p.block_size for p in self._pools), default=base.block_size),
-            pd_min_prompt_tokens=NO_PD if pd_threshold_tokens is None else pd_threshold_tokens,
-            weights=base.weights, sessions=base.sessions, load=base.load))
+        self._core = RouterCore(dataclasses.replace(
+            base, block_size=min((p.block_size for p in self._pools), default=base.block_size),
+            pd_min_prompt_tokens=NO_PD if pd_threshold_tokens is None else pd_threshold_tokens))
         self.engines = EngineView(self._core, self._pools, pd_threshold_tokens)
         # ticket -> (request id, replica id or None, is prefill ticket, issue time)
         self._tickets: dict[str, tuple[str, str | None, bool, float]] = {}

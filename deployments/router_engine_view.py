@@ -44,7 +44,6 @@ class EngineView:
         # replica id -> this router's cursor into its KV event log (precise replicas only)
         self.cursors: dict[str, KVCursor] = {}
         self._actor_replica: dict[str, str] = {}  # Ray actor id -> replica id
-        self._capacity: dict[str, int] = {}  # replica id -> index capacity in routing blocks
         # replica id -> when it was dropped (reported dead, left Serve's running set)
         self._dropped_at_s: dict[str, float] = {}
 
@@ -84,10 +83,10 @@ class EngineView:
         is_precise = snap.publishes_kv_events and snap.block_size == model_bs
         engine_bs = snap.block_size or self._core.config.block_size
         num_blocks = max(1, snap.stats.num_kv_blocks_total * engine_bs // model_bs)
-        if self._capacity.get(rid) != num_blocks:  # new, or its KV capacity became known / changed
+        if rid not in self.replica_pool or self._core.index.capacity(rid) != num_blocks:
+            # new, or its KV capacity became known / changed
             self._core.add_replica(ReplicaInfo(rid, (pool.model,), num_blocks, role, publishes_kv_events=is_precise))
             self.replica_pool[rid] = pool.name
-            self._capacity[rid] = num_blocks
         if snap.actor_id:
             self._actor_replica[snap.actor_id] = rid
         # Requests other routers (and ingress fallbacks) have on the replica count as load: the
@@ -115,7 +114,6 @@ class EngineView:
         """The replica is gone: no more routing there; its index, sessions and load drop now."""
         self._core.remove_replica(replica_id)
         self.replica_pool.pop(replica_id, None)
-        self._capacity.pop(replica_id, None)
         self.cursors.pop(replica_id, None)
         for actor_id in [a for a, r in self._actor_replica.items() if r == replica_id]:
             del self._actor_replica[actor_id]

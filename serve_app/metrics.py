@@ -65,10 +65,6 @@ class EngineMetrics:
         self.async_overlap = Gauge("meshserve_async_overlap_fraction",
                                    "Fraction of decode steps whose host work overlapped device work.", t)
 
-    @property
-    def tags(self) -> Mapping[str, str]:
-        return self._tags
-
     def observe_first_token(self, ttft_s: float) -> None:
         if self.emit_vllm:
             self.ttft.observe(ttft_s, self._tags)
