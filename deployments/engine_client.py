@@ -125,32 +125,25 @@ class EngineClient:
         """Deltas of one engine request. Closing or cancelling this generator early cancels the
         replica call, which aborts the engine request there."""
         decision = await self.decide(route)
-        is_started = False
-        try:
-            # aclosing: a consumer that leaves early closes the attempt at once (cancel + release).
-            async with contextlib.aclosing(self._stream_once(request, decision)) as attempt:
-                async for delta in attempt:
-                    is_started = True
-                    yield delta
-            return
-        except _ReplicaDied as died:
-            self._report_dead(decision, died.actor_id)
-            if is_started or decision.prefill_pool is not None:
-                raise self._died_error() from died.error
-            error = died.error
-        # Nothing was produced: decide again without the dead replica (a new route id, so the
-        # first decision's release cannot end the second) and retry once.
-        excluded = route.excluded_replicas + ((decision.replica_id,) if decision.replica_id else ())
-        retry = dataclasses.replace(route, request_id=route.request_id + RETRY_SUFFIX, excluded_replicas=excluded)
-        logger.warning("retrying %s after %s", request.request_id, type(error).__name__)
-        decision = await self.decide(retry)
-        try:
-            async with contextlib.aclosing(self._stream_once(request, decision)) as attempt:
-                async for delta in attempt:
-                    yield delta
-        except _ReplicaDied as died:
-            self._report_dead(decision, died.actor_id)
-            raise self._died_error() from died.error
+        for attempt in (0, 1):
+            is_started = False
+            try:
+                # aclosing: a consumer that leaves early closes the attempt at once (cancel + release).
+                async with contextlib.aclosing(self._stream_once(request, decision)) as deltas:
+                    async for delta in deltas:
+                        is_started = True
+                        yield delta
+                return
+            except _ReplicaDied as died:
+                self._report_dead(decision, died.actor_id)
+                if attempt or is_started or decision.prefill_pool is not None:
+                    raise self._died_error() from died.error
+                logger.warning("retrying %s after %s", request.request_id, type(died.error).__name__)
+            # Nothing was produced: decide again without the dead replica (a new route id, so the
+            # first decision's release cannot end the second) and retry once.
+            excluded = route.excluded_replicas + ((decision.replica_id,) if decision.replica_id else ())
+            route = dataclasses.replace(route, request_id=route.request_id + RETRY_SUFFIX, excluded_replicas=excluded)
+            decision = await self.decide(route)
 
     def _died_error(self) -> APIError:
         return APIError(503, "The engine replica serving this request died; retry.", None, self._retry_after_s)
@@ -159,18 +152,14 @@ class EngineClient:
         """One attempt on ``decision``; a dead replica raises ``_ReplicaDied``, other failures
         their ``APIError``. Releases the decision's ticket however it ends."""
         self._local_inflight[decision.pool] += 1
-        gen = None
-        finished = False
+        if decision.prefill_pool is not None:  # prefill/decode disaggregation
+            stream = self._pd.stream(request, self._prefill_call(decision), self._decode_call(decision))
+        else:
+            stream = self._replica_stream(decision.pool, decision.replica_id, request)
         try:
-            if decision.prefill_pool is not None:  # prefill/decode disaggregation
-                async for delta in self._pd.stream(request, self._prefill_call(decision), self._decode_call(decision)):
-                    finished = delta.finished
+            async with contextlib.aclosing(stream) as deltas:  # closing cancels the replica call
+                async for delta in deltas:
                     yield delta
-                return
-            gen = self._streams[decision.pool].generate.remote(request, replica_hint=decision.replica_id)
-            async for delta in gen:
-                finished = delta.finished
-                yield delta
         except (APIError, asyncio.CancelledError, GeneratorExit):
             raise
         except Exception as exc:
@@ -180,11 +169,8 @@ class EngineClient:
             raise _as_api_error(exc, self._retry_after_s) from exc
         finally:
             self._local_inflight[decision.pool] -= 1
-            if gen is not None and not finished:
-                gen.cancel()
             if decision.ticket:
                 self._release(decision, decision.ticket)
-
 
     # -- prefill/decode disaggregation (deployments/pd_orchestrator.py) ---------------------------
 
