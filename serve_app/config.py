@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from accel.checkpoint import max_position_embeddings
 from accel.contract import ConfigError
 from serve_app.config_schema import AppArgs, PoolArgs
 
@@ -173,14 +174,6 @@ def _format_validation(file: str, err: ValidationError) -> ConfigError:
     return ConfigError("\n".join(lines))
 
 
-def _config_json_max_len(path: Path) -> int | None:
-    cfg = path / "config.json"
-    if not cfg.is_file():
-        return None
-    value = json.loads(cfg.read_text()).get("max_position_embeddings")
-    return int(value) if isinstance(value, int) else None
-
-
 def _resolve_max_model_len(file: str, index: int, model: Any, path: Path,
                            pools: list[tuple[int, PoolArgs]]) -> int:
     candidates = [model.max_model_len] if model.max_model_len else []
@@ -191,7 +184,7 @@ def _resolve_max_model_len(file: str, index: int, model: Any, path: Path,
                 raise _fail(file, f"pools[{j}].engine_args.max_model_len", "must be a positive integer")
             candidates.append(value)
     if not candidates:
-        from_ckpt = _config_json_max_len(path)
+        from_ckpt = max_position_embeddings(path)
         if from_ckpt is None:
             raise _fail(file, f"models[{index}].max_model_len",
                         f"not set and {path / 'config.json'} does not give max_position_embeddings")

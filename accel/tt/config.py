@@ -12,12 +12,11 @@ Checks that need the model class (prefix caching, async decode) live in
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
+from accel.checkpoint import max_position_embeddings
 from accel.contract import ConfigError
 from accel.tt.mesh_model import SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING
 
@@ -174,7 +173,7 @@ class TTEngineConfig:
             raise ConfigError("model: required")
         if values.get("max_model_len") is None:
             values.pop("max_model_len", None)
-            derived = _max_position_embeddings(values["model"])
+            derived = max_position_embeddings(values["model"])
             if derived is not None:
                 values["max_model_len"] = derived
         return cls(**values)
@@ -199,14 +198,6 @@ def _tt_options(additional: Any) -> TTOptions:
         if key != "tt":
             raise ConfigError(f"additional_config.{key}: unknown key (only 'tt' is read)")
     return TTOptions.from_mapping(additional.get("tt") or {})
-
-
-def _max_position_embeddings(model: str) -> int | None:
-    path = Path(model) / "config.json"
-    if not path.exists():
-        return None
-    value = json.loads(path.read_text()).get("max_position_embeddings")
-    return int(value) if isinstance(value, int) else None
 
 
 def _check_type(name: str, value: Any, kind: type) -> None:
