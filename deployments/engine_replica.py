@@ -199,19 +199,18 @@ class EngineReplica:
         self._ensure_stats_task()
         with self._routing_lock:
             events = self._take_kv_events()
+            snap = ReplicaSnapshot(self.replica_id, self.pool.name, self._engine.stats(), self._num_inflight,
+                                   self.kv_block_size, actor_id=self.actor_id)
             if events is None:
-                return ReplicaSnapshot(self.replica_id, self.pool.name, self._engine.stats(), self._num_inflight,
-                                       self.kv_block_size, actor_id=self.actor_id)
+                return snap  # no KV events: the router learns this replica from routing
             head = self._kv_log.append(events)
             cursor = (cursors or {}).get(self.replica_id)
             since = self._kv_log.read(cursor)
             if since is None:
-                return ReplicaSnapshot(self.replica_id, self.pool.name, self._engine.stats(), self._num_inflight,
-                                       self.kv_block_size, True, (), self.kv_block_snapshot() or (),
-                                       kv_cursor=head, actor_id=self.actor_id)
-            return ReplicaSnapshot(self.replica_id, self.pool.name, self._engine.stats(), self._num_inflight,
-                                   self.kv_block_size, True, since, None, kv_cursor=head,
-                                   kv_from_seq=cursor.seq, actor_id=self.actor_id)
+                return dataclasses.replace(snap, publishes_kv_events=True, kv_blocks=self.kv_block_snapshot() or (),
+                                           kv_cursor=head)
+            return dataclasses.replace(snap, publishes_kv_events=True, kv_events=since, kv_cursor=head,
+                                       kv_from_seq=cursor.seq)
 
     @property
     def kv_block_size(self) -> int:
