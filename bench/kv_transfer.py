@@ -52,7 +52,7 @@ APP = "kv-bench"
 
 def bandwidth(sizes_mib: list[int], reps: int, in_flight: int) -> dict:
     from accel.kv_transfer.payload import KVDescriptor, KVPayload
-    from deployments.kv_connector_client import RayKVTransport
+    from deployments.kv.ray_transport import RayKVTransport
 
     transport = RayKVTransport(APP)
     out = {}
@@ -142,7 +142,7 @@ class EngineReplica:
             _pin_process({core})
         torch.set_num_threads(1)
         from accel.tt.kv_hooks import KVTransferHooks
-        from deployments.kv_connector_client import RayKVTransport
+        from deployments.kv.ray_transport import RayKVTransport
 
         self.engine = _engine(model_dir, KVTransferHooks(RayKVTransport(app), model_dir))
 
@@ -201,7 +201,7 @@ def _run_setup(args, model: str, workload, is_pd: bool) -> tuple[list[dict], dic
     ``--pd-threshold`` prefill on A -> actor -> decode on B, shorter ones straight to B."""
     import ray
 
-    from deployments.pd_orchestrator import PDOrchestrator
+    from deployments.pd.orchestrator import PDOrchestrator
 
     cores = sorted(os.sched_getaffinity(0))
     pin = [cores[0], cores[1]] if args.pin and len(cores) >= 2 else [None, None]
@@ -311,7 +311,7 @@ def main() -> None:
 
     import ray
 
-    from deployments.kv_connector_actor import KVConnectorConfig, get_or_create_kv_connector, kill_kv_connector
+    from deployments.kv.connector_actor import KVConnectorConfig, get_or_create_kv_connector, kill_kv_connector
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     sizes = [int(s) for s in args.sizes_mib.split(",")]

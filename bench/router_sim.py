@@ -37,9 +37,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from accel.block_hash import hash_prompt_blocks  # noqa: E402
 from accel.contract import EngineStats  # noqa: E402
 from deployments.router.kv_events import BlockStored, KVEvent  # noqa: E402
-from deployments.router.load import PEER_LOAD_PERIOD_S  # noqa: E402
-from deployments.router.policy import CostWeights  # noqa: E402
-from deployments.router.router_core import ReplicaInfo, RequestInfo, RouterConfig, RouterCore  # noqa: E402
+from deployments.router.core.load import PEER_LOAD_PERIOD_S  # noqa: E402
+from deployments.router.core.policy import CostWeights  # noqa: E402
+from deployments.router.core.router_core import ReplicaInfo, RequestInfo, RouterConfig, RouterCore  # noqa: E402
 from ray_prefix_affinity import RayPrefixAffinityPeer  # noqa: E402
 from router_sim_cluster import ClusterConfig, oracle_hit_tokens, simulate  # noqa: E402
 from router_sim_multi import MultiCoreSimRouter  # noqa: E402

@@ -2,7 +2,7 @@
 decisions over N independent ``RouterCore``s, the way the router deployment runs them.
 
 Each request goes to the router replica its affinity key picks by rendezvous hashing
-(``deployments.rendezvous_router``, key = ``RouteRequest.affinity_key``: session, else first prompt
+(``deployments.router.rendezvous_request_router``, key = ``RouteRequest.affinity_key``: session, else first prompt
 block, else request id), and its completion goes back to that replica. Every replica gets every
 engine's KV events (each follows each engine's event log from its own cursor) and every stats
 report, with the engine's own in-flight count; and, as the router deployment does, each publishes
@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from accel.contract import EngineStats
-from deployments.rendezvous_router import rendezvous_order
-from deployments.route_types import RouteRequest
+from deployments.router.rendezvous_request_router import rendezvous_order
+from deployments.router.messages import RouteRequest
 from deployments.router.kv_events import KVEvent
-from deployments.router.load import PEER_LOAD_PERIOD_S
-from deployments.router.policy import CostWeights
+from deployments.router.core.load import PEER_LOAD_PERIOD_S
+from deployments.router.core.policy import CostWeights
 from router_sim_workload import TraceRequest
 
 

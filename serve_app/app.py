@@ -18,8 +18,8 @@ from serve_app.config import AppConfig, PoolConfig, load_app_config
 
 logger = logging.getLogger(__name__)
 
-PINNED_ROUTER = "deployments.pinned_router:PinnedReplicaRouter"
-RENDEZVOUS_ROUTER = "deployments.rendezvous_router:RendezvousRouter"
+PINNED_ROUTER = "deployments.router.pinned_request_router:PinnedReplicaRouter"
+RENDEZVOUS_ROUTER = "deployments.router.rendezvous_request_router:RendezvousRouter"
 ROUTER_NAME = "Router"
 INGRESS_NAME = "OpenAIIngress"
 
@@ -33,7 +33,7 @@ def validate_engine_args(config: AppConfig) -> None:
             if pool.engine == "tt":
                 from accel.tt.config import TTEngineConfig as cfg_cls
             else:
-                from accel.tpu.config import VllmEngineConfig as cfg_cls
+                from accel.vllm.config import VllmEngineConfig as cfg_cls
         except ImportError:
             logger.info("engine config for %s not importable; engine_args checked at replica start", pool.engine)
             continue
@@ -47,9 +47,9 @@ def engine_deployment_options(pool: PoolConfig) -> dict[str, Any]:
     from ray.serve.config import RequestRouterConfig
 
     if pool.engine == "tt":
-        from deployments.tt_replica import deployment_options
+        from deployments.replicas.tt_replica import deployment_options
     else:
-        from deployments.vllm_replica import deployment_options
+        from deployments.replicas.vllm_replica import deployment_options
     opts = deployment_options(pool)
     opts.update(
         name=pool.deployment_name,
@@ -80,10 +80,10 @@ def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | N
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
-    from deployments.ingress import make_ingress_class, pool_infos
-    from deployments.router_deployment import RouterDeployment
-    from deployments.tt_replica import TTMeshReplica
-    from deployments.vllm_replica import VllmReplica
+    from deployments.ingress.openai_ingress import make_ingress_class, pool_infos
+    from deployments.router.deployment import RouterDeployment
+    from deployments.replicas.tt_replica import TTMeshReplica
+    from deployments.replicas.vllm_replica import VllmReplica
 
     factories = dict(engine_factories or {})
     pool_apps = {}

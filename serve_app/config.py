@@ -78,7 +78,7 @@ class PoolConfig:
     @property
     def kv_connector(self) -> str | None:
         """The engine's own vLLM KV connector (``engine_args.kv_transfer_config.kv_connector``)."""
-        from deployments.pd_pairing import kv_connector_name
+        from deployments.pd.pairing import kv_connector_name
 
         return kv_connector_name(self.engine, self.engine_args)
 
@@ -110,10 +110,10 @@ class RouterConfig:
 
     def core_config(self, block_size: int, pd_min_prompt_tokens: int):
         """The ``deployments.router.RouterConfig`` of these settings."""
-        from deployments.router.load import LoadConfig
-        from deployments.router.policy import CostWeights
-        from deployments.router.router_core import RouterConfig as CoreConfig
-        from deployments.router.sessions import SessionConfig
+        from deployments.router.core.load import LoadConfig
+        from deployments.router.core.policy import CostWeights
+        from deployments.router.core.router_core import RouterConfig as CoreConfig
+        from deployments.router.core.sessions import SessionConfig
 
         return CoreConfig(policy=self.policy, index_mode=self.index_mode, block_size=block_size,
                           pd_min_prompt_tokens=pd_min_prompt_tokens,
@@ -213,10 +213,10 @@ def _check_pool(file: str, i: int, pool: PoolArgs) -> None:
 
 
 def _check_pd_pools(file: str, pools: tuple[PoolConfig, ...]) -> None:
-    """Prefill/decode pools must be able to hand KV to each other (``deployments.pd_pairing``):
+    """Prefill/decode pools must be able to hand KV to each other (``deployments.pd.pairing``):
     a TPU pool needs its backend's own connector, a native connector the kv_role of its side,
     and a prefill pool a decode pool on its KV path (else it would never get a request)."""
-    from deployments.pd_pairing import KV_ROLES, PD_ROLES, TPU_CONNECTORS, TPU_PD_CONNECTORS, pairing_problem
+    from deployments.pd.pairing import KV_ROLES, PD_ROLES, TPU_CONNECTORS, TPU_PD_CONNECTORS, pairing_problem
 
     for i, pool in enumerate(pools):
         key = f"pools[{i}].engine_args.kv_transfer_config"

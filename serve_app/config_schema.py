@@ -93,7 +93,7 @@ class PoolArgs(_Strict):
 
 
 class RouterWeightsArgs(_Strict):
-    """``deployments.router.policy.CostWeights`` (defaults chosen on bench/router_sim.py)."""
+    """``deployments.router.core.policy.CostWeights`` (defaults chosen on bench/router_sim.py)."""
 
     w_prefill: float = Field(default=1.0, ge=0)
     w_load_blocks: float = Field(default=4.0, ge=0)

@@ -1,12 +1,16 @@
-"""Session fixtures: the tiny checkpoints, and slow tests ordered after the fast ones."""
+"""Session fixtures: the tiny checkpoints, one Ray + Serve instance for the whole session, and slow
+tests ordered after the fast ones."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import socket
 from pathlib import Path
 
 import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -46,3 +50,31 @@ def loop():
     loop = asyncio.new_event_loop()
     yield loop
     loop.close()
+
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def serve_session():
+    """Yields the HTTP base URL of a fresh local Ray + Serve (never an existing cluster)."""
+    import ray
+    from ray import serve
+
+    # Workers inherit the raylet's environment: make `tests.*` (test doubles) importable there.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    port = _free_port()
+    ray.init(address="local", num_cpus=2, object_store_memory=100 * 1024 * 1024,
+             include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()

@@ -1,9 +1,9 @@
 """How an engine hands a payload to the KV-connector actor and gets one back.
 
 Engines (the TT engine's hooks, the vLLM connector) depend on ``KVTransport`` only. The
-implementation over the Ray actor is ``deployments.kv_connector_client.RayKVTransport`` (the
+implementation over the Ray actor is ``deployments.kv.ray_transport.RayKVTransport`` (the
 node's shared-memory store for same-node payloads, the object store otherwise); tests
-and single-process setups can use ``deployments.kv_registry`` directly through
+and single-process setups can use ``deployments.kv.registry`` directly through
 ``InProcessKVTransport`` there. Every call is blocking with a deadline: engines call it from their
 step thread / worker, never from an event loop.
 """
@@ -65,7 +65,7 @@ class KVTransport(Protocol):
 
 # Transports by name, so engine-side code (e.g. the vLLM connector in vLLM's child processes)
 # builds one from config without importing the deployment layer.
-TRANSPORTS = {"ray": "deployments.kv_connector_client:RayKVTransport"}
+TRANSPORTS = {"ray": "deployments.kv.ray_transport:RayKVTransport"}
 
 
 def make_transport(name_or_path: str, **kwargs: Any) -> KVTransport:

@@ -72,7 +72,7 @@ def test_several_router_replicas_split_the_decisions_and_agree_on_the_index():
 
     from accel.contract import EngineStats
     from deployments.router.kv_events import BlockStored
-    from deployments.router.policy import CostWeights
+    from deployments.router.core.policy import CostWeights
 
     ids = ["a", "b", "c"]
     multi = MultiCoreSimRouter(3, "prefix+session+load", "precise", ids, 256, 16, CostWeights())

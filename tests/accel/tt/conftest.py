@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-STUBS_DIR = Path(__file__).resolve().parents[2] / "stubs"
+STUBS_DIR = Path(__file__).resolve().parents[2] / "doubles" / "stubs"
 EXTRA_MODELS_DIR = STUBS_DIR / "extra_models"
 _STUB_MODULES = ("ttnn", "fake_tt_model")
 

@@ -15,7 +15,7 @@ from accel.tt.backend import (NoTenstorrentDevice, TtnnEvent, TtnnMeshModel, loa
 from accel.tt.mesh_device import TTNN_CALLS, MeshDeviceConfig
 from accel.tt.registry import build_registry
 
-EXTRA_MODELS_DIR = Path(__file__).resolve().parents[2] / "stubs" / "extra_models"
+EXTRA_MODELS_DIR = Path(__file__).resolve().parents[2] / "doubles" / "stubs" / "extra_models"
 
 
 def llama_config():

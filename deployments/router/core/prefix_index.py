@@ -1,0 +1,297 @@
+"""Which replica holds which prefix blocks: the router's prefix index.
+
+Keys are ``accel.block_hash`` chained block hashes (process-independent, the engines' own keys),
+so "replica r holds block i of this prompt" implies r holds the whole prefix up to block i, and
+the longest cached prefix on r is the number of leading prompt hashes r holds.
+
+Layout (invariant: both views always agree):
+- ``_owners``: block hash -> set of replica ids holding it (global; makes a lookup O(1) per block);
+- ``_lru[r]``: ordered block hashes of replica r, least recently used first, at most
+  ``_capacity[r]`` entries (the replica's KV capacity in blocks).
+
+A prompt's blocks are touched last-block-first, so its *first* block is the most recent and an
+eviction takes prompt tails before heads — as vLLM's free queue does (it frees a request's blocks
+in reverse order). That keeps each replica's set (nearly) prefix-closed, which is what makes
+"leading hashes held" a faithful longest-prefix length.
+
+Two modes (a small base class plus a registry by name, see ``make_prefix_index``):
+- ``approximate``: learns from routing decisions (the chosen replica's prompt blocks are inserted
+  when the request is dispatched); engine events are ignored.
+- ``precise``: follows the engine's KV events (blocks stored / removed / all cleared); routing
+  decisions insert nothing. The LRU bound stays as a safety net against lost removal events.
+Both rebuild a replica from a full snapshot of its cached block hashes (router restart).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence, Set
+from typing import ClassVar
+
+from accel.block_hash import BlockHash
+from accel.contract import ConfigError
+
+from deployments.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+
+
+class PrefixIndex(ABC):
+    """Per-replica, capacity-bounded LRU sets of block hashes with longest-prefix lookup.
+
+    Replica ids are opaque strings. Methods taking a replica id that was never added raise
+    ``KeyError``, except ``remove_replica`` (idempotent: dead replicas are reported more than once).
+    """
+
+    mode: ClassVar[str]
+
+    def __init__(self) -> None:
+        self._owners: dict[BlockHash, set[str]] = {}
+        self._lru: dict[str, OrderedDict[BlockHash, None]] = {}
+        self._capacity: dict[str, int] = {}
+
+    # ----- replicas -------------------------------------------------------------------------
+    def add_replica(self, replica_id: str, num_kv_blocks: int) -> None:
+        """Start tracking a replica whose engine holds ``num_kv_blocks`` KV blocks (its LRU bound).
+        Re-adding an existing replica only updates its capacity (evicting down to it)."""
+        if num_kv_blocks <= 0:
+            raise ValueError(f"num_kv_blocks must be positive, got {num_kv_blocks}")
+        self._capacity[replica_id] = num_kv_blocks
+        lru = self._lru.setdefault(replica_id, OrderedDict())
+        self._evict_to(replica_id, lru, num_kv_blocks)
+
+    def remove_replica(self, replica_id: str) -> None:
+        """Forget a replica and every block it held, at once."""
+        lru = self._lru.pop(replica_id, None)
+        self._capacity.pop(replica_id, None)
+        if lru is None:
+            return
+        for block_hash in lru:
+            self._disown(block_hash, replica_id)
+
+    def replicas(self) -> tuple[str, ...]:
+        return tuple(sorted(self._lru))
+
+    def set_event_driven(self, replica_id: str, is_event_driven: bool) -> None:
+        """Whether the replica's engine publishes KV events; only ``precise`` mode cares (a
+        replica without events is learned from routing there, as in ``approximate``)."""
+        self._lru[replica_id]  # unknown replica -> KeyError
+
+    def num_blocks(self, replica_id: str) -> int:
+        return len(self._lru[replica_id])
+
+    def capacity(self, replica_id: str) -> int:
+        return self._capacity[replica_id]
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks held summed over replicas (a block on two replicas counts twice)."""
+        return sum(len(lru) for lru in self._lru.values())
+
+    def holds(self, replica_id: str, block_hash: BlockHash) -> bool:
+        return block_hash in self._lru[replica_id]
+
+    # ----- lookup ---------------------------------------------------------------------------
+    def match(self, block_hashes: Sequence[BlockHash], candidates: Set[str]) -> dict[str, int]:
+        """Number of leading ``block_hashes`` each candidate holds, for candidates holding >= 1.
+
+        Walks the prompt once, narrowing the set of replicas still matching; each step is one
+        dict lookup plus a C-level subset test over the still-matching replicas, so the cost is
+        O(prompt blocks + replicas) set work and stops at the first block nobody holds. Does not
+        touch the LRU order (a lookup is not a use; dispatch is).
+        """
+        matched: dict[str, int] = {}
+        owners_of = self._owners
+        active = self._first_block_holders(block_hashes, candidates)
+        num_blocks = len(block_hashes)
+        i = 1
+        while active and i < num_blocks:
+            owners = owners_of.get(block_hashes[i])
+            if owners is None:
+                break
+            if not active <= owners:
+                still = active & owners
+                for replica_id in active - still:
+                    matched[replica_id] = i
+                active = still
+            i += 1
+        for replica_id in active:
+            matched[replica_id] = i
+        return matched
+
+    def _first_block_holders(self, block_hashes: Sequence[BlockHash], candidates: Set[str]) -> set[str]:
+        """The candidates holding the prompt's first block: where every ``match`` walk starts
+        (empty for an empty prompt; the walk then matches nobody)."""
+        first = self._owners.get(block_hashes[0]) if block_hashes else None
+        return first & candidates if first else set()
+
+    # ----- mode-specific updates ------------------------------------------------------------
+    @abstractmethod
+    def on_routed(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
+        """A request with these prompt blocks was dispatched to ``replica_id``."""
+
+    @abstractmethod
+    def apply_events(self, replica_id: str, events: Iterable[KVEvent]) -> None:
+        """The engine of ``replica_id`` reported these cache changes, in order."""
+
+    def apply_snapshot(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
+        """Replace the replica's contents with the engine's full list of cached blocks.
+
+        ``block_hashes`` is ordered least recently used first (an engine that cannot tell may
+        send any order; only eviction order is affected). Used after a router restart."""
+        self._clear(replica_id)
+        lru = self._lru[replica_id]
+        for block_hash in block_hashes:
+            if block_hash not in lru:
+                lru[block_hash] = None
+                self._owners.setdefault(block_hash, set()).add(replica_id)
+        self._evict_to(replica_id, lru, self._capacity[replica_id])
+
+    # ----- shared mechanics -----------------------------------------------------------------
+    def _store(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
+        """Insert or refresh blocks, last block first so the prompt head ends most recent."""
+        lru = self._lru[replica_id]
+        owners_of = self._owners
+        for block_hash in reversed(block_hashes):
+            if block_hash in lru:
+                lru.move_to_end(block_hash)
+            else:
+                lru[block_hash] = None
+                owners = owners_of.get(block_hash)
+                if owners is None:
+                    owners_of[block_hash] = {replica_id}
+                else:
+                    owners.add(replica_id)
+        self._evict_to(replica_id, lru, self._capacity[replica_id])
+
+    def _remove(self, replica_id: str, block_hashes: Iterable[BlockHash]) -> None:
+        lru = self._lru[replica_id]
+        for block_hash in block_hashes:
+            if lru.pop(block_hash, 0) is None:  # present (values are None; absent -> 0)
+                self._disown(block_hash, replica_id)
+
+    def _clear(self, replica_id: str) -> None:
+        lru = self._lru[replica_id]
+        for block_hash in lru:
+            self._disown(block_hash, replica_id)
+        lru.clear()
+
+    def _evict_to(self, replica_id: str, lru: OrderedDict[BlockHash, None], capacity: int) -> None:
+        while len(lru) > capacity:
+            block_hash, _ = lru.popitem(last=False)
+            self._disown(block_hash, replica_id)
+
+    def _disown(self, block_hash: BlockHash, replica_id: str) -> None:
+        owners = self._owners.get(block_hash)
+        if owners is not None:
+            owners.discard(replica_id)
+            if not owners:
+                del self._owners[block_hash]
+
+
+class ApproximatePrefixIndex(PrefixIndex):
+    """Learns from routing: what was sent to a replica is assumed cached there (LRU-bounded).
+
+    Every replica's set is prefix-closed here: a block is only ever inserted or touched together
+    with all its ancestors, and the ancestors are touched after it, so an ancestor is always more
+    recent than its descendants and is never evicted first. ``match`` uses that to gallop.
+    """
+
+    mode = "approximate"
+
+    def match(self, block_hashes: Sequence[BlockHash], candidates: Set[str]) -> dict[str, int]:
+        """As ``PrefixIndex.match``, but with exponential + binary search over the prompt: "all
+        still-matching replicas hold block j" is monotone in j for prefix-closed sets, so a long
+        shared prefix costs O(log blocks) subset tests per distinct match length, not one per
+        block."""
+        matched: dict[str, int] = {}
+        num_blocks = len(block_hashes)
+        owners_of = self._owners
+        active = self._first_block_holders(block_hashes, candidates)
+
+        def all_hold(j: int) -> bool:
+            owners = owners_of.get(block_hashes[j])
+            return owners is not None and active <= owners
+
+        lo = 0  # invariant: every active replica holds blocks 0..lo
+        while active:
+            step = 1  # exponential search for the last j with all_hold(j), then binary search
+            while lo + step < num_blocks and all_hold(lo + step):
+                lo += step
+                step *= 2
+            hi = min(lo + step, num_blocks)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if all_hold(mid):
+                    lo = mid
+                else:
+                    hi = mid
+            if lo + 1 >= num_blocks:
+                break
+            owners = owners_of.get(block_hashes[lo + 1])
+            still = active & owners if owners is not None else set()
+            for replica_id in active - still:
+                matched[replica_id] = lo + 1
+            active = still
+            lo += 1
+        for replica_id in active:
+            matched[replica_id] = num_blocks
+        return matched
+
+    def on_routed(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
+        self._store(replica_id, block_hashes)
+
+    def apply_events(self, replica_id: str, events: Iterable[KVEvent]) -> None:
+        self._lru[replica_id]  # unknown replica -> KeyError, as documented; events are ignored
+
+
+class PrecisePrefixIndex(PrefixIndex):
+    """Follows engine KV events; routing decisions do not change it — except for replicas
+    marked as publishing no events (``set_event_driven(r, False)``), learned from routing."""
+
+    mode = "precise"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._learned: set[str] = set()  # replicas without KV events
+
+    def set_event_driven(self, replica_id: str, is_event_driven: bool) -> None:
+        super().set_event_driven(replica_id, is_event_driven)
+        if is_event_driven:
+            self._learned.discard(replica_id)
+        else:
+            self._learned.add(replica_id)
+
+    def remove_replica(self, replica_id: str) -> None:
+        super().remove_replica(replica_id)
+        self._learned.discard(replica_id)
+
+    def on_routed(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
+        if replica_id in self._learned:
+            self._store(replica_id, block_hashes)
+        else:
+            self._lru[replica_id]  # the engine will report what it actually stores
+
+    def apply_events(self, replica_id: str, events: Iterable[KVEvent]) -> None:
+        for event in events:
+            if isinstance(event, BlockStored):
+                self._store(replica_id, event.block_hashes)
+            elif isinstance(event, BlockRemoved):
+                self._remove(replica_id, event.block_hashes)
+            elif isinstance(event, AllBlocksCleared):
+                self._clear(replica_id)
+            else:
+                raise TypeError(f"unknown KV event {event!r}")
+
+
+PREFIX_INDEX_MODES: dict[str, type[PrefixIndex]] = {
+    cls.mode: cls for cls in (ApproximatePrefixIndex, PrecisePrefixIndex)
+}
+
+
+def make_prefix_index(mode: str) -> PrefixIndex:
+    """The index for ``mode``; an unknown name raises ``ConfigError`` listing the known ones."""
+    cls = PREFIX_INDEX_MODES.get(mode)
+    if cls is None:
+        raise ConfigError(f"router.index_mode: unknown mode {mode!r}; "
+                          f"known: {', '.join(sorted(PREFIX_INDEX_MODES))}")
+    return cls()

@@ -1,0 +1,130 @@
+"""One router replica's view of the engine replicas, fed by its polls and Serve's pushes.
+
+Which pool each known replica is in, its index capacity, this router's cursor into its KV event
+log, its Ray actor id, and which replicas were dropped lately (answers of polls sent before their
+removal are ignored). ``apply_snapshot`` turns one replica's poll answer into ``RouterCore``
+calls (membership, stats, KV events or a full block snapshot); ``remove`` drops a replica from the
+core and from here. No RPCs: ``deployments.router.deployment`` does the polling.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+from deployments.replicas.kv_event_log import KVCursor
+from deployments.pd.pairing import pairing_problem
+from deployments.router.messages import PoolInfo, ReplicaSnapshot, routing_block_size
+from deployments.router.core.router_core import ReplicaInfo, ReplicaRole, RouterCore
+
+
+def core_role(pool: PoolInfo, pools: Sequence[PoolInfo], pd_threshold_tokens: int | None) -> ReplicaRole | None:
+    """The role the core gives a pool's replicas; None = not routed by the core.
+
+    Prefill pools take part only with PD on, when every prefill and decode pool of their model
+    shares one KV path (``deployments.pd.pairing``: TPU engines hand KV only to TPU engines that
+    load the same connector); otherwise their model's requests run whole on the decode pool."""
+    if pool.role == "both":
+        return ReplicaRole.BOTH
+    if pool.role == "decode":
+        return ReplicaRole.DECODE
+    if pd_threshold_tokens is None or pairing_problem(pool, pools) is not None:
+        return None
+    return ReplicaRole.PREFILL
+
+
+class EngineView:
+    def __init__(self, core: RouterCore, pools: Sequence[PoolInfo], pd_threshold_tokens: int | None):
+        self._core = core
+        self._pool_by_name = {p.name: p for p in pools}
+        self.roles = {p.name: core_role(p, pools, pd_threshold_tokens) for p in pools}
+        # model -> block size of its prefix hashes (what the ingress hashes prompts at)
+        self.block_sizes = {p.model: routing_block_size(pools, p.model) for p in pools}
+        self.replica_pool: dict[str, str] = {}  # replica id -> pool name (known to the core)
+        # replica id -> this router's cursor into its KV event log (precise replicas only)
+        self.cursors: dict[str, KVCursor] = {}
+        self._actor_replica: dict[str, str] = {}  # Ray actor id -> replica id
+        # replica id -> when it was dropped (reported dead, left Serve's running set)
+        self._dropped_at_s: dict[str, float] = {}
+
+    def replicas_of(self, pool_name: str) -> set[str]:
+        return {r for r, p in self.replica_pool.items() if p == pool_name}
+
+    def replica_of_actor(self, actor_id: str | None) -> str | None:
+        return self._actor_replica.get(actor_id) if actor_id else None
+
+    def is_routed(self, pool_name: str) -> bool:
+        return self.roles.get(pool_name) is not None
+
+    # -- changes ------------------------------------------------------------------------------
+
+    def apply_poll(self, answers: Sequence[object], started_s: float) -> set[str]:
+        """Apply the ``ReplicaSnapshot``s of one poll sent at ``started_s``; returns the replicas
+        that answered. Answers of replicas dropped after that poll was sent are ignored."""
+        seen = set()
+        for snap in answers:
+            if isinstance(snap, ReplicaSnapshot) and self._dropped_at_s.get(snap.replica_id, -1.0) < started_s:
+                self.apply_snapshot(snap)
+                seen.add(snap.replica_id)
+        return seen
+
+    def end_poll_round(self, started_s: float) -> None:
+        """Every pool was polled since ``started_s``: older drop marks are no longer needed."""
+        self._dropped_at_s = {r: t for r, t in self._dropped_at_s.items() if t >= started_s}
+
+    def apply_snapshot(self, snap: ReplicaSnapshot) -> None:
+        """One replica's poll answer: membership, stats and KV state."""
+        pool = self._pool_by_name.get(snap.pool)
+        role = self.roles.get(snap.pool)
+        if pool is None or role is None:
+            return
+        rid = snap.replica_id
+        model_bs = self.block_sizes[pool.model]
+        is_precise = snap.publishes_kv_events and snap.block_size == model_bs
+        engine_bs = snap.block_size or self._core.config.block_size
+        num_blocks = max(1, snap.stats.num_kv_blocks_total * engine_bs // model_bs)
+        if rid not in self.replica_pool or self._core.index.capacity(rid) != num_blocks:
+            # new, or its KV capacity became known / changed
+            self._core.add_replica(ReplicaInfo(rid, (pool.model,), num_blocks, role, publishes_kv_events=is_precise))
+            self.replica_pool[rid] = pool.name
+        if snap.actor_id:
+            self._actor_replica[snap.actor_id] = rid
+        # Requests other routers (and ingress fallbacks) have on the replica count as load: the
+        # replica's own in-flight count minus what this router has dispatched there.
+        self._core.apply_stats(rid, snap.stats, snap.num_inflight)
+        if is_precise and snap.kv_cursor is not None:
+            self._apply_kv_state(rid, snap)
+
+    def _apply_kv_state(self, rid: str, snap: ReplicaSnapshot) -> None:
+        """Follow the replica's KV event log from this router's cursor. An answer to an older
+        cursor (two polls in flight at once) is ignored; the next poll reads from the cursor."""
+        cursor, new = self.cursors.get(rid), snap.kv_cursor
+        is_same_log = cursor is not None and cursor.log_id == new.log_id
+        if snap.kv_blocks is not None:
+            if is_same_log and cursor.seq >= new.seq:
+                return  # this router is already past that snapshot
+            self._core.apply_snapshot(rid, snap.kv_blocks)
+            self.cursors[rid] = new
+        elif is_same_log and cursor.seq == snap.kv_from_seq:
+            if snap.kv_events:
+                self._core.apply_kv_events(rid, snap.kv_events)
+            self.cursors[rid] = new
+
+    def remove(self, replica_id: str) -> None:
+        """The replica is gone: no more routing there; its index, sessions and load drop now."""
+        self._core.remove_replica(replica_id)
+        self.replica_pool.pop(replica_id, None)
+        self.cursors.pop(replica_id, None)
+        for actor_id in [a for a, r in self._actor_replica.items() if r == replica_id]:
+            del self._actor_replica[actor_id]
+
+    def drop(self, replica_id: str) -> None:
+        """``remove``, and ignore answers of polls sent before now (reported dead, left Serve)."""
+        self._dropped_at_s[replica_id] = time.monotonic()
+        self.remove(replica_id)
+
+    def num_replicas_by_pool(self) -> Mapping[str, int]:
+        counts: dict[str, int] = {}
+        for pool in self.replica_pool.values():
+            counts[pool] = counts.get(pool, 0) + 1
+        return counts

@@ -1,0 +1,271 @@
+"""The ingress's engine client: router decision (or local fallback), direct streaming with a
+replica hint, cancel + release when the consumer leaves early, error mapping, stream merging."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from accel.contract import FinishReason, GenerateRequest, InvalidRequestError, OutputDelta
+from deployments.ingress.engine_client import EngineClient, merge_streams
+from deployments.router.messages import PoolInfo, RouteDecision, RouteRequest
+from serve_app.protocol.errors import APIError
+
+POOLS = (PoolInfo("tt", "m", "tt", "cpu", "both"), PoolInfo("vllm", "m", "vllm", "cpu", "both"))
+
+
+def _delta(rid, n, done=False):
+    return OutputDelta(rid, (n,), str(n), 2, n, finish_reason=FinishReason.LENGTH if done else None)
+
+
+class FakeResponse:
+    def __init__(self, value=None, delay_s=0.0, error=None):
+        self._value, self._delay_s, self._error = value, delay_s, error
+
+    def __await__(self):
+        async def get():
+            await asyncio.sleep(self._delay_s)
+            if self._error:
+                raise self._error
+            return self._value
+        return get().__await__()
+
+
+class FakeMethod:
+    def __init__(self, fn):
+        self.remote = fn
+
+
+class FakeBroadcast:
+    def __init__(self, record):
+        self._record = record
+
+    async def results_async(self, return_exceptions=False):
+        self._record()
+        return [None]
+
+
+class FakeRouterHandle:
+    """``choose`` answers ``decision`` (or a list of them, one per call); ``release`` records the
+    ticket and its router-replica hint; broadcasts (``forget``, ``report_dead``) are recorded."""
+
+    def __init__(self, decision=None, delay_s=0.0, error=None):
+        self.released, self.hints, self.routes = [], [], []
+        decisions = decision if isinstance(decision, list) else None
+
+        def choose(route):
+            self.routes.append(route)
+            return FakeResponse(decisions.pop(0) if decisions else decision, delay_s, error)
+
+        def release(ticket, replica_hint=None):
+            self.released.append(ticket)
+            self.hints.append(replica_hint)
+
+        self.choose = FakeMethod(choose)
+        self.release = FakeMethod(release)
+        self.forgotten, self.dead_reports = [], []
+
+    def broadcast(self, method, *args):
+        target = {"forget": self.forgotten, "report_dead": self.dead_reports}[method]
+        return FakeBroadcast(lambda: target.append(args[0] if method == "forget" else args))
+
+
+class FakeStream:
+    def __init__(self, deltas, error=None):
+        self._deltas, self._error, self.cancelled = list(deltas), error, False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        await asyncio.sleep(0)
+        if self._deltas:
+            return self._deltas.pop(0)
+        if self._error:
+            raise self._error
+        raise StopAsyncIteration
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class FakePoolHandle:
+    def __init__(self, make_stream):
+        self.calls = []
+        self._make = make_stream
+        self.generate = FakeMethod(self._call)
+
+    def options(self, stream):
+        return self
+
+    def _call(self, request, replica_hint=None):
+        self.calls.append((request.request_id, replica_hint))
+        self.last = self._make(request)
+        return self.last
+
+
+def _client(router, pools=None, metrics=None):
+    pools = pools or {"tt": FakePoolHandle(lambda r: FakeStream([_delta(r.request_id, 1), _delta(r.request_id, 2, True)])),
+                      "vllm": FakePoolHandle(lambda r: FakeStream([_delta(r.request_id, 1, True)]))}
+    return EngineClient(POOLS, router, pools, decision_timeout_s=0.05, retry_after_s=2, metrics=metrics), pools
+
+
+REQ = GenerateRequest("r", (1, 2))
+
+
+def test_routes_to_the_chosen_replica_and_releases():
+    async def run():
+        router = FakeRouterHandle(RouteDecision("vllm", "v1", "t7", "least_loaded", router_replica_id="R2"))
+        client, pools = _client(router)
+        deltas = [d async for d in client.stream(REQ, RouteRequest("r", "m", 2))]
+        assert len(deltas) == 1 and pools["vllm"].calls == [("r", "v1")]
+        assert router.released == ["t7"] and not pools["vllm"].last.cancelled
+        assert router.hints == ["R2"]  # released on the router replica that issued the ticket
+    asyncio.run(run())
+
+
+class Counter:
+    def __init__(self):
+        self.reasons = []
+
+    def fallback(self, reason):
+        self.reasons.append(reason)
+
+
+@pytest.mark.parametrize("router", [FakeRouterHandle(delay_s=1.0), FakeRouterHandle(error=RuntimeError("down"))])
+def test_unreachable_router_falls_back_locally_and_counts(router):
+    async def run():
+        metrics = Counter()
+        client, pools = _client(router, metrics=metrics)
+        deltas = [d async for d in client.stream(REQ, RouteRequest("r", "m", 2, pool="tt"))]
+        await asyncio.sleep(0.01)  # (the forget broadcast is fire-and-forget)
+        assert deltas[-1].finished and pools["tt"].calls == [("r", None)]
+        assert metrics.reasons in (["timeout"], ["RuntimeError"])
+        assert router.released == [] and router.forgotten == ["r"]  # a late decision is not left counted
+    asyncio.run(run())
+
+
+def test_leaving_early_cancels_the_replica_call():
+    async def run():
+        router = FakeRouterHandle(RouteDecision("tt", "t1", "t1x", "least_loaded"))
+        client, pools = _client(router)
+        gen = client.stream(REQ, RouteRequest("r", "m", 2))
+        await gen.__anext__()
+        await gen.aclose()
+        assert pools["tt"].last.cancelled and router.released == ["t1x"]
+    asyncio.run(run())
+
+
+def test_engine_errors_become_api_errors():
+    async def run():
+        router = FakeRouterHandle(RouteDecision("tt", None, "", "x"))
+        bad = {"tt": FakePoolHandle(lambda r: FakeStream([], InvalidRequestError("logprobs", "too many")))}
+        client, _ = _client(router, pools=bad)
+        with pytest.raises(APIError) as err:
+            [d async for d in client.stream(REQ, RouteRequest("r", "m", 2, pool="tt"))]
+        assert (err.value.status, err.value.param) == (400, "logprobs")
+
+        from ray.serve.exceptions import BackPressureError
+        full = {"tt": FakePoolHandle(lambda r: FakeStream([], BackPressureError(5, 5, 503)))}
+        client, _ = _client(router, pools=full)
+        with pytest.raises(APIError) as err:
+            [d async for d in client.stream(REQ, RouteRequest("r", "m", 2, pool="tt"))]
+        assert err.value.status == 503 and err.value.headers() == {"Retry-After": "2"}
+    asyncio.run(run())
+
+
+def test_bad_pin_is_a_400_without_rpc():
+    client, _ = _client(FakeRouterHandle())
+    with pytest.raises(APIError) as err:
+        client.check_routable(RouteRequest("r", "m", 2, pool="gpu"))
+    assert err.value.param == "x-meshserve-pool"
+
+
+def test_merge_interleaves_and_cancels_on_exit():
+    async def gen(tag, n, delay):
+        try:
+            for i in range(n):
+                await asyncio.sleep(delay)
+                yield _delta(tag, i)
+        finally:
+            closed.append(tag)
+
+    closed = []
+
+    async def run():
+        got = [(i, d.request_id) async for i, d in merge_streams([gen("a", 3, 0.001), gen("b", 2, 0.0015)])]
+        assert sorted(got) == [(0, "a")] * 3 + [(1, "b")] * 2
+        merged = merge_streams([gen("c", 100, 0.001), gen("d", 100, 0.001)])
+        await merged.__anext__()
+        await merged.aclose()
+        assert {"c", "d"} <= set(closed)
+    asyncio.run(run())
+
+
+class DyingStream(FakeStream):
+    """Yields ``deltas`` then fails the way a call to a dead replica actor fails."""
+
+    def __init__(self, deltas, error):
+        super().__init__(deltas, error)
+
+
+def _dead_actor_error():
+    from ray.exceptions import ActorUnavailableError
+    return ActorUnavailableError("Actor is unavailable.", bytes.fromhex("ab" * 16))
+
+
+def test_dead_replica_before_any_output_is_reported_and_retried_elsewhere():
+    async def run():
+        router = FakeRouterHandle([RouteDecision("tt", "t1", "r", "prefix", router_replica_id="R1"),
+                                   RouteDecision("tt", "t2", "r#retry", "load", router_replica_id="R1")])
+        calls = []
+
+        def make(request):
+            calls.append(request.request_id)
+            if len(calls) == 1:
+                return FakeStream([], _dead_actor_error())
+            return FakeStream([_delta(request.request_id, 1), _delta(request.request_id, 2, True)])
+
+        client, pools = _client(router, pools={"tt": FakePoolHandle(make)})
+        route = RouteRequest("r", "m", 2, session_id="chat")
+        deltas = [d async for d in client.stream(REQ, route)]
+        await asyncio.sleep(0.01)
+        assert [d.new_token_ids for d in deltas] == [(1,), (2,)] and deltas[-1].finished
+        assert pools["tt"].calls == [("r", "t1"), ("r", "t2")]  # the same engine request, elsewhere
+        retry = router.routes[1]
+        assert retry.excluded_replicas == ("t1",) and retry.request_id == "r#retry"
+        assert retry.affinity_key == route.affinity_key  # decided by the same router replica
+        assert router.dead_reports == [("t1", "ab" * 16)]
+        assert router.released == ["r", "r#retry"]
+    asyncio.run(run())
+
+
+def test_dead_replica_after_output_began_is_a_503_and_reported():
+    async def run():
+        router = FakeRouterHandle(RouteDecision("tt", "t1", "r", "prefix", router_replica_id="R1"))
+        pools = {"tt": FakePoolHandle(lambda r: FakeStream([_delta(r.request_id, 1)], _dead_actor_error()))}
+        client, _ = _client(router, pools=pools)
+        got = []
+        with pytest.raises(APIError) as err:
+            async for d in client.stream(REQ, RouteRequest("r", "m", 2)):
+                got.append(d)
+        await asyncio.sleep(0.01)
+        assert len(got) == 1 and err.value.status == 503 and err.value.headers() == {"Retry-After": "2"}
+        assert router.dead_reports == [("t1", "ab" * 16)] and len(router.routes) == 1
+        assert router.released == ["r"]
+    asyncio.run(run())
+
+
+def test_a_dependency_dying_inside_a_live_replica_is_not_a_replica_death():
+    from ray.exceptions import ActorDiedError, RayTaskError
+
+    async def run():
+        router = FakeRouterHandle(RouteDecision("tt", "t1", "r", "prefix"))
+        wrapped = RayTaskError("generate", "traceback", ActorDiedError())
+        client, _ = _client(router, pools={"tt": FakePoolHandle(lambda r: FakeStream([], wrapped))})
+        with pytest.raises(APIError) as err:
+            [d async for d in client.stream(REQ, RouteRequest("r", "m", 2))]
+        await asyncio.sleep(0.01)
+        assert err.value.status == 500 and router.dead_reports == [] and len(router.routes) == 1
+    asyncio.run(run())

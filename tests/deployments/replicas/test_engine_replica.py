@@ -1,0 +1,145 @@
+"""The replica wrapper as a plain class around the HF test-double engine: streaming, abort on
+early close (the caller went away), stats/snapshots, health, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from accel.contract import FinishReason, GenerateRequest, SamplingParams
+from deployments.replicas.engine_replica import EngineReplica
+from serve_app.config import load_app_config
+from tests.doubles.hf_replay_engine import HFReplayEngine
+from tests.hf_reference import hf_greedy
+
+
+@pytest.fixture(scope="module")
+def pool(tiny_llama):
+    import yaml
+    from pathlib import Path
+
+    args = yaml.safe_load((Path(__file__).parents[3] / "configs/local.yaml").read_text())["applications"][0]["args"]
+    return load_app_config(args).pools[0]
+
+
+def _replica(pool, delay_s=0.0):
+    return EngineReplica(pool, lambda p: HFReplayEngine(str(p.model_path), p.max_model_len, delay_s))
+
+
+def test_streams_greedy_tokens(pool, tiny_llama):
+    async def run():
+        replica = _replica(pool)
+        req = GenerateRequest("r1", (0, 5, 6, 7), SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+        deltas = [d async for d in replica.generate(req, replica_hint="ignored")]
+        assert deltas[-1].finish_reason is FinishReason.LENGTH
+        assert [t for d in deltas for t in d.new_token_ids] == hf_greedy(tiny_llama, [0, 5, 6, 7], 6)
+        snap = replica.routing_snapshot()
+        assert (snap.pool, snap.num_inflight, snap.stats.num_running) == ("tt", 0, 0)
+        await replica.check_health()
+        await replica.shutdown()
+        with pytest.raises(RuntimeError):
+            await replica.check_health()
+    asyncio.run(run())
+
+
+def test_early_close_aborts_the_engine_request(pool):
+    async def run():
+        replica = _replica(pool, delay_s=0.01)
+        req = GenerateRequest("r2", (0, 5), SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+        gen = replica.generate(req)
+        await gen.__anext__()
+        assert replica.routing_snapshot().num_inflight == 1
+        assert replica.stats().num_running == 1
+        await gen.aclose()  # what Serve does when the caller cancels
+        for _ in range(50):
+            if replica.stats().num_running == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert replica.stats().num_running == 0
+        assert replica.routing_snapshot().num_inflight == 0
+        stats = replica.record_routing_stats()
+        assert stats["num_running"] == 0 and stats["pool"] == "tt"
+    asyncio.run(run())
+
+
+def test_merge_deltas_keeps_the_stream_meaning():
+    from accel.contract import OutputDelta, TokenLogprob
+    from deployments.replicas.engine_replica import merge_deltas
+
+    a = OutputDelta("r", (1,), "a", 3, 1, 0, (TokenLogprob(1, -0.1),))
+    b = OutputDelta("r", (2, 3), "bc", 3, 3, 2, (TokenLogprob(2, -0.2), TokenLogprob(3, -0.3)),
+                    FinishReason.STOP, "x")
+    m = merge_deltas([a, b])
+    assert (m.new_token_ids, m.text, m.num_completion_tokens, m.num_cached_tokens) == ((1, 2, 3), "abc", 3, 2)
+    assert [lp.token_id for lp in m.logprobs] == [1, 2, 3]
+    assert (m.finish_reason, m.stop_reason) == (FinishReason.STOP, "x")
+    assert merge_deltas([OutputDelta("r", (1,), "a", 3, 1)]).logprobs is None
+
+
+def test_slow_consumer_gets_merged_deltas(pool, tiny_llama):
+    async def run():
+        replica = _replica(pool)
+        req = GenerateRequest("r3", (0, 5, 6), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+        deltas = []
+        async for d in replica.generate(req):
+            deltas.append(d)
+            await asyncio.sleep(0.05)  # the consumer lags behind the engine
+        assert [t for d in deltas for t in d.new_token_ids] == hf_greedy(tiny_llama, [0, 5, 6], 12)
+        assert len(deltas) < 12 and deltas[-1].finished
+    asyncio.run(run())
+
+
+def test_tt_replica_reports_block_snapshot_then_kv_events(pool):
+    """The real TT engine (torch mesh model): a router without a cursor gets the full cached-block
+    list; with one, the blocks stored since — and so does a second router from the same cursor
+    (the log is read, not drained)."""
+    from accel.block_hash import hash_prompt_blocks
+    from deployments.router.kv_events import BlockStored
+    from deployments.replicas.tt_replica import TTMeshReplica
+
+    async def generate(replica, rid, prompt):
+        req = GenerateRequest(rid, prompt, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+        return [d async for d in replica.generate(req)]
+
+    async def run():
+        replica = TTMeshReplica(pool)
+        try:
+            bs = pool.block_size
+            first_prompt, second_prompt = tuple(range(3, 3 + 2 * bs + 8)), tuple(range(500, 500 + 2 * bs + 8))
+            await generate(replica, "a", first_prompt)
+            snap = replica.routing_snapshot({})
+            assert snap.publishes_kv_events and snap.block_size == bs and snap.kv_events == ()
+            assert set(hash_prompt_blocks(first_prompt, bs)) <= set(snap.kv_blocks)
+            assert snap.kv_cursor is not None and snap.actor_id is None  # (no Ray actor here)
+            await generate(replica, "b", second_prompt)
+            cursors = {replica.replica_id: snap.kv_cursor}
+            synced = replica.routing_snapshot(cursors)
+            assert synced.kv_blocks is None and synced.kv_from_seq == snap.kv_cursor.seq
+            assert synced.kv_cursor.seq > snap.kv_cursor.seq
+            stored = {h for e in synced.kv_events if isinstance(e, BlockStored) for h in e.block_hashes}
+            assert set(hash_prompt_blocks(second_prompt, bs)) <= stored
+            assert not set(hash_prompt_blocks(first_prompt, bs)) & stored  # already sent in the snapshot
+            assert set(replica.kv_block_snapshot()) >= stored | set(snap.kv_blocks)
+            # Another router at the same cursor (or this one after a lost answer): the same events.
+            again = replica.routing_snapshot(cursors)
+            assert (again.kv_events, again.kv_cursor) == (synced.kv_events, synced.kv_cursor)
+            assert replica.routing_snapshot({replica.replica_id: synced.kv_cursor}).kv_events == ()
+        finally:
+            await replica.shutdown()
+    asyncio.run(run())
+
+
+def test_serve_stop_hook_shuts_the_engine_down_once(pool):
+    """Serve calls ``__del__`` on stop and awaits the coroutine it returns; afterwards (the garbage
+    collector's call) there is nothing left to await."""
+    async def run():
+        replica = _replica(pool)
+        stop = replica.__del__()
+        assert asyncio.iscoroutine(stop)
+        await stop
+        assert replica._engine.is_shut_down
+        with pytest.raises(RuntimeError, match="shut down"):
+            await replica.check_health()
+        assert replica.__del__() is None
+    asyncio.run(run())

@@ -1,0 +1,44 @@
+import pytest
+
+from accel.block_hash import hash_prompt_blocks
+from accel.contract import ConfigError
+from deployments.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from deployments.replicas.vllm_kv_events import VLLMEventTranslator
+
+vllm_events = pytest.importorskip("vllm.distributed.kv_events")
+BS = 4
+TOKENS = list(range(10, 34))  # 6 blocks
+
+
+def stored(vllm_hashes, parent, tokens, **kw):
+    fields = dict(lora_id=None, medium="GPU", lora_name=None)
+    fields.update(kw)
+    return vllm_events.BlockStored(block_hashes=vllm_hashes, parent_block_hash=parent, token_ids=tokens,
+                                   block_size=BS, **fields)
+
+
+def test_stored_chains_are_rekeyed_to_our_hashes_and_removed_through_the_table():
+    ours = hash_prompt_blocks(TOKENS, BS)
+    tr = VLLMEventTranslator(BS)
+    # The engine stores the first 4 blocks, then 2 more chained on block 3 (vLLM's own hashes).
+    first = tr.translate([stored([b"v0", b"v1", b"v2", b"v3"], None, TOKENS[:16])])
+    second = tr.translate([stored([b"v4", b"v5"], b"v3", TOKENS[16:24])])
+    assert first == [BlockStored(tuple(ours[:4]))] and second == [BlockStored(tuple(ours[4:]))]
+    removed = tr.translate([vllm_events.BlockRemoved(block_hashes=[b"v5", b"unknown"], medium="GPU")])
+    assert removed == [BlockRemoved((ours[5],))]
+    assert tr.translate([vllm_events.AllBlocksCleared()]) == [AllBlocksCleared()]
+    assert tr.translate([stored([b"v9"], b"v3", TOKENS[16:20])]) == []  # parent forgotten by the clear
+    assert tr.num_skipped_blocks == 1
+
+
+def test_blocks_we_cannot_key_are_skipped():
+    tr = VLLMEventTranslator(BS)
+    assert tr.translate([stored([b"a"], b"never-seen", TOKENS[:4])]) == []  # late subscriber
+    assert tr.translate([stored([b"b"], None, TOKENS[:4], lora_id=3)]) == []
+    assert tr.translate([stored([b"c"], None, TOKENS[:4], medium="CPU")]) == []
+    assert tr.translate([stored([b"d"], None, TOKENS[:4], extra_keys=[("img", 0)])]) == []
+    assert tr.num_skipped_blocks == 4
+    with pytest.raises(ConfigError, match="block_size"):
+        VLLMEventTranslator(16).translate([stored([b"e"], None, TOKENS[:4])])
+    with pytest.raises(TypeError):
+        tr.translate([object()])

@@ -1,0 +1,299 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+from accel.block_hash import hash_prompt_blocks
+from accel.contract import ConfigError
+from deployments.router.kv_events import BlockStored
+from deployments.router.core.router_core import (NoReplicaError, ReplicaInfo, ReplicaRole, RequestInfo,
+                                            RouterConfig, RouterCore)
+
+BS = 4
+SYSTEM = tuple(range(100, 164))  # 16 blocks
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def core_with(num_replicas: int = 4, **config) -> RouterCore:
+    core = RouterCore(RouterConfig(block_size=BS, **config), clock=Clock())
+    for i in range(num_replicas):
+        core.add_replica(ReplicaInfo(f"r{i}", ("m",), 1000))
+    return core
+
+
+def req(request_id: str, tokens: tuple[int, ...], session: str | None = None, model: str = "m") -> RequestInfo:
+    return RequestInfo(request_id, model, tokens, session_key=session)
+
+
+def test_unknown_policy_or_mode_fails_at_construction():
+    with pytest.raises(ConfigError, match="known: least_loaded, prefix, prefix\\+session\\+load"):
+        RouterConfig(policy="random")
+    with pytest.raises(ConfigError, match="index_mode"):
+        RouterConfig(index_mode="exact")
+
+
+def test_only_replicas_of_the_requested_model_are_candidates():
+    core = core_with(2)
+    core.add_replica(ReplicaInfo("other", ("m2",), 1000))
+    picks = {core.route(req(f"q{i}", (i,) * 8)).replica_id for i in range(20)}
+    assert picks == {"r0", "r1"}
+    assert core.route(req("x", SYSTEM, model="m2")).replica_id == "other"
+    with pytest.raises(NoReplicaError):
+        core.choose(req("y", SYSTEM, model="unknown"))
+
+
+def test_repeated_prefix_returns_to_its_replica_and_completion_releases():
+    core = core_with()
+    first = core.route(req("q1", SYSTEM + (1, 2, 3, 4)))
+    core.on_completed("q1")
+    second = core.route(req("q2", SYSTEM + (5, 6, 7, 8)))
+    assert second.replica_id == first.replica_id
+    assert (second.num_matched_blocks, second.num_prompt_blocks, second.reason) == (16, 17, "prefix")
+    core.on_completed("q2")
+    core.on_completed("q2")  # completion and cancel both reported
+    assert all(core.num_in_flight(f"r{i}") == 0 for i in range(4))
+
+
+def test_never_collapses_when_engine_stats_are_missing():
+    core = core_with()
+    for i in range(40):  # a burst of the same system prompt, none completed, no stats ever
+        core.route(req(f"q{i}", SYSTEM + (i,) * 4))
+    counts = [core.num_in_flight(f"r{i}") for i in range(4)]
+    assert sum(counts) == 40
+    assert max(counts) - min(counts) <= core.config.weights.window_abs + 1
+
+
+def test_multi_turn_session_stays_on_one_replica():
+    core = core_with()
+    history: tuple[int, ...] = SYSTEM
+    replicas = set()
+    for turn in range(6):
+        history += tuple(range(1000 + 10 * turn, 1008 + 10 * turn))
+        decision = core.route(req(f"t{turn}", history, session="conv-1"))
+        replicas.add(decision.replica_id)
+        core.on_completed(f"t{turn}")
+        history += (7,) * 8  # the answer
+    assert len(replicas) == 1
+    assert core.session_replica("conv-1") in replicas
+
+
+def test_dead_replica_is_removed_at_once():
+    core = core_with()
+    decision = core.route(req("q1", SYSTEM, session="s"))
+    dead = decision.replica_id
+    core.remove_replica(dead)
+    assert dead not in core.index.replicas()
+    assert core.session_replica("s") is None
+    after = core.route(req("q2", SYSTEM, session="s"))
+    assert after.replica_id != dead and after.num_matched_blocks == 0
+    assert core.session_replica("s") == after.replica_id
+    core.on_completed("q1")  # the dead replica's request ends: ignored
+    core.remove_replica(dead)  # reported twice: idempotent
+    # A replica dying between choose and dispatch: the request is dispatched nowhere dead.
+    info = req("q3", SYSTEM)
+    chosen = core.choose(info)
+    core.remove_replica(chosen.replica_id)
+    core.on_dispatched(info, chosen)
+    assert chosen.replica_id not in {r.replica_id for r in core.replicas()}
+
+
+def test_dispatch_requires_a_choice():
+    core = core_with()
+    with pytest.raises(KeyError):
+        core.on_dispatched(req("q", SYSTEM), core.route(req("q", SYSTEM)))
+
+
+def test_precise_mode_follows_engine_events_through_the_core():
+    core = core_with(index_mode="precise")
+    hashes = tuple(hash_prompt_blocks(SYSTEM, BS))
+    core.apply_kv_events("r2", [BlockStored(hashes)])
+    core.apply_kv_events("gone", [BlockStored(hashes)])  # unknown replica: ignored
+    decision = core.route(req("q", SYSTEM + (1,) * 4))
+    assert (decision.replica_id, decision.num_matched_blocks) == ("r2", 16)
+    # Routing alone did not teach the precise index anything about other replicas.
+    assert core.index.match(hashes, frozenset({"r0", "r1", "r3"})) == {}
+
+
+def test_restarted_router_rebuilds_from_snapshots_and_agrees():
+    before = core_with()
+    prompts = [SYSTEM + tuple(range(1000 * k, 1000 * k + 16)) for k in range(6)]
+    for k, p in enumerate(prompts):
+        before.route(req(f"warm{k}", p))
+        before.on_completed(f"warm{k}")  # in-flight counts do not survive a restart anyway
+    restarted = core_with()
+    for replica in before.replicas():
+        lru = before.index._lru[replica.replica_id]  # what that engine would snapshot
+        restarted.apply_snapshot(replica.replica_id, list(lru))
+    for k, p in enumerate(prompts):
+        a, b = before.choose(req(f"q{k}", p + (5,) * 4)), restarted.choose(req(f"q{k}", p + (5,) * 4))
+        assert (a.replica_id, a.num_matched_blocks) == (b.replica_id, b.num_matched_blocks)
+        assert b.num_matched_blocks == len(p) // BS
+
+
+def test_decisions_agree_across_processes():
+    # Two router processes with different hash salts, fed the same events, decide the same.
+    code = (
+        "from deployments.router.core.router_core import *\n"
+        "core = RouterCore(RouterConfig(block_size=4), clock=lambda: 0.0)\n"
+        "for i in range(8): core.add_replica(ReplicaInfo(f'r{i}', ('m',), 100))\n"
+        "out = []\n"
+        "for i in range(30):\n"
+        "    d = core.route(RequestInfo(f'q{i}', 'm', tuple(range(i % 5, i % 5 + 12)) + (i,) * 4,"
+        " session_key=f's{i % 3}' if i % 2 else None))\n"
+        "    out.append(d.replica_id)\n"
+        "    if i % 4 == 0: core.on_completed(f'q{i - 2}')\n"
+        "print(out)\n"
+    )
+    outs = set()
+    for seed in ("1", "999"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        outs.add(subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                                capture_output=True, text=True).stdout)
+    assert len(outs) == 1
+    assert len(set(eval(outs.pop()))) > 1
+
+
+def pd_core(threshold: int) -> RouterCore:
+    core = RouterCore(RouterConfig(block_size=BS, pd_min_prompt_tokens=threshold), clock=Clock())
+    core.add_replica(ReplicaInfo("p0", ("m",), 1000, ReplicaRole.PREFILL))
+    core.add_replica(ReplicaInfo("p1", ("m",), 1000, ReplicaRole.PREFILL))
+    core.add_replica(ReplicaInfo("d0", ("m",), 1000, ReplicaRole.DECODE))
+    return core
+
+
+def test_pd_pair_only_at_or_above_threshold():
+    core = pd_core(threshold=64)
+    long = core.route(req("long", SYSTEM))  # 64 tokens: at the threshold
+    assert long.is_disaggregated
+    assert long.prefill_replica_id in {"p0", "p1"} and long.replica_id == long.decode_replica_id == "d0"
+    assert core.num_in_flight(long.prefill_replica_id) == 1 and core.num_in_flight("d0") == 1
+    core.on_prefill_done("long", long.prefill_replica_id)
+    assert core.num_in_flight(long.prefill_replica_id) == 0 and core.num_in_flight("d0") == 1
+    short = core.route(req("short", SYSTEM[:63]))
+    assert not short.is_disaggregated and short.replica_id == "d0" and short.decode_replica_id is None
+    # The prefill replica that holds the prefix is preferred next time (64 uncached tokens: PD).
+    again = core.route(req("again", SYSTEM + (1,) * 64))
+    assert again.prefill_replica_id == long.prefill_replica_id and again.num_matched_blocks == 16
+
+
+def test_pd_is_decided_on_the_uncached_part_of_the_prompt():
+    core = pd_core(threshold=64)
+    turn1 = SYSTEM + (5,) * 8  # 72 tokens, nothing cached: disaggregated
+    first = core.route(req("t1", turn1, session="conv"))
+    assert first.is_disaggregated
+    core.on_prefill_done("t1", first.prefill_replica_id)
+    core.on_completed("t1")
+    # The next turn repeats the 72 tokens (cached on the decode replica, which imported them) and
+    # adds 16: only 16 uncached tokens, so the decode replica prefills them itself.
+    turn2 = turn1 + (6,) * 16
+    second = core.route(req("t2", turn2, session="conv"))
+    assert not second.is_disaggregated and second.replica_id == "d0"
+    assert second.num_matched_blocks == 18 and second.num_prompt_blocks == 22
+    core.on_completed("t2")
+    # A long new part is disaggregated again, even with the cached prefix.
+    third = core.route(req("t3", turn2 + (7,) * 64, session="conv"))
+    assert third.is_disaggregated and third.replica_id == "d0"
+    # The uncached count uses the request's block size (hashes at 8 tokens per block: 9 blocks
+    # of 72 tokens cached -> 16 uncached of 88).
+    other = pd_core(threshold=64)
+    hashes8 = tuple(hash_prompt_blocks(turn1, 8))
+    d = other.route(RequestInfo("a", "m", block_hashes=hashes8, num_prompt_tokens_hint=72, block_size=8))
+    assert d.is_disaggregated
+    other.on_completed("a")
+    hashes8b = tuple(hash_prompt_blocks(turn2, 8))
+    d2 = other.route(RequestInfo("b", "m", block_hashes=hashes8b, num_prompt_tokens_hint=88, block_size=8))
+    assert not d2.is_disaggregated and d2.num_matched_blocks == 9
+
+
+def test_pd_falls_back_to_colocated_replicas_for_short_prompts():
+    core = pd_core(threshold=64)
+    core.add_replica(ReplicaInfo("both", ("m",), 1000))
+    assert core.route(req("short", SYSTEM[:8])).replica_id == "both"
+    assert core.route(req("long", SYSTEM)).prefill_replica_id is not None
+    only_prefill = RouterCore(RouterConfig(block_size=BS), clock=Clock())
+    only_prefill.add_replica(ReplicaInfo("p", ("m",), 100, ReplicaRole.PREFILL))
+    with pytest.raises(NoReplicaError):
+        only_prefill.choose(req("x", SYSTEM))
+
+
+def test_precise_mode_learns_replicas_without_events_from_routing():
+    core = core_with(0, index_mode="precise")
+    core.add_replica(ReplicaInfo("tt", ("m",), 1000))
+    core.add_replica(ReplicaInfo("vllm", ("m",), 1000, publishes_kv_events=False))
+    hashes = tuple(hash_prompt_blocks(SYSTEM, BS))
+    first = core.route(req("q1", SYSTEM, session=None))
+    learned = core.index.match(hashes, frozenset({"tt", "vllm"}))
+    assert learned == ({"vllm": 16} if first.replica_id == "vllm" else {})
+    core.add_replica(ReplicaInfo("vllm", ("m",), 1000, publishes_kv_events=True))  # re-added: events now
+    core.on_completed("q1")
+    core.route(req("q2", (7,) * 64))
+    assert core.index.match(tuple(hash_prompt_blocks((7,) * 64, BS)), frozenset({"vllm"})) == {}
+
+
+def test_allowed_replicas_restrict_the_choice_and_disable_pd():
+    core = core_with(3, pd_min_prompt_tokens=4)
+    for i in range(6):
+        d = core.route(RequestInfo(f"q{i}", "m", SYSTEM, allowed_replicas=frozenset({"r1", "r2"})))
+        assert d.replica_id in {"r1", "r2"}
+    assert core.load("r1").num_in_flight + core.load("r2").num_in_flight == 6
+    pd = core_with(0, pd_min_prompt_tokens=4)
+    pd.add_replica(ReplicaInfo("p", ("m",), 1000, ReplicaRole.PREFILL))
+    pd.add_replica(ReplicaInfo("d", ("m",), 1000, ReplicaRole.DECODE))
+    assert pd.route(RequestInfo("a", "m", SYSTEM)).prefill_replica_id == "p"
+    pinned = pd.route(RequestInfo("b", "m", SYSTEM, allowed_replicas=frozenset({"d"})))
+    assert (pinned.replica_id, pinned.prefill_replica_id) == ("d", None)
+    with pytest.raises(NoReplicaError):
+        pd.choose(RequestInfo("x", "m", SYSTEM, allowed_replicas=frozenset({"p"})))
+
+
+def test_rebalancing_keeps_as_many_sessions_in_place_as_possible():
+    """Adding a replica moves no session; an overloaded replica loses only the sessions whose
+    requests arrive while it is overloaded (each follows its newest request and stays there);
+    removing a replica moves only its own sessions."""
+    core = core_with(2)
+    sessions = [f"s{i}" for i in range(12)]
+    history = {s: tuple(range(2000 + 100 * i, 2064 + 100 * i)) for i, s in enumerate(sessions)}
+    for s in sessions:
+        core.route(req(f"{s}-0", history[s], session=s))
+        core.on_completed(f"{s}-0")
+    bound = {s: core.session_replica(s) for s in sessions}
+    assert set(bound.values()) == {"r0", "r1"}
+
+    core.add_replica(ReplicaInfo("r2", ("m",), 1000))  # scale out: every session stays
+    for s in sessions:
+        assert core.route(req(f"{s}-1", history[s] + (1,) * 4, session=s)).replica_id == bound[s]
+        core.on_completed(f"{s}-1")
+    assert {s: core.session_replica(s) for s in sessions} == bound
+
+    # r0 becomes overloaded by other traffic (12 requests in flight, none finishing).
+    for i in range(12):
+        core.route(RequestInfo(f"bg{i}", "m", (9000 + i,) * 8, allowed_replicas=frozenset({"r0"})))
+    on_r0 = [s for s in sessions if bound[s] == "r0"]
+    movers, stayers = on_r0[:2], on_r0[2:]
+    assert stayers
+    for s in movers:  # only these sessions send a turn while r0 is overloaded
+        d = core.route(req(f"{s}-2", history[s] + (2,) * 4, session=s))
+        assert d.replica_id != "r0" and d.reason == "overloaded"
+        core.on_completed(f"{s}-2")
+    for i in range(12):
+        core.on_completed(f"bg{i}")
+    moved = {s for s in sessions if core.session_replica(s) != bound[s]}
+    assert moved == set(movers)
+    for s in sessions:  # after the overload: moved sessions stay where they went, others never moved
+        expected = core.session_replica(s)
+        assert core.route(req(f"{s}-3", history[s] + (3,) * 4, session=s)).replica_id == expected
+        core.on_completed(f"{s}-3")
+    assert all(core.session_replica(s) == bound[s] for s in stayers)
+
+    before = {s: core.session_replica(s) for s in sessions}
+    core.remove_replica("r1")
+    for s in sessions:
+        assert core.session_replica(s) == (None if before[s] == "r1" else before[s])

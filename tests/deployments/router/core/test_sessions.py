@@ -1,0 +1,75 @@
+import pytest
+
+from deployments.router.core.sessions import SessionConfig, SessionTable, session_key_from
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def test_session_key_precedence():
+    assert session_key_from({"X-Session-Id": "hdr"}, user="u", prompt_cache_key="p") == "hdr"
+    assert session_key_from({"x-session-id": ""}, user="u", prompt_cache_key="p") == "u"
+    assert session_key_from({}, user=None, prompt_cache_key="p") == "p"
+    assert session_key_from(None) is None
+    assert session_key_from({"other": "x"}, user="", prompt_cache_key="") is None
+
+
+def test_sessions_stick_and_expire_after_idle_ttl():
+    clock = Clock()
+    table = SessionTable(SessionConfig(ttl_s=60.0), clock)
+    table.on_dispatched("s1", "r1", rebind=False)
+    table.on_finished("s1")
+    clock.now_s += 59.0
+    assert table.bound_replica("s1") == "r1"  # still within TTL
+    table.on_dispatched("s1", "r2", rebind=False)  # a spill does not move the binding
+    table.on_finished("s1")
+    assert table.bound_replica("s1") == "r1"
+    clock.now_s += 59.0  # the last use refreshed the TTL
+    assert table.bound_replica("s1") == "r1"
+    clock.now_s += 2.0
+    assert table.bound_replica("s1") is None
+    assert len(table) == 0
+
+
+def test_running_request_keeps_its_session_alive():
+    clock = Clock()
+    table = SessionTable(SessionConfig(ttl_s=10.0), clock)
+    table.on_dispatched("long", "r1", rebind=False)
+    table.on_dispatched("short", "r2", rebind=False)
+    table.on_finished("short")
+    clock.now_s += 30.0
+    assert table.bound_replica("long") == "r1"
+    assert table.bound_replica("short") is None
+
+
+def test_in_flight_cap_and_rebind():
+    table = SessionTable(SessionConfig(max_in_flight_per_session=2), Clock())
+    assert table.can_stick("s")
+    table.on_dispatched("s", "r1", rebind=False)
+    table.on_dispatched("s", "r1", rebind=False)
+    assert not table.can_stick("s")
+    table.on_finished("s")
+    assert table.can_stick("s")
+    table.on_dispatched("s", "r3", rebind=True)  # its replica was overloaded: follow the request
+    assert table.bound_replica("s") == "r3"
+    table.on_finished("unknown")  # ignored
+
+
+def test_removing_a_replica_unbinds_only_its_sessions():
+    table = SessionTable(SessionConfig(), Clock())
+    for i in range(6):
+        table.on_dispatched(f"s{i}", f"r{i % 3}", rebind=False)
+    assert table.remove_replica("r1") == 2
+    assert [table.bound_replica(f"s{i}") for i in range(6)] == ["r0", None, "r2", "r0", None, "r2"]
+
+
+def test_config_validation():
+    with pytest.raises(ValueError):
+        SessionConfig(ttl_s=0)
+    with pytest.raises(ValueError):
+        SessionConfig(max_in_flight_per_session=0)
