@@ -24,11 +24,10 @@ def hash_block(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
     return int.from_bytes(h.digest(), "little")
 
 
-def hash_prompt_blocks(token_ids: Sequence[int], block_size: int,
-                       parent: BlockHash = ROOT_HASH) -> list[BlockHash]:
+def hash_prompt_blocks(token_ids: Sequence[int], block_size: int, parent: BlockHash = ROOT_HASH) -> list[BlockHash]:
     """Chained hashes of every *full* block of ``token_ids`` (a trailing partial block has none)."""
     hashes: list[BlockHash] = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block(parent, token_ids[start:start + block_size])
+        parent = hash_block(parent, token_ids[start : start + block_size])
         hashes.append(parent)
     return hashes

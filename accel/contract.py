@@ -51,8 +51,11 @@ def _normalize_stop(stop: Any) -> tuple[str, ...]:
         return (stop,) if stop else ()
     if isinstance(stop, (list, tuple)):
         for s in stop:
-            _require(isinstance(s, str), "stop",
-                     f"expected a string or a list of strings, got an element of type {type(s).__name__}")
+            _require(
+                isinstance(s, str),
+                "stop",
+                f"expected a string or a list of strings, got an element of type {type(s).__name__}",
+            )
         return tuple(s for s in stop if s)
     raise InvalidRequestError("stop", f"expected a string or a list of strings, got {type(stop).__name__}")
 
@@ -80,8 +83,11 @@ def _normalize_logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
         except (TypeError, ValueError):
             raise InvalidRequestError("logit_bias", f"key {key!r} is not a token id") from None
         _require(token_id >= 0, "logit_bias", f"token id {token_id} is negative")
-        _require(_is_number(value) and -100 <= value <= 100, "logit_bias",
-                 f"bias for token {token_id} must be a number in [-100, 100], got {value!r}")
+        _require(
+            _is_number(value) and -100 <= value <= 100,
+            "logit_bias",
+            f"bias for token {token_id} must be a number in [-100, 100], got {value!r}",
+        )
         pairs.append((token_id, float(value)))
     return tuple(sorted(pairs))
 
@@ -115,32 +121,51 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        _require(_is_number(self.temperature) and self.temperature >= 0, "temperature",
-                 f"must be a number >= 0, got {self.temperature!r}")
-        _require(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p",
-                 f"must be in (0, 1], got {self.top_p!r}")
-        _require(_is_int(self.top_k) and self.top_k >= -1, "top_k",
-                 f"must be an integer >= -1 (-1 or 0 disables it), got {self.top_k!r}")
+        _require(
+            _is_number(self.temperature) and self.temperature >= 0,
+            "temperature",
+            f"must be a number >= 0, got {self.temperature!r}",
+        )
+        _require(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p!r}")
+        _require(
+            _is_int(self.top_k) and self.top_k >= -1,
+            "top_k",
+            f"must be an integer >= -1 (-1 or 0 disables it), got {self.top_k!r}",
+        )
         if self.top_k == -1:
             set_(self, "top_k", 0)
-        _require(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p",
-                 f"must be in [0, 1], got {self.min_p!r}")
+        _require(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p!r}")
         _require(self.seed is None or _is_int(self.seed), "seed", f"must be an integer, got {self.seed!r}")
-        _require(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
-                 "max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
-        _require(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens",
-                 f"must be an integer >= 0, got {self.min_tokens!r}")
-        _require(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
-                 f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        _require(
+            self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
+            "max_tokens",
+            f"must be an integer >= 1, got {self.max_tokens!r}",
+        )
+        _require(
+            _is_int(self.min_tokens) and self.min_tokens >= 0,
+            "min_tokens",
+            f"must be an integer >= 0, got {self.min_tokens!r}",
+        )
+        _require(
+            self.max_tokens is None or self.min_tokens <= self.max_tokens,
+            "min_tokens",
+            f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}",
+        )
         set_(self, "stop", _normalize_stop(self.stop))
         set_(self, "stop_token_ids", _normalize_token_ids(self.stop_token_ids, "stop_token_ids"))
-        _require(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20),
-                 "logprobs", f"must be an integer in [0, 20], got {self.logprobs!r}")
+        _require(
+            self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20),
+            "logprobs",
+            f"must be an integer in [0, 20], got {self.logprobs!r}",
+        )
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _require(_is_number(value) and -2 <= value <= 2, name, f"must be in [-2, 2], got {value!r}")
-        _require(_is_number(self.repetition_penalty) and 0 < self.repetition_penalty <= 2,
-                 "repetition_penalty", f"must be in (0, 2], got {self.repetition_penalty!r}")
+        _require(
+            _is_number(self.repetition_penalty) and 0 < self.repetition_penalty <= 2,
+            "repetition_penalty",
+            f"must be in (0, 2], got {self.repetition_penalty!r}",
+        )
         set_(self, "logit_bias", _normalize_logit_bias(self.logit_bias))
 
     @property
@@ -149,8 +174,7 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        return (self.presence_penalty != 0 or self.frequency_penalty != 0
-                or self.repetition_penalty != 1)
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
 
 @dataclass(frozen=True)
@@ -173,14 +197,22 @@ class KVTransferParams:
     connector_params: Mapping[str, Any] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
-        _require(not (self.do_remote_decode and self.do_remote_prefill), "kv_transfer_params",
-                 "a request cannot both export and import KV")
-        _require(not self.do_remote_prefill or bool(self.transfer_id), "kv_transfer_params",
-                 "do_remote_prefill needs a transfer_id")
+        _require(
+            not (self.do_remote_decode and self.do_remote_prefill),
+            "kv_transfer_params",
+            "a request cannot both export and import KV",
+        )
+        _require(
+            not self.do_remote_prefill or bool(self.transfer_id),
+            "kv_transfer_params",
+            "do_remote_prefill needs a transfer_id",
+        )
         if self.connector_params is not None:
-            _require(isinstance(self.connector_params, Mapping)
-                     and all(isinstance(k, str) for k in self.connector_params),
-                     "kv_transfer_params", "connector params must be a mapping with string keys")
+            _require(
+                isinstance(self.connector_params, Mapping) and all(isinstance(k, str) for k in self.connector_params),
+                "kv_transfer_params",
+                "connector params must be a mapping with string keys",
+            )
             try:
                 json.dumps(dict(self.connector_params))
             except (TypeError, ValueError) as exc:
@@ -199,8 +231,7 @@ class GenerateRequest:
     kv_transfer: KVTransferParams | None = None
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.request_id, str) and bool(self.request_id), "request_id",
-                 "must be a non-empty string")
+        _require(isinstance(self.request_id, str) and bool(self.request_id), "request_id", "must be a non-empty string")
         ids = _normalize_token_ids(self.prompt_token_ids, "prompt")
         _require(len(ids) > 0, "prompt", "the prompt is empty")
         object.__setattr__(self, "prompt_token_ids", ids)
@@ -211,9 +242,9 @@ class GenerateRequest:
 
 
 class FinishReason(str, enum.Enum):
-    STOP = "stop"      # eos, a stop token id or a stop string
+    STOP = "stop"  # eos, a stop token id or a stop string
     LENGTH = "length"  # max_tokens or max_model_len
-    ABORT = "abort"    # client went away or the engine aborted it
+    ABORT = "abort"  # client went away or the engine aborted it
 
 
 @dataclass(frozen=True)

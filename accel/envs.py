@@ -43,12 +43,18 @@ def _read() -> Envs:
         extra_models_dir=os.environ.get("EXTRA_MODELS_DIR") or None,
         tt_builtin_models=_bool(os.environ.get("TT_VLLM_BUILTIN_MODELS"), True),
         mesh_device=os.environ.get("MESH_DEVICE") or None,
-        xla_cache_dir=Path(os.environ.get("MESHSERVE_XLA_CACHE_DIR",
-                                          Path.home() / ".cache" / "meshserve" / "xla_cache")).expanduser(),
-        ttnn_python=Path(os.environ.get("MESHSERVE_TTNN_PYTHON",
-                                        Path.home() / ".cache" / "meshserve" / "ttnn-venv" / "bin" / "python")).expanduser(),
-        kv_shm_root=Path(os.environ.get("MESHSERVE_KV_SHM_ROOT")
-                         or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())),
+        xla_cache_dir=Path(
+            os.environ.get("MESHSERVE_XLA_CACHE_DIR", Path.home() / ".cache" / "meshserve" / "xla_cache")
+        ).expanduser(),
+        ttnn_python=Path(
+            os.environ.get(
+                "MESHSERVE_TTNN_PYTHON", Path.home() / ".cache" / "meshserve" / "ttnn-venv" / "bin" / "python"
+            )
+        ).expanduser(),
+        kv_shm_root=Path(
+            os.environ.get("MESHSERVE_KV_SHM_ROOT")
+            or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
+        ),
     )
 
 

@@ -7,8 +7,9 @@ prefill/decode disaggregation vs colocated serving under a mixed long/short load
    ``--reps``. Transfer = what a PD hand-off costs beyond the engines' own KV reads/writes,
    through ``RayKVTransport`` as engines use it: producer ``put`` + consumer ``fetch`` (a
    zero-copy view) + ``complete``. Payloads up to the connector's ``shm_max_payload_bytes``
-   (``--shm-max-mib``, 64 MiB as the connector's default) take the node's shared-memory store (one copy into tmpfs, file and ``flock``
-   operations, no RPC); larger ones the object store (one ``ray.put`` copy, a store RPC and a
+   (``--shm-max-mib``, 64 MiB as the connector's default) take the node's shared-memory store (one
+   copy into tmpfs, file and ``flock`` operations, no RPC); larger ones the object store (one
+   ``ray.put`` copy, a store RPC and a
    claim RPC). ``path`` says which. memcpy = ``clone()`` of the same tensor, measured in the same
    run. Sizes <= 16 MiB also get ``pipelined_bandwidth_vs_memcpy``: throughput with
    ``--in-flight`` overlapping hand-offs.
@@ -82,10 +83,14 @@ def bandwidth(sizes_mib: list[int], reps: int, in_flight: int) -> dict:
         piped_s = _pipelined(transport, payload, size, in_flight) if size <= 16 else None
         store = transport._shm()  # the same decision RayKVTransport.put makes
         path = "shm" if store is not None and size * MIB <= store.max_payload_bytes else "object"
-        out[f"{size}MiB"] = {"path": path, "transfer_ms": round(tr * 1e3, 3), "memcpy_ms": round(mc * 1e3, 3),
-                             "transfer_gbps": round(size * MIB / tr / 1e9, 2),
-                             "memcpy_gbps": round(size * MIB / mc / 1e9, 2),
-                             "bandwidth_vs_memcpy": round(mc / tr, 3)}
+        out[f"{size}MiB"] = {
+            "path": path,
+            "transfer_ms": round(tr * 1e3, 3),
+            "memcpy_ms": round(mc * 1e3, 3),
+            "transfer_gbps": round(size * MIB / tr / 1e9, 2),
+            "memcpy_gbps": round(size * MIB / mc / 1e9, 2),
+            "bandwidth_vs_memcpy": round(mc / tr, 3),
+        }
         if piped_s is not None:
             out[f"{size}MiB"]["pipelined_bandwidth_vs_memcpy"] = round(mc / piped_s, 3)
     return out
@@ -113,10 +118,18 @@ def _engine(model_dir: str, hooks):
     from accel.tt.engine import TTMeshEngine
     from accel.tt.torch_model import TorchMeshModel
 
-    config = TTEngineConfig.from_engine_args(dict(
-        model=model_dir, max_num_seqs=16, data_parallel_size=1, block_size=32, max_model_len=2048,
-        max_num_batched_tokens=512, async_scheduling=True,
-        additional_config={"tt": {"enable_model_warmup": False}}))
+    config = TTEngineConfig.from_engine_args(
+        dict(
+            model=model_dir,
+            max_num_seqs=16,
+            data_parallel_size=1,
+            block_size=32,
+            max_model_len=2048,
+            max_num_batched_tokens=512,
+            async_scheduling=True,
+            additional_config={"tt": {"enable_model_warmup": False}},
+        )
+    )
     return TTMeshEngine(config, model_class=TorchMeshModel, kv_hooks=hooks)
 
 
@@ -183,8 +196,14 @@ async def _serve(workload, route, replica_stamps: dict[str, list[float]]) -> lis
                 client.append(time.perf_counter())
                 tokens.extend(delta.new_token_ids)
         stamps = replica_stamps.pop(req.request_id)
-        return {"ttft": stamps[0] - sent, "gaps": _gaps(stamps), "client_ttft": client[0] - sent,
-                "client_gaps": _gaps(client), "tokens": tokens, "is_long": len(prompt) >= 256}
+        return {
+            "ttft": stamps[0] - sent,
+            "gaps": _gaps(stamps),
+            "client_ttft": client[0] - sent,
+            "client_gaps": _gaps(client),
+            "tokens": tokens,
+            "is_long": len(prompt) >= 256,
+        }
 
     start = time.perf_counter()
     return await asyncio.gather(*(one(i, a, p, m, start) for i, (a, p, m) in enumerate(workload)))
@@ -217,6 +236,7 @@ def _run_setup(args, model: str, workload, is_pd: bool) -> tuple[list[dict], dic
                 if delta.new_token_ids:
                     stamps.setdefault(delta.request_id, []).append(stamp)
                 yield delta
+
         return generate
 
     gen_a, gen_b = call(a), call(b)
@@ -266,19 +286,30 @@ def mixed_load(args) -> dict:
         for prefix in ("", "client_"):
             gaps = sorted(g for r in results for g in r[prefix + "gaps"])
             ttfts = sorted(r[prefix + "ttft"] for r in results)
-            out.update({f"{prefix}itl_p50_ms": round(_pct(gaps, 50) * 1e3, 2),
-                        f"{prefix}itl_p99_ms": round(_pct(gaps, 99) * 1e3, 2),
-                        f"{prefix}itl_p999_ms": round(_pct(gaps, 99.9) * 1e3, 2),
-                        f"{prefix}ttft_p50_ms": round(_pct(ttfts, 50) * 1e3, 2),
-                        f"{prefix}ttft_p99_ms": round(_pct(ttfts, 99) * 1e3, 2)})
+            out.update(
+                {
+                    f"{prefix}itl_p50_ms": round(_pct(gaps, 50) * 1e3, 2),
+                    f"{prefix}itl_p99_ms": round(_pct(gaps, 99) * 1e3, 2),
+                    f"{prefix}itl_p999_ms": round(_pct(gaps, 99.9) * 1e3, 2),
+                    f"{prefix}ttft_p50_ms": round(_pct(ttfts, 50) * 1e3, 2),
+                    f"{prefix}ttft_p99_ms": round(_pct(ttfts, 99) * 1e3, 2),
+                }
+            )
         return out
 
     c, p = summary(base), summary(disagg)
-    return {"colocated": c, "pd": p, "itl_p99_ratio": round(p["itl_p99_ms"] / c["itl_p99_ms"], 3),
-            "ttft_p50_ratio": round(p["ttft_p50_ms"] / c["ttft_p50_ms"], 3),
-            "client_itl_p99_ratio": round(p["client_itl_p99_ms"] / c["client_itl_p99_ms"], 3),
-            "num_requests": len(workload), "num_long": sum(r["is_long"] for r in base),
-            "num_output_mismatches": mismatches, "pd_recomputes": recomputes, "replica_cores": affinity}
+    return {
+        "colocated": c,
+        "pd": p,
+        "itl_p99_ratio": round(p["itl_p99_ms"] / c["itl_p99_ms"], 3),
+        "ttft_p50_ratio": round(p["ttft_p50_ms"] / c["ttft_p50_ms"], 3),
+        "client_itl_p99_ratio": round(p["client_itl_p99_ms"] / c["client_itl_p99_ms"], 3),
+        "num_requests": len(workload),
+        "num_long": sum(r["is_long"] for r in base),
+        "num_output_mismatches": mismatches,
+        "pd_recomputes": recomputes,
+        "replica_cores": affinity,
+    }
 
 
 def _pct(sorted_values, q):
@@ -303,10 +334,18 @@ def main() -> None:
     parser.add_argument("--pd-threshold", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-mixed", action="store_true")
-    parser.add_argument("--no-pin", dest="pin", action="store_false",
-                        help="leave the two engine replicas unpinned (default: one core each)")
-    parser.add_argument("--shm-max-mib", type=int, default=64,
-                        help="largest payload through the shared-memory store (0: object store only)")
+    parser.add_argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="leave the two engine replicas unpinned (default: one core each)",
+    )
+    parser.add_argument(
+        "--shm-max-mib",
+        type=int,
+        default=64,
+        help="largest payload through the shared-memory store (0: object store only)",
+    )
     args = parser.parse_args()
 
     import ray
@@ -315,11 +354,20 @@ def main() -> None:
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     sizes = [int(s) for s in args.sizes_mib.split(",")]
-    ray.init(address="local", num_cpus=1, object_store_memory=max(sizes) * 3 * MIB + 200 * MIB,
-             include_dashboard=False, log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=1,
+        object_store_memory=max(sizes) * 3 * MIB + 200 * MIB,
+        include_dashboard=False,
+        log_to_driver=False,
+    )
     try:
-        get_or_create_kv_connector(APP, KVConnectorConfig(capacity_bytes=max(sizes) * 2 * MIB + 64 * MIB,
-                                                          shm_max_payload_bytes=args.shm_max_mib * MIB))
+        get_or_create_kv_connector(
+            APP,
+            KVConnectorConfig(
+                capacity_bytes=max(sizes) * 2 * MIB + 64 * MIB, shm_max_payload_bytes=args.shm_max_mib * MIB
+            ),
+        )
         result = {"bandwidth": bandwidth(sizes, args.reps, args.in_flight)}
         result["bandwidth_vs_memcpy_min_ge_1MiB"] = min(v["bandwidth_vs_memcpy"] for v in result["bandwidth"].values())
         if not args.skip_mixed:

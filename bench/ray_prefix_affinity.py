@@ -33,7 +33,7 @@ def _common_prefix_len(edge: str, text: str, start: int) -> int:
     lo, hi = 0, min(len(edge), len(text) - start)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if text[start:start + mid] == edge[:mid]:
+        if text[start : start + mid] == edge[:mid]:
             lo = mid
         else:
             hi = mid - 1
@@ -94,8 +94,14 @@ class CharPrefixTree:
 class RayPrefixAffinityPeer:
     """The routing algorithm; queue lengths are the caller's in-flight counts."""
 
-    def __init__(self, replicas: Sequence[str], *, imbalanced_threshold: float = math.inf,
-                 match_rate_threshold: float = 0.1, seed: int = 0) -> None:
+    def __init__(
+        self,
+        replicas: Sequence[str],
+        *,
+        imbalanced_threshold: float = math.inf,
+        match_rate_threshold: float = 0.1,
+        seed: int = 0,
+    ) -> None:
         self.replicas = tuple(replicas)
         self.imbalanced_threshold = imbalanced_threshold
         self.match_rate_threshold = match_rate_threshold

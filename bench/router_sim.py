@@ -34,16 +34,17 @@ from dataclasses import asdict, replace
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from accel.block_hash import hash_prompt_blocks  # noqa: E402
-from accel.contract import EngineStats  # noqa: E402
-from deployments.router.kv_events import BlockStored, KVEvent  # noqa: E402
-from deployments.router.core.load import PEER_LOAD_PERIOD_S  # noqa: E402
-from deployments.router.core.policy import CostWeights  # noqa: E402
-from deployments.router.core.router_core import ReplicaInfo, RequestInfo, RouterConfig, RouterCore  # noqa: E402
 from ray_prefix_affinity import RayPrefixAffinityPeer  # noqa: E402
 from router_sim_cluster import ClusterConfig, oracle_hit_tokens, simulate  # noqa: E402
 from router_sim_multi import MultiCoreSimRouter  # noqa: E402
 from router_sim_workload import TraceRequest, WorkloadConfig, make_trace  # noqa: E402
+
+from accel.block_hash import hash_prompt_blocks  # noqa: E402
+from accel.contract import EngineStats  # noqa: E402
+from deployments.router.core.load import PEER_LOAD_PERIOD_S  # noqa: E402
+from deployments.router.core.policy import CostWeights  # noqa: E402
+from deployments.router.core.router_core import ReplicaInfo, RequestInfo, RouterConfig, RouterCore  # noqa: E402
+from deployments.router.kv_events import BlockStored, KVEvent  # noqa: E402
 
 MODEL = "sim-model"
 
@@ -51,8 +52,15 @@ MODEL = "sim-model"
 class CoreSimRouter:
     """A ``RouterCore`` driven by the simulator (clock = simulated time)."""
 
-    def __init__(self, policy: str, index_mode: str, replica_ids: Sequence[str], num_kv_blocks: int,
-                 block_size: int, weights: CostWeights) -> None:
+    def __init__(
+        self,
+        policy: str,
+        index_mode: str,
+        replica_ids: Sequence[str],
+        num_kv_blocks: int,
+        block_size: int,
+        weights: CostWeights,
+    ) -> None:
         self.now_s = 0.0
         config = RouterConfig(policy=policy, index_mode=index_mode, block_size=block_size, weights=weights)
         self.core = RouterCore(config, clock=lambda: self.now_s)
@@ -61,8 +69,13 @@ class CoreSimRouter:
 
     @staticmethod
     def request_info(req: TraceRequest) -> RequestInfo:
-        return RequestInfo(req.request_id, MODEL, session_key=req.session_key,
-                           block_hashes=req.prompt_hashes, num_prompt_tokens_hint=len(req.prompt_token_ids))
+        return RequestInfo(
+            req.request_id,
+            MODEL,
+            session_key=req.session_key,
+            block_hashes=req.prompt_hashes,
+            num_prompt_tokens_hint=len(req.prompt_token_ids),
+        )
 
     def choose(self, req: TraceRequest, now_s: float) -> str:
         self.now_s = now_s
@@ -113,10 +126,8 @@ def _core(policy: str, mode: str = "approximate") -> RouterFactory:
     return lambda ids, kv, bs, w, seed: CoreSimRouter(policy, mode, ids, kv, bs, w)
 
 
-def _multi(num_routers: int, policy: str, mode: str, peer_period_s: float | None = PEER_LOAD_PERIOD_S
-           ) -> RouterFactory:
-    return lambda ids, kv, bs, w, seed: MultiCoreSimRouter(num_routers, policy, mode, ids, kv, bs, w,
-                                                           peer_period_s)
+def _multi(num_routers: int, policy: str, mode: str, peer_period_s: float | None = PEER_LOAD_PERIOD_S) -> RouterFactory:
+    return lambda ids, kv, bs, w, seed: MultiCoreSimRouter(num_routers, policy, mode, ids, kv, bs, w, peer_period_s)
 
 
 def _ray(threshold: float) -> RouterFactory:
@@ -145,8 +156,14 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
-def run_policy(name: str, trace: list[TraceRequest], cluster: ClusterConfig, weights: CostWeights,
-               oracle_hit_rate: float, seed: int) -> dict:
+def run_policy(
+    name: str,
+    trace: list[TraceRequest],
+    cluster: ClusterConfig,
+    weights: CostWeights,
+    oracle_hit_rate: float,
+    seed: int,
+) -> dict:
     ids = [f"replica-{i:02d}" for i in range(cluster.num_replicas)]
     router = ENTRIES[name](ids, cluster.kv_blocks_per_replica, cluster.block_size, weights, seed)
     result = simulate(trace, cluster, router, ids)
@@ -164,14 +181,23 @@ def run_policy(name: str, trace: list[TraceRequest], cluster: ClusterConfig, wei
     }
 
 
-def measure_latency(name: str, trace: list[TraceRequest], num_replicas: int, kv_blocks: int,
-                    block_size: int, weights: CostWeights, min_cached_blocks: int, num_timed: int,
-                    seed: int) -> dict:
+def measure_latency(
+    name: str,
+    trace: list[TraceRequest],
+    num_replicas: int,
+    kv_blocks: int,
+    block_size: int,
+    weights: CostWeights,
+    min_cached_blocks: int,
+    num_timed: int,
+    seed: int,
+) -> dict:
     """Preload every router with the same state — the trace's first requests spread over the
     replicas (index snapshots; for the char-tree peer, its inserts) until >= ``min_cached_blocks``
     blocks are held — then time ``num_timed`` decisions on the following requests, completions
-    lagging 256 requests behind, fresh engine stats for every replica. ``decision`` = choosing (index lookup + policy, hashes given by
-    the ingress); ``dispatch`` = the bookkeeping after it (in-flight, sessions, index insert)."""
+    lagging 256 requests behind, fresh engine stats for every replica. ``decision`` = choosing
+    (index lookup + policy, hashes given by the ingress); ``dispatch`` = the bookkeeping after it
+    (in-flight, sessions, index insert)."""
     ids = [f"replica-{i:02d}" for i in range(num_replicas)]
     router = ENTRIES[name](ids, kv_blocks, block_size, weights, seed)
     per_replica: dict[str, dict[int, None]] = {r: {} for r in ids}
@@ -196,15 +222,21 @@ def measure_latency(name: str, trace: list[TraceRequest], num_replicas: int, kv_
     window: list[TraceRequest] = []
     gc.collect()
     gc.freeze()  # the preloaded state is long-lived: keep full collections from walking it
-    for i, req in enumerate(trace[num_preloaded:num_preloaded + num_timed]):
+    for i, req in enumerate(trace[num_preloaded : num_preloaded + num_timed]):
         now_s = i * 0.001  # 1000 decisions per second; engine stats arrive every second
         if isinstance(router, CoreSimRouter):
             router.now_s = now_s
             if i % 1000 == 0:
                 for n, replica_id in enumerate(ids):
-                    router.on_stats(replica_id, EngineStats(
-                        num_waiting=n % 3, num_running=8, num_kv_blocks_total=kv_blocks,
-                        num_kv_blocks_free=kv_blocks // (1 + n % 4)))
+                    router.on_stats(
+                        replica_id,
+                        EngineStats(
+                            num_waiting=n % 3,
+                            num_running=8,
+                            num_kv_blocks_total=kv_blocks,
+                            num_kv_blocks_free=kv_blocks // (1 + n % 4),
+                        ),
+                    )
             info = router.request_info(req)
             c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
             decision = router.core.choose(info)
@@ -246,8 +278,10 @@ def measure_hashing(trace: Sequence[TraceRequest], block_size: int, num: int) ->
         t0 = time.perf_counter_ns()
         hash_prompt_blocks(req.prompt_token_ids, block_size)
         timed.append(time.perf_counter_ns() - t0)
-    return {"hash_p50_us": round(_percentile(timed, 0.5) / 1000, 1),
-            "hash_p99_us": round(_percentile(timed, 0.99) / 1000, 1)}
+    return {
+        "hash_p50_us": round(_percentile(timed, 0.5) / 1000, 1),
+        "hash_p99_us": round(_percentile(timed, 0.99) / 1000, 1),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -258,8 +292,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kv-blocks", type=int, default=1024, help="engine KV blocks per replica")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-batch", type=int, default=8)
-    p.add_argument("--stats-period-s", type=float, default=ClusterConfig.stats_period_s,
-                   help="engine stats reports (the router deployment polls every 0.5 s by default)")
+    p.add_argument(
+        "--stats-period-s",
+        type=float,
+        default=ClusterConfig.stats_period_s,
+        help="engine stats reports (the router deployment polls every 0.5 s by default)",
+    )
     p.add_argument("--duration-s", type=float, default=WorkloadConfig.duration_s)
     p.add_argument("--sessions", type=int, default=240)
     p.add_argument("--turns", type=int, default=8)
@@ -276,19 +314,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-latency", action="store_true")
     args = p.parse_args(argv)
 
-    weights = CostWeights(w_load_blocks=args.w_load_blocks, window_abs=args.window_abs,
-                          window_rel=args.window_rel)
-    workload = WorkloadConfig(seed=args.seed, block_size=args.block_size, duration_s=args.duration_s,
-                              num_sessions=args.sessions, num_turns=args.turns, num_groups=args.groups,
-                              group_system_tokens=args.group_system_tokens,
-                              num_shared_requests=args.shared_requests)
-    cluster = ClusterConfig(num_replicas=args.replicas, kv_blocks_per_replica=args.kv_blocks,
-                            block_size=args.block_size, max_batch=args.max_batch,
-                            stats_period_s=args.stats_period_s)
+    weights = CostWeights(w_load_blocks=args.w_load_blocks, window_abs=args.window_abs, window_rel=args.window_rel)
+    workload = WorkloadConfig(
+        seed=args.seed,
+        block_size=args.block_size,
+        duration_s=args.duration_s,
+        num_sessions=args.sessions,
+        num_turns=args.turns,
+        num_groups=args.groups,
+        group_system_tokens=args.group_system_tokens,
+        num_shared_requests=args.shared_requests,
+    )
+    cluster = ClusterConfig(
+        num_replicas=args.replicas,
+        kv_blocks_per_replica=args.kv_blocks,
+        block_size=args.block_size,
+        max_batch=args.max_batch,
+        stats_period_s=args.stats_period_s,
+    )
     started = time.perf_counter()
     trace = make_trace(workload)
-    hits, prompt = oracle_hit_tokens(trace, cluster.num_replicas * cluster.kv_blocks_per_replica,
-                                     cluster.block_size)
+    hits, prompt = oracle_hit_tokens(trace, cluster.num_replicas * cluster.kv_blocks_per_replica, cluster.block_size)
     oracle = hits / prompt
     names = [n for n in args.policies.split(",") if n]
     unknown = [n for n in names if n not in ENTRIES]
@@ -299,19 +345,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     latency_info = {}
     if not args.no_latency:
         # Many more sessions and groups, so the index really holds >= 100k distinct blocks.
-        latency_trace = make_trace(replace(workload, seed=args.seed + 1, num_sessions=1600,
-                                           num_groups=256, num_shared_requests=4000))
+        latency_trace = make_trace(
+            replace(workload, seed=args.seed + 1, num_sessions=1600, num_groups=256, num_shared_requests=4000)
+        )
         kv_blocks = math.ceil(args.latency_cached_blocks * 1.25 / args.latency_replicas)
         for name in names:
             if "routers" in name:  # one decision is one RouterCore's, as in the single-router entry
                 continue
             gc.collect()
-            entries[name].update(measure_latency(
-                name, latency_trace, args.latency_replicas, kv_blocks, args.block_size, weights,
-                args.latency_cached_blocks, args.latency_decisions, args.seed))
-        latency_info = {"replicas": args.latency_replicas, "kv_blocks_per_replica": kv_blocks,
-                        "min_cached_blocks": args.latency_cached_blocks,
-                        **measure_hashing(latency_trace, args.block_size, 2000)}
+            entries[name].update(
+                measure_latency(
+                    name,
+                    latency_trace,
+                    args.latency_replicas,
+                    kv_blocks,
+                    args.block_size,
+                    weights,
+                    args.latency_cached_blocks,
+                    args.latency_decisions,
+                    args.seed,
+                )
+            )
+        latency_info = {
+            "replicas": args.latency_replicas,
+            "kv_blocks_per_replica": kv_blocks,
+            "min_cached_blocks": args.latency_cached_blocks,
+            **measure_hashing(latency_trace, args.block_size, 2000),
+        }
 
     out = {
         "bench": "router_sim",
@@ -321,8 +381,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "oracle_hit_rate": round(oracle, 4),
         "policies": entries,
         "latency": latency_info,
-        "targets": {"policy": "prefix+session+load", "hit_ratio_vs_oracle_min": 0.95,
-                    "max_over_mean_load_max": 1.25, "decision_p99_us_max": 200},
+        "targets": {
+            "policy": "prefix+session+load",
+            "hit_ratio_vs_oracle_min": 0.95,
+            "max_over_mean_load_max": 1.25,
+            "decision_p99_us_max": 200,
+        },
         "runtime_s": round(time.perf_counter() - started, 1),
     }
     print(json.dumps(out, indent=None if args.json else 2))

@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from router_sim_workload import TraceRequest
+
 from accel.contract import EngineStats
 from deployments.router.kv_events import BlockRemoved, BlockStored, KVEvent
-from router_sim_workload import TraceRequest
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,9 @@ class SimResult:
     load_per_replica: list[float] = field(default_factory=list)  # time-averaged requests in system
 
 
-def simulate(trace: Sequence[TraceRequest], cluster: ClusterConfig, router: SimRouter,
-             replica_ids: Sequence[str]) -> SimResult:
+def simulate(
+    trace: Sequence[TraceRequest], cluster: ClusterConfig, router: SimRouter, replica_ids: Sequence[str]
+) -> SimResult:
     replicas = {r: SimReplica(r, EngineCache(cluster.kv_blocks_per_replica)) for r in replica_ids}
     result = SimResult()
     events: list[tuple[float, int, int, object]] = []  # (time, seq, kind, payload)
@@ -165,10 +167,15 @@ def simulate(trace: Sequence[TraceRequest], cluster: ClusterConfig, router: SimR
         else:
             for rep in replicas.values():
                 total = cluster.kv_blocks_per_replica
-                router.on_stats(rep.replica_id, EngineStats(
-                    num_waiting=len(rep.queue), num_running=rep.num_running,
-                    num_kv_blocks_total=total,
-                    num_kv_blocks_free=max(0, total - rep.num_running_blocks)))
+                router.on_stats(
+                    rep.replica_id,
+                    EngineStats(
+                        num_waiting=len(rep.queue),
+                        num_running=rep.num_running,
+                        num_kv_blocks_total=total,
+                        num_kv_blocks_free=max(0, total - rep.num_running_blocks),
+                    ),
+                )
             if num_pending:
                 heapq.heappush(events, (now_s + cluster.stats_period_s, -1, stats_tick, None))
     for rep in replicas.values():

@@ -16,31 +16,47 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from router_sim_workload import TraceRequest
+
 from accel.contract import EngineStats
-from deployments.router.rendezvous_request_router import rendezvous_order
-from deployments.router.messages import RouteRequest
-from deployments.router.kv_events import KVEvent
 from deployments.router.core.load import PEER_LOAD_PERIOD_S
 from deployments.router.core.policy import CostWeights
-from router_sim_workload import TraceRequest
+from deployments.router.kv_events import KVEvent
+from deployments.router.messages import RouteRequest
+from deployments.router.rendezvous_request_router import rendezvous_order
 
 
 class MultiCoreSimRouter:
-    def __init__(self, num_routers: int, policy: str, index_mode: str, replica_ids: Sequence[str],
-                 num_kv_blocks: int, block_size: int, weights: CostWeights,
-                 peer_period_s: float | None = PEER_LOAD_PERIOD_S) -> None:
+    def __init__(
+        self,
+        num_routers: int,
+        policy: str,
+        index_mode: str,
+        replica_ids: Sequence[str],
+        num_kv_blocks: int,
+        block_size: int,
+        weights: CostWeights,
+        peer_period_s: float | None = PEER_LOAD_PERIOD_S,
+    ) -> None:
         from router_sim import CoreSimRouter  # the single-router driver; imported late (cycle)
 
-        self.routers = {f"router-{i}": CoreSimRouter(policy, index_mode, replica_ids, num_kv_blocks,
-                                                     block_size, weights) for i in range(num_routers)}
+        self.routers = {
+            f"router-{i}": CoreSimRouter(policy, index_mode, replica_ids, num_kv_blocks, block_size, weights)
+            for i in range(num_routers)
+        }
         self._router_ids = sorted(self.routers)
         self._router_of: dict[str, str] = {}  # request id -> router replica that decided it
         self._peer_period_s = peer_period_s
         self._next_publish_s = 0.0
 
     def _owner(self, req: TraceRequest) -> str:
-        key = RouteRequest(req.request_id, "sim", len(req.prompt_token_ids), session_id=req.session_key,
-                           prompt_block_hashes=tuple(req.prompt_hashes[:1])).affinity_key
+        key = RouteRequest(
+            req.request_id,
+            "sim",
+            len(req.prompt_token_ids),
+            session_id=req.session_key,
+            prompt_block_hashes=tuple(req.prompt_hashes[:1]),
+        ).affinity_key
         return rendezvous_order(key, self._router_ids)[0]
 
     def _tick(self, now_s: float) -> None:

@@ -60,13 +60,21 @@ def _tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(3, VOCAB) for _ in range(n)]
 
 
-def _request(cfg: WorkloadConfig, arrival_s: float, request_id: str, session: str | None,
-             prompt: list[int], answer: list[int]) -> TraceRequest:
+def _request(
+    cfg: WorkloadConfig, arrival_s: float, request_id: str, session: str | None, prompt: list[int], answer: list[int]
+) -> TraceRequest:
     full = prompt + answer
     full_hashes = hash_prompt_blocks(full, cfg.block_size)
     num_prompt_blocks = len(prompt) // cfg.block_size
-    return TraceRequest(arrival_s, request_id, session, tuple(prompt), len(answer),
-                        tuple(full_hashes[:num_prompt_blocks]), tuple(full_hashes))
+    return TraceRequest(
+        arrival_s,
+        request_id,
+        session,
+        tuple(prompt),
+        len(answer),
+        tuple(full_hashes[:num_prompt_blocks]),
+        tuple(full_hashes),
+    )
 
 
 def make_trace(cfg: WorkloadConfig) -> list[TraceRequest]:

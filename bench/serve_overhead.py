@@ -57,8 +57,14 @@ def _prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
 
 
 async def _one(http: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int) -> tuple[float, int]:
-    body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True}
+    body = {
+        "model": "tiny-llama",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     start = time.perf_counter()
     ttft = None
     num_chunks = 0
@@ -79,6 +85,7 @@ async def _load(url: str, prompts: list[list[int]], concurrency: int, max_tokens
     queue = list(prompts)
     ttfts: list[float] = []
     async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=concurrency * 2)) as http:
+
         async def worker():
             while queue:
                 prompt = queue.pop()
@@ -121,10 +128,26 @@ def peer_server(opts):
     pool = load_app_config(_args_of_config()).pools[0]
     args = pool.engine_args_for_engine()
     port = _free_port()
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args["model"],
-           "--served-model-name", "tiny-llama", "--host", "127.0.0.1", "--port", str(port),
-           "--max-model-len", str(args["max_model_len"]), "--max-num-seqs", str(args["max_num_seqs"]),
-           "--dtype", args["dtype"], "--disable-uvicorn-access-log"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        args["model"],
+        "--served-model-name",
+        "tiny-llama",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(args["max_model_len"]),
+        "--max-num-seqs",
+        str(args["max_num_seqs"]),
+        "--dtype",
+        args["dtype"],
+        "--disable-uvicorn-access-log",
+    ]
     if args.get("enforce_eager"):
         cmd.append("--enforce-eager")
     if args.get("enable_prefix_caching"):
@@ -153,8 +176,9 @@ def our_stack(opts):
     from serve_app.app import build_app
 
     port = _free_port()
-    ray.init(address="local", num_cpus=2, object_store_memory=100 * 1024 * 1024, include_dashboard=False,
-             log_to_driver=False)
+    ray.init(
+        address="local", num_cpus=2, object_store_memory=100 * 1024 * 1024, include_dashboard=False, log_to_driver=False
+    )
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build_app(_args_of_config()), name="bench", route_prefix="/")
@@ -169,10 +193,10 @@ def our_stack(opts):
 
 
 def _round(url: str, opts, seed: int) -> dict:
-    loaded = asyncio.run(_load(url, _prompts(opts.requests, opts.prompt_tokens, seed=seed), opts.concurrency,
-                               opts.max_tokens))
-    idle = asyncio.run(_load(url, _prompts(opts.idle_requests, opts.prompt_tokens, seed=seed + 1), 1,
-                             opts.max_tokens))
+    loaded = asyncio.run(
+        _load(url, _prompts(opts.requests, opts.prompt_tokens, seed=seed), opts.concurrency, opts.max_tokens)
+    )
+    idle = asyncio.run(_load(url, _prompts(opts.idle_requests, opts.prompt_tokens, seed=seed + 1), 1, opts.max_tokens))
     loaded["idle_ttft_p50_ms"] = idle["ttft_p50_ms"]
     return loaded
 
@@ -213,8 +237,9 @@ def main() -> None:
         if opts.only != "peer":
             urls["ours"] = stack.enter_context(our_stack(opts))
         for url in urls.values():  # warm-up
-            asyncio.run(_load(url, _prompts(opts.warmup, opts.prompt_tokens, seed=1), opts.concurrency,
-                              opts.max_tokens))
+            asyncio.run(
+                _load(url, _prompts(opts.warmup, opts.prompt_tokens, seed=1), opts.concurrency, opts.max_tokens)
+            )
         rounds: dict[str, list[dict]] = {name: [] for name in urls}
         for i in range(opts.rounds):  # alternate, so load drift on a shared machine hits both
             for name, url in urls.items():
@@ -225,8 +250,14 @@ def main() -> None:
         return
     peer, ours = summary["peer"], summary["ours"]
     result = {
-        "load": {"concurrency": opts.concurrency, "requests_per_round": opts.requests, "rounds": opts.rounds,
-                 "prompt_tokens": opts.prompt_tokens, "max_tokens": opts.max_tokens, "stream": True},
+        "load": {
+            "concurrency": opts.concurrency,
+            "requests_per_round": opts.requests,
+            "rounds": opts.rounds,
+            "prompt_tokens": opts.prompt_tokens,
+            "max_tokens": opts.max_tokens,
+            "stream": True,
+        },
         "peer_vllm_openai_server": peer,
         "ours_serve_stack": ours,
         "throughput_ratio": round(ours["median_output_tokens_per_s"] / peer["median_output_tokens_per_s"], 3),

@@ -81,10 +81,18 @@ async def _run_timed(engine, requests, on_delta=None) -> tuple[list[float], list
 
 def fixed_time_decode(ckpt: Path, async_scheduling: bool, max_tokens: int, repeats: int) -> dict:
     """Median over ``repeats`` rounds of a full 128-row decode (same engine, fresh requests)."""
-    config = TTEngineConfig.from_engine_args(dict(
-        model=str(ckpt), max_num_seqs=PER_LANE, data_parallel_size=LANES, block_size=64, max_model_len=512,
-        max_num_batched_tokens=2048, async_scheduling=async_scheduling,
-        additional_config={"tt": {"sample_on_device_mode": "all", "enable_model_warmup": False}}))
+    config = TTEngineConfig.from_engine_args(
+        dict(
+            model=str(ckpt),
+            max_num_seqs=PER_LANE,
+            data_parallel_size=LANES,
+            block_size=64,
+            max_model_len=512,
+            max_num_batched_tokens=2048,
+            async_scheduling=async_scheduling,
+            additional_config={"tt": {"sample_on_device_mode": "all", "enable_model_warmup": False}},
+        )
+    )
     engine = TTMeshEngine(config, model_class=FixedTimeMeshModel)
     try:
         rounds = [_decode_round(engine, round_id, max_tokens) for round_id in range(repeats)]
@@ -96,9 +104,10 @@ def fixed_time_decode(ckpt: Path, async_scheduling: bool, max_tokens: int, repea
 def _decode_round(engine: TTMeshEngine, round_id: int, max_tokens: int) -> dict:
     """Steady-decode window: from the moment every request decodes to the first finish."""
     prompts = _prompts(LANES * PER_LANE, 16, seed=round_id)
-    reqs = [GenerateRequest(f"d{round_id}-{i}", p, SamplingParams(temperature=0, max_tokens=max_tokens,
-                                                                  ignore_eos=True))
-            for i, p in enumerate(prompts)]
+    reqs = [
+        GenerateRequest(f"d{round_id}-{i}", p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+        for i, p in enumerate(prompts)
+    ]
     marks: dict[str, tuple[float, float, int]] = {}
     decoding: set[int] = set()
 
@@ -119,14 +128,20 @@ def _decode_round(engine: TTMeshEngine, round_id: int, max_tokens: int) -> dict:
     ideal = LANES * PER_LANE / DECODE_TIME_S
     (c0, h0, n0), (c1, h1, n1) = marks["start"], marks["end"]
     steps = max(n1 - n0, 1)
-    return {"efficiency": achieved / ideal, "tok_s": achieved, "ideal_tok_s": ideal,
-            "host_ms_per_step": 1000 * (h1 - h0) / steps,
-            "consumer_ms_per_step": 1000 * (c1 - c0) / steps}
+    return {
+        "efficiency": achieved / ideal,
+        "tok_s": achieved,
+        "ideal_tok_s": ideal,
+        "host_ms_per_step": 1000 * (h1 - h0) / steps,
+        "consumer_ms_per_step": 1000 * (c1 - c0) / steps,
+    }
 
 
 def _throughput_requests(tag: str, n: int, prompt_len: int, max_tokens: int, seed: int) -> list[GenerateRequest]:
-    return [GenerateRequest(f"{tag}{i}", p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
-            for i, p in enumerate(_prompts(n, prompt_len, seed=seed))]
+    return [
+        GenerateRequest(f"{tag}{i}", p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+        for i, p in enumerate(_prompts(n, prompt_len, seed=seed))
+    ]
 
 
 class OursTorch:
@@ -135,10 +150,18 @@ class OursTorch:
     def __init__(self, ckpt: Path, n: int):
         from accel.tt.backend import open_backend
 
-        config = TTEngineConfig.from_engine_args(dict(
-            model=str(ckpt), max_num_seqs=n, data_parallel_size=1, block_size=64, max_model_len=512,
-            max_num_batched_tokens=2048, async_scheduling=True,
-            additional_config={"tt": {"sample_on_device_mode": "all"}}))
+        config = TTEngineConfig.from_engine_args(
+            dict(
+                model=str(ckpt),
+                max_num_seqs=n,
+                data_parallel_size=1,
+                block_size=64,
+                max_model_len=512,
+                max_num_batched_tokens=2048,
+                async_scheduling=True,
+                additional_config={"tt": {"sample_on_device_mode": "all"}},
+            )
+        )
         self.engine = TTMeshEngine(config, backend=open_backend("torch"))
 
     async def output_tokens(self, reqs: list[GenerateRequest]) -> int:
@@ -159,9 +182,17 @@ class VllmCpu:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
-            model=str(ckpt), enforce_eager=True, dtype="float32", max_model_len=512, max_num_seqs=n, seed=0,
-            disable_log_stats=True))
+        self.llm = AsyncLLM.from_engine_args(
+            AsyncEngineArgs(
+                model=str(ckpt),
+                enforce_eager=True,
+                dtype="float32",
+                max_model_len=512,
+                max_num_seqs=n,
+                seed=0,
+                disable_log_stats=True,
+            )
+        )
 
     async def output_tokens(self, reqs: list[GenerateRequest]) -> int:
         from vllm import SamplingParams as VllmSamplingParams
@@ -169,10 +200,12 @@ class VllmCpu:
         async def one(req: GenerateRequest) -> int:
             params = VllmSamplingParams(temperature=0, max_tokens=req.sampling.max_tokens, ignore_eos=True)
             count = 0
-            async for out in self.llm.generate({"prompt_token_ids": list(req.prompt_token_ids)}, params,
-                                               req.request_id):
+            async for out in self.llm.generate(
+                {"prompt_token_ids": list(req.prompt_token_ids)}, params, req.request_id
+            ):
                 count = len(out.outputs[0].token_ids)
             return count
+
         return sum(await asyncio.gather(*[one(r) for r in reqs]))
 
     def close(self) -> None:
@@ -220,8 +253,10 @@ def main() -> None:
         "host_ms_per_step_sync": round(sync["host_ms_per_step"], 3),
         "consumer_ms_per_step": round(overlap["consumer_ms_per_step"], 3),
         "fixed_device_ms_per_step": DECODE_TIME_S * 1000,
-        "lanes": LANES, "seqs_per_lane": PER_LANE,
-        "overlap_tok_s": round(overlap["tok_s"], 1), "sync_tok_s": round(sync["tok_s"], 1),
+        "lanes": LANES,
+        "seqs_per_lane": PER_LANE,
+        "overlap_tok_s": round(overlap["tok_s"], 1),
+        "sync_tok_s": round(sync["tok_s"], 1),
         "ideal_tok_s": round(overlap["ideal_tok_s"], 1),
         "repeats": args.repeats,
     }

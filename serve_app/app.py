@@ -60,15 +60,18 @@ def engine_deployment_options(pool: PoolConfig) -> dict[str, Any]:
         # Per-call access logs on the token path (and the router's stats polls) cost CPU per
         # request; the ingress keeps its HTTP access log.
         logging_config={"enable_access_log": False},
-        request_router_config=RequestRouterConfig(
-            request_router_class=PINNED_ROUTER, request_routing_stats_period_s=2),
+        request_router_config=RequestRouterConfig(request_router_class=PINNED_ROUTER, request_routing_stats_period_s=2),
     )
     if pool.autoscaling is not None:
         a = pool.autoscaling
         opts["autoscaling_config"] = {
-            "min_replicas": a.min_replicas, "max_replicas": a.max_replicas,
-            "initial_replicas": a.initial_replicas, "target_ongoing_requests": a.target_ongoing_requests,
-            "upscale_delay_s": a.upscale_delay_s, "downscale_delay_s": a.downscale_delay_s}
+            "min_replicas": a.min_replicas,
+            "max_replicas": a.max_replicas,
+            "initial_replicas": a.initial_replicas,
+            "target_ongoing_requests": a.target_ongoing_requests,
+            "upscale_delay_s": a.upscale_delay_s,
+            "downscale_delay_s": a.downscale_delay_s,
+        }
     else:
         opts["num_replicas"] = pool.replicas
     return opts
@@ -81,9 +84,9 @@ def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | N
     from ray.serve.config import RequestRouterConfig
 
     from deployments.ingress.openai_ingress import make_ingress_class, pool_infos
-    from deployments.router.deployment import RouterDeployment
     from deployments.replicas.tt_replica import TTMeshReplica
     from deployments.replicas.vllm_replica import VllmReplica
+    from deployments.router.deployment import RouterDeployment
 
     factories = dict(engine_factories or {})
     pool_apps = {}
@@ -95,27 +98,42 @@ def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | N
             section = "tpu" if pool.accelerator == "tpu" else "tt"
             raise ConfigError(f"{config.config_file}: pools[{i}].{section}: {exc}") from None
         deployment = serve.deployment(cls).options(**options)
-        pool_apps[pool.name] = deployment.bind(pool, factories.get(pool.engine),
-                                               kv_event_log_size=config.router.kv_event_log_size)
-    router = serve.deployment(RouterDeployment).options(
-        name=ROUTER_NAME, num_replicas=config.router.replicas,
-        ray_actor_options={"num_cpus": config.router.num_cpus},
-        max_ongoing_requests=100_000,
-        logging_config={"enable_access_log": False},
-        request_router_config=RequestRouterConfig(
-            request_router_class=RENDEZVOUS_ROUTER, request_routing_stats_period_s=10),
-    ).bind(pool_infos(config), pool_apps, config.router.stats_period_s,
-           pd_threshold_tokens=config.pd.threshold_tokens,
-           core_config=config.router.core_config(min(p.block_size for p in config.pools),
-                                                 config.pd.threshold_tokens),
-           num_router_replicas=config.router.replicas)
-    ingress = serve.deployment(make_ingress_class()).options(
-        name=INGRESS_NAME, num_replicas=config.ingress.replicas,
-        ray_actor_options={"num_cpus": config.ingress.num_cpus},
-        # Our own bound (max_concurrent_requests -> 429) decides; Serve's must not be lower.
-        max_ongoing_requests=config.ingress.max_concurrent_requests + 16,
-        logging_config={"enable_access_log": config.ingress.access_log},
-    ).bind(config, router, pool_apps)
+        pool_apps[pool.name] = deployment.bind(
+            pool, factories.get(pool.engine), kv_event_log_size=config.router.kv_event_log_size
+        )
+    router = (
+        serve.deployment(RouterDeployment)
+        .options(
+            name=ROUTER_NAME,
+            num_replicas=config.router.replicas,
+            ray_actor_options={"num_cpus": config.router.num_cpus},
+            max_ongoing_requests=100_000,
+            logging_config={"enable_access_log": False},
+            request_router_config=RequestRouterConfig(
+                request_router_class=RENDEZVOUS_ROUTER, request_routing_stats_period_s=10
+            ),
+        )
+        .bind(
+            pool_infos(config),
+            pool_apps,
+            config.router.stats_period_s,
+            pd_threshold_tokens=config.pd.threshold_tokens,
+            core_config=config.router.core_config(min(p.block_size for p in config.pools), config.pd.threshold_tokens),
+            num_router_replicas=config.router.replicas,
+        )
+    )
+    ingress = (
+        serve.deployment(make_ingress_class())
+        .options(
+            name=INGRESS_NAME,
+            num_replicas=config.ingress.replicas,
+            ray_actor_options={"num_cpus": config.ingress.num_cpus},
+            # Our own bound (max_concurrent_requests -> 429) decides; Serve's must not be lower.
+            max_ongoing_requests=config.ingress.max_concurrent_requests + 16,
+            logging_config={"enable_access_log": config.ingress.access_log},
+        )
+        .bind(config, router, pool_apps)
+    )
     return ingress
 
 

@@ -34,8 +34,8 @@ Role = Literal["both", "prefill", "decode"]
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str           # served name
-    path: Path          # checkpoint folder, ``~`` expanded
+    name: str  # served name
+    path: Path  # checkpoint folder, ``~`` expanded
     max_model_len: int  # prompt + completion tokens, the smallest over the model's pools
 
 
@@ -115,11 +115,15 @@ class RouterConfig:
         from deployments.router.core.router_core import RouterConfig as CoreConfig
         from deployments.router.core.sessions import SessionConfig
 
-        return CoreConfig(policy=self.policy, index_mode=self.index_mode, block_size=block_size,
-                          pd_min_prompt_tokens=pd_min_prompt_tokens,
-                          weights=CostWeights(**dict(self.weights or {})),
-                          sessions=SessionConfig(self.session_ttl_s, self.max_in_flight_per_session),
-                          load=LoadConfig(self.stats_max_age_s))
+        return CoreConfig(
+            policy=self.policy,
+            index_mode=self.index_mode,
+            block_size=block_size,
+            pd_min_prompt_tokens=pd_min_prompt_tokens,
+            weights=CostWeights(**dict(self.weights or {})),
+            sessions=SessionConfig(self.session_ttl_s, self.max_in_flight_per_session),
+            load=LoadConfig(self.stats_max_age_s),
+        )
 
 
 @dataclass(frozen=True)
@@ -174,8 +178,7 @@ def _format_validation(file: str, err: ValidationError) -> ConfigError:
     return ConfigError("\n".join(lines))
 
 
-def _resolve_max_model_len(file: str, index: int, model: Any, path: Path,
-                           pools: list[tuple[int, PoolArgs]]) -> int:
+def _resolve_max_model_len(file: str, index: int, model: Any, path: Path, pools: list[tuple[int, PoolArgs]]) -> int:
     candidates = [model.max_model_len] if model.max_model_len else []
     for j, pool in pools:
         value = pool.engine_args.get("max_model_len")
@@ -186,8 +189,11 @@ def _resolve_max_model_len(file: str, index: int, model: Any, path: Path,
     if not candidates:
         from_ckpt = max_position_embeddings(path)
         if from_ckpt is None:
-            raise _fail(file, f"models[{index}].max_model_len",
-                        f"not set and {path / 'config.json'} does not give max_position_embeddings")
+            raise _fail(
+                file,
+                f"models[{index}].max_model_len",
+                f"not set and {path / 'config.json'} does not give max_position_embeddings",
+            )
         candidates.append(from_ckpt)
     return min(candidates)
 
@@ -229,35 +235,60 @@ def _check_pd_pools(file: str, pools: tuple[PoolConfig, ...]) -> None:
         if pool.role not in PD_ROLES:
             continue
         if pool.accelerator == "tpu" and connector not in TPU_PD_CONNECTORS:
-            raise _fail(file, key, (
-                f"a TPU pool with role {pool.role} needs its backend's own prefill/decode connector "
-                f"(TPU backends load no other, so meshserve's cannot be wired in): {{kv_connector: "
-                f"TPUConnector, kv_connector_module_path: tpu_inference.distributed.tpu_connector, "
-                f"kv_role: {KV_ROLES[pool.role][0]}}}; got {connector or 'none'}"))
+            raise _fail(
+                file,
+                key,
+                (
+                    f"a TPU pool with role {pool.role} needs its backend's own prefill/decode connector "
+                    f"(TPU backends load no other, so meshserve's cannot be wired in): {{kv_connector: "
+                    f"TPUConnector, kv_connector_module_path: tpu_inference.distributed.tpu_connector, "
+                    f"kv_role: {KV_ROLES[pool.role][0]}}}; got {connector or 'none'}"
+                ),
+            )
         if connector is not None and config.get("kv_role") not in KV_ROLES[pool.role]:
-            raise _fail(file, f"{key}.kv_role", f"a {pool.role} pool's connector needs kv_role "
-                        f"{' or '.join(KV_ROLES[pool.role])}, got {config.get('kv_role')!r}")
+            raise _fail(
+                file,
+                f"{key}.kv_role",
+                f"a {pool.role} pool's connector needs kv_role "
+                f"{' or '.join(KV_ROLES[pool.role])}, got {config.get('kv_role')!r}",
+            )
     for i, pool in enumerate(pools):
         if pool.role == "prefill":
             problem = pairing_problem(pool, pools)
             if problem is not None:
-                raise _fail(file, f"pools[{i}].role", f"prefill pool {pool.name!r} cannot take part in "
-                            f"prefill/decode disaggregation: {problem}")
+                raise _fail(
+                    file,
+                    f"pools[{i}].role",
+                    f"prefill pool {pool.name!r} cannot take part in prefill/decode disaggregation: {problem}",
+                )
 
 
 def _to_pool(pool: PoolArgs, model: ModelConfig) -> PoolConfig:
     auto = pool.autoscaling
     return PoolConfig(
-        name=pool.name, engine=pool.engine, accelerator=pool.accelerator, model=pool.model,
-        model_path=model.path, max_model_len=model.max_model_len, role=pool.role,
+        name=pool.name,
+        engine=pool.engine,
+        accelerator=pool.accelerator,
+        model=pool.model,
+        model_path=model.path,
+        max_model_len=model.max_model_len,
+        role=pool.role,
         replicas=pool.replicas,
-        autoscaling=None if auto is None else AutoscalingConfig(
-            auto.min_replicas, auto.max_replicas, auto.initial_replicas,
-            auto.target_ongoing_requests, auto.upscale_delay_s, auto.downscale_delay_s),
+        autoscaling=None
+        if auto is None
+        else AutoscalingConfig(
+            auto.min_replicas,
+            auto.max_replicas,
+            auto.initial_replicas,
+            auto.target_ongoing_requests,
+            auto.upscale_delay_s,
+            auto.downscale_delay_s,
+        ),
         max_ongoing_requests=pool.max_ongoing_requests,
         max_queued_requests=pool.max_queued_requests,
         engine_args=dict(pool.engine_args),
-        num_cpus=pool.resources.num_cpus, memory_bytes=pool.resources.memory,
+        num_cpus=pool.resources.num_cpus,
+        memory_bytes=pool.resources.memory,
         extra_resources=dict(pool.resources.resources),
         tt_mesh_device=pool.tt.mesh_device if pool.tt else None,
         tpu_type=pool.tpu.type if pool.tpu else None,
@@ -319,10 +350,21 @@ def load_app_config(args: Mapping[str, Any] | AppArgs, config_file: str | None =
         config_file=file,
         models=tuple(models),
         pools=pools,
-        router=RouterConfig(r.policy, r.replicas, r.num_cpus, r.stats_period_s, r.decision_timeout_s,
-                            r.index_mode, r.weights.model_dump(), r.session_ttl_s,
-                            r.max_in_flight_per_session, r.stats_max_age_s, r.kv_event_log_size),
+        router=RouterConfig(
+            r.policy,
+            r.replicas,
+            r.num_cpus,
+            r.stats_period_s,
+            r.decision_timeout_s,
+            r.index_mode,
+            r.weights.model_dump(),
+            r.session_ttl_s,
+            r.max_in_flight_per_session,
+            r.stats_max_age_s,
+            r.kv_event_log_size,
+        ),
         pd=PDConfig(pd.threshold_tokens),
-        ingress=IngressConfig(ing.replicas, ing.num_cpus, ing.max_concurrent_requests, ing.retry_after_s,
-                              ing.access_log),
+        ingress=IngressConfig(
+            ing.replicas, ing.num_cpus, ing.max_concurrent_requests, ing.retry_after_s, ing.access_log
+        ),
     )

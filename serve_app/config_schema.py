@@ -104,8 +104,7 @@ class RouterWeightsArgs(_Strict):
 
 
 class RouterArgs(_Strict):
-    policy: Literal["prefix+session+load", "round_robin", "least_loaded", "prefix", "session"] = \
-        "prefix+session+load"
+    policy: Literal["prefix+session+load", "round_robin", "least_loaded", "prefix", "session"] = "prefix+session+load"
     # precise: engines that publish KV events (TT) drive the prefix index; others are learned
     # from routing. approximate: every replica is learned from routing.
     index_mode: Literal["precise", "approximate"] = "precise"

@@ -20,12 +20,74 @@ from accel.contract import EngineStats, FinishReason
 ENGINE_TAGS = ("model_name", "pool", "replica")
 
 # vLLM 0.32's buckets (vllm/v1/metrics/buckets.py).
-TTFT_BUCKETS_S = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                  5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
-ITL_BUCKETS_S = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
-                 7.5, 10.0, 20.0, 40.0, 80.0]
-E2E_BUCKETS_S = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-                 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+TTFT_BUCKETS_S = [
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+]
+ITL_BUCKETS_S = [
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+]
+E2E_BUCKETS_S = [
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+]
 OCCUPANCY_BUCKETS = [0.1, 0.25, 0.5, 0.75, 0.9, 1.0]
 
 
@@ -46,9 +108,15 @@ class EngineMetrics:
         self._last_extra: dict[str, float] = {}
         t = ENGINE_TAGS
         self.ttft = Histogram("vllm_time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS_S, t)
-        self.itl = Histogram("vllm_inter_token_latency_seconds", "Time between output deltas, per token.", ITL_BUCKETS_S, t)
-        self.tpot = Histogram("vllm_request_time_per_output_token_seconds",
-                              "Per request: decode time / (output tokens - 1).", ITL_BUCKETS_S, t)
+        self.itl = Histogram(
+            "vllm_inter_token_latency_seconds", "Time between output deltas, per token.", ITL_BUCKETS_S, t
+        )
+        self.tpot = Histogram(
+            "vllm_request_time_per_output_token_seconds",
+            "Per request: decode time / (output tokens - 1).",
+            ITL_BUCKETS_S,
+            t,
+        )
         self.e2e = Histogram("vllm_e2e_request_latency_seconds", "Request latency in the replica.", E2E_BUCKETS_S, t)
         self.running = Gauge("vllm_num_requests_running", "Requests in the engine's running set.", t)
         self.waiting = Gauge("vllm_num_requests_waiting", "Requests waiting for admission.", t)
@@ -62,8 +130,9 @@ class EngineMetrics:
         self.step_mode = Counter("meshserve_engine_steps", "Engine steps by mode.", t + ("mode",))
         self.sampling = Counter("meshserve_sampled_tokens", "Sampled tokens by where sampling ran.", t + ("where",))
         self.lane_occupancy = Gauge("meshserve_lane_occupancy", "Busy decode slots / slots, per lane.", t + ("lane",))
-        self.async_overlap = Gauge("meshserve_async_overlap_fraction",
-                                   "Fraction of decode steps whose host work overlapped device work.", t)
+        self.async_overlap = Gauge(
+            "meshserve_async_overlap_fraction", "Fraction of decode steps whose host work overlapped device work.", t
+        )
 
     def observe_first_token(self, ttft_s: float) -> None:
         if self.emit_vllm:
@@ -73,8 +142,9 @@ class EngineMetrics:
         if self.emit_vllm and num_tokens > 0:
             self.itl.observe(gap_s / num_tokens, self._tags)
 
-    def observe_finish(self, reason: FinishReason, num_prompt: int, num_output: int,
-                       e2e_s: float, ttft_s: float | None) -> None:
+    def observe_finish(
+        self, reason: FinishReason, num_prompt: int, num_output: int, e2e_s: float, ttft_s: float | None
+    ) -> None:
         if not self.emit_vllm:
             return
         self.e2e.observe(e2e_s, self._tags)
@@ -122,10 +192,12 @@ class IngressMetrics:
     """Ingress-side counters: router fallbacks and rejected requests."""
 
     def __init__(self):
-        self.router_fallbacks = Counter("meshserve_router_fallbacks",
-                                        "Requests routed locally because the router did not answer.", ("reason",))
-        self.rejected = Counter("meshserve_requests_rejected", "Requests refused before any engine.",
-                                ("model_name", "status"))
+        self.router_fallbacks = Counter(
+            "meshserve_router_fallbacks", "Requests routed locally because the router did not answer.", ("reason",)
+        )
+        self.rejected = Counter(
+            "meshserve_requests_rejected", "Requests refused before any engine.", ("model_name", "status")
+        )
         self.inflight = Gauge("meshserve_ingress_requests_inflight", "Requests held by this ingress replica.")
 
     def fallback(self, reason: str) -> None:
@@ -137,6 +209,7 @@ class IngressMetrics:
 
 class RouterMetrics:
     def __init__(self):
-        self.decisions = Counter("meshserve_router_decisions", "Routing decisions by pool and reason.",
-                                 ("pool", "reason"))
+        self.decisions = Counter(
+            "meshserve_router_decisions", "Routing decisions by pool and reason.", ("pool", "reason")
+        )
         self.known_replicas = Gauge("meshserve_router_known_replicas", "Engine replicas the router sees.", ("pool",))

@@ -52,7 +52,6 @@ def loop():
     loop.close()
 
 
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -68,8 +67,9 @@ def serve_session():
     # Workers inherit the raylet's environment: make `tests.*` (test doubles) importable there.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     port = _free_port()
-    ray.init(address="local", num_cpus=2, object_store_memory=100 * 1024 * 1024,
-             include_dashboard=False, log_to_driver=False)
+    ray.init(
+        address="local", num_cpus=2, object_store_memory=100 * 1024 * 1024, include_dashboard=False, log_to_driver=False
+    )
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         yield f"http://127.0.0.1:{port}"

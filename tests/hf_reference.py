@@ -15,8 +15,13 @@ def _load(model_dir: str):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
-def hf_greedy(model_dir: str | Path, prompt_ids: Sequence[int], max_new_tokens: int,
-              eos_token_ids: frozenset[int] = frozenset(), ignore_eos: bool = True) -> list[int]:
+def hf_greedy(
+    model_dir: str | Path,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    eos_token_ids: frozenset[int] = frozenset(),
+    ignore_eos: bool = True,
+) -> list[int]:
     """Greedy continuation of ``prompt_ids`` with HF's own forward and KV cache.
 
     Stops after ``max_new_tokens`` or, unless ``ignore_eos``, after (and including) an eos token.
@@ -39,8 +44,9 @@ def hf_greedy(model_dir: str | Path, prompt_ids: Sequence[int], max_new_tokens: 
     return out
 
 
-def hf_logprobs(model_dir: str | Path, prompt_ids: Sequence[int], token_ids: Sequence[int],
-                num_top: int = 0) -> list[tuple[float, list[int]]]:
+def hf_logprobs(
+    model_dir: str | Path, prompt_ids: Sequence[int], token_ids: Sequence[int], num_top: int = 0
+) -> list[tuple[float, list[int]]]:
     """Raw log-probability HF gives each of ``token_ids`` after ``prompt_ids`` (teacher forced),
     with the ids of its ``num_top`` most likely tokens at that position."""
     import torch
@@ -49,10 +55,11 @@ def hf_logprobs(model_dir: str | Path, prompt_ids: Sequence[int], token_ids: Seq
     ids = torch.tensor([list(prompt_ids) + list(token_ids)], dtype=torch.long)
     with torch.no_grad():
         # logits at position p predict token p + 1: rows len(prompt)-1 .. end-1 score token_ids
-        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1: -1]
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1]
     lps = torch.log_softmax(logits.float(), dim=-1)
-    return [(float(lps[i, t]), lps[i].topk(num_top).indices.tolist() if num_top else [])
-            for i, t in enumerate(token_ids)]
+    return [
+        (float(lps[i, t]), lps[i].topk(num_top).indices.tolist() if num_top else []) for i, t in enumerate(token_ids)
+    ]
 
 
 def hf_prompt_kv(model_dir: str | Path, prompt_ids: Sequence[int]):

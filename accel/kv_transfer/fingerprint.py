@@ -40,7 +40,7 @@ def _fingerprint(model_dir: str) -> str:
     return digest.hexdigest()[:32]
 
 
-def _hash_weight_file(digest: "hashlib._Hash", path: Path) -> None:
+def _hash_weight_file(digest: hashlib._Hash, path: Path) -> None:
     size = path.stat().st_size
     digest.update(f"{path.name}:{size}".encode())
     with path.open("rb") as f:

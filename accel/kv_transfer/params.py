@@ -16,17 +16,23 @@ from accel.contract import KVTransferParams
 
 
 def to_dict(params: KVTransferParams) -> dict[str, Any]:
-    return {"do_remote_decode": params.do_remote_decode, "do_remote_prefill": params.do_remote_prefill,
-            "transfer_id": params.transfer_id, "num_tokens": params.num_tokens}
+    return {
+        "do_remote_decode": params.do_remote_decode,
+        "do_remote_prefill": params.do_remote_prefill,
+        "transfer_id": params.transfer_id,
+        "num_tokens": params.num_tokens,
+    }
 
 
 def from_dict(values: Mapping[str, Any] | None) -> KVTransferParams | None:
     if not values:
         return None
-    return KVTransferParams(do_remote_decode=bool(values.get("do_remote_decode")),
-                            do_remote_prefill=bool(values.get("do_remote_prefill")),
-                            transfer_id=values.get("transfer_id") or None,
-                            num_tokens=int(values.get("num_tokens") or 0))
+    return KVTransferParams(
+        do_remote_decode=bool(values.get("do_remote_decode")),
+        do_remote_prefill=bool(values.get("do_remote_prefill")),
+        transfer_id=values.get("transfer_id") or None,
+        num_tokens=int(values.get("num_tokens") or 0),
+    )
 
 
 def new_transfer_id(request_id: str) -> str:

@@ -43,10 +43,25 @@ class KVDescriptor:
     block_hashes: tuple[BlockHash, ...]
 
     @staticmethod
-    def for_prompt(model_fingerprint: str, dtype: torch.dtype, num_layers: int, num_kv_heads: int,
-                   head_dim: int, token_ids: Sequence[int], block_size: int) -> "KVDescriptor":
-        return KVDescriptor(model_fingerprint, dtype_name(dtype), num_layers, num_kv_heads, head_dim,
-                            len(token_ids), block_size, prompt_hashes(token_ids, block_size))
+    def for_prompt(
+        model_fingerprint: str,
+        dtype: torch.dtype,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        token_ids: Sequence[int],
+        block_size: int,
+    ) -> KVDescriptor:
+        return KVDescriptor(
+            model_fingerprint,
+            dtype_name(dtype),
+            num_layers,
+            num_kv_heads,
+            head_dim,
+            len(token_ids),
+            block_size,
+            prompt_hashes(token_ids, block_size),
+        )
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -60,25 +75,27 @@ class KVDescriptor:
     def num_bytes(self) -> int:
         return math.prod(self.shape) * self.torch_dtype.itemsize
 
-    def check_compatible(self, model_fingerprint: str, dtype: torch.dtype, num_layers: int,
-                         num_kv_heads: int, head_dim: int) -> None:
+    def check_compatible(
+        self, model_fingerprint: str, dtype: torch.dtype, num_layers: int, num_kv_heads: int, head_dim: int
+    ) -> None:
         """Raise ``KVModelMismatchError`` unless an engine with these properties can use the KV."""
         if model_fingerprint != self.model_fingerprint:
             raise KVModelMismatchError(
                 f"KV transfer refused: payload was computed by model {self.model_fingerprint}, "
-                f"this engine serves model {model_fingerprint} (config or weights differ)")
+                f"this engine serves model {model_fingerprint} (config or weights differ)"
+            )
         theirs = (self.dtype, self.num_layers, self.num_kv_heads, self.head_dim)
         ours = (dtype_name(dtype), num_layers, num_kv_heads, head_dim)
         if theirs != ours:
             raise KVModelMismatchError(
-                f"KV transfer refused: payload (dtype, layers, kv_heads, head_dim)={theirs}, "
-                f"engine expects {ours}")
+                f"KV transfer refused: payload (dtype, layers, kv_heads, head_dim)={theirs}, engine expects {ours}"
+            )
 
     def check_prompt(self, token_ids: Sequence[int]) -> None:
         """Raise ``KVIntegrityError`` unless the payload is the KV of ``token_ids[:num_tokens]``."""
         if len(token_ids) < self.num_tokens:
             raise KVIntegrityError(f"payload holds {self.num_tokens} tokens, the prompt has {len(token_ids)}")
-        if prompt_hashes(token_ids[:self.num_tokens], self.block_size) != self.block_hashes:
+        if prompt_hashes(token_ids[: self.num_tokens], self.block_size) != self.block_hashes:
             raise KVIntegrityError("payload block hashes do not match the prompt's tokens")
 
 
@@ -89,8 +106,10 @@ class KVPayload:
 
     def __post_init__(self) -> None:
         if tuple(self.kv.shape) != self.descriptor.shape or self.kv.dtype != self.descriptor.torch_dtype:
-            raise ValueError(f"payload tensor {tuple(self.kv.shape)} {self.kv.dtype} does not match "
-                             f"descriptor {self.descriptor.shape} {self.descriptor.dtype}")
+            raise ValueError(
+                f"payload tensor {tuple(self.kv.shape)} {self.kv.dtype} does not match "
+                f"descriptor {self.descriptor.shape} {self.descriptor.dtype}"
+            )
 
     def to_wire(self) -> np.ndarray:
         """A numpy view of the same bytes (Ray's object store moves numpy arrays without pickling
@@ -98,24 +117,25 @@ class KVPayload:
         return tensor_to_wire(self.kv)
 
     @staticmethod
-    def from_wire(descriptor: KVDescriptor, array: np.ndarray) -> "KVPayload":
+    def from_wire(descriptor: KVDescriptor, array: np.ndarray) -> KVPayload:
         """Inverse of ``to_wire``; zero-copy (the tensor may be read-only shared memory)."""
         return KVPayload(descriptor, tensor_from_wire(array, descriptor.torch_dtype).view(descriptor.shape))
 
-    def head(self, num_tokens: int) -> "KVPayload":
+    def head(self, num_tokens: int) -> KVPayload:
         """The payload of the first ``num_tokens`` tokens (a view)."""
         d = self.descriptor
-        hashes = d.block_hashes[:num_tokens // d.block_size]
+        hashes = d.block_hashes[: num_tokens // d.block_size]
         if num_tokens % d.block_size:
             raise ValueError("head() takes whole source blocks")
-        head_desc = KVDescriptor(d.model_fingerprint, d.dtype, d.num_layers, d.num_kv_heads,
-                                 d.head_dim, num_tokens, d.block_size, hashes)
+        head_desc = KVDescriptor(
+            d.model_fingerprint, d.dtype, d.num_layers, d.num_kv_heads, d.head_dim, num_tokens, d.block_size, hashes
+        )
         return KVPayload(head_desc, self.kv[:, :, :num_tokens])
 
 
 def prompt_hashes(token_ids: Sequence[int], block_size: int) -> tuple[BlockHash, ...]:
     hashes = hash_prompt_blocks(token_ids, block_size)
-    tail = token_ids[len(hashes) * block_size:]
+    tail = token_ids[len(hashes) * block_size :]
     if len(tail):
         hashes.append(hash_block(hashes[-1] if hashes else ROOT_HASH, tail))
     return tuple(hashes)

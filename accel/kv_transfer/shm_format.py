@@ -62,7 +62,7 @@ def decode_header(raw: bytes) -> tuple[HeaderPrefix, TransferHeader]:
     p = decode_prefix(raw)
     tid_end = PREFIX_BYTES + p.transfer_id_len
     transfer_id = raw[PREFIX_BYTES:tid_end].decode()
-    descriptor = pickle.loads(raw[tid_end:tid_end + p.descriptor_len])
+    descriptor = pickle.loads(raw[tid_end : tid_end + p.descriptor_len])
     return p, TransferHeader(transfer_id, descriptor, p.created_unix_s)
 
 

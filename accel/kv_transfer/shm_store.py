@@ -42,8 +42,14 @@ from pathlib import Path
 import numpy as np
 
 from accel.kv_transfer.payload import KVPayload
-from accel.kv_transfer.shm_format import (PAGE_BYTES, PREFIX_BYTES, TransferHeader, decode_header,
-                                          decode_prefix, file_name)
+from accel.kv_transfer.shm_format import (
+    PAGE_BYTES,
+    PREFIX_BYTES,
+    TransferHeader,
+    decode_header,
+    decode_prefix,
+    file_name,
+)
 from accel.kv_transfer.shm_ledger import Ledger, LedgerState
 from accel.kv_transfer.transport import KVCapacityError, KVTransferError
 
@@ -79,7 +85,7 @@ class ShmKVStore:
     # -- lifecycle ---------------------------------------------------------------------------
 
     @staticmethod
-    def create(path: Path, config: ShmStoreConfig) -> "ShmKVStore":
+    def create(path: Path, config: ShmStoreConfig) -> ShmKVStore:
         """Create the store, or adopt an existing one (a restarted actor keeps its transfers) and
         apply ``config`` to it. Idempotent and safe against concurrent creators."""
         for sub in ("", "tmp", "data", "spare"):
@@ -87,12 +93,15 @@ class ShmKVStore:
         state = LedgerState(config.capacity_bytes, round(config.lease_s * 1e3), config.max_payload_bytes)
         if not Ledger.create(path / "ledger", state):
             with Ledger(path / "ledger").locked() as s:
-                s.capacity_bytes, s.lease_ms, s.max_payload_bytes = state.capacity_bytes, state.lease_ms, \
-                    state.max_payload_bytes
+                s.capacity_bytes, s.lease_ms, s.max_payload_bytes = (
+                    state.capacity_bytes,
+                    state.lease_ms,
+                    state.max_payload_bytes,
+                )
         return ShmKVStore(path)
 
     @staticmethod
-    def open(path: Path) -> "ShmKVStore | None":
+    def open(path: Path) -> ShmKVStore | None:
         try:
             return ShmKVStore(path)
         except (FileNotFoundError, OSError):
@@ -129,17 +138,23 @@ class ShmKVStore:
                     raise KVTransferError(f"transfer {transfer_id!r} already exists")
                 if num_bytes > s.capacity_bytes:
                     s.num_rejected_too_large += 1
-                    rejected = (f"transfer {transfer_id!r} needs {num_bytes} bytes, more than the KV "
-                                f"connector's whole capacity ({s.capacity_bytes} bytes)")
+                    rejected = (
+                        f"transfer {transfer_id!r} needs {num_bytes} bytes, more than the KV "
+                        f"connector's whole capacity ({s.capacity_bytes} bytes)"
+                    )
                 else:
-                    if s.bytes_live + num_bytes > s.capacity_bytes and \
-                            time.time() * 1e3 - s.last_sweep_ms > PRODUCER_SWEEP_PERIOD_S * 1e3:
+                    if (
+                        s.bytes_live + num_bytes > s.capacity_bytes
+                        and time.time() * 1e3 - s.last_sweep_ms > PRODUCER_SWEEP_PERIOD_S * 1e3
+                    ):
                         self._sweep_locked(s)
                     fd = self._create_locked(s, name, num_bytes, header)
                     if fd is None and time.monotonic() >= deadline:
                         s.num_rejected_capacity += 1
-                        rejected = (f"KV connector full: {s.bytes_live}/{s.capacity_bytes} bytes used, "
-                                    f"transfer {transfer_id!r} ({num_bytes} bytes) waited {timeout_s:.1f}s")
+                        rejected = (
+                            f"KV connector full: {s.bytes_live}/{s.capacity_bytes} bytes used, "
+                            f"transfer {transfer_id!r} ({num_bytes} bytes) waited {timeout_s:.1f}s"
+                        )
             if rejected:
                 raise KVCapacityError(rejected)
             if fd is not None:
@@ -275,7 +290,7 @@ class ShmKVStore:
             except FileNotFoundError:
                 return []
             os.truncate(path, 0)
-        return [v for (v,) in _LATENCY.iter_unpack(raw[:len(raw) - len(raw) % _LATENCY.size])]
+        return [v for (v,) in _LATENCY.iter_unpack(raw[: len(raw) - len(raw) % _LATENCY.size])]
 
     def _sweep_locked(self, s: LedgerState) -> int:
         now = time.time()

@@ -57,8 +57,7 @@ class KVTransport(Protocol):
         """Offer full blocks (``[L, 2, block_size, Hkv, D]`` each) under their chained hashes."""
         ...
 
-    def match_prefix(self, key: str, block_size: int, hashes: list[int], dtype: Any,
-                     timeout_s: float) -> list[Any]:
+    def match_prefix(self, key: str, block_size: int, hashes: list[int], dtype: Any, timeout_s: float) -> list[Any]:
         """The blocks of the longest leading run of ``hashes`` the tier holds."""
         ...
 

@@ -18,8 +18,9 @@ def gather_tt(lane_kv: LaneKV, block_ids: Sequence[int], num_tokens: int) -> tor
     """Copy the first ``num_tokens`` tokens out of the pages -> ``[L, 2, T, Hkv, D]``."""
     block_size = lane_kv[0][0].shape[2]
     _check_blocks(block_ids, num_tokens, block_size)
-    index = torch.as_tensor(list(block_ids[:_num_blocks(num_tokens, block_size)]), dtype=torch.long,
-                            device=lane_kv[0][0].device)
+    index = torch.as_tensor(
+        list(block_ids[: _num_blocks(num_tokens, block_size)]), dtype=torch.long, device=lane_kv[0][0].device
+    )
     per_layer = []
     for key, value in lane_kv:
         kv = torch.stack((key[index], value[index]))  # [2, n, Hkv, bs, D]
@@ -55,5 +56,7 @@ def _num_blocks(num_tokens: int, block_size: int) -> int:
 
 def _check_blocks(block_ids: Sequence[int], num_tokens: int, block_size: int) -> None:
     if len(block_ids) < _num_blocks(num_tokens, block_size):
-        raise ValueError(f"{num_tokens} tokens need {_num_blocks(num_tokens, block_size)} blocks of "
-                         f"{block_size}, the page table has {len(block_ids)}")
+        raise ValueError(
+            f"{num_tokens} tokens need {_num_blocks(num_tokens, block_size)} blocks of "
+            f"{block_size}, the page table has {len(block_ids)}"
+        )

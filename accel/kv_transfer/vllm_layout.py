@@ -32,7 +32,7 @@ class VllmCpuBlockLayout:
     value_offsets: torch.Tensor  # int64 [Hkv, block_size, D]
 
     @staticmethod
-    def vec(num_kv_heads: int, block_size: int, head_dim: int) -> "VllmCpuBlockLayout":
+    def vec(num_kv_heads: int, block_size: int, head_dim: int) -> VllmCpuBlockLayout:
         """The ``vec``/``vec16`` ISA layout (fp32/fp16/bf16 without AMX)."""
         h = torch.arange(num_kv_heads).view(-1, 1, 1)
         t = torch.arange(block_size).view(1, -1, 1)
@@ -43,8 +43,7 @@ class VllmCpuBlockLayout:
         return VllmCpuBlockLayout(num_kv_heads, block_size, head_dim, key, value)
 
     @staticmethod
-    def probe(num_kv_heads: int, block_size: int, head_dim: int, dtype: torch.dtype,
-              isa: str) -> "VllmCpuBlockLayout":
+    def probe(num_kv_heads: int, block_size: int, head_dim: int, dtype: torch.dtype, isa: str) -> VllmCpuBlockLayout:
         """Learn the layout from ``vllm._custom_ops.cpu_attn_reshape_and_cache`` itself: write
         codes of (token, head, dim) through it and read where they landed (base-128 digits so
         every code is exact in the cache dtype)."""
@@ -57,22 +56,27 @@ class VllmCpuBlockLayout:
         found_value = torch.zeros(numel * 2, dtype=torch.long)
         slots = torch.arange(block_size, dtype=torch.long)
         for i in range(num_digits):
-            digit = (codes // _PROBE_DIGIT ** i) % _PROBE_DIGIT
+            digit = (codes // _PROBE_DIGIT**i) % _PROBE_DIGIT
             for is_key, found in ((True, found_key), (False, found_value)):
                 cache = torch.full((1, num_kv_heads, block_size, 2 * head_dim), -1.0, dtype=dtype)
                 split = cache.view(1, num_kv_heads, 2 * block_size, head_dim)
                 key_cache, value_cache = split.chunk(2, dim=2)
                 written = digit.to(dtype)
                 filler = torch.full_like(written, -1.0)
-                ops.cpu_attn_reshape_and_cache(written if is_key else filler, filler if is_key else written,
-                                               key_cache, value_cache, slots, isa)
+                ops.cpu_attn_reshape_and_cache(
+                    written if is_key else filler, filler if is_key else written, key_cache, value_cache, slots, isa
+                )
                 flat = cache.view(-1).to(torch.float32)
-                found += torch.where(flat >= 0, flat, 0).long() * _PROBE_DIGIT ** i
+                found += torch.where(flat >= 0, flat, 0).long() * _PROBE_DIGIT**i
                 if i == 0:
                     found[flat < 0] = -1  # positions this tensor never wrote
-        return VllmCpuBlockLayout(num_kv_heads, block_size, head_dim,
-                                  _invert(found_key, numel).view(block_size, num_kv_heads, head_dim).permute(1, 0, 2),
-                                  _invert(found_value, numel).view(block_size, num_kv_heads, head_dim).permute(1, 0, 2))
+        return VllmCpuBlockLayout(
+            num_kv_heads,
+            block_size,
+            head_dim,
+            _invert(found_key, numel).view(block_size, num_kv_heads, head_dim).permute(1, 0, 2),
+            _invert(found_value, numel).view(block_size, num_kv_heads, head_dim).permute(1, 0, 2),
+        )
 
     def gather(self, layer_cache: torch.Tensor, block_ids: Sequence[int], num_tokens: int) -> torch.Tensor:
         """Tokens ``0 .. num_tokens`` of one layer -> ``[2, T, Hkv, D]`` (a copy)."""
@@ -86,8 +90,9 @@ class VllmCpuBlockLayout:
             out.append(x.permute(0, 2, 1, 3).reshape(-1, self.num_kv_heads, self.head_dim)[:num_tokens])
         return torch.stack(out)
 
-    def scatter(self, layer_cache: torch.Tensor, block_ids: Sequence[int], kv: torch.Tensor,
-                start_token: int = 0) -> None:
+    def scatter(
+        self, layer_cache: torch.Tensor, block_ids: Sequence[int], kv: torch.Tensor, start_token: int = 0
+    ) -> None:
         """Write ``kv`` ``[2, T, Hkv, D]`` as tokens ``start_token .. start_token+T`` of one layer."""
         flat = self._flat(layer_cache)
         num_tokens = kv.shape[1]
@@ -103,19 +108,27 @@ class VllmCpuBlockLayout:
     def _flat(self, layer_cache: torch.Tensor) -> torch.Tensor:
         expected = (self.num_kv_heads, self.block_size, 2 * self.head_dim)
         if tuple(layer_cache.shape[1:]) != expected or not layer_cache.is_contiguous():
-            raise ValueError(f"vLLM-CPU layer cache {tuple(layer_cache.shape)} is not "
-                             f"[num_blocks, {expected[0]}, {expected[1]}, {expected[2]}] contiguous")
+            raise ValueError(
+                f"vLLM-CPU layer cache {tuple(layer_cache.shape)} is not "
+                f"[num_blocks, {expected[0]}, {expected[1]}, {expected[2]}] contiguous"
+            )
         return layer_cache.view(layer_cache.shape[0], -1)
 
 
-def gather_vllm(kv_caches: Mapping[str, torch.Tensor], layout: VllmCpuBlockLayout,
-                block_ids: Sequence[int], num_tokens: int) -> torch.Tensor:
+def gather_vllm(
+    kv_caches: Mapping[str, torch.Tensor], layout: VllmCpuBlockLayout, block_ids: Sequence[int], num_tokens: int
+) -> torch.Tensor:
     """All layers (in model order) -> canonical ``[L, 2, T, Hkv, D]``."""
     return torch.stack([layout.gather(kv_caches[name], block_ids, num_tokens) for name in ordered_layers(kv_caches)])
 
 
-def scatter_vllm(kv_caches: Mapping[str, torch.Tensor], layout: VllmCpuBlockLayout,
-                 block_ids: Sequence[int], kv: torch.Tensor, start_token: int = 0) -> None:
+def scatter_vllm(
+    kv_caches: Mapping[str, torch.Tensor],
+    layout: VllmCpuBlockLayout,
+    block_ids: Sequence[int],
+    kv: torch.Tensor,
+    start_token: int = 0,
+) -> None:
     names = ordered_layers(kv_caches)
     if len(names) != kv.shape[0]:
         raise ValueError(f"payload has {kv.shape[0]} layers, the engine {len(names)}")
@@ -125,11 +138,13 @@ def scatter_vllm(kv_caches: Mapping[str, torch.Tensor], layout: VllmCpuBlockLayo
 
 def ordered_layers(kv_caches: Mapping[str, torch.Tensor]) -> list[str]:
     """Layer names sorted by their layer index (``model.layers.<i>.self_attn.attn``)."""
+
     def index(name: str) -> int:
         numbers = [int(p) for p in name.split(".") if p.isdigit()]
         if not numbers:
             raise ValueError(f"cannot find a layer index in {name!r}")
         return numbers[0]
+
     return sorted(kv_caches, key=index)
 
 

@@ -86,11 +86,16 @@ def build_tokenizer():
     bos_id = tok.token_to_id(BOS)
     # Completions get bos prepended (what Llama tokenizers do); chat templates carry bos themselves.
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)])
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
+    )
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD,
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
         additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-        chat_template=CHAT_TEMPLATE, clean_up_tokenization_spaces=False,
+        chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
         model_max_length=TINY_LLAMA.max_position_embeddings,
     )
 
@@ -115,8 +120,14 @@ def build_config(spec: TinySpec, tokenizer):
         initializer_range=spec.weight_std,
     )
     if spec.architecture == "LlamaForCausalLM":
-        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 512}
+        rope = {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 512,
+        }
         return LlamaConfig(rope_parameters=rope, **common)
     rope = {"rope_type": "default", "rope_theta": 1000000.0}
     return Qwen3Config(rope_parameters=rope, **common)
@@ -148,8 +159,12 @@ def write_checkpoint(spec: TinySpec, out_dir: Path, tokenizer) -> Path:
     model = build_model(spec, tokenizer)
     model.save_pretrained(str(path), safe_serialization=True)
     tokenizer.save_pretrained(str(path))
-    GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                     pad_token_id=tokenizer.pad_token_id, do_sample=False).save_pretrained(str(path))
+    GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
+    ).save_pretrained(str(path))
     _canonicalize_json(path)
     return path
 
@@ -178,8 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     from accel.envs import ENVS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir", nargs="?", default=str(ENVS.checkpoint_dir),
-                        help=f"output folder (default: {ENVS.checkpoint_dir})")
+    parser.add_argument(
+        "out_dir", nargs="?", default=str(ENVS.checkpoint_dir), help=f"output folder (default: {ENVS.checkpoint_dir})"
+    )
     parser.add_argument("--if-missing", action="store_true", help="do nothing if they already exist")
     args = parser.parse_args(argv)
     out = Path(args.out_dir).expanduser()

@@ -23,7 +23,7 @@ class IncrementalDetokenizer:
         self._skip_special = skip_special_tokens
         self._ids: list[int] = []
         self._prefix = 0  # start of the decode window (a character boundary)
-        self._read = 0    # end of what was already emitted (a character boundary)
+        self._read = 0  # end of what was already emitted (a character boundary)
 
     @property
     def token_ids(self) -> Sequence[int]:
@@ -37,16 +37,16 @@ class IncrementalDetokenizer:
         self._ids.extend(new_ids)
         if len(self._ids) == self._read:
             return ""
-        prefix_text = self._decode(self._ids[self._prefix:self._read])
-        window_text = self._decode(self._ids[self._prefix:])
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        window_text = self._decode(self._ids[self._prefix :])
         if len(window_text) <= len(prefix_text) or window_text.endswith(_REPLACEMENT):
             return ""
         self._prefix, self._read = self._read, len(self._ids)
-        return window_text[len(prefix_text):]
+        return window_text[len(prefix_text) :]
 
     def flush(self) -> str:
         """At the end of the stream: whatever is still held back, incomplete bytes included."""
-        prefix_text = self._decode(self._ids[self._prefix:self._read])
-        window_text = self._decode(self._ids[self._prefix:])
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        window_text = self._decode(self._ids[self._prefix :])
         self._prefix = self._read = len(self._ids)
-        return window_text[len(prefix_text):]
+        return window_text[len(prefix_text) :]

@@ -19,8 +19,9 @@ from accel.text.stop_tokens import check_token_stop
 class OutputBuilder:
     """Per-request output state. Not thread-safe: one owner (the engine's output loop)."""
 
-    def __init__(self, request: GenerateRequest, tokenizer: Tokenizer,
-                 eos_token_ids: frozenset[int], max_model_len: int):
+    def __init__(
+        self, request: GenerateRequest, tokenizer: Tokenizer, eos_token_ids: frozenset[int], max_model_len: int
+    ):
         self._request = request
         self._eos = eos_token_ids
         self._max_model_len = max_model_len
@@ -39,9 +40,12 @@ class OutputBuilder:
     def num_output_tokens(self) -> int:
         return self._num_output
 
-    def add_tokens(self, token_ids: Sequence[int],
-                   logprobs: Sequence[TokenLogprob] | None = None,
-                   kv_transfer: KVTransferParams | None = None) -> OutputDelta:
+    def add_tokens(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[TokenLogprob] | None = None,
+        kv_transfer: KVTransferParams | None = None,
+    ) -> OutputDelta:
         """Consume newly sampled tokens; tokens after a stop are dropped."""
         assert not self.finished, "request already finished"
         sp = self._request.sampling
@@ -56,8 +60,9 @@ class OutputBuilder:
             if match.stop_str is not None:
                 self.finish_reason, stop_reason = FinishReason.STOP, match.stop_str
                 break
-            token_stop = check_token_stop(token_id, self._num_output, self._request.num_prompt_tokens,
-                                          sp, self._eos, self._max_model_len)
+            token_stop = check_token_stop(
+                token_id, self._num_output, self._request.num_prompt_tokens, sp, self._eos, self._max_model_len
+            )
             if token_stop is not None:
                 self.finish_reason, stop_reason = token_stop.finish_reason, token_stop.stop_reason
                 text_parts.append(self._flush())

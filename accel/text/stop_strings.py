@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class StopMatch:
-    text: str               # text safe to emit now
-    stop_str: str | None    # the stop string that ended the output, if any
+    text: str  # text safe to emit now
+    stop_str: str | None  # the stop string that ended the output, if any
 
 
 class StopStringMatcher:
@@ -25,8 +25,8 @@ class StopStringMatcher:
         max_len = max((len(s) for s in stop), default=0)
         self._hold = 0 if include_stop_str_in_output else max(max_len - 1, 0)
         self._max_len = max_len
-        self._text = ""     # all text seen so far (after trimming nothing)
-        self._emitted = 0   # characters of _text already emitted
+        self._text = ""  # all text seen so far (after trimming nothing)
+        self._emitted = 0  # characters of _text already emitted
 
     def feed(self, delta: str) -> StopMatch:
         if not self._stop:
@@ -41,16 +41,16 @@ class StopStringMatcher:
         if best is not None:
             pos, s = best
             end = pos + len(s) if self._include else pos
-            out = self._text[self._emitted:end] if end > self._emitted else ""
+            out = self._text[self._emitted : end] if end > self._emitted else ""
             self._emitted = max(self._emitted, end)
             return StopMatch(out, s)
         safe_end = max(self._emitted, len(self._text) - self._hold)
-        out = self._text[self._emitted:safe_end]
+        out = self._text[self._emitted : safe_end]
         self._emitted = safe_end
         return StopMatch(out, None)
 
     def flush(self) -> str:
         """The stream ended without a stop string: release what was held back."""
-        out = self._text[self._emitted:]
+        out = self._text[self._emitted :]
         self._emitted = len(self._text)
         return out

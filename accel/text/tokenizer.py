@@ -34,8 +34,8 @@ def _eos_ids(model_dir: Path, hf_tok: Any) -> frozenset[int]:
 
 @dataclass(frozen=True)
 class TextTokenizer:
-    hf: Any                 # transformers.PreTrainedTokenizerFast
-    fast: Tokenizer         # the Rust tokenizer inside it
+    hf: Any  # transformers.PreTrainedTokenizerFast
+    fast: Tokenizer  # the Rust tokenizer inside it
     eos_token_ids: frozenset[int]
     vocab_size: int
 
@@ -45,17 +45,20 @@ class TextTokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.fast.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
-                            add_generation_prompt: bool = True,
-                            chat_template: str | None = None) -> list[int]:
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+    ) -> list[int]:
         """Render and tokenize a conversation. The template carries bos itself, so the rendered
         text is encoded without adding special tokens again (what vLLM does)."""
         if chat_template is None and not self.hf.chat_template:
             raise InvalidRequestError("messages", "this model has no chat template; use /v1/completions")
         try:
-            text = self.hf.apply_chat_template(list(messages), tokenize=False,
-                                               add_generation_prompt=add_generation_prompt,
-                                               chat_template=chat_template)
+            text = self.hf.apply_chat_template(
+                list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=chat_template
+            )
         except Exception as exc:  # jinja errors on malformed messages
             raise InvalidRequestError("messages", f"chat template failed: {exc}") from None
         return self.encode(text, add_special_tokens=False)

@@ -69,8 +69,7 @@ def ttnn_error_reason(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def load_mesh_model(model_class: type, hf_config: Any, mesh_device: Any, max_batch_size: int,
-                    **optional: Any) -> Any:
+def load_mesh_model(model_class: type, hf_config: Any, mesh_device: Any, max_batch_size: int, **optional: Any) -> Any:
     """``model_class.initialize_vllm_model(hf_config, mesh_device, max_batch_size, **accepted)``,
     where ``accepted`` keeps the ``optional`` keywords (max_seq_len, n_layers, tt_data_parallel,
     optimizations, ...) the classmethod's signature names, or all of them if it takes ``**kwargs``."""
@@ -114,8 +113,9 @@ class MeshBackend:
             self.mesh = None
 
 
-def open_backend(kind: str, mesh_config: MeshDeviceConfig | None = None,
-                 registry: ModelRegistry | None = None) -> MeshBackend:
+def open_backend(
+    kind: str, mesh_config: MeshDeviceConfig | None = None, registry: ModelRegistry | None = None
+) -> MeshBackend:
     """``kind``: "ttnn" (raise ``NoTenstorrentDevice`` if unusable), "torch", or "auto"."""
     registry = registry or build_registry()
     if kind == BACKEND_TORCH:
@@ -135,8 +135,10 @@ def _open_ttnn(mesh_config: MeshDeviceConfig | None, registry: ModelRegistry) ->
     try:
         import ttnn
     except Exception as exc:  # ImportError, or a broken install raising anything at import
-        raise NoTenstorrentDevice(f"no Tenstorrent device found: the ttnn package is not importable "
-                                  f"({type(exc).__name__}: {ttnn_error_reason(exc)})") from None
+        raise NoTenstorrentDevice(
+            f"no Tenstorrent device found: the ttnn package is not importable "
+            f"({type(exc).__name__}: {ttnn_error_reason(exc)})"
+        ) from None
     try:
         num_chips = ttnn.get_num_devices()
     except RuntimeError as exc:
@@ -148,11 +150,14 @@ def _open_ttnn(mesh_config: MeshDeviceConfig | None, registry: ModelRegistry) ->
     if config.grid is None:
         config = dataclasses.replace(config, grid=parse_mesh_grid(envs.ENVS.mesh_device, num_chips))
     if config.num_devices > num_chips:
-        raise NoTenstorrentDevice(f"no Tenstorrent device found for mesh {config.grid}: "
-                                  f"{config.num_devices} chips needed, {num_chips} present")
+        raise NoTenstorrentDevice(
+            f"no Tenstorrent device found for mesh {config.grid}: "
+            f"{config.num_devices} chips needed, {num_chips} present"
+        )
     try:
         mesh = open_mesh(ttnn, config)
     except RuntimeError as exc:
-        raise NoTenstorrentDevice(f"no Tenstorrent device found: opening mesh {config.grid} failed: "
-                                  f"{ttnn_error_reason(exc)}") from None
+        raise NoTenstorrentDevice(
+            f"no Tenstorrent device found: opening mesh {config.grid} failed: {ttnn_error_reason(exc)}"
+        ) from None
     return MeshBackend(BACKEND_TTNN, mesh=mesh, ttnn=ttnn, registry=registry)

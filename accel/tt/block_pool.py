@@ -25,7 +25,7 @@ from accel.block_hash import BlockHash
 class KVEvent:
     """A change of the replica's cached prefix set, for the router's precise prefix index."""
 
-    kind: str                          # "stored" | "removed"
+    kind: str  # "stored" | "removed"
     lane: int
     block_hashes: tuple[BlockHash, ...]
 
@@ -43,7 +43,7 @@ class BlockPool:
         self._cached: dict[BlockHash, int] = {}
         self._events: list[KVEvent] = []
         self.prefix_cache_queries = 0  # tokens looked up (cumulative)
-        self.prefix_cache_hits = 0     # of which found cached
+        self.prefix_cache_hits = 0  # of which found cached
 
     @property
     def num_free_blocks(self) -> int:

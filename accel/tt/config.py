@@ -47,25 +47,30 @@ class TTOptions:
     sample_on_device_mode: str | None = None  # None = always sample on the host
     trace_mode: str = "all"
     enable_model_warmup: bool = True
-    fabric_config: str | None = None           # a ttnn.FabricConfig member name; None = default
+    fabric_config: str | None = None  # a ttnn.FabricConfig member name; None = default
     fabric_reliability_mode: str = "STRICT_INIT"
-    dispatch_core_axis: str | None = None      # "row" | "col"
+    dispatch_core_axis: str | None = None  # "row" | "col"
     worker_l1_size: int | None = None
-    trace_region_size: int | None = None       # bytes; None = 50_000_000 when tracing
+    trace_region_size: int | None = None  # bytes; None = 50_000_000 when tracing
     l1_small_size: int | None = None
-    always_compat_sampling: bool = False       # force host sampling for every batch
-    optimizations: str | None = None           # forwarded to initialize_vllm_model
+    always_compat_sampling: bool = False  # force host sampling for every batch
+    optimizations: str | None = None  # forwarded to initialize_vllm_model
 
     def __post_init__(self) -> None:
-        _check_choice("additional_config.tt.sample_on_device_mode", self.sample_on_device_mode,
-                      SAMPLE_ON_DEVICE_MODES, allow_none=True)
+        _check_choice(
+            "additional_config.tt.sample_on_device_mode",
+            self.sample_on_device_mode,
+            SAMPLE_ON_DEVICE_MODES,
+            allow_none=True,
+        )
         _check_choice("additional_config.tt.trace_mode", self.trace_mode, TRACE_MODES)
-        _check_choice("additional_config.tt.fabric_reliability_mode", self.fabric_reliability_mode,
-                      FABRIC_RELIABILITY_MODES)
-        _check_choice("additional_config.tt.dispatch_core_axis", self.dispatch_core_axis,
-                      DISPATCH_CORE_AXES, allow_none=True)
-        _check_choice("additional_config.tt.optimizations", self.optimizations, OPTIMIZATIONS,
-                      allow_none=True)
+        _check_choice(
+            "additional_config.tt.fabric_reliability_mode", self.fabric_reliability_mode, FABRIC_RELIABILITY_MODES
+        )
+        _check_choice(
+            "additional_config.tt.dispatch_core_axis", self.dispatch_core_axis, DISPATCH_CORE_AXES, allow_none=True
+        )
+        _check_choice("additional_config.tt.optimizations", self.optimizations, OPTIMIZATIONS, allow_none=True)
         for name in ("enable_model_warmup", "always_compat_sampling"):
             _check_type(f"additional_config.tt.{name}", getattr(self, name), bool)
         for name in ("worker_l1_size", "trace_region_size", "l1_small_size"):
@@ -76,14 +81,13 @@ class TTOptions:
             _check_type("additional_config.tt.fabric_config", self.fabric_config, str)
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> "TTOptions":
+    def from_mapping(cls, values: Mapping[str, Any]) -> TTOptions:
         if not isinstance(values, Mapping):
             raise ConfigError("additional_config.tt: expected a mapping")
         known = {f.name for f in fields(cls)}
         for key in values:
             if key not in known:
-                raise ConfigError(f"additional_config.tt.{key}: unknown key "
-                                  f"(known: {', '.join(sorted(known))})")
+                raise ConfigError(f"additional_config.tt.{key}: unknown key (known: {', '.join(sorted(known))})")
         return cls(**dict(values))
 
 
@@ -94,15 +98,15 @@ class TTEngineConfig:
 
     model: str
     tokenizer: str | None = None
-    max_num_seqs: int = 32                  # per lane
+    max_num_seqs: int = 32  # per lane
     max_model_len: int = 2048
-    data_parallel_size: int = 1             # lanes on the mesh
+    data_parallel_size: int = 1  # lanes on the mesh
     block_size: int = 64
     enable_prefix_caching: bool | None = None  # None = on when the model declares it
     async_scheduling: bool = False
-    max_num_batched_tokens: int = 2048      # prefill chunk: tokens per lane per prefill step
+    max_num_batched_tokens: int = 2048  # prefill chunk: tokens per lane per prefill step
     num_gpu_blocks_override: int | None = None  # KV blocks per lane
-    kv_cache_dtype: str = "auto"            # one of KV_CACHE_DTYPES (vLLM's spelling)
+    kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES (vLLM's spelling)
     seed: int = 0
     tt: TTOptions = field(default_factory=TTOptions)
 
@@ -110,8 +114,7 @@ class TTEngineConfig:
         _check_type("model", self.model, str)
         if not self.model:
             raise ConfigError("model: must name a checkpoint folder")
-        for name in ("max_num_seqs", "max_model_len", "data_parallel_size", "block_size",
-                     "max_num_batched_tokens"):
+        for name in ("max_num_seqs", "max_model_len", "data_parallel_size", "block_size", "max_num_batched_tokens"):
             _check_positive_int(name, getattr(self, name), minimum=1)
         if self.num_gpu_blocks_override is not None:
             _check_positive_int("num_gpu_blocks_override", self.num_gpu_blocks_override, minimum=1)
@@ -120,12 +123,15 @@ class TTEngineConfig:
         if self.enable_prefix_caching is not None:
             _check_type("enable_prefix_caching", self.enable_prefix_caching, bool)
         _check_type("async_scheduling", self.async_scheduling, bool)
-        if self.num_gpu_blocks_override is not None and \
-                self.num_gpu_blocks_override * self.block_size < self.max_model_len:
+        if (
+            self.num_gpu_blocks_override is not None
+            and self.num_gpu_blocks_override * self.block_size < self.max_model_len
+        ):
             raise ConfigError(
                 f"num_gpu_blocks_override: {self.num_gpu_blocks_override} blocks of "
                 f"{self.block_size} tokens per lane cannot hold one max_model_len "
-                f"({self.max_model_len}) sequence")
+                f"({self.max_model_len}) sequence"
+            )
 
     @property
     def num_lanes(self) -> int:
@@ -146,7 +152,7 @@ class TTEngineConfig:
         return self.tokenizer or self.model
 
     @classmethod
-    def from_engine_args(cls, args: Mapping[str, Any]) -> "TTEngineConfig":
+    def from_engine_args(cls, args: Mapping[str, Any]) -> TTEngineConfig:
         """Build from vLLM-spelled engine args; refuses unknown and unsupported keys by name."""
         values: dict[str, Any] = {}
         known = {f.name for f in fields(cls)} - {"tt"}
@@ -157,9 +163,11 @@ class TTEngineConfig:
                 raise ConfigError(f"{key}: {_REFUSED_ARGS[key]}")
             if key in ("tensor_parallel_size", "pipeline_parallel_size"):
                 if value not in (None, 1):
-                    raise ConfigError(f"{key}={value}: not supported on a TT mesh; the mesh shape "
-                                      "expresses it (tensor parallelism happens inside the model "
-                                      "over the mesh)")
+                    raise ConfigError(
+                        f"{key}={value}: not supported on a TT mesh; the mesh shape "
+                        "expresses it (tensor parallelism happens inside the model "
+                        "over the mesh)"
+                    )
                 continue
             if key == "additional_config":
                 values["tt"] = _tt_options(value)
@@ -182,11 +190,11 @@ class TTEngineConfig:
 def check_model_capabilities(config: TTEngineConfig, capabilities: Mapping[str, Any]) -> None:
     """Refuse options the resolved model class does not declare (missing key = unsupported)."""
     if config.enable_prefix_caching and not capabilities.get(SUPPORTS_PREFIX_CACHING, False):
-        raise ConfigError("enable_prefix_caching: the model does not declare "
-                          f"{SUPPORTS_PREFIX_CACHING} in model_capabilities")
+        raise ConfigError(
+            f"enable_prefix_caching: the model does not declare {SUPPORTS_PREFIX_CACHING} in model_capabilities"
+        )
     if config.async_scheduling and not capabilities.get(SUPPORTS_ASYNC_DECODE, False):
-        raise ConfigError("async_scheduling: the model does not declare "
-                          f"{SUPPORTS_ASYNC_DECODE} in model_capabilities")
+        raise ConfigError(f"async_scheduling: the model does not declare {SUPPORTS_ASYNC_DECODE} in model_capabilities")
 
 
 def _tt_options(additional: Any) -> TTOptions:

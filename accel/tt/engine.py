@@ -18,8 +18,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from accel.block_hash import BlockHash
-from accel.contract import (EngineStats, FinishReason, GenerateRequest, InvalidRequestError,
-                            OutputDelta)
+from accel.contract import EngineStats, FinishReason, GenerateRequest, InvalidRequestError, OutputDelta
 from accel.text.output_builder import OutputBuilder
 from accel.text.tokenizer import load_tokenizer
 from accel.tt.async_decode import AsyncDecodeQueue
@@ -28,8 +27,16 @@ from accel.tt.config import TTEngineConfig, check_model_capabilities
 from accel.tt.engine_core import EngineCore, KVHookPoints, NewTokens, StepRecord
 from accel.tt.lane_coordinator import LaneCoordinator
 from accel.tt.mesh_model import SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING
-from accel.tt.model_setup import (build_model, devices_per_lane, kv_block_shape, kv_dtype, load_hf_config,
-                                  num_blocks_per_lane, open_default_backend, platform_name)
+from accel.tt.model_setup import (
+    build_model,
+    devices_per_lane,
+    kv_block_shape,
+    kv_dtype,
+    load_hf_config,
+    num_blocks_per_lane,
+    open_default_backend,
+    platform_name,
+)
 from accel.tt.request_state import RequestState
 from accel.tt.runner import MeshRunner
 from accel.tt.sampling_policy import SamplingPolicy
@@ -49,8 +56,15 @@ class TTMeshEngine:
     requests asking for KV export/import are refused.
     """
 
-    def __init__(self, config: TTEngineConfig, *, backend: Any = None, model_class: type | None = None,
-                 keep_step_log: bool = False, kv_hooks: KVHookPoints | None = None):
+    def __init__(
+        self,
+        config: TTEngineConfig,
+        *,
+        backend: Any = None,
+        model_class: type | None = None,
+        keep_step_log: bool = False,
+        kv_hooks: KVHookPoints | None = None,
+    ):
         self.config = config
         self.tokenizer = load_tokenizer(config.tokenizer_path)
         self._hf_config = load_hf_config(config.model)
@@ -58,29 +72,48 @@ class TTMeshEngine:
         model_cls = model_class or self._backend.model_class(self._hf_config)
         capabilities: Mapping[str, Any] = getattr(model_cls, "model_capabilities", {})
         check_model_capabilities(config, capabilities)
-        self.enable_prefix_caching = (bool(capabilities.get(SUPPORTS_PREFIX_CACHING, False))
-                                      if config.enable_prefix_caching is None else config.enable_prefix_caching)
+        self.enable_prefix_caching = (
+            bool(capabilities.get(SUPPORTS_PREFIX_CACHING, False))
+            if config.enable_prefix_caching is None
+            else config.enable_prefix_caching
+        )
         self.model = build_model(model_cls, self._hf_config, self._backend, config)
         self.vocab_size = int(self._hf_config.vocab_size)
         self.num_blocks_per_lane = num_blocks_per_lane(model_cls, config)
-        kv_shape = kv_block_shape(self._hf_config, config, self.num_blocks_per_lane,
-                                   devices_per_lane(self._backend, config.num_lanes))
-        kv_cache = self.model.allocate_kv_cache(kv_shape, kv_dtype(self._backend, config.kv_cache_dtype),
-                                                int(self._hf_config.num_hidden_layers))
-        policy = SamplingPolicy(config.tt.sample_on_device_mode, config.tt.always_compat_sampling,
-                                dict(capabilities))
+        kv_shape = kv_block_shape(
+            self._hf_config, config, self.num_blocks_per_lane, devices_per_lane(self._backend, config.num_lanes)
+        )
+        kv_cache = self.model.allocate_kv_cache(
+            kv_shape, kv_dtype(self._backend, config.kv_cache_dtype), int(self._hf_config.num_hidden_layers)
+        )
+        policy = SamplingPolicy(config.tt.sample_on_device_mode, config.tt.always_compat_sampling, dict(capabilities))
         runner = MeshRunner(self.model, kv_cache, config, policy, self.tokenizer.eos_token_ids, self.vocab_size)
         if config.tt.enable_model_warmup:
             runner.warmup()
-        is_async = (config.async_scheduling and config.tt.trace_mode != "none"
-                    and bool(capabilities.get(SUPPORTS_ASYNC_DECODE, False)))
-        lanes = [LaneScheduler(i, config.max_num_seqs,
-                               BlockPool(self.num_blocks_per_lane, config.block_size, self.enable_prefix_caching, lane=i),
-                               config.max_num_batched_tokens, config.max_model_len)
-                 for i in range(config.num_lanes)]
-        self.core = EngineCore(LaneCoordinator(lanes), AsyncDecodeQueue(runner, is_async),
-                               self.tokenizer.eos_token_ids, config.max_model_len, keep_step_log,
-                               kv_hooks=kv_hooks, kv_cache=kv_cache)
+        is_async = (
+            config.async_scheduling
+            and config.tt.trace_mode != "none"
+            and bool(capabilities.get(SUPPORTS_ASYNC_DECODE, False))
+        )
+        lanes = [
+            LaneScheduler(
+                i,
+                config.max_num_seqs,
+                BlockPool(self.num_blocks_per_lane, config.block_size, self.enable_prefix_caching, lane=i),
+                config.max_num_batched_tokens,
+                config.max_model_len,
+            )
+            for i in range(config.num_lanes)
+        ]
+        self.core = EngineCore(
+            LaneCoordinator(lanes),
+            AsyncDecodeQueue(runner, is_async),
+            self.tokenizer.eos_token_ids,
+            config.max_model_len,
+            keep_step_log,
+            kv_hooks=kv_hooks,
+            kv_cache=kv_cache,
+        )
         self.platform = platform_name(self._backend, self.model)
         self._cv = threading.Condition()
         self._inbox: deque[tuple[str, Any]] = deque()
@@ -313,16 +346,19 @@ class TTMeshEngine:
     def _validate(self, request: GenerateRequest) -> None:
         n = request.num_prompt_tokens
         if n >= self.max_model_len:
-            raise InvalidRequestError("prompt", f"the prompt has {n} tokens but max_model_len is "
-                                      f"{self.max_model_len}; at least one token must be generated")
+            raise InvalidRequestError(
+                "prompt",
+                f"the prompt has {n} tokens but max_model_len is "
+                f"{self.max_model_len}; at least one token must be generated",
+            )
         bad = next((t for t in request.prompt_token_ids if t >= self.vocab_size), None)
         if bad is not None:
-            raise InvalidRequestError("prompt", f"token id {bad} is outside the vocabulary "
-                                      f"(size {self.vocab_size})")
+            raise InvalidRequestError("prompt", f"token id {bad} is outside the vocabulary (size {self.vocab_size})")
         kv = request.kv_transfer
         if kv is not None and (kv.do_remote_decode or kv.do_remote_prefill) and self.core.kv_hooks is None:
-            raise InvalidRequestError("kv_transfer_params",
-                                      "KV export/import is not supported by the TT mesh engine yet")
+            raise InvalidRequestError(
+                "kv_transfer_params", "KV export/import is not supported by the TT mesh engine yet"
+            )
 
 
 def _merge(items: list[NewTokens]) -> tuple[list[int], list | None]:

@@ -62,16 +62,23 @@ class StepRecord:
     mode: StepMode
     # per lane: ((req_id, row, num_scheduled_tokens), ...)
     lane_rows: tuple[tuple[tuple[str, int, int], ...], ...]
-    num_dispatches: int             # mesh-model calls made for this plan
+    num_dispatches: int  # mesh-model calls made for this plan
     is_device_sampled: bool | None  # None until the step's result is applied
     is_decode_retry: bool
     preempted_req_ids: frozenset[str]
 
 
 class EngineCore:
-    def __init__(self, coordinator: LaneCoordinator, queue: AsyncDecodeQueue, eos_token_ids: frozenset[int],
-                 max_model_len: int, keep_step_log: bool = False, kv_hooks: KVHookPoints | None = None,
-                 kv_cache: Any = None):
+    def __init__(
+        self,
+        coordinator: LaneCoordinator,
+        queue: AsyncDecodeQueue,
+        eos_token_ids: frozenset[int],
+        max_model_len: int,
+        keep_step_log: bool = False,
+        kv_hooks: KVHookPoints | None = None,
+        kv_cache: Any = None,
+    ):
         self.coordinator = coordinator
         self.kv_hooks = kv_hooks
         self.kv_cache = kv_cache  # [lane][layer] = [K, V], for kv_hooks only
@@ -147,8 +154,12 @@ class EngineCore:
             r.token_ids.append(token)
             lp = None if logprobs is None or logprobs[i] is None else (logprobs[i],)
             num_prompt = r.num_prompt_tokens
-            if check_token_stop(token, len(r.token_ids) - num_prompt, num_prompt, r.sampling,
-                                self.eos_token_ids, self.max_model_len) is None:
+            if (
+                check_token_stop(
+                    token, len(r.token_ids) - num_prompt, num_prompt, r.sampling, self.eos_token_ids, self.max_model_len
+                )
+                is None
+            ):
                 outputs.append(NewTokens(r.req_id, (token,), lp, r.num_prefix_hit_tokens))
                 continue
             ticket = None
@@ -159,7 +170,8 @@ class EngineCore:
         for lane, lane_requests in zip(self.coordinator.lanes, touched):
             lane.cache_computed_blocks(lane_requests)
         self.num_sampled_tokens["device" if result.is_device_sampled else "host"] += sum(
-            1 for t in result.token_ids if t != NO_TOKEN)
+            1 for t in result.token_ids if t != NO_TOKEN
+        )
         if self.keep_step_log:
             self._mark_sampling(plan, result)
         return outputs
@@ -199,10 +211,15 @@ class EngineCore:
         self.num_steps_by_mode[plan.mode.value] += 1
         if not self.keep_step_log:
             return
-        lane_rows = tuple(tuple((r.req_id, r.row, r.num_scheduled_tokens) for r in plan.rows_of_lane(i))
-                          for i in range(plan.num_lanes))
-        self.step_log.append(StepRecord(plan.step_id, plan.mode, lane_rows, num_dispatches, None,
-                                        plan.is_decode_retry, plan.preempted_req_ids))
+        lane_rows = tuple(
+            tuple((r.req_id, r.row, r.num_scheduled_tokens) for r in plan.rows_of_lane(i))
+            for i in range(plan.num_lanes)
+        )
+        self.step_log.append(
+            StepRecord(
+                plan.step_id, plan.mode, lane_rows, num_dispatches, None, plan.is_decode_retry, plan.preempted_req_ids
+            )
+        )
 
     def _mark_sampling(self, plan: StepPlan, result: StepResult) -> None:
         for i in range(len(self.step_log) - 1, -1, -1):

@@ -5,8 +5,9 @@ token ids masked until ``min_tokens`` outputs exist), repetition / frequency / p
 penalties. Stage 2 (sampling): greedy rows take the argmax; random rows apply temperature,
 min_p, top-k and top-p and draw with a generator seeded by ``(seed, position of the sampled
 token)`` when the request has a seed (so a seeded request reproduces whatever else shares its
-batches; the torch mesh program seeds its rows the same way), else with the engine's generator. Logprobs are the model's raw
-log-softmax (vLLM's default ``raw_logprobs``), with the top-k alternatives best first.
+batches; the torch mesh program seeds its rows the same way), else with the engine's generator.
+Logprobs are the model's raw log-softmax (vLLM's default ``raw_logprobs``), with the top-k
+alternatives best first.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from accel.tt.step_plan import PENDING_TOKEN, RowPlan
 
 @dataclass(frozen=True)
 class HostSample:
-    token_ids: tuple[int, ...]                          # one per input row
-    logprobs: tuple[TokenLogprob | None, ...] | None    # None when no row asked for them
+    token_ids: tuple[int, ...]  # one per input row
+    logprobs: tuple[TokenLogprob | None, ...] | None  # None when no row asked for them
 
 
 def _needs_processing(sp: SamplingParams, num_output_tokens: int) -> bool:
@@ -39,8 +40,9 @@ def row_generator(seed: int, position: int) -> torch.Generator:
     return gen
 
 
-def sample_on_host(logits: torch.Tensor, rows: Sequence[RowPlan], default_generator: torch.Generator,
-                   eos_token_ids: frozenset[int]) -> HostSample:
+def sample_on_host(
+    logits: torch.Tensor, rows: Sequence[RowPlan], default_generator: torch.Generator, eos_token_ids: frozenset[int]
+) -> HostSample:
     """Sample one token per row from ``logits`` float ``[n, vocab]`` (row i <-> ``rows[i]``)."""
     assert logits.dim() == 2 and logits.shape[0] == len(rows)
     logits = logits.float()
@@ -62,9 +64,13 @@ def sample_on_host(logits: torch.Tensor, rows: Sequence[RowPlan], default_genera
     ids = tuple(int(t) for t in token_ids.tolist())
     if raw_logprobs is None:
         return HostSample(ids, None)
-    return HostSample(ids, tuple(_token_logprob(raw_logprobs[i], ids[i], r.sampling.logprobs)
-                                 if r.sampling.logprobs is not None else None
-                                 for i, r in enumerate(rows)))
+    return HostSample(
+        ids,
+        tuple(
+            _token_logprob(raw_logprobs[i], ids[i], r.sampling.logprobs) if r.sampling.logprobs is not None else None
+            for i, r in enumerate(rows)
+        ),
+    )
 
 
 def _apply_processors(x: torch.Tensor, row: RowPlan, eos_token_ids: frozenset[int]) -> None:
@@ -85,8 +91,7 @@ def _apply_processors(x: torch.Tensor, row: RowPlan, eos_token_ids: frozenset[in
         _apply_penalties(x, history, max(num_prompt, 0), sp)
 
 
-def _apply_penalties(x: torch.Tensor, history: Sequence[int], num_prompt: int,
-                     sp: SamplingParams) -> None:
+def _apply_penalties(x: torch.Tensor, history: Sequence[int], num_prompt: int, sp: SamplingParams) -> None:
     vocab = x.shape[0]
     if sp.repetition_penalty != 1.0 and history:
         seen = torch.tensor(sorted(set(history)), dtype=torch.long)

@@ -15,8 +15,9 @@ Import: ``prefetch`` (asyncio side, called by ``TTMeshEngine.generate``) reads t
 store), off the engine thread; then
 ``on_added`` (engine thread, the request was bound to its lane and nothing is scheduled) refuses
 another model (fingerprint, dtype, shapes) or other prompt tokens (block hashes), then writes the
-prompt's full blocks into freshly allocated blocks of the lane's pool, registers them in its prefix cache under the prompt's chained
-hashes and releases them to the cache's LRU queue, then writes the partial last block (up to,
+prompt's full blocks into freshly allocated blocks of the lane's pool, registers them in its prefix
+cache under the prompt's chained hashes and releases them to the cache's LRU queue, then writes the
+partial last block (up to,
 not including, the last prompt token) into a block the request holds and marks it preloaded.
 Admission adopts both and marks every prompt token but the last computed, so the request starts
 in a DECODE step (its last prompt token is its first decode input): a decode engine never
@@ -57,8 +58,14 @@ class KVTransferHooks:
     """``model_dir``: the engine's checkpoint (its fingerprint must match a payload's); dtype,
     layer count and KV shape are read from the lane's KV tensors."""
 
-    def __init__(self, transport: KVTransport, model_dir: str, put_timeout_s: float = 5.0,
-                 fetch_timeout_s: float = 5.0, share_prefixes: bool = False):
+    def __init__(
+        self,
+        transport: KVTransport,
+        model_dir: str,
+        put_timeout_s: float = 5.0,
+        fetch_timeout_s: float = 5.0,
+        share_prefixes: bool = False,
+    ):
         self.transport = transport
         self.fingerprint = model_fingerprint(model_dir)
         self.put_timeout_s = put_timeout_s
@@ -87,8 +94,9 @@ class KVTransferHooks:
             payload = KVPayload(self._descriptor(lane_kv, tokens), gather_tt(lane_kv, r.block_ids, len(tokens)))
             self.transport.put(transfer_id, payload, self.put_timeout_s)
         except Exception as e:
-            logger.warning("KV export of %s (transfer %s) failed; the decode side will recompute: %s",
-                           r.req_id, transfer_id, e)
+            logger.warning(
+                "KV export of %s (transfer %s) failed; the decode side will recompute: %s", r.req_id, transfer_id, e
+            )
             return None
         self.num_exported_tokens += len(tokens)
         return kv_params.exported(transfer_id, len(tokens))
@@ -119,8 +127,12 @@ class KVTransferHooks:
         self.transport.complete(kv.transfer_id)
         self.num_imported_tokens += num_tokens
         if num_tokens < wanted:
-            logger.warning("request %s: imported %d of %d transferable tokens (no room); recomputing the rest",
-                           r.req_id, num_tokens, wanted)
+            logger.warning(
+                "request %s: imported %d of %d transferable tokens (no room); recomputing the rest",
+                r.req_id,
+                num_tokens,
+                wanted,
+            )
             self.transport.report_recompute("no_room")
 
     async def prefetch(self, request: GenerateRequest) -> None:
@@ -150,8 +162,7 @@ class KVTransferHooks:
             payload.descriptor.check_prompt(request.prompt_token_ids)
             return payload
         except Exception as e:
-            logger.warning("KV import of %s (transfer %s) failed, recomputing: %s", request.request_id,
-                           transfer_id, e)
+            logger.warning("KV import of %s (transfer %s) failed, recomputing: %s", request.request_id, transfer_id, e)
             self.transport.report_recompute(failure_reason(e))
             return None
 
@@ -161,11 +172,11 @@ class KVTransferHooks:
         bs = pool.block_size
         tokens = request.prompt_token_ids
         num_blocks = min(payload.descriptor.num_tokens, len(tokens) - 1) // bs  # never the last token
-        hashes = hash_prompt_blocks(tokens[:num_blocks * bs], bs)
+        hashes = hash_prompt_blocks(tokens[: num_blocks * bs], bs)
         if not pool.enable_prefix_caching or not hashes:
             return 0
         num_cached = len(pool.find_cached_prefix(hashes))
-        return _cache_blocks(pool, lane_kv, hashes, num_cached, payload.kv[:, :, num_cached * bs:])
+        return _cache_blocks(pool, lane_kv, hashes, num_cached, payload.kv[:, :, num_cached * bs :])
 
     # ---- prefix tier --------------------------------------------------------------------
     def _tier_key(self, lane_kv: Any) -> str:
@@ -178,26 +189,27 @@ class KVTransferHooks:
         if not new:
             return
         kv = gather_tt(lane_kv, r.block_ids, len(hashes) * bs)  # [L, 2, T, Hkv, D]
-        blocks = [kv[:, :, i * bs:(i + 1) * bs].clone() for i in new]
+        blocks = [kv[:, :, i * bs : (i + 1) * bs].clone() for i in new]
         if self.transport.offer_prefix(self._tier_key(lane_kv), bs, [hashes[i] for i in new], blocks):
             self._offered.update(hashes[i] for i in new)
 
     def _pull_prefix(self, r: Any, pool: Any, lane_kv: Any) -> None:
         bs = pool.block_size
         tokens = r.request.prompt_token_ids
-        hashes = hash_prompt_blocks(tokens[:(len(tokens) - 1) // bs * bs], bs)  # never the last token
+        hashes = hash_prompt_blocks(tokens[: (len(tokens) - 1) // bs * bs], bs)  # never the last token
         if not pool.enable_prefix_caching or not hashes:
             return
         num_cached = len(pool.find_cached_prefix(hashes))
         if num_cached == len(hashes):
             return
         try:
-            blocks = self.transport.match_prefix(self._tier_key(lane_kv), bs, hashes, lane_kv[0][0].dtype,
-                                                 self.fetch_timeout_s)
+            blocks = self.transport.match_prefix(
+                self._tier_key(lane_kv), bs, hashes, lane_kv[0][0].dtype, self.fetch_timeout_s
+            )
             if len(blocks) <= num_cached:
                 return
             kv = torch.cat(blocks[num_cached:], dim=2)
-            num_tokens = _cache_blocks(pool, lane_kv, hashes[:len(blocks)], num_cached, kv)
+            num_tokens = _cache_blocks(pool, lane_kv, hashes[: len(blocks)], num_cached, kv)
         except Exception:
             logger.warning("prefix tier import for %s failed; prefilling it", r.req_id, exc_info=True)
             return
@@ -205,8 +217,9 @@ class KVTransferHooks:
 
     def _descriptor(self, lane_kv: Any, tokens: tuple[int, ...]) -> KVDescriptor:
         key = lane_kv[0][0]
-        return KVDescriptor.for_prompt(self.fingerprint, key.dtype, len(lane_kv), key.shape[1], key.shape[3],
-                                       tokens, key.shape[2])
+        return KVDescriptor.for_prompt(
+            self.fingerprint, key.dtype, len(lane_kv), key.shape[1], key.shape[3], tokens, key.shape[2]
+        )
 
 
 def _preload_tail(r: Any, pool: Any, lane_kv: Any, kv: torch.Tensor, num_full_tokens: int) -> int:
@@ -222,7 +235,7 @@ def _preload_tail(r: Any, pool: Any, lane_kv: Any, kv: torch.Tensor, num_full_to
         block = pool.allocate(1)[0]
         # A page table whose positions [num_full_tokens, +block_size) map to the new block.
         table = [0] * (num_full_tokens // pool.block_size) + [block]
-        scatter_tt(lane_kv, table, kv[:, :, num_full_tokens:num_full_tokens + num_tail], start_token=num_full_tokens)
+        scatter_tt(lane_kv, table, kv[:, :, num_full_tokens : num_full_tokens + num_tail], start_token=num_full_tokens)
         r.preloaded_block = block
     r.is_kv_preloaded = True
     return num_tail
@@ -238,7 +251,7 @@ def _cache_blocks(pool: Any, lane_kv: Any, hashes: list[int], num_cached: int, k
         blocks = pool.allocate(num_new)
         lo = num_cached * bs
         # A page table whose positions [lo, lo + num_new * bs) map to the new blocks.
-        scatter_tt(lane_kv, [0] * num_cached + blocks, kv[:, :, :num_new * bs], start_token=lo)
-        pool.cache_blocks(blocks, hashes[num_cached:num_cached + num_new])
+        scatter_tt(lane_kv, [0] * num_cached + blocks, kv[:, :, : num_new * bs], start_token=lo)
+        pool.cache_blocks(blocks, hashes[num_cached : num_cached + num_new])
         pool.free(blocks)
     return (num_cached + max(num_new, 0)) * bs

@@ -82,9 +82,16 @@ class LaneCoordinator:
         self._step_id += 1
         self._last_mode = mode
         finished, self._finished_since_plan = frozenset(self._finished_since_plan), set()
-        return StepPlan(step_id=self._step_id, mode=mode, per_lane=self.per_lane,
-                        num_lanes=len(self.lanes), rows=rows, finished_req_ids=finished,
-                        preempted_req_ids=frozenset(preempted), is_decode_retry=is_retry)
+        return StepPlan(
+            step_id=self._step_id,
+            mode=mode,
+            per_lane=self.per_lane,
+            num_lanes=len(self.lanes),
+            rows=rows,
+            finished_req_ids=finished,
+            preempted_req_ids=frozenset(preempted),
+            is_decode_retry=is_retry,
+        )
 
     def _choose_mode(self) -> StepMode:
         wants_prefill = any(lane.has_prefill_intent() for lane in self.lanes)

@@ -17,11 +17,19 @@ logger = logging.getLogger(__name__)
 
 # vllm-tt-plugin utils/dp_discovery.py presets (TG/BH-Galaxy: the worker's (8, 4) grid).
 MESH_PRESETS: dict[str, tuple[int, int]] = {
-    "N150": (1, 1), "P100": (1, 1), "P150": (1, 1),
-    "N300": (1, 2), "P300": (1, 2), "P150x2": (1, 2),
-    "N150x4": (1, 4), "P150x4": (1, 4), "P300x2": (1, 4),
-    "T3K": (1, 8), "P150x8": (1, 8),
-    "TG": (8, 4), "BH-Galaxy": (8, 4),
+    "N150": (1, 1),
+    "P100": (1, 1),
+    "P150": (1, 1),
+    "N300": (1, 2),
+    "P300": (1, 2),
+    "P150x2": (1, 2),
+    "N150x4": (1, 4),
+    "P150x4": (1, 4),
+    "P300x2": (1, 4),
+    "T3K": (1, 8),
+    "P150x8": (1, 8),
+    "TG": (8, 4),
+    "BH-Galaxy": (8, 4),
 }
 _LITERAL_GRID = re.compile(r"^\(?\s*(\d+)\s*,\s*(\d+)\s*\)?$")
 
@@ -32,19 +40,26 @@ TTNN_CALLS: dict[str, tuple[str, ...]] = {
     "set_fabric_config": ("config", "reliability_mode"),
     "MeshShape": (),  # positional (rows, cols)
     "DispatchCoreConfig": ("axis",),
-    "open_mesh_device": ("mesh_shape", "dispatch_core_config", "trace_region_size", "worker_l1_size",
-                         "l1_small_size"),
+    "open_mesh_device": ("mesh_shape", "dispatch_core_config", "trace_region_size", "worker_l1_size", "l1_small_size"),
     "close_mesh_device": ("mesh_device",),
     "record_event": ("mesh_device", "cq_id"),
     "event_synchronize": ("mesh_event",),
     "MeshDevice.get_submeshes": (),
 }
 TTNN_ATTRIBUTES: tuple[str, ...] = (
-    "FabricConfig.DISABLED", "FabricConfig.FABRIC_1D", "FabricConfig.FABRIC_1D_RING",
-    "FabricConfig.FABRIC_2D_TORUS_XY", "FabricReliabilityMode.STRICT_INIT",
-    "FabricReliabilityMode.RELAXED_INIT", "DispatchCoreAxis.ROW", "DispatchCoreAxis.COL",
-    "cluster.ClusterType.GALAXY", "cluster.ClusterType.BLACKHOLE_GALAXY",
-    "bfloat8_b", "bfloat16", "float32",  # KV cache dtypes (model_setup.kv_dtype)
+    "FabricConfig.DISABLED",
+    "FabricConfig.FABRIC_1D",
+    "FabricConfig.FABRIC_1D_RING",
+    "FabricConfig.FABRIC_2D_TORUS_XY",
+    "FabricReliabilityMode.STRICT_INIT",
+    "FabricReliabilityMode.RELAXED_INIT",
+    "DispatchCoreAxis.ROW",
+    "DispatchCoreAxis.COL",
+    "cluster.ClusterType.GALAXY",
+    "cluster.ClusterType.BLACKHOLE_GALAXY",
+    "bfloat8_b",
+    "bfloat16",
+    "float32",  # KV cache dtypes (model_setup.kv_dtype)
 )
 
 DEFAULT_TRACE_REGION_BYTES = 50_000_000
@@ -62,8 +77,9 @@ def parse_mesh_grid(mesh_device: str | None, num_devices: int | None = None) -> 
     match = _LITERAL_GRID.match(name)
     if match and int(match.group(1)) > 0 and int(match.group(2)) > 0:
         return (int(match.group(1)), int(match.group(2)))
-    raise ValueError(f"unknown MESH_DEVICE {mesh_device!r}; expected one of {sorted(MESH_PRESETS)} "
-                     "or a literal grid '(rows, cols)'")
+    raise ValueError(
+        f"unknown MESH_DEVICE {mesh_device!r}; expected one of {sorted(MESH_PRESETS)} or a literal grid '(rows, cols)'"
+    )
 
 
 @dataclass(frozen=True)
@@ -92,22 +108,26 @@ class MeshDeviceConfig:
         return self.grid[0] * self.grid[1]
 
     @staticmethod
-    def from_tt_options(options: Any, grid: tuple[int, int] | None = None) -> "MeshDeviceConfig":
+    def from_tt_options(options: Any, grid: tuple[int, int] | None = None) -> MeshDeviceConfig:
         """From the engine's ``additional_config.tt`` options (attributes ``fabric_config``,
         ``fabric_reliability_mode``, ``dispatch_core_axis``, ``worker_l1_size``,
         ``trace_region_size``, ``l1_small_size``, ``trace_mode``; None = default). No trace region
         is reserved when ``trace_mode == "none"``."""
+
         def opt(name: str, default: Any) -> Any:
             value = getattr(options, name, None)
             return default if value is None else value
 
         is_tracing = opt("trace_mode", "all") != "none"
         return MeshDeviceConfig(
-            grid=grid, fabric_config=opt("fabric_config", None),
+            grid=grid,
+            fabric_config=opt("fabric_config", None),
             fabric_reliability_mode=opt("fabric_reliability_mode", "STRICT_INIT"),
             dispatch_core_axis=opt("dispatch_core_axis", None),
             trace_region_size=opt("trace_region_size", DEFAULT_TRACE_REGION_BYTES if is_tracing else 0),
-            worker_l1_size=opt("worker_l1_size", 0), l1_small_size=opt("l1_small_size", 0))
+            worker_l1_size=opt("worker_l1_size", 0),
+            l1_small_size=opt("l1_small_size", 0),
+        )
 
 
 @dataclass(frozen=True)
@@ -132,16 +152,24 @@ def open_mesh(ttnn: Any, config: MeshDeviceConfig) -> OpenedMesh:
     has_fabric = config.num_devices > 1
     if has_fabric:
         fabric_name = config.fabric_config or default_fabric_name(ttnn)
-        ttnn.set_fabric_config(config=_member(ttnn.FabricConfig, fabric_name, "fabric_config"),
-                               reliability_mode=_member(ttnn.FabricReliabilityMode, config.fabric_reliability_mode,
-                                                        "fabric_reliability_mode"))
+        ttnn.set_fabric_config(
+            config=_member(ttnn.FabricConfig, fabric_name, "fabric_config"),
+            reliability_mode=_member(
+                ttnn.FabricReliabilityMode, config.fabric_reliability_mode, "fabric_reliability_mode"
+            ),
+        )
     dispatch = None
     if config.dispatch_core_axis is not None:
-        dispatch = ttnn.DispatchCoreConfig(axis=_member(ttnn.DispatchCoreAxis, config.dispatch_core_axis.upper(),
-                                                        "dispatch_core_axis"))
-    device = ttnn.open_mesh_device(mesh_shape=ttnn.MeshShape(*config.grid), dispatch_core_config=dispatch,
-                                   trace_region_size=config.trace_region_size,
-                                   worker_l1_size=config.worker_l1_size, l1_small_size=config.l1_small_size)
+        dispatch = ttnn.DispatchCoreConfig(
+            axis=_member(ttnn.DispatchCoreAxis, config.dispatch_core_axis.upper(), "dispatch_core_axis")
+        )
+    device = ttnn.open_mesh_device(
+        mesh_shape=ttnn.MeshShape(*config.grid),
+        dispatch_core_config=dispatch,
+        trace_region_size=config.trace_region_size,
+        worker_l1_size=config.worker_l1_size,
+        l1_small_size=config.l1_small_size,
+    )
     logger.info("opened TT mesh %s (fabric %s)", config.grid, "on" if has_fabric else "off")
     return OpenedMesh(device, config.grid, has_fabric)
 
@@ -152,8 +180,9 @@ def close_mesh(ttnn: Any, mesh: OpenedMesh) -> None:
         ttnn.close_mesh_device(mesh_device=submesh)
     ttnn.close_mesh_device(mesh_device=mesh.device)
     if mesh.has_fabric:
-        ttnn.set_fabric_config(config=ttnn.FabricConfig.DISABLED,
-                               reliability_mode=ttnn.FabricReliabilityMode.STRICT_INIT)
+        ttnn.set_fabric_config(
+            config=ttnn.FabricConfig.DISABLED, reliability_mode=ttnn.FabricReliabilityMode.STRICT_INIT
+        )
 
 
 def _member(enum: Any, name: str, key: str) -> Any:
@@ -161,5 +190,6 @@ def _member(enum: Any, name: str, key: str) -> Any:
         return getattr(enum, name)
     except AttributeError:
         valid = [n for n in dir(enum) if n.isupper()]
-        raise ValueError(f"{key}={name!r} is not a member of ttnn.{getattr(enum, '__name__', enum)}; "
-                         f"valid: {valid}") from None
+        raise ValueError(
+            f"{key}={name!r} is not a member of ttnn.{getattr(enum, '__name__', enum)}; valid: {valid}"
+        ) from None

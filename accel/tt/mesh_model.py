@@ -53,8 +53,14 @@ class TTSamplingParams:
     num_logprobs: Sequence[int]
 
     PAD_DEFAULTS: ClassVar[Mapping[str, Any]] = {
-        "temperature": 0.0, "top_k": 1, "top_p": 1.0, "presence_penalty": 0.0,
-        "frequency_penalty": 0.0, "repetition_penalty": 1.0, "seed": -1, "num_logprobs": -2,
+        "temperature": 0.0,
+        "top_k": 1,
+        "top_p": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "repetition_penalty": 1.0,
+        "seed": -1,
+        "num_logprobs": -2,
     }
 
 
@@ -80,35 +86,58 @@ class MeshModel(Protocol):
     model_capabilities: ClassVar[Mapping[str, Any]]
 
     @classmethod
-    def initialize_vllm_model(cls, hf_config: Any, mesh_device: Any, max_batch_size: int,
-                              max_seq_len: int = ..., n_layers: int | None = None,
-                              tt_data_parallel: int = 1,
-                              optimizations: str | None = None) -> "MeshModel":
+    def initialize_vllm_model(
+        cls,
+        hf_config: Any,
+        mesh_device: Any,
+        max_batch_size: int,
+        max_seq_len: int = ...,
+        n_layers: int | None = None,
+        tt_data_parallel: int = 1,
+        optimizations: str | None = None,
+    ) -> MeshModel:
         """``max_batch_size`` is the global slot count (lanes x per-lane); ``tt_data_parallel``
         is the lane count."""
         ...
 
-    def allocate_kv_cache(self, kv_cache_shape: tuple[int, int, int, int], dtype: Any,
-                          num_layers: int) -> list[list[list[Any]]]:
+    def allocate_kv_cache(
+        self, kv_cache_shape: tuple[int, int, int, int], dtype: Any, num_layers: int
+    ) -> list[list[list[Any]]]:
         """Zeroed KV for every lane: ``[lane][layer] = [K, V]`` of ``kv_cache_shape``."""
         ...
 
-    def prefill_forward(self, tokens: Any, page_table: Any, kv_cache: Any, prompt_lens: Sequence[int],
-                        start_pos: Sequence[int], empty_slots: Sequence[int],
-                        sampling_params: TTSamplingParams | None = None,
-                        enable_trace: bool = False, **kwargs: Any) -> Any: ...
+    def prefill_forward(
+        self,
+        tokens: Any,
+        page_table: Any,
+        kv_cache: Any,
+        prompt_lens: Sequence[int],
+        start_pos: Sequence[int],
+        empty_slots: Sequence[int],
+        sampling_params: TTSamplingParams | None = None,
+        enable_trace: bool = False,
+        **kwargs: Any,
+    ) -> Any: ...
 
-    def decode_forward(self, tokens: Any, start_pos: Any, page_table: Any, kv_cache: Any,
-                       enable_trace: bool = True, read_from_device: bool = True,
-                       sampling_params: TTSamplingParams | None = None,
-                       reset_batch: bool = False, **kwargs: Any) -> Any: ...
+    def decode_forward(
+        self,
+        tokens: Any,
+        start_pos: Any,
+        page_table: Any,
+        kv_cache: Any,
+        enable_trace: bool = True,
+        read_from_device: bool = True,
+        sampling_params: TTSamplingParams | None = None,
+        reset_batch: bool = False,
+        **kwargs: Any,
+    ) -> Any: ...
 
     def read_decode_output(self, out: Any, async_read: bool = False) -> tuple[Any, list[DeviceEvent]]: ...
 
     def process_decode_output_host(self, out: Any, is_tokens: bool = False) -> Any: ...
 
-    def warmup_model_prefill(self, enable_trace: bool, kv_cache: Any,
-                             can_sample_on_device: bool) -> None: ...
+    def warmup_model_prefill(self, enable_trace: bool, kv_cache: Any, can_sample_on_device: bool) -> None: ...
 
-    def warmup_model_decode(self, enable_trace: bool, kv_cache: Any, max_batch_size: int,
-                            num_blocks: int, can_sample_on_device: bool) -> None: ...
+    def warmup_model_decode(
+        self, enable_trace: bool, kv_cache: Any, max_batch_size: int, num_blocks: int, can_sample_on_device: bool
+    ) -> None: ...

@@ -31,8 +31,11 @@ def build_model(model_cls: type, hf_config: Any, backend: Any, config: TTEngineC
     for the engine by the backend (``MeshBackend.adapt``: ttnn models get their event adapter)."""
     from accel.tt.backend import load_mesh_model
 
-    optional = {"max_seq_len": config.max_model_len, "tt_data_parallel": config.num_lanes,
-                "optimizations": config.tt.optimizations}
+    optional = {
+        "max_seq_len": config.max_model_len,
+        "tt_data_parallel": config.num_lanes,
+        "optimizations": config.tt.optimizations,
+    }
     mesh_device = getattr(backend, "mesh_device", None)
     model = load_mesh_model(model_cls, hf_config, mesh_device, config.max_num_seqs_global, **optional)
     return backend.adapt(model) if backend is not None else model
@@ -47,8 +50,13 @@ def num_blocks_per_lane(model_cls: type, config: TTEngineConfig) -> int:
     get_max = getattr(model_cls, "get_max_tokens_all_users", None)
     tokens = None
     if get_max is not None:
-        tokens = get_max(model_name=config.model, num_devices=1, tt_data_parallel=config.num_lanes,
-                         max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs)
+        tokens = get_max(
+            model_name=config.model,
+            num_devices=1,
+            tt_data_parallel=config.num_lanes,
+            max_model_len=config.max_model_len,
+            max_num_seqs=config.max_num_seqs,
+        )
     if not tokens:
         tokens = config.max_num_seqs * config.max_model_len
     return max(-(-(int(tokens) + bs * config.max_num_seqs) // bs), config.max_num_blocks_per_req)
@@ -59,8 +67,9 @@ def devices_per_lane(backend: Any, num_lanes: int) -> int:
     return max(1, (grid[0] * grid[1]) // num_lanes) if grid else 1
 
 
-def kv_block_shape(hf_config: Any, config: TTEngineConfig, num_blocks: int,
-                    devices_per_lane: int) -> tuple[int, int, int, int]:
+def kv_block_shape(
+    hf_config: Any, config: TTEngineConfig, num_blocks: int, devices_per_lane: int
+) -> tuple[int, int, int, int]:
     """Per-lane, per-layer KV shape (§3): tensor parallelism inside a lane folds into the heads."""
     num_heads = int(hf_config.num_attention_heads)
     num_kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or num_heads)

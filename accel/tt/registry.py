@@ -53,10 +53,13 @@ BUILTIN_MODELS: tuple[ModelEntry, ...] = (
     ModelEntry("TTQwen2ForCausalLM", f"{_TT_TRANSFORMERS}:QwenForCausalLM"),
     ModelEntry("TTQwen3ForCausalLM", f"{_TT_TRANSFORMERS}:QwenForCausalLM", TORCH_MESH_MODEL),
     ModelEntry("TTQwen3_5ForConditionalGeneration", "models.demos.blackhole.qwen36.tt.qwen36_vllm:Qwen36ForCausalLM"),
-    ModelEntry("TTQwen2_5_VLForConditionalGeneration",
-               "models.demos.qwen25_vl.tt.generator_vllm:Qwen2_5_VLForConditionalGeneration"),
-    ModelEntry("TTQwen3VLForConditionalGeneration",
-               "models.demos.qwen3_vl.tt.generator_vllm:Qwen3VLForConditionalGeneration"),
+    ModelEntry(
+        "TTQwen2_5_VLForConditionalGeneration",
+        "models.demos.qwen25_vl.tt.generator_vllm:Qwen2_5_VLForConditionalGeneration",
+    ),
+    ModelEntry(
+        "TTQwen3VLForConditionalGeneration", "models.demos.qwen3_vl.tt.generator_vllm:Qwen3VLForConditionalGeneration"
+    ),
     ModelEntry("TTMistralForCausalLM", f"{_TT_TRANSFORMERS}:MistralForCausalLM"),
     ModelEntry("TTMistral3ForConditionalGeneration", f"{_TT_TRANSFORMERS}:Mistral3ForConditionalGeneration"),
     ModelEntry("TTGemma3ForConditionalGeneration", f"{_TT_TRANSFORMERS}:Gemma3ForConditionalGeneration"),
@@ -95,8 +98,10 @@ class ModelRegistry:
             entry = self._entries.get(tt_arch_name(arch))
             if entry is not None:
                 return entry
-        raise ConfigError(f"no TT model registered for architectures {archs} "
-                          f"(looked up {[tt_arch_name(a) for a in archs]}; registered: {self.names()})")
+        raise ConfigError(
+            f"no TT model registered for architectures {archs} "
+            f"(looked up {[tt_arch_name(a) for a in archs]}; registered: {self.names()})"
+        )
 
     def resolve(self, hf_config: Any, backend: str) -> type:
         if backend not in BACKENDS:
@@ -104,8 +109,10 @@ class ModelRegistry:
         entry = self.resolve_entry(hf_config)
         path = entry.class_path(backend)
         if path is None:
-            raise ConfigError(f"{entry.tt_arch} needs a Tenstorrent mesh (ttnn): it has no torch "
-                              "implementation; only Llama and Qwen3 run without TT hardware")
+            raise ConfigError(
+                f"{entry.tt_arch} needs a Tenstorrent mesh (ttnn): it has no torch "
+                "implementation; only Llama and Qwen3 run without TT hardware"
+            )
         return load_class(path)
 
 
@@ -131,9 +138,14 @@ def extra_model_entries(extra_models_dir: str | Path) -> list[ModelEntry]:
         if backend not in BACKENDS:
             raise ConfigError(f"{folder / METADATA_FILE}: backend must be one of {BACKENDS}, got {backend!r}")
         main_class = meta["main_class"]
-        entries.append(ModelEntry(tt_arch_name(meta["arch"]),
-                                  ttnn_class=main_class if backend == BACKEND_TTNN else None,
-                                  torch_class=main_class if backend == BACKEND_TORCH else None, source=str(folder)))
+        entries.append(
+            ModelEntry(
+                tt_arch_name(meta["arch"]),
+                ttnn_class=main_class if backend == BACKEND_TTNN else None,
+                torch_class=main_class if backend == BACKEND_TORCH else None,
+                source=str(folder),
+            )
+        )
         logger.info("registered %s -> %s (%s, from %s)", entries[-1].tt_arch, main_class, backend, folder.name)
     return entries
 

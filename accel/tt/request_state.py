@@ -23,9 +23,9 @@ from accel.contract import GenerateRequest, SamplingParams
 
 
 class RequestStatus(enum.Enum):
-    WAITING = "waiting"      # queued in its lane (new or preempted)
-    RUNNING = "running"      # holds a slot and blocks
-    FINISHED = "finished"    # done or aborted; holds nothing
+    WAITING = "waiting"  # queued in its lane (new or preempted)
+    RUNNING = "running"  # holds a slot and blocks
+    FINISHED = "finished"  # done or aborted; holds nothing
 
 
 @dataclass(eq=False)
@@ -36,13 +36,13 @@ class RequestState:
     status: RequestStatus = RequestStatus.WAITING
     num_computed: int = 0
     num_pending: int = 0
-    slot: int | None = None               # global slot (lane * per_lane + local), while running
+    slot: int | None = None  # global slot (lane * per_lane + local), while running
     block_ids: list[int] = field(default_factory=list)  # lane-local page table
-    block_table: tuple[int, ...] = ()     # == tuple(block_ids), rebuilt only when blocks change
+    block_table: tuple[int, ...] = ()  # == tuple(block_ids), rebuilt only when blocks change
     block_hashes: list[BlockHash] = field(default_factory=list)  # of full blocks of token_ids
-    num_cached_blocks: int = 0            # leading blocks registered in the prefix cache
+    num_cached_blocks: int = 0  # leading blocks registered in the prefix cache
     num_preemptions: int = 0
-    num_prefix_hit_tokens: int = 0        # from the latest admission
+    num_prefix_hit_tokens: int = 0  # from the latest admission
     # A KV import (prefill/decode disaggregation) left the prompt's KV up to, not including, its
     # last token: full blocks in the lane's prefix cache, the partial tail in ``preloaded_block``
     # (None when the tail is empty). Admission adopts them and the request starts in a DECODE step
@@ -58,7 +58,7 @@ class RequestState:
         self.sampling = self.request.sampling
 
     @classmethod
-    def new(cls, request: GenerateRequest, lane: int = -1) -> "RequestState":
+    def new(cls, request: GenerateRequest, lane: int = -1) -> RequestState:
         return cls(request=request, lane=lane, token_ids=list(request.prompt_token_ids))
 
     @property

@@ -26,8 +26,16 @@ from accel.tt.sampling_policy import SamplingPolicy
 from accel.tt.step_plan import PENDING_TOKEN, RowPlan, StepMode, StepPlan
 
 NO_TOKEN = -1  # a row that samples nothing this step (intermediate prefill chunk)
-_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "presence_penalty", "frequency_penalty",
-                    "repetition_penalty", "seed", "num_logprobs")
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "num_logprobs",
+)
 _PAD_ROW = tuple(TTSamplingParams.PAD_DEFAULTS[f] for f in _SAMPLING_FIELDS)
 
 
@@ -45,8 +53,13 @@ class PendingStep:
     """A submitted step. ``wait()`` blocks until the mesh is done (once) and returns the program
     output; ``finalize()`` turns it into a ``StepResult`` (host sampling happens here)."""
 
-    def __init__(self, plan: StepPlan, wait_fn: Callable[[], Any], result_fn: Callable[[Any], StepResult],
-                 is_device_sampled: bool):
+    def __init__(
+        self,
+        plan: StepPlan,
+        wait_fn: Callable[[], Any],
+        result_fn: Callable[[Any], StepResult],
+        is_device_sampled: bool,
+    ):
         self.plan = plan
         self.is_device_sampled = is_device_sampled
         self._wait_fn: Callable[[], Any] | None = wait_fn
@@ -79,8 +92,8 @@ class PreparedStep:
     plan: StepPlan
     use_device: bool
     decode_kwargs: dict[str, Any] | None = None  # decode: every decode_forward kwarg but tokens
-    tokens: Any = None                           # decode: int64 [B_wire, 1]
-    pending_rows: Any = None                     # decode: int64 [k] rows fed by the previous step
+    tokens: Any = None  # decode: int64 [B_wire, 1]
+    pending_rows: Any = None  # decode: int64 [k] rows fed by the previous step
 
 
 @lru_cache(maxsize=4096)
@@ -92,13 +105,28 @@ def device_sampling_row(sp: SamplingParams, vocab_size: int) -> tuple:
     else:
         temperature, top_p = float(sp.temperature), (0.0 if top_k == 1 else float(sp.top_p))
     num_logprobs = -2 if sp.logprobs is None else sp.logprobs
-    return (temperature, top_k, top_p, float(sp.presence_penalty), float(sp.frequency_penalty),
-            float(sp.repetition_penalty), -1 if sp.seed is None else sp.seed, num_logprobs)
+    return (
+        temperature,
+        top_k,
+        top_p,
+        float(sp.presence_penalty),
+        float(sp.frequency_penalty),
+        float(sp.repetition_penalty),
+        -1 if sp.seed is None else sp.seed,
+        num_logprobs,
+    )
 
 
 class MeshRunner:
-    def __init__(self, model: MeshModel, kv_cache: Any, config: TTEngineConfig,
-                 policy: SamplingPolicy, eos_token_ids: frozenset[int], vocab_size: int):
+    def __init__(
+        self,
+        model: MeshModel,
+        kv_cache: Any,
+        config: TTEngineConfig,
+        policy: SamplingPolicy,
+        eos_token_ids: frozenset[int],
+        vocab_size: int,
+    ):
         self.model = model
         self.kv_cache = kv_cache
         self.config = config
@@ -115,7 +143,7 @@ class MeshRunner:
         self._row_blocks: list[tuple[int, ...]] = [()] * capacity
         self._last_decode_layout: tuple[tuple[int, str], ...] | None = None
         self._last_sampling: TTSamplingParams | None = None  # for that layout (params are per request)
-        self._last_use_device = False                        # the policy's decision for that layout
+        self._last_use_device = False  # the policy's decision for that layout
         trace_mode = config.tt.trace_mode
         self._decode_trace = trace_mode in ("all", "decode_only")
         self._prefill_trace = trace_mode == "all"
@@ -129,12 +157,16 @@ class MeshRunner:
             if hasattr(self.model, "already_warmed_up_prefill"):
                 self.model.already_warmed_up_prefill = False
             if not enable_trace or self._prefill_trace:
-                self.model.warmup_model_prefill(enable_trace, kv_cache=self.kv_cache,
-                                                can_sample_on_device=mode == "all")
-            self.model.warmup_model_decode(enable_trace, kv_cache=self.kv_cache,
-                                           max_batch_size=self.config.max_num_seqs_global,
-                                           num_blocks=self.config.max_num_blocks_per_req,
-                                           can_sample_on_device=mode in ("all", "decode_only"))
+                self.model.warmup_model_prefill(
+                    enable_trace, kv_cache=self.kv_cache, can_sample_on_device=mode == "all"
+                )
+            self.model.warmup_model_decode(
+                enable_trace,
+                kv_cache=self.kv_cache,
+                max_batch_size=self.config.max_num_seqs_global,
+                num_blocks=self.config.max_num_blocks_per_req,
+                can_sample_on_device=mode in ("all", "decode_only"),
+            )
 
     # ---- execution ----------------------------------------------------------------------
     def submit(self, plan: StepPlan, fed_tokens: Mapping[int, int] | None = None) -> PendingStep:
@@ -164,18 +196,26 @@ class MeshRunner:
             positions[r.row] = r.start_pos
         self._update_page_table(rows)
         self._last_decode_layout = layout
-        kwargs: dict[str, Any] = {"start_pos": torch.tensor(positions, dtype=torch.int32),
-                                  "page_table": self._page_table.clone()}
+        kwargs: dict[str, Any] = {
+            "start_pos": torch.tensor(positions, dtype=torch.int32),
+            "page_table": self._page_table.clone(),
+        }
         if use_device:
             if reset_batch or self._last_sampling is None:
                 self._last_sampling = self._sampling_params(rows, capacity, by_slot=True)
             kwargs["sampling_params"] = self._last_sampling
             kwargs["reset_batch"] = reset_batch
-        return PreparedStep(plan, use_device, kwargs, torch.tensor(tokens, dtype=torch.int64).view(capacity, 1),
-                            torch.tensor(pending_rows, dtype=torch.int64) if pending_rows else None)
+        return PreparedStep(
+            plan,
+            use_device,
+            kwargs,
+            torch.tensor(tokens, dtype=torch.int64).view(capacity, 1),
+            torch.tensor(pending_rows, dtype=torch.int64) if pending_rows else None,
+        )
 
-    def launch(self, prepared: PreparedStep, prev: PendingStep | None = None,
-               fed_tokens: Mapping[int, int] | None = None) -> PendingStep:
+    def launch(
+        self, prepared: PreparedStep, prev: PendingStep | None = None, fed_tokens: Mapping[int, int] | None = None
+    ) -> PendingStep:
         """Dispatch a prepared step (decode: asynchronously). ``PENDING_TOKEN`` inputs come from
         ``prev`` (the in-flight step; the device's sampled tokens, no host round trip through a
         ``StepResult``) or ``fed_tokens``."""
@@ -190,8 +230,9 @@ class MeshRunner:
             self._feed_tokens(prepared, prev, fed_tokens)
         return self._launch_decode(prepared, rows)
 
-    def _feed_tokens(self, prepared: PreparedStep, prev: PendingStep | None,
-                     fed_tokens: Mapping[int, int] | None) -> None:
+    def _feed_tokens(
+        self, prepared: PreparedStep, prev: PendingStep | None, fed_tokens: Mapping[int, int] | None
+    ) -> None:
         idx = prepared.pending_rows
         source = prev.slot_tokens() if prev is not None else None
         if source is not None:
@@ -202,9 +243,13 @@ class MeshRunner:
 
     def _launch_decode(self, prepared: PreparedStep, rows: Sequence[RowPlan]) -> PendingStep:
         use_device = prepared.use_device
-        out = self.model.decode_forward(tokens=prepared.tokens, kv_cache=self.kv_cache,
-                                        enable_trace=self._decode_trace, read_from_device=False,
-                                        **prepared.decode_kwargs)
+        out = self.model.decode_forward(
+            tokens=prepared.tokens,
+            kv_cache=self.kv_cache,
+            enable_trace=self._decode_trace,
+            read_from_device=False,
+            **prepared.decode_kwargs,
+        )
         out, events = self.model.read_decode_output(out, async_read=True)
 
         def wait() -> Any:
@@ -213,8 +258,9 @@ class MeshRunner:
             return self.model.process_decode_output_host(out, is_tokens=use_device)
 
         slots = [r.row for r in rows]
-        return PendingStep(prepared.plan, wait, lambda host_out: self._result(rows, slots, host_out, use_device),
-                           use_device)
+        return PendingStep(
+            prepared.plan, wait, lambda host_out: self._result(rows, slots, host_out, use_device), use_device
+        )
 
     def _run_prefill(self, plan: StepPlan, rows: Sequence[RowPlan], use_device: bool) -> PendingStep:
         n = len(rows)
@@ -222,23 +268,28 @@ class MeshRunner:
         tokens = torch.zeros(n, max_end, dtype=torch.int64)
         page_table = torch.zeros(n, self.config.max_num_blocks_per_req, dtype=torch.int32)
         for i, r in enumerate(rows):
-            tokens[i, :r.end_pos] = torch.tensor(r.input_token_ids, dtype=torch.int64)
-            page_table[i, :len(r.block_ids)] = torch.tensor(r.block_ids, dtype=torch.int32)
+            tokens[i, : r.end_pos] = torch.tensor(r.input_token_ids, dtype=torch.int64)
+            page_table[i, : len(r.block_ids)] = torch.tensor(r.block_ids, dtype=torch.int32)
         kwargs: dict[str, Any] = {}
         if use_device:
             kwargs["sampling_params"] = self._sampling_params(rows, n, by_slot=False)
         out = self.model.prefill_forward(
-            tokens=tokens, page_table=page_table, kv_cache=self.kv_cache,
-            prompt_lens=[r.end_pos for r in rows], start_pos=[r.start_pos for r in rows],
-            empty_slots=[r.row for r in rows], enable_trace=self._prefill_trace, **kwargs)
+            tokens=tokens,
+            page_table=page_table,
+            kv_cache=self.kv_cache,
+            prompt_lens=[r.end_pos for r in rows],
+            start_pos=[r.start_pos for r in rows],
+            empty_slots=[r.row for r in rows],
+            enable_trace=self._prefill_trace,
+            **kwargs,
+        )
         if not use_device:
             out = torch.as_tensor(out).reshape(n, -1)  # [n, 1, vocab] -> [n, vocab]
         result = self._result(rows, list(range(n)), out, use_device)
         return PendingStep(plan, lambda: out, lambda _: result, use_device)
 
     # ---- helpers --------------------------------------------------------------------------
-    def _result(self, rows: Sequence[RowPlan], out_index: list[int], out: Any,
-                use_device: bool) -> StepResult:
+    def _result(self, rows: Sequence[RowPlan], out_index: list[int], out: Any, use_device: bool) -> StepResult:
         """Pick each row's token from the program output (``out_index``: row -> output index)."""
         if use_device:
             assert isinstance(out, SampledOutput)
@@ -250,9 +301,12 @@ class MeshRunner:
         ids = [NO_TOKEN] * len(rows)
         lps: list[TokenLogprob | None] | None = None
         if sampling_rows:
-            sample = sample_on_host(logits[[out_index[i] for i in sampling_rows]],
-                                    [rows[i] for i in sampling_rows], self._generator,
-                                    self.eos_token_ids)
+            sample = sample_on_host(
+                logits[[out_index[i] for i in sampling_rows]],
+                [rows[i] for i in sampling_rows],
+                self._generator,
+                self.eos_token_ids,
+            )
             for k, i in enumerate(sampling_rows):
                 ids[i] = sample.token_ids[k]
             if sample.logprobs is not None:
@@ -278,7 +332,7 @@ class MeshRunner:
         for r in rows:
             if self._row_blocks[r.row] != r.block_ids:
                 self._page_table[r.row].zero_()
-                self._page_table[r.row, :len(r.block_ids)] = torch.tensor(r.block_ids, dtype=torch.int32)
+                self._page_table[r.row, : len(r.block_ids)] = torch.tensor(r.block_ids, dtype=torch.int32)
                 self._row_blocks[r.row] = r.block_ids
 
 

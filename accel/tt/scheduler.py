@@ -44,8 +44,7 @@ class LanePart:
 
 
 class LaneScheduler:
-    def __init__(self, lane: int, per_lane: int, pool: BlockPool, max_num_batched_tokens: int,
-                 max_model_len: int):
+    def __init__(self, lane: int, per_lane: int, pool: BlockPool, max_num_batched_tokens: int, max_model_len: int):
         self.lane = lane
         self.per_lane = per_lane
         self.pool = pool
@@ -194,10 +193,19 @@ class LaneScheduler:
     def _prefill_row(self, r: RequestState, chunk: int) -> RowPlan:
         start, end = r.num_computed, r.num_computed + chunk
         samples = end == r.num_tokens
-        row = RowPlan(req_id=r.req_id, lane=self.lane, row=r.slot, start_pos=start, end_pos=end,
-                      input_token_ids=tuple(r.token_ids[:end]), block_ids=r.block_table,
-                      samples=samples, sampling=r.sampling,
-                      num_output_tokens=r.num_output_tokens, history_token_ids=_history(r))
+        row = RowPlan(
+            req_id=r.req_id,
+            lane=self.lane,
+            row=r.slot,
+            start_pos=start,
+            end_pos=end,
+            input_token_ids=tuple(r.token_ids[:end]),
+            block_ids=r.block_table,
+            samples=samples,
+            sampling=r.sampling,
+            num_output_tokens=r.num_output_tokens,
+            history_token_ids=_history(r),
+        )
         r.num_computed = end
         if samples:
             r.num_pending += 1
@@ -207,8 +215,7 @@ class LaneScheduler:
     def schedule_decode(self) -> LanePart:
         part = LanePart()
         # Imported prompts join here, without a prefill step (FIFO: only from the queue's head).
-        while self._free_slots and self.waiting and self.waiting[0].is_kv_preloaded \
-                and not self.waiting[0].num_pending:
+        while self._free_slots and self.waiting and self.waiting[0].is_kv_preloaded and not self.waiting[0].num_pending:
             if not self._try_admit_preloaded(self.waiting[0]):
                 break
         lane, bs, max_len = self.lane, self.block_size, self.max_model_len
@@ -222,14 +229,28 @@ class LaneScheduler:
             if num_pending:  # is its in-flight token its last? (will_finish_by_length, inlined)
                 max_tokens = r.sampling.max_tokens
                 if num_known + num_pending >= max_len or (
-                        max_tokens is not None and num_known + num_pending - r.num_prompt_tokens >= max_tokens):
+                    max_tokens is not None and num_known + num_pending - r.num_prompt_tokens >= max_tokens
+                ):
                     continue
             if pos // bs >= len(r.block_ids) and not self._reserve(r, pos + 1, part):
                 continue
             token = r.token_ids[pos] if pos < num_known else PENDING_TOKEN
             history = _history(r)
-            rows.append(RowPlan(r.req_id, lane, r.slot, pos, pos + 1, (token,), r.block_table, True,
-                                r.sampling, num_known + num_pending - r.num_prompt_tokens, history))
+            rows.append(
+                RowPlan(
+                    r.req_id,
+                    lane,
+                    r.slot,
+                    pos,
+                    pos + 1,
+                    (token,),
+                    r.block_table,
+                    True,
+                    r.sampling,
+                    num_known + num_pending - r.num_prompt_tokens,
+                    history,
+                )
+            )
             r.num_computed = pos + 1
             r.num_pending = num_pending + 1
         rows.sort(key=_row_index)

@@ -26,8 +26,13 @@ from typing import Any, ClassVar
 
 import torch
 
-from accel.tt.mesh_model import (SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING,
-                                 SUPPORTS_SAMPLE_ON_DEVICE, SampledOutput, TTSamplingParams)
+from accel.tt.mesh_model import (
+    SUPPORTS_ASYNC_DECODE,
+    SUPPORTS_PREFIX_CACHING,
+    SUPPORTS_SAMPLE_ON_DEVICE,
+    SampledOutput,
+    TTSamplingParams,
+)
 from accel.tt.torch_model.device_queue import FutureEvent
 
 _MOD = 1_000_003
@@ -68,9 +73,11 @@ class _TimedOutput:
 
 class ScriptedMeshModel:
     model_capabilities: ClassVar[dict[str, Any]] = {
-        SUPPORTS_PREFIX_CACHING: True, SUPPORTS_ASYNC_DECODE: True, SUPPORTS_SAMPLE_ON_DEVICE: True,
+        SUPPORTS_PREFIX_CACHING: True,
+        SUPPORTS_ASYNC_DECODE: True,
+        SUPPORTS_SAMPLE_ON_DEVICE: True,
     }
-    decode_time_s: ClassVar[float] = 0.0   # fixed device time per decode step (benchmark)
+    decode_time_s: ClassVar[float] = 0.0  # fixed device time per decode step (benchmark)
     prefill_time_s: ClassVar[float] = 0.0
     # False: decode skips the scripted function, returns token 3 for every row and runs on a
     # virtual device clock (step N+1 starts when both it is submitted and step N is done, and
@@ -95,27 +102,42 @@ class ScriptedMeshModel:
         self._device = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scripted-mesh")
 
     @classmethod
-    def initialize_vllm_model(cls, hf_config: Any, mesh_device: Any, max_batch_size: int,
-                              max_seq_len: int = 2048, n_layers: int | None = None,
-                              tt_data_parallel: int = 1, optimizations: str | None = None) -> "ScriptedMeshModel":
+    def initialize_vllm_model(
+        cls,
+        hf_config: Any,
+        mesh_device: Any,
+        max_batch_size: int,
+        max_seq_len: int = 2048,
+        n_layers: int | None = None,
+        tt_data_parallel: int = 1,
+        optimizations: str | None = None,
+    ) -> ScriptedMeshModel:
         return cls(int(hf_config.vocab_size), max_batch_size, tt_data_parallel, max_seq_len)
 
     def close(self) -> None:
         self._device.shutdown(wait=True)
 
-    def allocate_kv_cache(self, kv_cache_shape: tuple[int, int, int, int], dtype: Any,
-                          num_layers: int) -> list[list[list[torch.Tensor]]]:
+    def allocate_kv_cache(
+        self, kv_cache_shape: tuple[int, int, int, int], dtype: Any, num_layers: int
+    ) -> list[list[list[torch.Tensor]]]:
         self.block_size = kv_cache_shape[2]
         shape = (kv_cache_shape[0], 1, 1, 1)  # the cells hold the data; see the module docstring
-        self.kv = [[[torch.zeros(shape), torch.zeros(shape)] for _ in range(num_layers)]
-                   for _ in range(self.num_lanes)]
+        self.kv = [[[torch.zeros(shape), torch.zeros(shape)] for _ in range(num_layers)] for _ in range(self.num_lanes)]
         return self.kv
 
     # ---- forward ------------------------------------------------------------------------
-    def prefill_forward(self, tokens: Any, page_table: Any, kv_cache: Any, prompt_lens: Sequence[int],
-                        start_pos: Sequence[int], empty_slots: Sequence[int],
-                        sampling_params: TTSamplingParams | None = None,
-                        enable_trace: bool = False, **kwargs: Any) -> Any:
+    def prefill_forward(
+        self,
+        tokens: Any,
+        page_table: Any,
+        kv_cache: Any,
+        prompt_lens: Sequence[int],
+        start_pos: Sequence[int],
+        empty_slots: Sequence[int],
+        sampling_params: TTSamplingParams | None = None,
+        enable_trace: bool = False,
+        **kwargs: Any,
+    ) -> Any:
         assert kv_cache is self.kv
         tokens = torch.as_tensor(tokens)
         n = tokens.shape[0]
@@ -139,24 +161,36 @@ class ScriptedMeshModel:
             return out[:, None, :]
         return out
 
-    def decode_forward(self, tokens: Any, start_pos: Any, page_table: Any, kv_cache: Any,
-                       enable_trace: bool = True, read_from_device: bool = True,
-                       sampling_params: TTSamplingParams | None = None, reset_batch: bool = False,
-                       **kwargs: Any) -> Any:
+    def decode_forward(
+        self,
+        tokens: Any,
+        start_pos: Any,
+        page_table: Any,
+        kv_cache: Any,
+        enable_trace: bool = True,
+        read_from_device: bool = True,
+        sampling_params: TTSamplingParams | None = None,
+        reset_batch: bool = False,
+        **kwargs: Any,
+    ) -> Any:
         assert kv_cache is self.kv
         tokens = torch.as_tensor(tokens).clone()
         start_pos = torch.as_tensor(start_pos).clone()
         page_table = torch.as_tensor(page_table).clone()
         b = self.max_batch_size
-        assert tokens.shape == (b, 1) and start_pos.shape == (b,) and page_table.shape[0] == b, \
+        assert tokens.shape == (b, 1) and start_pos.shape == (b,) and page_table.shape[0] == b, (
             "decode must carry every slot"
+        )
         self.num_decode_calls += 1
 
         if not self.computes_decode:
             ready_at = max(time.perf_counter(), self._device_free_at) + self.decode_time_s
             self._device_free_at = ready_at
-            out = (SampledOutput(token_ids=torch.full((b,), _FIRST_TOKEN)) if sampling_params is not None
-                   else self._logits(torch.full((b,), _FIRST_TOKEN)))
+            out = (
+                SampledOutput(token_ids=torch.full((b,), _FIRST_TOKEN))
+                if sampling_params is not None
+                else self._logits(torch.full((b,), _FIRST_TOKEN))
+            )
             timed = _TimedOutput(out, ready_at)
             return timed.result() if read_from_device else timed
 
@@ -194,8 +228,9 @@ class ScriptedMeshModel:
     def warmup_model_prefill(self, enable_trace: bool, kv_cache: Any, can_sample_on_device: bool) -> None:
         self.warmup_calls.append(("prefill", enable_trace))
 
-    def warmup_model_decode(self, enable_trace: bool, kv_cache: Any, max_batch_size: int,
-                            num_blocks: int, can_sample_on_device: bool) -> None:
+    def warmup_model_decode(
+        self, enable_trace: bool, kv_cache: Any, max_batch_size: int, num_blocks: int, can_sample_on_device: bool
+    ) -> None:
         assert max_batch_size == self.max_batch_size
         self.warmup_calls.append(("decode", enable_trace))
 
@@ -222,8 +257,11 @@ class ScriptedMeshModel:
             if temp <= 0 or top_k == 1:
                 continue  # greedy: the scripted token
             gen = torch.Generator()
-            gen.manual_seed((int(seed) * 1_000_003 + positions[i]) % (2**63) if seed != -1 else
-                            int(torch.randint(0, 2**62, ()).item()))
+            gen.manual_seed(
+                (int(seed) * 1_000_003 + positions[i]) % (2**63)
+                if seed != -1
+                else int(torch.randint(0, 2**62, ()).item())
+            )
             probs = torch.softmax(self._logits(torch.tensor([nxt[i]]))[0] / temp, dim=-1)
             if 0 < top_k < v:
                 kth = probs.topk(int(top_k)).values[-1]

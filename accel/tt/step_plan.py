@@ -31,16 +31,16 @@ class RowPlan(NamedTuple):
 
     req_id: str
     lane: int
-    row: int                           # global slot = lane * per_lane + local slot
-    start_pos: int                     # tokens already in KV (prefix hit, earlier chunks)
-    end_pos: int                       # end of the scheduled chunk (the model's prompt_lens)
+    row: int  # global slot = lane * per_lane + local slot
+    start_pos: int  # tokens already in KV (prefix hit, earlier chunks)
+    end_pos: int  # end of the scheduled chunk (the model's prompt_lens)
     # prefill: tokens[0:end_pos] (the model reads [start_pos:end_pos]);
     # decode: the single token at start_pos, or PENDING_TOKEN.
     input_token_ids: tuple[int, ...]
-    block_ids: tuple[int, ...]         # lane-local page table, covers end_pos tokens
-    samples: bool                      # the chunk reaches the end of the known tokens
+    block_ids: tuple[int, ...]  # lane-local page table, covers end_pos tokens
+    samples: bool  # the chunk reaches the end of the known tokens
     sampling: SamplingParams
-    num_output_tokens: int             # outputs before this step's token (for min_tokens)
+    num_output_tokens: int  # outputs before this step's token (for min_tokens)
     # prompt + outputs, only when the row needs penalties on the host (PENDING_TOKEN-padded).
     history_token_ids: tuple[int, ...] | None = None
 
@@ -53,12 +53,12 @@ class RowPlan(NamedTuple):
 class StepPlan:
     step_id: int
     mode: StepMode
-    per_lane: int                      # slots per lane
+    per_lane: int  # slots per lane
     num_lanes: int
-    rows: tuple[RowPlan, ...]          # sorted by row; prefill rows are front-packed in this order
-    finished_req_ids: frozenset[str] = frozenset()   # since the previous plan: drop cached state
+    rows: tuple[RowPlan, ...]  # sorted by row; prefill rows are front-packed in this order
+    finished_req_ids: frozenset[str] = frozenset()  # since the previous plan: drop cached state
     preempted_req_ids: frozenset[str] = frozenset()  # preempted while planning this step
-    is_decode_retry: bool = False      # a zero-token prefill pass was redone as decode
+    is_decode_retry: bool = False  # a zero-token prefill pass was redone as decode
 
     @property
     def capacity(self) -> int:

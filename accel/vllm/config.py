@@ -40,14 +40,40 @@ from typing import Any
 from accel.contract import ConfigError
 from accel.vllm.tpu.topology import SliceTopology
 
-_INT_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_model_len",
-             "max_num_seqs", "max_num_batched_tokens", "block_size", "seed", "kv_cache_memory_bytes",
-             "max_logprobs")
-_BOOL_KEYS = ("enable_expert_parallel", "enable_prefix_caching", "async_scheduling", "enforce_eager",
-              "trust_remote_code", "enable_chunked_prefill", "disable_hybrid_kv_cache_manager",
-              "disable_log_stats", "enable_log_requests")
-_STR_KEYS = ("model", "tokenizer", "kv_cache_dtype", "dtype", "load_format", "quantization",
-             "revision", "served_model_name", "distributed_executor_backend")
+_INT_KEYS = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "seed",
+    "kv_cache_memory_bytes",
+    "max_logprobs",
+)
+_BOOL_KEYS = (
+    "enable_expert_parallel",
+    "enable_prefix_caching",
+    "async_scheduling",
+    "enforce_eager",
+    "trust_remote_code",
+    "enable_chunked_prefill",
+    "disable_hybrid_kv_cache_manager",
+    "disable_log_stats",
+    "enable_log_requests",
+)
+_STR_KEYS = (
+    "model",
+    "tokenizer",
+    "kv_cache_dtype",
+    "dtype",
+    "load_format",
+    "quantization",
+    "revision",
+    "served_model_name",
+    "distributed_executor_backend",
+)
 _MAPPING_KEYS = ("additional_config", "kv_transfer_config", "kv_events_config", "hf_overrides")
 
 
@@ -58,7 +84,7 @@ class VllmEngineConfig:
 
     model: str
     tokenizer: str | None = None
-    tensor_parallel_size: int | None = None   # None: all chips of the slice (TPU), 1 (CPU)
+    tensor_parallel_size: int | None = None  # None: all chips of the slice (TPU), 1 (CPU)
     pipeline_parallel_size: int | None = None
     data_parallel_size: int | None = None
     enable_expert_parallel: bool | None = None
@@ -74,7 +100,7 @@ class VllmEngineConfig:
     enforce_eager: bool | None = None
     seed: int | None = None
     kv_transfer_config: Mapping[str, Any] | None = None
-    kv_events_config: Mapping[str, Any] | None = None   # vLLM's KV cache event publisher (ZMQ)
+    kv_events_config: Mapping[str, Any] | None = None  # vLLM's KV cache event publisher (ZMQ)
     gpu_memory_utilization: float | None = None
     kv_cache_memory_bytes: int | None = None
     load_format: str | None = None
@@ -94,8 +120,7 @@ class VllmEngineConfig:
 
     def __post_init__(self) -> None:
         for name in _INT_KEYS:
-            _check(name, getattr(self, name), lambda v: isinstance(v, int) and not isinstance(v, bool),
-                   "an integer")
+            _check(name, getattr(self, name), lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")
         for name in _BOOL_KEYS:
             _check(name, getattr(self, name), lambda v: isinstance(v, bool), "true or false")
         for name in _STR_KEYS:
@@ -105,10 +130,21 @@ class VllmEngineConfig:
             _check(name, value, lambda v: isinstance(v, Mapping), "a mapping")
             if value is not None:
                 object.__setattr__(self, name, dict(value))
-        _check("gpu_memory_utilization", self.gpu_memory_utilization,
-               lambda v: isinstance(v, (int, float)) and 0 < v <= 1, "a number in (0, 1]")
-        for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
-                     "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):
+        _check(
+            "gpu_memory_utilization",
+            self.gpu_memory_utilization,
+            lambda v: isinstance(v, (int, float)) and 0 < v <= 1,
+            "a number in (0, 1]",
+        )
+        for name in (
+            "tensor_parallel_size",
+            "pipeline_parallel_size",
+            "data_parallel_size",
+            "max_model_len",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "block_size",
+        ):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name}: must be >= 1, got {value}")
@@ -119,8 +155,9 @@ class VllmEngineConfig:
         allowed = {f.name for f in fields(cls)} - {"xla_cache_root"}
         unknown = sorted(set(args) - allowed)
         if unknown:
-            raise ConfigError(f"{unknown[0]}: unknown engine arg (vLLM spelling expected; "
-                              f"supported: {', '.join(sorted(allowed))})")
+            raise ConfigError(
+                f"{unknown[0]}: unknown engine arg (vLLM spelling expected; supported: {', '.join(sorted(allowed))})"
+            )
         if "model" not in args:
             raise ConfigError("model: missing (a checkpoint folder or model id)")
         return cls(**dict(args), xla_cache_root=xla_cache_root)
@@ -139,8 +176,11 @@ class VllmEngineConfig:
         ``tensor_parallel_size`` is the effective TP (``platform.effective_tensor_parallel_size``);
         a multi-host slice gets vLLM's Ray executor unless another backend was asked for.
         """
-        out = {f.name: getattr(self, f.name) for f in fields(self)
-               if f.name != "xla_cache_root" and getattr(self, f.name) is not None}
+        out = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name != "xla_cache_root" and getattr(self, f.name) is not None
+        }
         out["tensor_parallel_size"] = tensor_parallel_size
         if slice_ is not None and slice_.is_multi_host and tensor_parallel_size > 1:
             out.setdefault("distributed_executor_backend", "ray")

@@ -17,8 +17,12 @@ from accel.contract import FinishReason, KVTransferParams, SamplingParams, Token
 from accel.kv_transfer import params as kv_params
 
 # vLLM's CompletionOutput.finish_reason strings -> ours ("error" ends the stream like an abort).
-_FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH,
-                   "abort": FinishReason.ABORT, "error": FinishReason.ABORT}
+_FINISH_REASONS = {
+    "stop": FinishReason.STOP,
+    "length": FinishReason.LENGTH,
+    "abort": FinishReason.ABORT,
+    "error": FinishReason.ABORT,
+}
 
 
 def to_vllm_sampling_params(sp: SamplingParams) -> Any:
@@ -56,8 +60,9 @@ def to_finish_reason(vllm_reason: str | None) -> FinishReason:
     return _FINISH_REASONS.get(vllm_reason or "abort", FinishReason.ABORT)
 
 
-def to_token_logprobs(token_ids: Sequence[int], logprobs: Sequence[Mapping[int, Any]] | None,
-                      num_top: int) -> list[TokenLogprob] | None:
+def to_token_logprobs(
+    token_ids: Sequence[int], logprobs: Sequence[Mapping[int, Any]] | None, num_top: int
+) -> list[TokenLogprob] | None:
     """vLLM's per-token ``{token_id: Logprob(logprob, rank, decoded_token)}`` -> ``TokenLogprob``.
 
     Each dict holds the sampled token and the ``num_top`` best tokens (rank 1 = best); ``top`` is
@@ -68,10 +73,14 @@ def to_token_logprobs(token_ids: Sequence[int], logprobs: Sequence[Mapping[int, 
     out = []
     for token_id, entries in zip(token_ids, logprobs):
         sampled = entries[token_id]
-        best = sorted((lp.rank, tid, lp.logprob) for tid, lp in entries.items()
-                      if lp.rank is not None and lp.rank <= num_top)
-        out.append(TokenLogprob(token_id=token_id, logprob=float(sampled.logprob),
-                                top=tuple((tid, float(lp)) for _, tid, lp in best)))
+        best = sorted(
+            (lp.rank, tid, lp.logprob) for tid, lp in entries.items() if lp.rank is not None and lp.rank <= num_top
+        )
+        out.append(
+            TokenLogprob(
+                token_id=token_id, logprob=float(sampled.logprob), top=tuple((tid, float(lp)) for _, tid, lp in best)
+            )
+        )
     return out
 
 
@@ -82,8 +91,7 @@ def to_vllm_kv_params(kv: KVTransferParams) -> dict[str, Any]:
     return dict(kv.connector_params) if kv.connector_params is not None else kv_params.to_dict(kv)
 
 
-def from_vllm_kv_params(returned: Mapping[str, Any] | None, sent: KVTransferParams | None
-                        ) -> KVTransferParams | None:
+def from_vllm_kv_params(returned: Mapping[str, Any] | None, sent: KVTransferParams | None) -> KVTransferParams | None:
     """What the connector returned (``RequestOutput.kv_transfer_params``), in the terms the
     request was sent in: the engine-native connector's dict unchanged as ``connector_params``,
     else parsed as ours. None when it returned nothing."""

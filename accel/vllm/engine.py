@@ -34,8 +34,6 @@ from accel.contract import (
 from accel.text.output_builder import OutputBuilder
 from accel.text.tokenizer import load_tokenizer
 from accel.vllm.config import VllmEngineConfig
-from accel.vllm.platform import PlatformChoice, choose_platform, effective_tensor_parallel_size
-from accel.vllm.tpu.topology import SliceTopology
 from accel.vllm.conversion import (
     from_vllm_kv_params,
     to_finish_reason,
@@ -43,7 +41,9 @@ from accel.vllm.conversion import (
     to_vllm_kv_params,
     to_vllm_sampling_params,
 )
+from accel.vllm.platform import PlatformChoice, choose_platform, effective_tensor_parallel_size
 from accel.vllm.stats import SchedulerStatsSink, sink_stat_logger_factory
+from accel.vllm.tpu.topology import SliceTopology
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def _with_kv_transfer(delta: OutputDelta, out: Any, sent: KVTransferParams | Non
 
 
 def _is_ray_initialized() -> bool:
-    ray = sys.modules.get("ray")   # never import Ray just to find out
+    ray = sys.modules.get("ray")  # never import Ray just to find out
     return ray is not None and ray.is_initialized()
 
 
@@ -69,10 +69,16 @@ class VllmEngine:
     None (default) = only when Ray is initialized in this process (a Serve replica).
     """
 
-    def __init__(self, config: VllmEngineConfig, *, slice_topology: SliceTopology | None = None,
-                 placement_group: Any = None, use_ray_metrics: bool | None = None):
+    def __init__(
+        self,
+        config: VllmEngineConfig,
+        *,
+        slice_topology: SliceTopology | None = None,
+        placement_group: Any = None,
+        use_ray_metrics: bool | None = None,
+    ):
         self.config = config
-        self.platform: PlatformChoice = choose_platform()   # before vLLM is imported
+        self.platform: PlatformChoice = choose_platform()  # before vLLM is imported
         self._tokenizer = load_tokenizer(config.tokenizer or config.model)
         num_chips = slice_topology.num_chips if slice_topology is not None else 1
         tp = effective_tensor_parallel_size(config.tensor_parallel_size, num_chips, self.platform)
@@ -96,10 +102,16 @@ class VllmEngine:
             from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
             stat_loggers.append(RayPrometheusStatLogger)
-        logger.info("starting vLLM on %s: model=%s tp=%d max_model_len=%s block_size=%s "
-                    "prefix_caching=%s; loading weights, sizing KV cache, compiling/warming up",
-                    self.platform.name, config.model, tp, vllm_config.model_config.max_model_len,
-                    vllm_config.cache_config.block_size, vllm_config.cache_config.enable_prefix_caching)
+        logger.info(
+            "starting vLLM on %s: model=%s tp=%d max_model_len=%s block_size=%s "
+            "prefix_caching=%s; loading weights, sizing KV cache, compiling/warming up",
+            self.platform.name,
+            config.model,
+            tp,
+            vllm_config.model_config.max_model_len,
+            vllm_config.cache_config.block_size,
+            vllm_config.cache_config.enable_prefix_caching,
+        )
         start_s = time.monotonic()
         self._llm = AsyncLLM(
             vllm_config=vllm_config,
@@ -114,8 +126,13 @@ class VllmEngine:
         self.vocab_size: int = vllm_config.model_config.get_vocab_size()
         self._abort_requested: set[str] = set()
         self._active: set[str] = set()
-        logger.info("vLLM engine up on %s in %.1f s (%d KV blocks of %d tokens)", self.platform.name,
-                    time.monotonic() - start_s, self._stats.num_kv_blocks_total, self.block_size)
+        logger.info(
+            "vLLM engine up on %s in %.1f s (%d KV blocks of %d tokens)",
+            self.platform.name,
+            time.monotonic() - start_s,
+            self._stats.num_kv_blocks_total,
+            self.block_size,
+        )
 
     def _set_engine_environment(self, kwargs: dict[str, Any]) -> None:
         """Environment the engine core (spawned) and its workers read."""
@@ -129,15 +146,18 @@ class VllmEngine:
 
     def _validate(self, request: GenerateRequest) -> None:
         if request.num_prompt_tokens >= self.max_model_len:
-            raise InvalidRequestError("prompt", f"{request.num_prompt_tokens} prompt tokens leave no room "
-                                      f"to generate within max_model_len={self.max_model_len}")
+            raise InvalidRequestError(
+                "prompt",
+                f"{request.num_prompt_tokens} prompt tokens leave no room "
+                f"to generate within max_model_len={self.max_model_len}",
+            )
         bad = [t for t in request.prompt_token_ids if t >= self.vocab_size]
         if bad:
-            raise InvalidRequestError("prompt", f"token id {bad[0]} is out of the vocabulary "
-                                      f"(size {self.vocab_size})")
+            raise InvalidRequestError("prompt", f"token id {bad[0]} is out of the vocabulary (size {self.vocab_size})")
         if request.kv_transfer is not None and not self.config.kv_transfer_config:
-            raise InvalidRequestError("kv_transfer_params", "this replica has no kv_transfer_config "
-                                      "(prefill/decode hand-off is off)")
+            raise InvalidRequestError(
+                "kv_transfer_params", "this replica has no kv_transfer_config (prefill/decode hand-off is off)"
+            )
         if request.request_id in self._active:
             raise InvalidRequestError("request_id", f"{request.request_id!r} is already running")
 
@@ -146,28 +166,29 @@ class VllmEngine:
         iterator early aborts the request in vLLM (its KV blocks are freed)."""
         self._validate(request)
         rid = request.request_id
-        builder = OutputBuilder(request, self._tokenizer.fast, self._tokenizer.eos_token_ids,
-                                self.max_model_len)
+        builder = OutputBuilder(request, self._tokenizer.fast, self._tokenizer.eos_token_ids, self.max_model_len)
         num_top = request.sampling.logprobs
         sampling_params = to_vllm_sampling_params(request.sampling)
-        if request.kv_transfer is not None:   # read by the engine's KV connector (scheduler side)
+        if request.kv_transfer is not None:  # read by the engine's KV connector (scheduler side)
             sampling_params.extra_args = {"kv_transfer_params": to_vllm_kv_params(request.kv_transfer)}
-        stream = self._llm.generate({"prompt_token_ids": list(request.prompt_token_ids)},
-                                    sampling_params, rid)
+        stream = self._llm.generate({"prompt_token_ids": list(request.prompt_token_ids)}, sampling_params, rid)
         self._active.add(rid)
         try:
             async for out in stream:
                 if rid in self._abort_requested and not out.finished:
-                    await self._llm.abort(rid)   # abort() raced the request's arrival in vLLM
+                    await self._llm.abort(rid)  # abort() raced the request's arrival in vLLM
                 builder.num_cached_tokens = out.num_cached_tokens or 0
                 completion = out.outputs[0]
                 if completion.token_ids:
-                    logprobs = (to_token_logprobs(completion.token_ids, completion.logprobs, num_top)
-                                if num_top is not None else None)
+                    logprobs = (
+                        to_token_logprobs(completion.token_ids, completion.logprobs, num_top)
+                        if num_top is not None
+                        else None
+                    )
                     delta = builder.add_tokens(completion.token_ids, logprobs)
                     if builder.finished:
                         if not out.finished:
-                            await self._llm.abort(rid)   # stopped on our side (a stop string)
+                            await self._llm.abort(rid)  # stopped on our side (a stop string)
                         self._check_agreement(rid, out, builder)
                         yield _with_kv_transfer(delta, out, request.kv_transfer)
                         return
@@ -175,11 +196,12 @@ class VllmEngine:
                 if out.finished:
                     reason = to_finish_reason(completion.finish_reason)
                     if reason is not FinishReason.ABORT:
-                        logger.warning("request %s: vLLM finished (%s) where OutputBuilder did not",
-                                       rid, completion.finish_reason)
+                        logger.warning(
+                            "request %s: vLLM finished (%s) where OutputBuilder did not", rid, completion.finish_reason
+                        )
                     yield _with_kv_transfer(builder.finish(reason), out, request.kv_transfer)
                     return
-            yield builder.finish(FinishReason.ABORT)   # stream ended without a finished output
+            yield builder.finish(FinishReason.ABORT)  # stream ended without a finished output
         finally:
             self._active.discard(rid)
             self._abort_requested.discard(rid)
@@ -189,8 +211,12 @@ class VllmEngine:
     @staticmethod
     def _check_agreement(rid: str, out: Any, builder: OutputBuilder) -> None:
         if out.finished and to_finish_reason(out.outputs[0].finish_reason) != builder.finish_reason:
-            logger.warning("request %s: vLLM finish reason %s, OutputBuilder %s", rid,
-                           out.outputs[0].finish_reason, builder.finish_reason)
+            logger.warning(
+                "request %s: vLLM finish reason %s, OutputBuilder %s",
+                rid,
+                out.outputs[0].finish_reason,
+                builder.finish_reason,
+            )
 
     async def abort(self, request_id: str) -> None:
         """End ``request_id`` (the caller's id): its stream ends with ``FinishReason.ABORT``."""

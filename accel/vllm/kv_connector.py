@@ -62,12 +62,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-
-from accel.kv_transfer import params as kv_params
-from accel.kv_transfer.fingerprint import model_fingerprint
-from accel.kv_transfer.payload import KVDescriptor, KVPayload
-from accel.kv_transfer.transport import KVTransport, failure_reason, make_transport
-from accel.kv_transfer.vllm_layout import VllmCpuBlockLayout, gather_vllm, scatter_vllm
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -75,6 +69,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorTransferResults,
 )
 from vllm.v1.request import RequestStatus
+
+from accel.kv_transfer import params as kv_params
+from accel.kv_transfer.fingerprint import model_fingerprint
+from accel.kv_transfer.payload import KVDescriptor, KVPayload
+from accel.kv_transfer.transport import KVTransport, failure_reason, make_transport
+from accel.kv_transfer.vllm_layout import VllmCpuBlockLayout, gather_vllm, scatter_vllm
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -122,7 +122,7 @@ class ConnectorSettings:
     lookup_timeout_s: float = 2.0
 
     @staticmethod
-    def from_extra_config(extra: Mapping[str, Any] | None) -> "ConnectorSettings":
+    def from_extra_config(extra: Mapping[str, Any] | None) -> ConnectorSettings:
         extra = dict(extra or {})
         unknown = set(extra) - set(ConnectorSettings.__dataclass_fields__)
         if unknown:
@@ -150,21 +150,27 @@ class MeshServeConnector(KVConnectorBase_V1):
 
     # ---- scheduler side -----------------------------------------------------------------
 
-    def on_new_request(self, request: "Request") -> None:
+    def on_new_request(self, request: Request) -> None:
         p = kv_params.from_dict(request.kv_transfer_params)
         if p is not None and p.do_remote_decode:
-            self._producers[request.request_id] = (request, p.transfer_id or kv_params.new_transfer_id(request.request_id))
+            self._producers[request.request_id] = (
+                request,
+                p.transfer_id or kv_params.new_transfer_id(request.request_id),
+            )
 
-    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         p = kv_params.from_dict(request.kv_transfer_params)
         if p is None or not p.do_remote_prefill:  # (do_remote_prefill implies a transfer_id)
             return 0, False
         rid = request.request_id
         if rid not in self._promised:
             available = min(p.num_tokens, request.num_prompt_tokens)
-            if available > num_computed_tokens and not self._transport().contains(p.transfer_id, self._settings.lookup_timeout_s):
-                logger.warning("KV transfer %s not held by the KV connector: request %s recomputes its prompt",
-                               p.transfer_id, rid)
+            if available > num_computed_tokens and not self._transport().contains(
+                p.transfer_id, self._settings.lookup_timeout_s
+            ):
+                logger.warning(
+                    "KV transfer %s not held by the KV connector: request %s recomputes its prompt", p.transfer_id, rid
+                )
                 self._transport().report_recompute("missing")
                 available = 0
             self._promised[rid] = (num_computed_tokens, available)
@@ -172,15 +178,23 @@ class MeshServeConnector(KVConnectorBase_V1):
         num_external = available - num_computed_tokens
         return (num_external, True) if num_external > 0 else (0, False)
 
-    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         if num_external_tokens <= 0:
             return
         p = kv_params.from_dict(request.kv_transfer_params)
         local, _ = self._promised[request.request_id]
-        self._pending_loads.append(LoadSpec(request.request_id, p.transfer_id, tuple(blocks.get_block_ids()[0]),
-                                            local, local + num_external_tokens, tuple(request.prompt_token_ids)))
+        self._pending_loads.append(
+            LoadSpec(
+                request.request_id,
+                p.transfer_id,
+                tuple(blocks.get_block_ids()[0]),
+                local,
+                local + num_external_tokens,
+                tuple(request.prompt_token_ids),
+            )
+        )
 
-    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = MeshServeConnectorMetadata(loads=self._pending_loads)
         self._pending_loads = []
         for rid, num_new in scheduler_output.num_scheduled_tokens.items():
@@ -200,11 +214,11 @@ class MeshServeConnector(KVConnectorBase_V1):
         # A load, successful or not, is never promised again: after a failure vLLM resets the
         # request to recompute from scratch and asks again; answering with the same promise
         # would retry the failed transfer forever.
-        for rid in (connector_output.finished_recving or ()):
+        for rid in connector_output.finished_recving or ():
             if rid in self._promised:
                 self._promised[rid] = (0, 0)
 
-    def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
         self._producers.pop(rid, None)
         self._promised.pop(rid, None)
@@ -220,15 +234,23 @@ class MeshServeConnector(KVConnectorBase_V1):
         self._kv_caches = kv_caches
         first = next(iter(kv_caches.values()))
         if first.dim() != 4 or first.shape[-1] % 2:
-            raise ValueError(f"MeshServeConnector supports vLLM's CPU attention layout "
-                             f"[num_blocks, kv_heads, block_size, 2*head_dim]; got {tuple(first.shape)}")
+            raise ValueError(
+                f"MeshServeConnector supports vLLM's CPU attention layout "
+                f"[num_blocks, kv_heads, block_size, 2*head_dim]; got {tuple(first.shape)}"
+            )
         _, num_kv_heads, block_size, two_d = first.shape
-        self._layout = _cpu_layout(num_kv_heads, block_size, two_d // 2, first.dtype,
-                                   self._vllm_config.cache_config.cache_dtype)
+        self._layout = _cpu_layout(
+            num_kv_heads, block_size, two_d // 2, first.dtype, self._vllm_config.cache_config.cache_dtype
+        )
         # Once here, not per transfer: what every descriptor carries / every payload is checked against.
         self._fingerprint, self._kv_dtype = model_fingerprint(self._model_dir), first.dtype
-        logger.info("MeshServeConnector: %d layers of %s %s (model %s)", len(kv_caches), tuple(first.shape),
-                    first.dtype, self._fingerprint)
+        logger.info(
+            "MeshServeConnector: %d layers of %s %s (model %s)",
+            len(kv_caches),
+            tuple(first.shape),
+            first.dtype,
+            self._fingerprint,
+        )
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         if not self.has_connector_metadata():
@@ -265,8 +287,9 @@ class MeshServeConnector(KVConnectorBase_V1):
         try:
             kv = gather_vllm(self._kv_caches, self._layout, spec.block_ids, num_tokens)
             L, _, _, H, D = kv.shape
-            desc = KVDescriptor.for_prompt(self._fingerprint, kv.dtype, L, H, D,
-                                           spec.prompt_token_ids, self._layout.block_size)
+            desc = KVDescriptor.for_prompt(
+                self._fingerprint, kv.dtype, L, H, D, spec.prompt_token_ids, self._layout.block_size
+            )
             self._transport().put(spec.transfer_id, KVPayload(desc, kv), self._settings.put_timeout_s)
         except Exception:  # the decode side finds no transfer and recomputes
             logger.exception("KV export of %s (transfer %s) failed", spec.req_id, spec.transfer_id)
@@ -275,14 +298,23 @@ class MeshServeConnector(KVConnectorBase_V1):
         transport = self._transport()
         try:
             payload = transport.fetch(spec.transfer_id, self._settings.fetch_timeout_s)
-            payload.descriptor.check_compatible(self._fingerprint, self._kv_dtype,
-                                                len(self._kv_caches), self._layout.num_kv_heads,
-                                                self._layout.head_dim)
+            payload.descriptor.check_compatible(
+                self._fingerprint,
+                self._kv_dtype,
+                len(self._kv_caches),
+                self._layout.num_kv_heads,
+                self._layout.head_dim,
+            )
             payload.descriptor.check_prompt(spec.prompt_token_ids)
             if payload.descriptor.num_tokens < spec.end_token:
                 raise ValueError(f"payload holds {payload.descriptor.num_tokens} tokens, {spec.end_token} promised")
-            scatter_vllm(self._kv_caches, self._layout, spec.block_ids,
-                         payload.kv[:, :, spec.start_token:spec.end_token], start_token=spec.start_token)
+            scatter_vllm(
+                self._kv_caches,
+                self._layout,
+                spec.block_ids,
+                payload.kv[:, :, spec.start_token : spec.end_token],
+                start_token=spec.start_token,
+            )
             transport.complete(spec.transfer_id)
             self._recv_done.add(spec.req_id)
         except Exception as e:
@@ -292,13 +324,15 @@ class MeshServeConnector(KVConnectorBase_V1):
 
     def _transport(self) -> KVTransport:
         if self._transport_instance is None:
-            self._transport_instance = make_transport(self._settings.transport, app_name=self._settings.app_name,
-                                                      address=self._settings.ray_address)
+            self._transport_instance = make_transport(
+                self._settings.transport, app_name=self._settings.app_name, address=self._settings.ray_address
+            )
         return self._transport_instance
 
 
-def _cpu_layout(num_kv_heads: int, block_size: int, head_dim: int, dtype: torch.dtype,
-                cache_dtype: str) -> VllmCpuBlockLayout:
+def _cpu_layout(
+    num_kv_heads: int, block_size: int, head_dim: int, dtype: torch.dtype, cache_dtype: str
+) -> VllmCpuBlockLayout:
     """The layout vLLM's CPU kernel writes for this cache (probed; the vec formula if the probe
     cannot run)."""
     try:

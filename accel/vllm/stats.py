@@ -31,10 +31,10 @@ class SchedulerStatsSink:
     platform: str
     num_waiting: int = 0
     num_running: int = 0
-    kv_cache_usage: float = 0.0     # fraction of KV blocks in use, 0..1
+    kv_cache_usage: float = 0.0  # fraction of KV blocks in use, 0..1
     num_kv_blocks_total: int = 0
-    prefix_cache_queries: int = 0   # tokens looked up in the prefix cache, cumulative
-    prefix_cache_hits: int = 0      # of which found, cumulative
+    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache, cumulative
+    prefix_cache_hits: int = 0  # of which found, cumulative
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -85,8 +85,13 @@ def sink_stat_logger_factory(sink: SchedulerStatsSink):
             cache = self._vllm_config.cache_config
             num_blocks = int(cache.num_gpu_blocks or 0)
             sink.set_num_kv_blocks(num_blocks)
-            logger.info("vLLM engine %d ready on %s: %d KV blocks x %d tokens (%d tokens of KV)",
-                        self._engine_index, sink.platform, num_blocks, cache.block_size,
-                        num_blocks * cache.block_size)
+            logger.info(
+                "vLLM engine %d ready on %s: %d KV blocks x %d tokens (%d tokens of KV)",
+                self._engine_index,
+                sink.platform,
+                num_blocks,
+                cache.block_size,
+                num_blocks * cache.block_size,
+            )
 
     return _SinkStatLogger

@@ -55,8 +55,15 @@ def dead_replica_actor(exc: BaseException) -> tuple[bool, str | None]:
 
 
 class EngineClient:
-    def __init__(self, pools: Sequence[PoolInfo], router_handle: Any, pool_handles: Mapping[str, Any],
-                 decision_timeout_s: float, retry_after_s: int, metrics: Any = None):
+    def __init__(
+        self,
+        pools: Sequence[PoolInfo],
+        router_handle: Any,
+        pool_handles: Mapping[str, Any],
+        decision_timeout_s: float,
+        retry_after_s: int,
+        metrics: Any = None,
+    ):
         self._pools = tuple(pools)
         self._router = router_handle
         self._streams = {name: h.options(stream=True) for name, h in pool_handles.items()}
@@ -102,12 +109,15 @@ class EngineClient:
 
     def _broadcast_to_routers(self, method: str, *args: Any) -> None:
         """Call ``method`` on every router replica without waiting for it."""
+
         async def send() -> None:
             try:
-                await asyncio.wait_for(self._router.broadcast(method, *args).results_async(
-                    return_exceptions=True), CONTROL_TIMEOUT_S)
+                await asyncio.wait_for(
+                    self._router.broadcast(method, *args).results_async(return_exceptions=True), CONTROL_TIMEOUT_S
+                )
             except Exception as exc:  # a router down or gone: nothing of ours is counted there
                 logger.debug("router broadcast %s failed: %r", method, exc)
+
         task = asyncio.get_running_loop().create_task(send())
         self._control_tasks.add(task)
         task.add_done_callback(self._control_tasks.discard)
@@ -116,8 +126,9 @@ class EngineClient:
         """Tell every router replica. Under PD the failed call may have been the prefill one, so
         only the actor id (exact) names the replica there."""
         replica_id = decision.replica_id if decision.prefill_pool is None else None
-        logger.warning("engine replica %s (actor %s) of pool %s died; telling the routers",
-                       replica_id, actor_id, decision.pool)
+        logger.warning(
+            "engine replica %s (actor %s) of pool %s died; telling the routers", replica_id, actor_id, decision.pool
+        )
         if replica_id is not None or actor_id is not None:
             self._broadcast_to_routers("report_dead", replica_id, actor_id)
 
@@ -182,13 +193,15 @@ class EngineClient:
             finally:
                 if decision.prefill_ticket:
                     self._release(decision, decision.prefill_ticket)
+
         return call
 
     def _decode_call(self, decision: RouteDecision):
         return lambda request: self._replica_stream(decision.pool, decision.replica_id, request)
 
-    async def _replica_stream(self, pool: str, replica_id: str | None,
-                              request: GenerateRequest) -> AsyncIterator[OutputDelta]:
+    async def _replica_stream(
+        self, pool: str, replica_id: str | None, request: GenerateRequest
+    ) -> AsyncIterator[OutputDelta]:
         gen = self._streams[pool].generate.remote(request, replica_hint=replica_id)
         finished = False
         try:
@@ -224,8 +237,7 @@ def _as_api_error(exc: Exception, retry_after_s: int) -> APIError:
     return APIError(500, f"engine error: {type(cause).__name__}: {cause}")
 
 
-async def merge_streams(streams: Sequence[AsyncIterator[OutputDelta]]
-                        ) -> AsyncIterator[tuple[int, OutputDelta]]:
+async def merge_streams(streams: Sequence[AsyncIterator[OutputDelta]]) -> AsyncIterator[tuple[int, OutputDelta]]:
     """Interleave several delta streams as they produce; (stream index, delta). An error in any
     stream ends the merge with that error; leaving early cancels every stream."""
     if len(streams) == 1:

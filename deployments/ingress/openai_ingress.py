@@ -26,8 +26,8 @@ from accel.block_hash import hash_prompt_blocks
 from accel.contract import InvalidRequestError
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
 from deployments.ingress.engine_client import EngineClient, merge_streams
-from deployments.router.messages import PoolInfo, RouteRequest, routing_block_size
 from deployments.router.core.sessions import session_key_from
+from deployments.router.messages import PoolInfo, RouteRequest, routing_block_size
 from serve_app.config import AppConfig, ModelConfig
 from serve_app.protocol import conversion as conv
 from serve_app.protocol import responses as rsp
@@ -42,8 +42,9 @@ app = FastAPI(title="meshserve")
 
 
 def pool_infos(config: AppConfig) -> tuple[PoolInfo, ...]:
-    return tuple(PoolInfo(p.name, p.model, p.engine, p.accelerator, p.role, p.block_size, p.kv_connector)
-                 for p in config.pools)
+    return tuple(
+        PoolInfo(p.name, p.model, p.engine, p.accelerator, p.role, p.block_size, p.kv_connector) for p in config.pools
+    )
 
 
 def error_response(err: APIError) -> JSONResponse:
@@ -58,9 +59,14 @@ class OpenAIIngress:
         self._metrics = _ingress_metrics()
         pools = pool_infos(config)
         self._block_sizes = {m.name: routing_block_size(pools, m.name) for m in config.models}
-        self._client = EngineClient(pools, router_handle, pool_handles,
-                                    config.router.decision_timeout_s, config.ingress.retry_after_s,
-                                    self._metrics)
+        self._client = EngineClient(
+            pools,
+            router_handle,
+            pool_handles,
+            config.router.decision_timeout_s,
+            config.ingress.retry_after_s,
+            self._metrics,
+        )
         self._num_inflight = 0
 
     # -- endpoints ----------------------------------------------------------------------------
@@ -71,8 +77,7 @@ class OpenAIIngress:
 
     @app.get("/v1/models")
     async def models(self) -> JSONResponse:
-        cards = [ModelCard(id=m.name, root=str(m.path), max_model_len=m.max_model_len)
-                 for m in self._models.values()]
+        cards = [ModelCard(id=m.name, root=str(m.path), max_model_len=m.max_model_len) for m in self._models.values()]
         return JSONResponse(ModelList(data=cards).model_dump())
 
     @app.post("/v1/completions")
@@ -91,8 +96,9 @@ class OpenAIIngress:
         label = {"model": next(iter(self._models)) if len(self._models) == 1 else "unknown"}
         if self._num_inflight >= self._config.ingress.max_concurrent_requests:
             self._reject(label["model"], 429)
-            return error_response(APIError(429, "Too many requests in flight; retry later.", None,
-                                           self._config.ingress.retry_after_s))
+            return error_response(
+                APIError(429, "Too many requests in flight; retry later.", None, self._config.ingress.retry_after_s)
+            )
         self._enter()
         streaming = False
         try:
@@ -131,14 +137,20 @@ class OpenAIIngress:
         greqs = conv.generate_requests(base_id, prompts, sampling, req.n, session)
         block_size = self._block_sizes[model.name]
         hashes = {ids: tuple(hash_prompt_blocks(ids, block_size)) for ids in {g.prompt_token_ids for g in greqs}}
-        routes = [RouteRequest(g.request_id, model.name, g.num_prompt_tokens, pool, session,
-                               hashes[g.prompt_token_ids]) for g in greqs]
+        routes = [
+            RouteRequest(g.request_id, model.name, g.num_prompt_tokens, pool, session, hashes[g.prompt_token_ids])
+            for g in greqs
+        ]
         self._client.check_routable(routes[0])
         streams = [self._client.stream(g, r) for g, r in zip(greqs, routes)]
         opts = rsp.RenderOptions(
-            request_id=base_id, created=int(time.time()), model=model.name,
-            num_logprobs=greqs[0].sampling.logprobs, return_token_ids=bool(req.return_token_ids),
-            include_usage=bool(req.stream_options and req.stream_options.include_usage))
+            request_id=base_id,
+            created=int(time.time()),
+            model=model.name,
+            num_logprobs=greqs[0].sampling.logprobs,
+            return_token_ids=bool(req.return_token_ids),
+            include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        )
         choices = [rsp.ChoiceState(index=i, prompt_index=i // req.n) for i in range(len(greqs))]
         merged = merge_streams(streams)
         if not req.stream:
@@ -247,17 +259,16 @@ def _check_token_ids(sampling: Sequence[Any], vocab_size: int) -> None:
     for sp in sampling:
         for tid, _ in sp.logit_bias:
             if tid >= vocab_size:
-                raise APIError(400, f"logit_bias token id {tid} is out of vocabulary (size {vocab_size})",
-                               "logit_bias")
+                raise APIError(400, f"logit_bias token id {tid} is out of vocabulary (size {vocab_size})", "logit_bias")
         for tid in sp.stop_token_ids:
             if tid >= vocab_size:
-                raise APIError(400, f"stop token id {tid} is out of vocabulary (size {vocab_size})",
-                               "stop_token_ids")
+                raise APIError(400, f"stop token id {tid} is out of vocabulary (size {vocab_size})", "stop_token_ids")
 
 
 def _ingress_metrics():
     try:
         from serve_app.metrics import IngressMetrics
+
         return IngressMetrics()
     except Exception:
         return None
@@ -266,4 +277,5 @@ def _ingress_metrics():
 def make_ingress_class():
     """``OpenAIIngress`` with its FastAPI app attached (``@serve.ingress``)."""
     from ray import serve
+
     return serve.ingress(app)(OpenAIIngress)

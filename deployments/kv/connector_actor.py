@@ -68,8 +68,12 @@ class KVConnectorConfig:
     shm_max_payload_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
-        if self.capacity_bytes <= 0 or self.lease_s <= 0 or self.prefix_tier_bytes < 0 \
-                or self.shm_max_payload_bytes < 0:
+        if (
+            self.capacity_bytes <= 0
+            or self.lease_s <= 0
+            or self.prefix_tier_bytes < 0
+            or self.shm_max_payload_bytes < 0
+        ):
             raise ValueError(f"invalid KV connector config {self}")
 
     @property
@@ -102,8 +106,7 @@ class KVConnectorActor:
         self._sweeper: asyncio.Task | None = None
         self._shm = _ShmSide(config, app_name, metrics) if config.shm_max_payload_bytes else None
 
-    async def store(self, transfer_id: str, descriptor: KVDescriptor, payload_refs: list,
-                    timeout_s: float) -> float:
+    async def store(self, transfer_id: str, descriptor: KVDescriptor, payload_refs: list, timeout_s: float) -> float:
         """Reserve + commit in one round trip (the payload is already in the object store; if it
         does not fit in time the put fails and the producer's reference frees it)."""
         self._ensure_sweeper()
@@ -140,8 +143,9 @@ class KVConnectorActor:
     async def report_recompute(self, reason: str) -> None:
         self._registry.report_recompute(reason)
 
-    async def offer_prefix(self, fingerprint: str, block_size: int, hashes: list[BlockHash],
-                           block_refs: list, num_bytes_per_block: int) -> int:
+    async def offer_prefix(
+        self, fingerprint: str, block_size: int, hashes: list[BlockHash], block_refs: list, num_bytes_per_block: int
+    ) -> int:
         if self._tier is None:
             return 0
         return self._tier.offer(fingerprint, block_size, hashes, block_refs, num_bytes_per_block)
@@ -185,9 +189,13 @@ class KVConnectorActor:
             shm = self._shm.stats()
             out["shm"] = shm
             reg = out["registry"]
-            for key, value in (("num_transfers", shm["num_live"]), ("num_bytes_used", shm["bytes_live"]),
-                               ("num_expired", shm["num_expired"]), ("num_completed", shm["num_completed"]),
-                               ("num_rejected", shm["num_rejected_capacity"] + shm["num_rejected_too_large"])):
+            for key, value in (
+                ("num_transfers", shm["num_live"]),
+                ("num_bytes_used", shm["bytes_live"]),
+                ("num_expired", shm["num_expired"]),
+                ("num_completed", shm["num_completed"]),
+                ("num_rejected", shm["num_rejected_capacity"] + shm["num_rejected_too_large"]),
+            ):
                 reg[key] += value
         if self._tier is not None:
             out["prefix_tier"] = asdict(self._tier.stats())
@@ -243,8 +251,15 @@ class _ShmSide:
 
     def stats(self) -> dict[str, int]:
         s, b = asdict(self.store.snapshot()), asdict(self.baseline)
-        for key in ("num_committed", "bytes_committed", "num_completed", "num_expired",
-                    "num_rejected_capacity", "num_rejected_too_large", "num_cancelled"):
+        for key in (
+            "num_committed",
+            "bytes_committed",
+            "num_completed",
+            "num_expired",
+            "num_rejected_capacity",
+            "num_rejected_too_large",
+            "num_cancelled",
+        ):
             s[key] -= b[key]
         return s
 
@@ -291,8 +306,14 @@ def get_or_create_kv_connector(app_name: str, config: KVConnectorConfig = KVConn
     import ray
 
     remote_cls = ray.remote(KVConnectorActor)
-    handle = remote_cls.options(name=ACTOR_NAME, namespace=actor_namespace(app_name), get_if_exists=True,
-                                lifetime="detached", num_cpus=0, max_restarts=0).remote(config, app_name)
+    handle = remote_cls.options(
+        name=ACTOR_NAME,
+        namespace=actor_namespace(app_name),
+        get_if_exists=True,
+        lifetime="detached",
+        num_cpus=0,
+        max_restarts=0,
+    ).remote(config, app_name)
     ray.get(handle.shm_config.remote(), timeout=60)  # started: its node's store exists from here on
     return handle
 

@@ -14,15 +14,16 @@ class RayKVMetrics:
         from ray.util import metrics
 
         self._bytes = metrics.Counter("meshserve_kv_transfer_bytes", "Bytes of KV committed to the connector")
-        self._transfers = metrics.Counter("meshserve_kv_transfers", "KV transfers by outcome",
-                                          tag_keys=("outcome",))
-        self._latency = metrics.Histogram("meshserve_kv_transfer_latency_seconds",
-                                          "Reserve-to-complete time of a KV transfer",
-                                          boundaries=[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30])
+        self._transfers = metrics.Counter("meshserve_kv_transfers", "KV transfers by outcome", tag_keys=("outcome",))
+        self._latency = metrics.Histogram(
+            "meshserve_kv_transfer_latency_seconds",
+            "Reserve-to-complete time of a KV transfer",
+            boundaries=[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30],
+        )
         self._expired = metrics.Counter("meshserve_kv_transfer_expired", "KV transfers freed by lease expiry")
-        self._recomputes = metrics.Counter("meshserve_kv_transfer_recomputes",
-                                           "Prompts recomputed because a KV transfer failed",
-                                           tag_keys=("reason",))
+        self._recomputes = metrics.Counter(
+            "meshserve_kv_transfer_recomputes", "Prompts recomputed because a KV transfer failed", tag_keys=("reason",)
+        )
         self._bytes_used = metrics.Gauge("meshserve_kv_connector_bytes_used", "Bytes held by the KV connector")
         self._num_held = metrics.Gauge("meshserve_kv_connector_transfers", "Transfers held by the KV connector")
         self._registry_usage = self._shm_usage = (0, 0)  # (bytes, transfers) of each data path
@@ -58,11 +59,18 @@ class RayKVMetrics:
         self.on_usage(*self._registry_usage)
         if after.bytes_committed > before.bytes_committed:
             self._bytes.inc(after.bytes_committed - before.bytes_committed)
-        rejected = after.num_rejected_capacity + after.num_rejected_too_large \
-            - before.num_rejected_capacity - before.num_rejected_too_large
-        for outcome, n in (("committed", after.num_committed - before.num_committed),
-                           ("completed", after.num_completed - before.num_completed),
-                           ("expired", after.num_expired - before.num_expired), ("rejected_capacity", rejected)):
+        rejected = (
+            after.num_rejected_capacity
+            + after.num_rejected_too_large
+            - before.num_rejected_capacity
+            - before.num_rejected_too_large
+        )
+        for outcome, n in (
+            ("committed", after.num_committed - before.num_committed),
+            ("completed", after.num_completed - before.num_completed),
+            ("expired", after.num_expired - before.num_expired),
+            ("rejected_capacity", rejected),
+        ):
             if n > 0:
                 self._transfers.inc(n, tags={"outcome": outcome})
         if after.num_expired > before.num_expired:
@@ -77,4 +85,5 @@ def make_metrics():
         return RayKVMetrics()
     except Exception:  # outside a Ray worker (unit tests construct the class directly)
         from deployments.kv.registry import NullMetrics
+
         return NullMetrics()

@@ -36,8 +36,14 @@ class KVPrefixTier:
         self._num_bytes_used = 0
         self._num_hits = self._num_queries = self._num_evicted = 0
 
-    def offer(self, fingerprint: str, block_size: int, hashes: Sequence[BlockHash],
-              payloads: Sequence[Any], num_bytes_per_block: int) -> int:
+    def offer(
+        self,
+        fingerprint: str,
+        block_size: int,
+        hashes: Sequence[BlockHash],
+        payloads: Sequence[Any],
+        num_bytes_per_block: int,
+    ) -> int:
         """Keep blocks the tier lacks; returns how many were added. Blocks larger than the whole
         tier are ignored (the tier is a cache: refusing is not a loss)."""
         added = 0
@@ -72,5 +78,11 @@ class KVPrefixTier:
         return found
 
     def stats(self) -> PrefixTierStats:
-        return PrefixTierStats(len(self._blocks), self._num_bytes_used, self.capacity_bytes,
-                               self._num_hits, self._num_queries, self._num_evicted)
+        return PrefixTierStats(
+            len(self._blocks),
+            self._num_bytes_used,
+            self.capacity_bytes,
+            self._num_hits,
+            self._num_queries,
+            self._num_evicted,
+        )

@@ -42,8 +42,9 @@ def connect_to_cluster(app_name: str, address: str | None = None) -> None:
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=address or "auto", namespace=actor_namespace(app_name), log_to_driver=False,
-                 configure_logging=False)
+        ray.init(
+            address=address or "auto", namespace=actor_namespace(app_name), log_to_driver=False, configure_logging=False
+        )
 
 
 class RayKVTransport:
@@ -53,8 +54,9 @@ class RayKVTransport:
     where shared-memory transfers are (None: only while the cluster has several nodes, the only
     case a consumer can need it)."""
 
-    def __init__(self, app_name: str, address: str | None = None, shm_root: str | None = None,
-                 note_transfers: bool | None = None):
+    def __init__(
+        self, app_name: str, address: str | None = None, shm_root: str | None = None, note_transfers: bool | None = None
+    ):
         self.app_name = app_name
         self.address = address
         self.shm_root = Path(shm_root) if shm_root else None
@@ -91,8 +93,10 @@ class RayKVTransport:
         for attempt in (0, 1):  # a handle cached before the actor was recreated fails once
             handle = self._actor()
             try:
-                ray.get(handle.store.remote(transfer_id, payload.descriptor, [ref], timeout_s),
-                        timeout=timeout_s + RPC_GRACE_S)
+                ray.get(
+                    handle.store.remote(transfer_id, payload.descriptor, [ref], timeout_s),
+                    timeout=timeout_s + RPC_GRACE_S,
+                )
                 return
             except KVTransferError:
                 raise
@@ -128,8 +132,9 @@ class RayKVTransport:
             self._remote_reads[transfer_id] = (where[1], where[2])
         return payload
 
-    def _fetch_other_store(self, transfer_id: str, node_id: str, path: str, store: ShmKVStore | None,
-                           timeout_s: float) -> KVPayload:
+    def _fetch_other_store(
+        self, transfer_id: str, node_id: str, path: str, store: ShmKVStore | None, timeout_s: float
+    ) -> KVPayload:
         from deployments.kv.shm_remote import read_on_node
 
         if store is not None and path == str(store.path) and node_id == self._node_id:
@@ -167,15 +172,17 @@ class RayKVTransport:
             self._actor()
             refs = [ray.put(tensor_to_wire(b)) for b in blocks]
             nbytes = blocks[0].numel() * blocks[0].element_size() if blocks else 0
-            return int(ray.get(self._actor().offer_prefix.remote(key, block_size, hashes, refs, nbytes),
-                               timeout=RPC_GRACE_S))
+            return int(
+                ray.get(self._actor().offer_prefix.remote(key, block_size, hashes, refs, nbytes), timeout=RPC_GRACE_S)
+            )
         except Exception:
             self._handle = None
             logger.warning("prefix tier: offer failed", exc_info=True)
             return 0
 
-    def match_prefix(self, key: str, block_size: int, hashes: list[int], dtype: torch.dtype,
-                     timeout_s: float) -> list[torch.Tensor]:
+    def match_prefix(
+        self, key: str, block_size: int, hashes: list[int], dtype: torch.dtype, timeout_s: float
+    ) -> list[torch.Tensor]:
         """Blocks of the longest leading run of ``hashes`` the tier holds (read-only tensors)."""
         import ray
 
@@ -193,6 +200,7 @@ class RayKVTransport:
         try:
             if remote is not None:
                 from deployments.kv.shm_remote import complete_on_node
+
                 complete_on_node(remote[0], remote[1], transfer_id)
                 return
             store = self._shm()
@@ -243,8 +251,9 @@ class RayKVTransport:
                 store = ShmKVStore.create(path, config) if config is not None else None
             return store
         except Exception:
-            logger.warning("no shared-memory KV store for %r on this node; using the object store",
-                           self.app_name, exc_info=True)
+            logger.warning(
+                "no shared-memory KV store for %r on this node; using the object store", self.app_name, exc_info=True
+            )
             return None
 
     def _note(self, transfer_id: str) -> None:

@@ -41,12 +41,23 @@ class KVMetricsSink(Protocol):
 
 
 class NullMetrics:
-    def on_commit(self, num_bytes: int) -> None: pass
-    def on_complete(self, num_bytes: int, latency_s: float) -> None: pass
-    def on_expire(self, num_bytes: int) -> None: pass
-    def on_reject(self, reason: str) -> None: pass
-    def on_recompute(self, reason: str) -> None: pass
-    def on_usage(self, num_bytes_used: int, num_transfers: int) -> None: pass
+    def on_commit(self, num_bytes: int) -> None:
+        pass
+
+    def on_complete(self, num_bytes: int, latency_s: float) -> None:
+        pass
+
+    def on_expire(self, num_bytes: int) -> None:
+        pass
+
+    def on_reject(self, reason: str) -> None:
+        pass
+
+    def on_recompute(self, reason: str) -> None:
+        pass
+
+    def on_usage(self, num_bytes_used: int, num_transfers: int) -> None:
+        pass
 
 
 @dataclass
@@ -98,8 +109,10 @@ class KVRegistry:
             raise KVTransferError(f"transfer {transfer_id!r} already exists")
         if num_bytes > self.capacity_bytes:
             self._reject("too_large")
-            raise KVCapacityError(f"transfer {transfer_id!r} needs {num_bytes} bytes, more than the "
-                                  f"KV connector's whole capacity ({self.capacity_bytes} bytes)")
+            raise KVCapacityError(
+                f"transfer {transfer_id!r} needs {num_bytes} bytes, more than the "
+                f"KV connector's whole capacity ({self.capacity_bytes} bytes)"
+            )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while self._num_bytes_used + num_bytes > self.capacity_bytes:
@@ -111,7 +124,8 @@ class KVRegistry:
                 self._reject("capacity")
                 raise KVCapacityError(
                     f"KV connector full: {self._num_bytes_used}/{self.capacity_bytes} bytes used, "
-                    f"transfer {transfer_id!r} ({num_bytes} bytes) waited {timeout_s:.1f}s")
+                    f"transfer {transfer_id!r} ({num_bytes} bytes) waited {timeout_s:.1f}s"
+                )
             self._space_freed.clear()
             try:
                 await asyncio.wait_for(self._space_freed.wait(), min(remaining, self.lease_s / 4))
@@ -128,8 +142,10 @@ class KVRegistry:
         if t.descriptor is not None:
             raise KVTransferError(f"transfer {transfer_id!r} already committed")
         if descriptor.num_bytes > t.num_bytes:
-            raise KVTransferError(f"transfer {transfer_id!r}: payload of {descriptor.num_bytes} bytes "
-                                  f"exceeds its reservation of {t.num_bytes}")
+            raise KVTransferError(
+                f"transfer {transfer_id!r}: payload of {descriptor.num_bytes} bytes "
+                f"exceeds its reservation of {t.num_bytes}"
+            )
         t.descriptor, t.payload = descriptor, payload
         t.expires_s = self.clock() + self.lease_s
         self.metrics.on_commit(t.num_bytes)
@@ -208,9 +224,17 @@ class KVRegistry:
         return expired + expired_params
 
     def stats(self) -> RegistryStats:
-        return RegistryStats(len(self._transfers), self._num_bytes_used, self.capacity_bytes,
-                             self._num_expired, self._num_rejected, self._num_completed,
-                             dict(self._recomputes), len(self._params), self._num_params_claimed)
+        return RegistryStats(
+            len(self._transfers),
+            self._num_bytes_used,
+            self.capacity_bytes,
+            self._num_expired,
+            self._num_rejected,
+            self._num_completed,
+            dict(self._recomputes),
+            len(self._params),
+            self._num_params_claimed,
+        )
 
     def _live(self, transfer_id: str) -> _Transfer:
         self.expire()

@@ -40,8 +40,13 @@ logger = logging.getLogger(__name__)
 # What upstream's disaggregation proxies send a prefill engine (vLLM's NIXL convention; the
 # connector fills in where its KV can be pulled from).
 NIXL_PREFILL_PARAMS: Mapping[str, Any] = {
-    "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
-    "remote_block_ids": None, "remote_host": None, "remote_port": None}
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
 
 
 class ParamsStore(Protocol):
@@ -53,8 +58,7 @@ class ParamsStore(Protocol):
         """The params, removed; None if unknown, expired or unreachable."""
         ...
 
-    async def report_recompute(self, reason: str) -> None:
-        ...
+    async def report_recompute(self, reason: str) -> None: ...
 
 
 class NativeKVHandoff:
@@ -68,13 +72,20 @@ class NativeKVHandoff:
             return request
         if kv.do_remote_decode:
             transfer_id = kv.transfer_id or new_transfer_id(request.request_id)
-            return dataclasses.replace(request, kv_transfer=KVTransferParams(
-                do_remote_decode=True, transfer_id=transfer_id, connector_params=NIXL_PREFILL_PARAMS))
+            return dataclasses.replace(
+                request,
+                kv_transfer=KVTransferParams(
+                    do_remote_decode=True, transfer_id=transfer_id, connector_params=NIXL_PREFILL_PARAMS
+                ),
+            )
         if kv.do_remote_prefill:
             params = await self._store.claim(kv.transfer_id)
             if params is None:
-                logger.warning("KV params %s not held by the KV connector (expired or unknown): %s recomputes "
-                               "its prompt", kv.transfer_id, request.request_id)
+                logger.warning(
+                    "KV params %s not held by the KV connector (expired or unknown): %s recomputes its prompt",
+                    kv.transfer_id,
+                    request.request_id,
+                )
                 await self._store.report_recompute("params_missing")
                 return dataclasses.replace(request, kv_transfer=None)
             return dataclasses.replace(request, kv_transfer=dataclasses.replace(kv, connector_params=params))
@@ -88,8 +99,9 @@ class NativeKVHandoff:
         ticket = None
         if kv is not None and kv.do_remote_decode and delta.finish_reason is not FinishReason.ABORT:
             if not returned:
-                logger.warning("prefill %s: the engine's KV connector returned no kv_transfer_params",
-                               engine_request.request_id)
+                logger.warning(
+                    "prefill %s: the engine's KV connector returned no kv_transfer_params", engine_request.request_id
+                )
             elif await self._store.put(kv.transfer_id, returned):
                 ticket = exported(kv.transfer_id, delta.num_prompt_tokens)
         return dataclasses.replace(delta, kv_transfer=ticket)

@@ -39,10 +39,21 @@ PREFILL_SUFFIX = "-prefill"
 
 def prefill_request(request: GenerateRequest, transfer_id: str) -> GenerateRequest:
     """The prefill-only copy: one token, nothing that could stop it early or cost extra work."""
-    sampling = dataclasses.replace(request.sampling, max_tokens=1, min_tokens=0, stop=(), stop_token_ids=(),
-                                   logprobs=None, include_stop_str_in_output=False)
-    return dataclasses.replace(request, request_id=request.request_id + PREFILL_SUFFIX, sampling=sampling,
-                               kv_transfer=KVTransferParams(do_remote_decode=True, transfer_id=transfer_id))
+    sampling = dataclasses.replace(
+        request.sampling,
+        max_tokens=1,
+        min_tokens=0,
+        stop=(),
+        stop_token_ids=(),
+        logprobs=None,
+        include_stop_str_in_output=False,
+    )
+    return dataclasses.replace(
+        request,
+        request_id=request.request_id + PREFILL_SUFFIX,
+        sampling=sampling,
+        kv_transfer=KVTransferParams(do_remote_decode=True, transfer_id=transfer_id),
+    )
 
 
 class PDOrchestrator:
@@ -92,7 +103,11 @@ async def _last(stream: AsyncIterator[OutputDelta]) -> OutputDelta | None:
 def _make_metrics():
     try:
         from ray.util import metrics
-        return metrics.Counter("meshserve_pd_recomputes", "Disaggregated requests whose decode side "
-                               "recomputed the prompt because the prefill/transfer failed", tag_keys=("reason",))
+
+        return metrics.Counter(
+            "meshserve_pd_recomputes",
+            "Disaggregated requests whose decode side recomputed the prompt because the prefill/transfer failed",
+            tag_keys=("reason",),
+        )
     except Exception:  # outside a Ray worker
         return None

@@ -27,8 +27,17 @@ from typing import Any, Protocol
 PD_ROLES = ("prefill", "decode")
 MESHSERVE_PATH = "meshserve"
 # The connectors TPU backends accept (tpu-inference's platform check; vllm-torchtpu's assert) ...
-TPU_CONNECTORS = frozenset({"TPUConnector", "TPUConnectorHMA", "TPUOffloadConnector", "RaidenOffloadConnector",
-                            "TPURaidenConnector", "TPUMultiConnector", "TPURaidenOffloadingConnector"})
+TPU_CONNECTORS = frozenset(
+    {
+        "TPUConnector",
+        "TPUConnectorHMA",
+        "TPUOffloadConnector",
+        "RaidenOffloadConnector",
+        "TPURaidenConnector",
+        "TPUMultiConnector",
+        "TPURaidenOffloadingConnector",
+    }
+)
 # ... and those of them that hand KV from a prefill engine to a decode engine (the rest offload).
 TPU_PD_CONNECTORS = frozenset({"TPUConnector", "TPUConnectorHMA"})
 # The vLLM kv_role each pool role needs from a native connector.
@@ -81,20 +90,28 @@ def pairing_problem(pool: PDPool, pools: Sequence[PDPool]) -> str | None:
         return f"no pool of model {pool.model!r} has role decode to take its KV"
     path = path_of(pool)
     if path is None:
-        return ("its TPU engine has no KV connector of its own: TPU backends accept only their own "
-                "(set engine_args.kv_transfer_config to TPUConnector, kv_role kv_producer)")
+        return (
+            "its TPU engine has no KV connector of its own: TPU backends accept only their own "
+            "(set engine_args.kv_transfer_config to TPUConnector, kv_role kv_producer)"
+        )
     peers = [p for p in pools if p.model == pool.model and p.role in PD_ROLES and path_of(p) != path]
     if peers:
         other = peers[0]
-        return (f"its KV path ({path}) differs from pool {other.name!r}'s ({path_of(other) or 'none'}): "
-                f"{_why(pool, other)}; such requests would run whole on the decode pool, leaving this "
-                f"pool idle")
+        return (
+            f"its KV path ({path}) differs from pool {other.name!r}'s ({path_of(other) or 'none'}): "
+            f"{_why(pool, other)}; such requests would run whole on the decode pool, leaving this "
+            f"pool idle"
+        )
     return None
 
 
 def _why(pool: PDPool, other: PDPool) -> str:
     if "tpu" in (pool.accelerator, other.accelerator):
-        return ("TPU backends accept only their own KV connectors, so KV moves only between TPU engines "
-                "that load the same one (TPUConnector), never to or from a TT engine or meshserve's connector")
-    return ("a pool with its own kv_transfer_config hands KV only to pools loading the same connector "
-            "(leave kv_transfer_config out on both sides to use meshserve's, which pairs any engine kinds)")
+        return (
+            "TPU backends accept only their own KV connectors, so KV moves only between TPU engines "
+            "that load the same one (TPUConnector), never to or from a TT engine or meshserve's connector"
+        )
+    return (
+        "a pool with its own kv_transfer_config hands KV only to pools loading the same connector "
+        "(leave kv_transfer_config out on both sides to use meshserve's, which pairs any engine kinds)"
+    )

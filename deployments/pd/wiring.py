@@ -31,6 +31,7 @@ def app_name() -> str:
     """The Serve application this replica belongs to (names the KV-connector actor)."""
     try:
         from ray import serve
+
         return serve.get_replica_context().app_name or "default"
     except Exception:
         return "default"
@@ -59,8 +60,14 @@ def vllm_kv_transfer_config(pool: PoolConfig) -> dict[str, Any] | None:
         return _filled_in(dict(own)) if own.get("kv_connector") == MESHSERVE_CONNECTOR else dict(own)
     if pool.accelerator == "tpu":
         return None
-    return _filled_in({"kv_connector": MESHSERVE_CONNECTOR, "kv_connector_module_path": "accel.vllm.kv_connector",
-                       "kv_role": "kv_both", "kv_load_failure_policy": "recompute"})
+    return _filled_in(
+        {
+            "kv_connector": MESHSERVE_CONNECTOR,
+            "kv_connector_module_path": "accel.vllm.kv_connector",
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+        }
+    )
 
 
 def _filled_in(config: dict[str, Any]) -> dict[str, Any]:
@@ -85,6 +92,11 @@ def native_kv_handoff(pool: PoolConfig) -> Any:
     from deployments.pd.native_handoff import ActorParamsStore, NativeKVHandoff
 
     name = app_name()
-    logger.info("pool %s (%s): %s moves the KV; params through the %r KV connector", pool.name, pool.role,
-                pool.kv_connector, name)
+    logger.info(
+        "pool %s (%s): %s moves the KV; params through the %r KV connector",
+        pool.name,
+        pool.role,
+        pool.kv_connector,
+        name,
+    )
     return NativeKVHandoff(ActorParamsStore(name))

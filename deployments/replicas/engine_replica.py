@@ -20,8 +20,8 @@ from typing import Any
 
 from accel.contract import Engine, EngineStats, FinishReason, GenerateRequest, OutputDelta
 from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS, KVCursor, KVEventLog
-from deployments.router.messages import ReplicaSnapshot
 from deployments.router.kv_events import BlockRemoved, BlockStored, KVEvent
+from deployments.router.messages import ReplicaSnapshot
 from serve_app.config import PoolConfig
 
 logger = logging.getLogger(__name__)
@@ -38,14 +38,18 @@ def merge_deltas(deltas: list[OutputDelta]) -> OutputDelta:
     if any(d.logprobs is not None for d in deltas):
         logprobs = tuple(lp for d in deltas for lp in (d.logprobs or ()))
     return dataclasses.replace(
-        last, new_token_ids=tuple(t for d in deltas for t in d.new_token_ids),
-        text="".join(d.text for d in deltas), logprobs=logprobs)
+        last,
+        new_token_ids=tuple(t for d in deltas for t in d.new_token_ids),
+        text="".join(d.text for d in deltas),
+        logprobs=logprobs,
+    )
 
 
 def current_replica_id() -> str:
     """Serve's unique replica id (what ``RunningReplica.replica_id.unique_id`` holds)."""
     try:
         from ray import serve
+
         return serve.get_replica_context().replica_id.unique_id
     except Exception:  # constructed outside Serve (unit tests)
         return f"local-{os.getpid()}-{id(object())}"
@@ -55,6 +59,7 @@ def current_actor_id() -> str | None:
     """This process's Ray actor id (hex), what ``RayActorError.actor_id`` names when it dies."""
     try:
         import ray
+
         if not ray.is_initialized():  # (get_runtime_context would start a local Ray)
             return None
         return ray.get_runtime_context().get_actor_id()
@@ -75,8 +80,13 @@ def kv_events_for_router(engine_events: list[Any]) -> tuple[KVEvent, ...]:
 
 
 class EngineReplica:
-    def __init__(self, pool: PoolConfig, engine_factory: EngineFactory, emit_vllm_metrics: bool = True,
-                 kv_event_log_size: int = DEFAULT_CAPACITY_EVENTS):
+    def __init__(
+        self,
+        pool: PoolConfig,
+        engine_factory: EngineFactory,
+        emit_vllm_metrics: bool = True,
+        kv_event_log_size: int = DEFAULT_CAPACITY_EVENTS,
+    ):
         """``emit_vllm_metrics`` False when the engine emits ``vllm_*`` itself (vLLM with Ray's
         stat logger): one process must not register the same metric twice.
         ``kv_event_log_size``: KV events kept for routers that poll (``kv_event_log``)."""
@@ -96,16 +106,15 @@ class EngineReplica:
     def _make_metrics(self, emit_vllm_metrics: bool):
         try:
             from serve_app.metrics import EngineMetrics
-            return EngineMetrics(self.pool.model, self.pool.name, self.replica_id,
-                                 emit_vllm_metrics=emit_vllm_metrics)
+
+            return EngineMetrics(self.pool.model, self.pool.name, self.replica_id, emit_vllm_metrics=emit_vllm_metrics)
         except Exception:
             logger.warning("metrics unavailable in this process", exc_info=True)
             return None
 
     # -- request path -------------------------------------------------------------------------
 
-    async def generate(self, request: GenerateRequest, replica_hint: str | None = None
-                       ) -> AsyncIterator[OutputDelta]:
+    async def generate(self, request: GenerateRequest, replica_hint: str | None = None) -> AsyncIterator[OutputDelta]:
         """Stream the request's deltas. ``replica_hint`` is read by the handle's request router
         (``PinnedReplicaRouter``), not here. If the caller goes away (Serve cancels this
         generator) the engine request is aborted, which frees its KV blocks.
@@ -156,9 +165,13 @@ class EngineReplica:
                 out.put_nowait(delta)
                 if delta.finished:
                     if self._metrics is not None:
-                        self._metrics.observe_finish(delta.finish_reason or FinishReason.ABORT,
-                                                     delta.num_prompt_tokens, delta.num_completion_tokens,
-                                                     now - start, ttft)
+                        self._metrics.observe_finish(
+                            delta.finish_reason or FinishReason.ABORT,
+                            delta.num_prompt_tokens,
+                            delta.num_completion_tokens,
+                            now - start,
+                            ttft,
+                        )
                     return
             out.put_nowait(RuntimeError(f"engine stream of {request.request_id} ended without finishing"))
         except asyncio.CancelledError:
@@ -199,18 +212,26 @@ class EngineReplica:
         self._ensure_stats_task()
         with self._routing_lock:
             events = self._take_kv_events()
-            snap = ReplicaSnapshot(self.replica_id, self.pool.name, self._engine.stats(), self._num_inflight,
-                                   self.kv_block_size, actor_id=self.actor_id)
+            snap = ReplicaSnapshot(
+                self.replica_id,
+                self.pool.name,
+                self._engine.stats(),
+                self._num_inflight,
+                self.kv_block_size,
+                actor_id=self.actor_id,
+            )
             if events is None:
                 return snap  # no KV events: the router learns this replica from routing
             head = self._kv_log.append(events)
             cursor = (cursors or {}).get(self.replica_id)
             since = self._kv_log.read(cursor)
             if since is None:
-                return dataclasses.replace(snap, publishes_kv_events=True, kv_blocks=self.kv_block_snapshot() or (),
-                                           kv_cursor=head)
-            return dataclasses.replace(snap, publishes_kv_events=True, kv_events=since, kv_cursor=head,
-                                       kv_from_seq=cursor.seq)
+                return dataclasses.replace(
+                    snap, publishes_kv_events=True, kv_blocks=self.kv_block_snapshot() or (), kv_cursor=head
+                )
+            return dataclasses.replace(
+                snap, publishes_kv_events=True, kv_events=since, kv_cursor=head, kv_from_seq=cursor.seq
+            )
 
     @property
     def kv_block_size(self) -> int:
@@ -233,8 +254,13 @@ class EngineReplica:
     def record_routing_stats(self) -> dict[str, Any]:
         """Polled by Serve (``request_routing_stats_period_s``); shows on ``RunningReplica``."""
         s = self._engine.stats()
-        return {"pool": self.pool.name, "num_running": s.num_running, "num_waiting": s.num_waiting,
-                "kv_usage": s.kv_usage, "num_inflight": self._num_inflight}
+        return {
+            "pool": self.pool.name,
+            "num_running": s.num_running,
+            "num_waiting": s.num_waiting,
+            "kv_usage": s.kv_usage,
+            "num_inflight": self._num_inflight,
+        }
 
     async def check_health(self) -> None:
         self._ensure_stats_task()

@@ -18,11 +18,19 @@ from serve_app.config import PoolConfig
 
 # tt-metal's MESH_DEVICE presets (utils/dp_discovery.py) -> chips in the mesh.
 MESH_DEVICE_CHIPS = {
-    "N150": 1, "P100": 1, "P150": 1,
-    "N300": 2, "P300": 2, "P150x2": 2,
-    "N150x4": 4, "P150x4": 4, "P300x2": 4,
-    "T3K": 8, "P150x8": 8,
-    "TG": 32, "BH-Galaxy": 32,
+    "N150": 1,
+    "P100": 1,
+    "P150": 1,
+    "N300": 2,
+    "P300": 2,
+    "P150x2": 2,
+    "N150x4": 4,
+    "P150x4": 4,
+    "P300x2": 4,
+    "T3K": 8,
+    "P150x8": 8,
+    "TG": 32,
+    "BH-Galaxy": 32,
 }
 
 
@@ -39,7 +47,6 @@ def mesh_chip_count(mesh_device: str) -> int:
 def make_tt_engine(pool: PoolConfig) -> Engine:
     from accel.tt.config import TTEngineConfig
     from accel.tt.engine import TTMeshEngine
-
     from deployments.pd.wiring import tt_kv_hooks
 
     return TTMeshEngine(TTEngineConfig.from_engine_args(pool.engine_args_for_engine()), kv_hooks=tt_kv_hooks(pool))
@@ -61,6 +68,10 @@ def deployment_options(pool: PoolConfig) -> dict[str, Any]:
 
 
 class TTMeshReplica(EngineReplica):
-    def __init__(self, pool: PoolConfig, engine_factory: EngineFactory | None = None,
-                 kv_event_log_size: int = DEFAULT_CAPACITY_EVENTS):
+    def __init__(
+        self,
+        pool: PoolConfig,
+        engine_factory: EngineFactory | None = None,
+        kv_event_log_size: int = DEFAULT_CAPACITY_EVENTS,
+    ):
         super().__init__(pool, engine_factory or make_tt_engine, kv_event_log_size=kv_event_log_size)

@@ -20,7 +20,6 @@ from typing import Any
 
 from accel.block_hash import ROOT_HASH, BlockHash, hash_block
 from accel.contract import ConfigError
-
 from deployments.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 _GPU_MEDIA = (None, "GPU", "gpu")
@@ -44,8 +43,7 @@ class VLLMEventTranslator:
                     out.append(BlockStored(stored))
             elif kind == "BlockRemoved":
                 if _is_primary(event):
-                    removed = tuple(h for h in (self._ours.pop(v, None) for v in event.block_hashes)
-                                    if h is not None)
+                    removed = tuple(h for h in (self._ours.pop(v, None) for v in event.block_hashes) if h is not None)
                     if removed:
                         out.append(BlockRemoved(removed))
             elif kind == "AllBlocksCleared":
@@ -58,11 +56,12 @@ class VLLMEventTranslator:
     def _stored(self, event: Any) -> tuple[BlockHash, ...]:
         num_blocks = len(event.block_hashes)
         if event.block_size != self.block_size:
-            raise ConfigError(f"router.block_size: {self.block_size} but the vLLM engine publishes "
-                              f"blocks of {event.block_size} tokens; they must be equal")
+            raise ConfigError(
+                f"router.block_size: {self.block_size} but the vLLM engine publishes "
+                f"blocks of {event.block_size} tokens; they must be equal"
+            )
         extra_keys = getattr(event, "extra_keys", None)
-        if (not _is_primary(event) or getattr(event, "lora_id", None) is not None
-                or (extra_keys and any(extra_keys))):
+        if not _is_primary(event) or getattr(event, "lora_id", None) is not None or (extra_keys and any(extra_keys)):
             self.num_skipped_blocks += num_blocks
             return ()
         if event.parent_block_hash is None:
@@ -74,7 +73,7 @@ class VLLMEventTranslator:
             return ()
         bs, tokens, stored = self.block_size, event.token_ids, []
         for i, vllm_hash in enumerate(event.block_hashes):
-            parent = hash_block(parent, tokens[i * bs:(i + 1) * bs])
+            parent = hash_block(parent, tokens[i * bs : (i + 1) * bs])
             self._ours[vllm_hash] = parent
             stored.append(parent)
         return tuple(stored)

@@ -30,8 +30,8 @@ import uuid
 from typing import Any
 
 from accel.block_hash import BlockHash
-from deployments.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from deployments.replicas.vllm_kv_events import VLLMEventTranslator
+from deployments.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +52,13 @@ def replay_endpoint(endpoint: str) -> str:
 def kv_events_config(endpoint: str, topic: str = "kv") -> dict[str, Any]:
     """vLLM's ``kv_events_config`` (``vllm.config.kv_events.KVEventsConfig``) publishing on
     ``endpoint``, with a replay socket so that batches missed while connecting are fetched."""
-    return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint,
-            "replay_endpoint": replay_endpoint(endpoint), "topic": topic}
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": endpoint,
+        "replay_endpoint": replay_endpoint(endpoint),
+        "topic": topic,
+    }
 
 
 class VllmKVEventSubscriber:
@@ -101,7 +106,7 @@ class VllmKVEventSubscriber:
         for endpoint in (self.endpoint, self._replay_endpoint):
             if endpoint.startswith("ipc://"):
                 try:
-                    os.unlink(endpoint[len("ipc://"):])
+                    os.unlink(endpoint[len("ipc://") :])
                 except OSError:
                     pass
 

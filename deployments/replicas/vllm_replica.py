@@ -42,15 +42,13 @@ def slice_placement(pool: PoolConfig):
     from accel.vllm.tpu.topology import parse_slice
 
     assert pool.tpu_type is not None and pool.tpu_topology is not None
-    return SlicePlacement(slice=parse_slice(pool.tpu_type, pool.tpu_topology),
-                          replica_num_cpus=pool.num_cpus)
+    return SlicePlacement(slice=parse_slice(pool.tpu_type, pool.tpu_topology), replica_num_cpus=pool.num_cpus)
 
 
 def make_vllm_engine(pool: PoolConfig, kv_events_endpoint: str | None = None) -> Engine:
     """The pool's ``VllmEngine``; ``kv_events_endpoint``: publish KV cache events there."""
     from accel.vllm.config import VllmEngineConfig
     from accel.vllm.engine import VllmEngine
-
     from deployments.pd.wiring import vllm_kv_transfer_config
 
     args = pool.engine_args_for_engine()
@@ -63,7 +61,7 @@ def make_vllm_engine(pool: PoolConfig, kv_events_endpoint: str | None = None) ->
         args["kv_events_config"] = kv_events_config(kv_events_endpoint)
     config = VllmEngineConfig.from_engine_args(args)
     if pool.accelerator != "tpu":
-        return VllmEngine(config)   # vLLM metrics via Ray when Ray is up (always, in a replica)
+        return VllmEngine(config)  # vLLM metrics via Ray when Ray is up (always, in a replica)
     import ray.util
 
     from accel.vllm.tpu.placement import create_slice_placement_group
@@ -101,23 +99,26 @@ def publishes_kv_events(pool: PoolConfig) -> bool:
 
 
 class VllmReplica(EngineReplica):
-    def __init__(self, pool: PoolConfig, engine_factory: EngineFactory | None = None,
-                 kv_event_log_size: int = DEFAULT_CAPACITY_EVENTS):
+    def __init__(
+        self,
+        pool: PoolConfig,
+        engine_factory: EngineFactory | None = None,
+        kv_event_log_size: int = DEFAULT_CAPACITY_EVENTS,
+    ):
         from deployments.replicas.vllm_kv_subscriber import VllmKVEventSubscriber, new_ipc_endpoint
 
         endpoint = new_ipc_endpoint() if engine_factory is None and publishes_kv_events(pool) else None
         factory = engine_factory or functools.partial(make_vllm_engine, kv_events_endpoint=endpoint)
-        super().__init__(pool, factory, emit_vllm_metrics=engine_factory is not None,
-                         kv_event_log_size=kv_event_log_size)
+        super().__init__(
+            pool, factory, emit_vllm_metrics=engine_factory is not None, kv_event_log_size=kv_event_log_size
+        )
         # Connected once the engine is up and before any request (missed batches are replayed).
-        self._kv_subscriber = (VllmKVEventSubscriber(endpoint, self._engine.block_size)
-                               if endpoint is not None else None)
+        self._kv_subscriber = VllmKVEventSubscriber(endpoint, self._engine.block_size) if endpoint is not None else None
         from deployments.pd.wiring import native_kv_handoff
 
         self._kv_handoff = native_kv_handoff(pool)  # None unless the engine's own connector moves KV
 
-    async def generate(self, request: GenerateRequest, replica_hint: str | None = None
-                       ) -> AsyncIterator[OutputDelta]:
+    async def generate(self, request: GenerateRequest, replica_hint: str | None = None) -> AsyncIterator[OutputDelta]:
         """``EngineReplica.generate``; on a native-connector pool the PD hand-off is translated
         to the engine's connector params on the way in and back to our ticket on the way out."""
         handoff = self._kv_handoff if request.kv_transfer is not None else None

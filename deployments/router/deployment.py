@@ -59,12 +59,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deployments.replicas.engine_replica import current_replica_id
-from deployments.router.messages import (
-    IndexView, PoolInfo, ReplicaView, RouteDecision, RouteRequest, RouterSnapshot, eligible_pools,
-)
 from deployments.router.core.load import PEER_LOAD_PERIOD_S
 from deployments.router.core.router_core import NoReplicaError, RequestInfo, RouterConfig, RouterCore
 from deployments.router.engine_view import EngineView
+from deployments.router.messages import (
+    IndexView,
+    PoolInfo,
+    ReplicaView,
+    RouteDecision,
+    RouteRequest,
+    RouterSnapshot,
+    eligible_pools,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -74,10 +80,16 @@ UNSEEN_POOL_WAIT_S = 0.1  # how long a decision waits for an on-demand poll of a
 
 
 class RouterDeployment:
-    def __init__(self, pools: Sequence[PoolInfo], pool_handles: Mapping[str, Any],
-                 stats_period_s: float = 0.5, ticket_ttl_s: float = 3600.0,
-                 pd_threshold_tokens: int | None = None, core_config: RouterConfig | None = None,
-                 num_router_replicas: int = 1):
+    def __init__(
+        self,
+        pools: Sequence[PoolInfo],
+        pool_handles: Mapping[str, Any],
+        stats_period_s: float = 0.5,
+        ticket_ttl_s: float = 3600.0,
+        pd_threshold_tokens: int | None = None,
+        core_config: RouterConfig | None = None,
+        num_router_replicas: int = 1,
+    ):
         self.replica_id = current_replica_id()
         self._num_router_replicas = num_router_replicas
         self._pools = tuple(pools)
@@ -85,9 +97,13 @@ class RouterDeployment:
         self._period_s = stats_period_s
         self._ticket_ttl_s = ticket_ttl_s
         base = core_config or RouterConfig()
-        self._core = RouterCore(dataclasses.replace(
-            base, block_size=min((p.block_size for p in self._pools), default=base.block_size),
-            pd_min_prompt_tokens=NO_PD if pd_threshold_tokens is None else pd_threshold_tokens))
+        self._core = RouterCore(
+            dataclasses.replace(
+                base,
+                block_size=min((p.block_size for p in self._pools), default=base.block_size),
+                pd_min_prompt_tokens=NO_PD if pd_threshold_tokens is None else pd_threshold_tokens,
+            )
+        )
         self.engines = EngineView(self._core, self._pools, pd_threshold_tokens)
         # ticket -> (request id, replica id or None, is prefill ticket, issue time)
         self._tickets: dict[str, tuple[str, str | None, bool, float]] = {}
@@ -111,8 +127,7 @@ class RouterDeployment:
 
     def _has_unseen_pool(self, model: str) -> bool:
         known = set(self.engines.replica_pool.values())
-        return any(p.model == model and self.engines.is_routed(p.name) and p.name not in known
-                   for p in self._pools)
+        return any(p.model == model and self.engines.is_routed(p.name) and p.name not in known for p in self._pools)
 
     def _refresh_task(self) -> asyncio.Task:
         if self._pending_refresh is None or self._pending_refresh.done():
@@ -126,32 +141,50 @@ class RouterDeployment:
         if request.pool is not None:
             allowed = frozenset(self.engines.replicas_of(request.pool))
         if request.excluded_replicas:
-            allowed = (allowed if allowed is not None else frozenset(replica_pool)) \
-                - frozenset(request.excluded_replicas)
-        info = RequestInfo(request.request_id, request.model, session_key=request.session_id,
-                           block_hashes=tuple(request.prompt_block_hashes),
-                           num_prompt_tokens_hint=request.num_prompt_tokens, allowed_replicas=allowed,
-                           block_size=self.engines.block_sizes[request.model])
+            allowed = (allowed if allowed is not None else frozenset(replica_pool)) - frozenset(
+                request.excluded_replicas
+            )
+        info = RequestInfo(
+            request.request_id,
+            request.model,
+            session_key=request.session_id,
+            block_hashes=tuple(request.prompt_block_hashes),
+            num_prompt_tokens_hint=request.num_prompt_tokens,
+            allowed_replicas=allowed,
+            block_size=self.engines.block_sizes[request.model],
+        )
         try:
             decision = self._core.route(info)
         except NoReplicaError:  # none known yet (startup): the pool's handle picks
             pool = allowed_pools[0].name
             self._count(pool, "no_replica_known")
-            return RouteDecision(pool=pool, replica_id=None, ticket="", reason="no_replica_known",
-                                 router_replica_id=self.replica_id)
+            return RouteDecision(
+                pool=pool, replica_id=None, ticket="", reason="no_replica_known", router_replica_id=self.replica_id
+            )
         pool = replica_pool[decision.replica_id]
         ticket = self._issue(request.request_id, decision.replica_id, is_prefill=False)
         if decision.prefill_replica_id is None:
             reason = "pinned" if request.pool is not None else decision.reason
             self._count(pool, reason)
-            return RouteDecision(pool=pool, replica_id=decision.replica_id, ticket=ticket, reason=reason,
-                                 router_replica_id=self.replica_id)
+            return RouteDecision(
+                pool=pool,
+                replica_id=decision.replica_id,
+                ticket=ticket,
+                reason=reason,
+                router_replica_id=self.replica_id,
+            )
         prefill = decision.prefill_replica_id
         self._count(pool, "prefill_decode")
-        return RouteDecision(pool=pool, replica_id=decision.replica_id, ticket=ticket, reason="prefill_decode",
-                             prefill_pool=replica_pool[prefill], prefill_replica_id=prefill,
-                             prefill_ticket=self._issue(request.request_id, prefill, is_prefill=True),
-                             router_replica_id=self.replica_id)
+        return RouteDecision(
+            pool=pool,
+            replica_id=decision.replica_id,
+            ticket=ticket,
+            reason="prefill_decode",
+            prefill_pool=replica_pool[prefill],
+            prefill_replica_id=prefill,
+            prefill_ticket=self._issue(request.request_id, prefill, is_prefill=True),
+            router_replica_id=self.replica_id,
+        )
 
     async def release(self, ticket: str, replica_hint: str | None = None) -> None:
         """The request (or its prefill phase) ended: completed, failed or cancelled. Idempotent.
@@ -180,8 +213,12 @@ class RouterDeployment:
         self._ensure_poller()
         replica_pool = self.engines.replica_pool
         views = tuple(ReplicaView(rid, replica_pool[rid], self._core.load(rid)) for rid in sorted(replica_pool))
-        return RouterSnapshot(replicas=views, num_open_tickets=len(self._tickets),
-                              router_replica_id=self.replica_id, peer_router_ids=self._core.peer_router_ids())
+        return RouterSnapshot(
+            replicas=views,
+            num_open_tickets=len(self._tickets),
+            router_replica_id=self.replica_id,
+            peer_router_ids=self._core.peer_router_ids(),
+        )
 
     async def session_replica(self, session_key: str) -> str | None:
         return self._core.session_replica(session_key)
@@ -191,9 +228,12 @@ class RouterDeployment:
         many blocks it holds in all (tests compare router replicas with each other and with the
         engines' own block lists)."""
         index = self._core.index
-        held = tuple(sorted(
-            (rid, tuple(h for h in probe_hashes if index.holds(rid, h)), index.num_blocks(rid))
-            for rid in self.engines.replica_pool))
+        held = tuple(
+            sorted(
+                (rid, tuple(h for h in probe_hashes if index.holds(rid, h)), index.num_blocks(rid))
+                for rid in self.engines.replica_pool
+            )
+        )
         return IndexView(router_replica_id=self.replica_id, replicas=held)
 
     @property
@@ -213,9 +253,9 @@ class RouterDeployment:
                 continue
             try:
                 results = await asyncio.wait_for(
-                    handle.broadcast("routing_snapshot", dict(engines.cursors)).results_async(
-                        return_exceptions=True),
-                    timeout=max(1.0, 4 * self._period_s))
+                    handle.broadcast("routing_snapshot", dict(engines.cursors)).results_async(return_exceptions=True),
+                    timeout=max(1.0, 4 * self._period_s),
+                )
             except Exception as exc:  # a pool still deploying or gone: keep the others
                 logger.debug("router: polling pool %s failed: %r", pool.name, exc)
                 # Keep its replicas and cursors: a lost answer is re-read from the same cursor.
@@ -292,6 +332,7 @@ class RouterDeployment:
             def listener(ids: frozenset[str], pool_name: str = pool.name) -> None:
                 # called on Serve's router thread: hand over to this replica's loop
                 loop.call_soon_threadsafe(self.on_membership, pool_name, ids)
+
             self._unsubscribe.append(replica_membership.subscribe(app_name, name, listener))
 
     async def check_health(self) -> None:
@@ -330,6 +371,7 @@ class RouterDeployment:
         if self._metrics is None:
             try:
                 from serve_app.metrics import RouterMetrics
+
                 self._metrics = RouterMetrics()
             except Exception:  # outside a Ray worker (unit tests)
                 self._metrics = None
@@ -345,4 +387,3 @@ class RouterDeployment:
             except Exception:
                 logger.exception("router: refresh failed")
             await asyncio.sleep(self._period_s)
-

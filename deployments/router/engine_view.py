@@ -12,10 +12,10 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-from deployments.replicas.kv_event_log import KVCursor
 from deployments.pd.pairing import pairing_problem
-from deployments.router.messages import PoolInfo, ReplicaSnapshot, routing_block_size
+from deployments.replicas.kv_event_log import KVCursor
 from deployments.router.core.router_core import ReplicaInfo, ReplicaRole, RouterCore
+from deployments.router.messages import PoolInfo, ReplicaSnapshot, routing_block_size
 
 
 def core_role(pool: PoolInfo, pools: Sequence[PoolInfo], pd_threshold_tokens: int | None) -> ReplicaRole | None:

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from accel.contract import EngineStats
 from deployments.replicas.kv_event_log import KVCursor
-from deployments.router.kv_events import KVEvent
 from deployments.router.core.load import ReplicaLoad
+from deployments.router.kv_events import KVEvent
 
 
 @dataclass(frozen=True)
@@ -22,9 +22,9 @@ class PoolInfo:
 
     name: str
     model: str
-    engine: str        # "tt" | "vllm"
-    accelerator: str   # "tt" | "tpu" | "cuda" | "cpu"
-    role: str          # "both" | "prefill" | "decode"
+    engine: str  # "tt" | "vllm"
+    accelerator: str  # "tt" | "tpu" | "cuda" | "cpu"
+    role: str  # "both" | "prefill" | "decode"
     block_size: int = 16  # engine KV block size in tokens
     # The engine's own vLLM KV connector (engine_args.kv_transfer_config.kv_connector), if the pool
     # configures one; decides which prefill and decode pools pair (deployments/pd/pairing.py).
@@ -155,11 +155,9 @@ def eligible_pools(request: RouteRequest, pools: Sequence[PoolInfo]) -> list[Poo
     if request.pool is not None:
         pool = next((p for p in pools if p.name == request.pool), None)
         if pool is None:
-            raise RoutingError(f"unknown pool {request.pool!r} (pools: {[p.name for p in pools]})",
-                               "x-meshserve-pool")
+            raise RoutingError(f"unknown pool {request.pool!r} (pools: {[p.name for p in pools]})", "x-meshserve-pool")
         if pool.model != request.model:
-            raise RoutingError(f"pool {pool.name!r} serves {pool.model!r}, not {request.model!r}",
-                               "x-meshserve-pool")
+            raise RoutingError(f"pool {pool.name!r} serves {pool.model!r}, not {request.model!r}", "x-meshserve-pool")
         return [pool]
     found = [p for p in pools if p.model == request.model and p.role in WHOLE_REQUEST_ROLES]
     if not found:

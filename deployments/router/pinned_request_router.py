@@ -9,8 +9,6 @@ a trap. Without a usable hint every candidate is in one rank: a local least-load
 
 from __future__ import annotations
 
-from typing import List, Optional
-
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
 
 from deployments.router import replica_membership
@@ -18,7 +16,7 @@ from deployments.router import replica_membership
 HINT_KWARG = "replica_hint"
 
 
-def replica_hint(pending_request: Optional[PendingRequest]) -> str | None:
+def replica_hint(pending_request: PendingRequest | None) -> str | None:
     if pending_request is None:
         return None
     hint = pending_request.kwargs.get(HINT_KWARG) if pending_request.kwargs else None
@@ -29,7 +27,7 @@ class PinnedReplicaRouter(FIFOMixin, RequestRouter):
     def initialize_state(self, **kwargs) -> None:
         pass
 
-    def update_replicas(self, replicas: List[RunningReplica]) -> None:
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
         """Serve pushed the running set: also tell in-process subscribers (the router deployment)."""
         super().update_replicas(replicas)
         self._publish_membership()
@@ -40,12 +38,13 @@ class PinnedReplicaRouter(FIFOMixin, RequestRouter):
 
     def _publish_membership(self) -> None:
         deployment = self._deployment_id
-        replica_membership.publish(deployment.app_name, deployment.name,
-                                   frozenset(r.unique_id for r in self.curr_replicas))
+        replica_membership.publish(
+            deployment.app_name, deployment.name, frozenset(r.unique_id for r in self.curr_replicas)
+        )
 
-    async def choose_replicas(self, candidate_replicas: List[RunningReplica],
-                              pending_request: Optional[PendingRequest] = None
-                              ) -> List[List[RunningReplica]]:
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
         if pending_request is not None:
             pending_request.routing_context.should_backoff = True
         hint = replica_hint(pending_request)

@@ -20,13 +20,12 @@ Ranks are single replicas in rendezvous order, so when the first choice cannot t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import List, Optional
 
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
 
-from deployments.router.pinned_request_router import replica_hint
-from deployments.router.messages import RouteRequest
 from deployments.router.core.router_core import stable_hash64
+from deployments.router.messages import RouteRequest
+from deployments.router.pinned_request_router import replica_hint
 
 
 def rendezvous_weight(key: str, replica_id: str) -> int:
@@ -39,7 +38,7 @@ def rendezvous_order(key: str, replica_ids: Sequence[str]) -> list[str]:
     return sorted(replica_ids, key=lambda r: (-rendezvous_weight(key, r), r))
 
 
-def affinity_key(pending_request: Optional[PendingRequest]) -> str | None:
+def affinity_key(pending_request: PendingRequest | None) -> str | None:
     """The key of a handle call: a ``RouteRequest`` argument's, else None."""
     if pending_request is None:
         return None
@@ -53,9 +52,9 @@ class RendezvousRouter(FIFOMixin, RequestRouter):
     def initialize_state(self, **kwargs) -> None:
         pass
 
-    async def choose_replicas(self, candidate_replicas: List[RunningReplica],
-                              pending_request: Optional[PendingRequest] = None
-                              ) -> List[List[RunningReplica]]:
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
         if pending_request is not None:

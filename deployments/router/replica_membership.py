@@ -40,6 +40,7 @@ def subscribe(app_name: str, deployment_name: str, listener: Listener) -> Callab
         with _lock:
             if listener in _listeners.get(key, []):
                 _listeners[key].remove(listener)
+
     return unsubscribe
 
 

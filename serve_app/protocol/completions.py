@@ -12,8 +12,7 @@ from serve_app.protocol.sampling_fields import SamplingFields
 
 
 class CompletionRequest(SamplingFields):
-    prompt: (list[Annotated[int, Field(ge=0)]] | list[list[Annotated[int, Field(ge=0)]]]
-             | str | list[str] | None) = None
+    prompt: list[Annotated[int, Field(ge=0)]] | list[list[Annotated[int, Field(ge=0)]]] | str | list[str] | None = None
     echo: bool | None = False
     logprobs: int | None = None
     max_tokens: int | None = 16

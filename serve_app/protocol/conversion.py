@@ -106,8 +106,10 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: TextTokenizer) -> tuple[i
             raise bad_request("every message needs a string role", "messages")
     messages = [_message_text(m) for m in req.messages]
     ids = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
-        chat_template=req.chat_template)
+        messages,
+        add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+        chat_template=req.chat_template,
+    )
     if not ids:
         raise bad_request("the rendered prompt is empty", "messages")
     return tuple(ids)
@@ -115,23 +117,31 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: TextTokenizer) -> tuple[i
 
 def _max_tokens(requested: int | None, param: str, num_prompt_tokens: int, max_model_len: int) -> int:
     if num_prompt_tokens >= max_model_len:
-        raise APIError(400, f"This model's maximum context length is {max_model_len} tokens. However, "
-                            f"your request has {num_prompt_tokens} input tokens. Please reduce the "
-                            "length of the input messages.", "messages" if param == "max_completion_tokens" else "prompt")
+        raise APIError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, "
+            f"your request has {num_prompt_tokens} input tokens. Please reduce the "
+            "length of the input messages.",
+            "messages" if param == "max_completion_tokens" else "prompt",
+        )
     room = max_model_len - num_prompt_tokens
     if requested is None:
         return room
     if requested < 1:
         raise bad_request(f"{param} must be at least 1, got {requested}.", param)
     if requested > room:
-        raise bad_request(f"'{param}' is too large: {requested}. This model's maximum context length "
-                          f"is {max_model_len} tokens and your request has {num_prompt_tokens} input "
-                          f"tokens ({requested} > {max_model_len} - {num_prompt_tokens}).", param)
+        raise bad_request(
+            f"'{param}' is too large: {requested}. This model's maximum context length "
+            f"is {max_model_len} tokens and your request has {num_prompt_tokens} input "
+            f"tokens ({requested} > {max_model_len} - {num_prompt_tokens}).",
+            param,
+        )
     return requested
 
 
-def sampling_params(req: CompletionRequest | ChatCompletionRequest, num_prompt_tokens: int,
-                    max_model_len: int) -> SamplingParams:
+def sampling_params(
+    req: CompletionRequest | ChatCompletionRequest, num_prompt_tokens: int, max_model_len: int
+) -> SamplingParams:
     """The engine's sampling params; ``InvalidRequestError(field)`` for out-of-range values."""
     if isinstance(req, ChatCompletionRequest):
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -161,13 +171,15 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, num_prompt_t
     )
 
 
-def generate_requests(base_id: str, prompts: Sequence[tuple[int, ...]],
-                      sampling: Sequence[SamplingParams], n: int,
-                      session_id: str | None) -> list[GenerateRequest]:
+def generate_requests(
+    base_id: str, prompts: Sequence[tuple[int, ...]], sampling: Sequence[SamplingParams], n: int, session_id: str | None
+) -> list[GenerateRequest]:
     """One engine request per (prompt, sample): choice index = prompt_index * n + sample_index,
     request id ``<base>-<choice index>`` (what vLLM does for n > 1)."""
     return [
-        GenerateRequest(request_id=f"{base_id}-{p * n + i}", prompt_token_ids=ids,
-                        sampling=sampling[p], session_id=session_id)
-        for p, ids in enumerate(prompts) for i in range(n)
+        GenerateRequest(
+            request_id=f"{base_id}-{p * n + i}", prompt_token_ids=ids, sampling=sampling[p], session_id=session_id
+        )
+        for p, ids in enumerate(prompts)
+        for i in range(n)
     ]

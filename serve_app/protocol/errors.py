@@ -36,8 +36,7 @@ class APIError(Exception):
     ``retry_after_s`` (429/503 only) becomes a ``Retry-After`` header.
     """
 
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 retry_after_s: int | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, retry_after_s: int | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -49,8 +48,9 @@ class APIError(Exception):
         return _TYPES.get(self.status, HTTPStatus(self.status).phrase.replace(" ", "") + "Error")
 
     def to_response(self) -> ErrorResponse:
-        return ErrorResponse(error=ErrorInfo(message=self.message, type=self.error_type,
-                                             param=self.param, code=self.status))
+        return ErrorResponse(
+            error=ErrorInfo(message=self.message, type=self.error_type, param=self.param, code=self.status)
+        )
 
     def headers(self) -> dict[str, str]:
         return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}

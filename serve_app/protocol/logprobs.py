@@ -15,8 +15,9 @@ def _token(tokenizer: TextTokenizer, token_id: int) -> str:
     return tokenizer.decode([token_id], skip_special_tokens=False)
 
 
-def completion_logprobs(tokenizer: TextTokenizer, logprobs: Sequence[TokenLogprob],
-                        num_top: int, text_offset_start: int) -> CompletionLogProbs:
+def completion_logprobs(
+    tokenizer: TextTokenizer, logprobs: Sequence[TokenLogprob], num_top: int, text_offset_start: int
+) -> CompletionLogProbs:
     """``text_offset`` counts characters from the start of the completion text."""
     out = CompletionLogProbs()
     offset = text_offset_start
@@ -33,15 +34,19 @@ def completion_logprobs(tokenizer: TextTokenizer, logprobs: Sequence[TokenLogpro
     return out
 
 
-def chat_logprobs(tokenizer: TextTokenizer, logprobs: Sequence[TokenLogprob],
-                  num_top: int) -> ChatCompletionLogProbs:
+def chat_logprobs(tokenizer: TextTokenizer, logprobs: Sequence[TokenLogprob], num_top: int) -> ChatCompletionLogProbs:
     content = []
     for lp in logprobs:
         token = _token(tokenizer, lp.token_id)
-        top = [ChatCompletionLogProb(token=(t := _token(tokenizer, tid)), logprob=max(v, -9999.0),
-                                     bytes=list(t.encode("utf-8")))
-               for tid, v in lp.top[:num_top]]
-        content.append(ChatCompletionLogProbsContent(
-            token=token, logprob=max(lp.logprob, -9999.0), bytes=list(token.encode("utf-8")),
-            top_logprobs=top))
+        top = [
+            ChatCompletionLogProb(
+                token=(t := _token(tokenizer, tid)), logprob=max(v, -9999.0), bytes=list(t.encode("utf-8"))
+            )
+            for tid, v in lp.top[:num_top]
+        ]
+        content.append(
+            ChatCompletionLogProbsContent(
+                token=token, logprob=max(lp.logprob, -9999.0), bytes=list(token.encode("utf-8")), top_logprobs=top
+            )
+        )
     return ChatCompletionLogProbs(content=content)

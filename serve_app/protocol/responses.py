@@ -14,12 +14,19 @@ from dataclasses import dataclass, field
 from accel.contract import OutputDelta, TokenLogprob
 from accel.text.tokenizer import TextTokenizer
 from serve_app.protocol.chat import (
-    ChatCompletionResponse, ChatCompletionResponseChoice, ChatCompletionResponseStreamChoice,
-    ChatCompletionStreamResponse, ChatMessage, DeltaMessage,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionResponseStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatMessage,
+    DeltaMessage,
 )
 from serve_app.protocol.common import UsageInfo, make_usage
 from serve_app.protocol.completions import (
-    CompletionResponse, CompletionResponseChoice, CompletionResponseStreamChoice, CompletionStreamResponse,
+    CompletionResponse,
+    CompletionResponseChoice,
+    CompletionResponseStreamChoice,
+    CompletionStreamResponse,
 )
 from serve_app.protocol.logprobs import chat_logprobs, completion_logprobs
 
@@ -54,9 +61,11 @@ def usage_of(choices: Sequence[ChoiceState]) -> UsageInfo:
     per_prompt: dict[int, ChoiceState] = {}
     for c in choices:
         per_prompt.setdefault(c.prompt_index, c)
-    return make_usage(sum(c.num_prompt_tokens for c in per_prompt.values()),
-                      sum(c.num_completion_tokens for c in choices),
-                      sum(c.num_cached_tokens for c in per_prompt.values()))
+    return make_usage(
+        sum(c.num_prompt_tokens for c in per_prompt.values()),
+        sum(c.num_completion_tokens for c in choices),
+        sum(c.num_cached_tokens for c in per_prompt.values()),
+    )
 
 
 @dataclass(frozen=True)
@@ -64,7 +73,7 @@ class RenderOptions:
     request_id: str
     created: int
     model: str
-    num_logprobs: int | None      # None: no logprobs requested
+    num_logprobs: int | None  # None: no logprobs requested
     return_token_ids: bool
     include_usage: bool
 
@@ -74,77 +83,119 @@ class RenderOptions:
         return self.num_logprobs is None and not self.return_token_ids
 
 
-def completion_response(opts: RenderOptions, tok: TextTokenizer, choices: Sequence[ChoiceState],
-                        prompts: Sequence[Sequence[int]]) -> CompletionResponse:
+def completion_response(
+    opts: RenderOptions, tok: TextTokenizer, choices: Sequence[ChoiceState], prompts: Sequence[Sequence[int]]
+) -> CompletionResponse:
     out = []
     for c in choices:
-        lps = (completion_logprobs(tok, c.logprobs, opts.num_logprobs, 0)
-               if opts.num_logprobs is not None else None)
-        out.append(CompletionResponseChoice(
-            index=c.index, text=c.text, logprobs=lps, finish_reason=c.finish_reason,
-            stop_reason=c.stop_reason,
-            token_ids=c.token_ids if opts.return_token_ids else None,
-            prompt_token_ids=list(prompts[c.prompt_index]) if opts.return_token_ids else None))
-    return CompletionResponse(id=opts.request_id, created=opts.created, model=opts.model,
-                              choices=out, usage=usage_of(choices))
+        lps = completion_logprobs(tok, c.logprobs, opts.num_logprobs, 0) if opts.num_logprobs is not None else None
+        out.append(
+            CompletionResponseChoice(
+                index=c.index,
+                text=c.text,
+                logprobs=lps,
+                finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
+                token_ids=c.token_ids if opts.return_token_ids else None,
+                prompt_token_ids=list(prompts[c.prompt_index]) if opts.return_token_ids else None,
+            )
+        )
+    return CompletionResponse(
+        id=opts.request_id, created=opts.created, model=opts.model, choices=out, usage=usage_of(choices)
+    )
 
 
-def completion_chunk(opts: RenderOptions, tok: TextTokenizer, choice: ChoiceState,
-                     delta: OutputDelta, text_offset: int) -> CompletionStreamResponse:
+def completion_chunk(
+    opts: RenderOptions, tok: TextTokenizer, choice: ChoiceState, delta: OutputDelta, text_offset: int
+) -> CompletionStreamResponse:
     lps = None
     if opts.num_logprobs is not None and delta.logprobs:
         lps = completion_logprobs(tok, delta.logprobs, opts.num_logprobs, text_offset)
     return CompletionStreamResponse(
-        id=opts.request_id, created=opts.created, model=opts.model,
-        choices=[CompletionResponseStreamChoice(
-            index=choice.index, text=delta.text, logprobs=lps,
-            finish_reason=delta.finish_reason.value if delta.finish_reason else None,
-            stop_reason=delta.stop_reason if delta.finish_reason else None,
-            token_ids=list(delta.new_token_ids) if opts.return_token_ids else None)])
+        id=opts.request_id,
+        created=opts.created,
+        model=opts.model,
+        choices=[
+            CompletionResponseStreamChoice(
+                index=choice.index,
+                text=delta.text,
+                logprobs=lps,
+                finish_reason=delta.finish_reason.value if delta.finish_reason else None,
+                stop_reason=delta.stop_reason if delta.finish_reason else None,
+                token_ids=list(delta.new_token_ids) if opts.return_token_ids else None,
+            )
+        ],
+    )
 
 
 def completion_usage_chunk(opts: RenderOptions, choices: Sequence[ChoiceState]) -> CompletionStreamResponse:
-    return CompletionStreamResponse(id=opts.request_id, created=opts.created, model=opts.model,
-                                    choices=[], usage=usage_of(choices))
+    return CompletionStreamResponse(
+        id=opts.request_id, created=opts.created, model=opts.model, choices=[], usage=usage_of(choices)
+    )
 
 
-def chat_response(opts: RenderOptions, tok: TextTokenizer, choices: Sequence[ChoiceState],
-                  prompt: Sequence[int]) -> ChatCompletionResponse:
+def chat_response(
+    opts: RenderOptions, tok: TextTokenizer, choices: Sequence[ChoiceState], prompt: Sequence[int]
+) -> ChatCompletionResponse:
     out = []
     for c in choices:
         lps = chat_logprobs(tok, c.logprobs, opts.num_logprobs) if opts.num_logprobs is not None else None
-        out.append(ChatCompletionResponseChoice(
-            index=c.index, message=ChatMessage(role="assistant", content=c.text), logprobs=lps,
-            finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-            token_ids=c.token_ids if opts.return_token_ids else None))
-    return ChatCompletionResponse(id=opts.request_id, created=opts.created, model=opts.model,
-                                  choices=out, usage=usage_of(choices),
-                                  prompt_token_ids=list(prompt) if opts.return_token_ids else None)
+        out.append(
+            ChatCompletionResponseChoice(
+                index=c.index,
+                message=ChatMessage(role="assistant", content=c.text),
+                logprobs=lps,
+                finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
+                token_ids=c.token_ids if opts.return_token_ids else None,
+            )
+        )
+    return ChatCompletionResponse(
+        id=opts.request_id,
+        created=opts.created,
+        model=opts.model,
+        choices=out,
+        usage=usage_of(choices),
+        prompt_token_ids=list(prompt) if opts.return_token_ids else None,
+    )
 
 
 def chat_role_chunk(opts: RenderOptions, index: int) -> ChatCompletionStreamResponse:
     return ChatCompletionStreamResponse(
-        id=opts.request_id, created=opts.created, model=opts.model,
-        choices=[ChatCompletionResponseStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
+        id=opts.request_id,
+        created=opts.created,
+        model=opts.model,
+        choices=[ChatCompletionResponseStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))],
+    )
 
 
-def chat_chunk(opts: RenderOptions, tok: TextTokenizer, choice: ChoiceState,
-               delta: OutputDelta) -> ChatCompletionStreamResponse:
+def chat_chunk(
+    opts: RenderOptions, tok: TextTokenizer, choice: ChoiceState, delta: OutputDelta
+) -> ChatCompletionStreamResponse:
     lps = None
     if opts.num_logprobs is not None and delta.logprobs:
         lps = chat_logprobs(tok, delta.logprobs, opts.num_logprobs)
     return ChatCompletionStreamResponse(
-        id=opts.request_id, created=opts.created, model=opts.model,
-        choices=[ChatCompletionResponseStreamChoice(
-            index=choice.index, delta=DeltaMessage(content=delta.text), logprobs=lps,
-            finish_reason=delta.finish_reason.value if delta.finish_reason else None,
-            stop_reason=delta.stop_reason if delta.finish_reason else None,
-            token_ids=list(delta.new_token_ids) if opts.return_token_ids else None)])
+        id=opts.request_id,
+        created=opts.created,
+        model=opts.model,
+        choices=[
+            ChatCompletionResponseStreamChoice(
+                index=choice.index,
+                delta=DeltaMessage(content=delta.text),
+                logprobs=lps,
+                finish_reason=delta.finish_reason.value if delta.finish_reason else None,
+                stop_reason=delta.stop_reason if delta.finish_reason else None,
+                token_ids=list(delta.new_token_ids) if opts.return_token_ids else None,
+            )
+        ],
+    )
 
 
 def chat_usage_chunk(opts: RenderOptions, choices: Sequence[ChoiceState]) -> ChatCompletionStreamResponse:
-    return ChatCompletionStreamResponse(id=opts.request_id, created=opts.created, model=opts.model,
-                                        choices=[], usage=usage_of(choices))
+    return ChatCompletionStreamResponse(
+        id=opts.request_id, created=opts.created, model=opts.model, choices=[], usage=usage_of(choices)
+    )
 
 
 def sse(payload) -> str:
@@ -164,8 +215,13 @@ def fast_text_chunk_sse(opts: RenderOptions, index: int, delta: OutputDelta, is_
         choice["finish_reason"] = delta.finish_reason.value
         if delta.stop_reason is not None:
             choice["stop_reason"] = delta.stop_reason
-    body = {"id": opts.request_id, "object": "chat.completion.chunk" if is_chat else "text_completion",
-            "created": opts.created, "model": opts.model, "choices": [choice]}
+    body = {
+        "id": opts.request_id,
+        "object": "chat.completion.chunk" if is_chat else "text_completion",
+        "created": opts.created,
+        "model": opts.model,
+        "choices": [choice],
+    }
     return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 

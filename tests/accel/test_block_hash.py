@@ -8,9 +8,9 @@ from accel.block_hash import ROOT_HASH, hash_block, hash_prompt_blocks
 def test_chained_hashes_identify_prefixes():
     a = hash_prompt_blocks(list(range(40)), 16)
     b = hash_prompt_blocks(list(range(32)) + [99] * 8, 16)
-    assert len(a) == 2 and a == b            # the partial third block has no hash
+    assert len(a) == 2 and a == b  # the partial third block has no hash
     c = hash_prompt_blocks([1] + list(range(1, 40)), 16)
-    assert c[0] != a[0] and c[1] != a[1]     # a change in block 0 changes every later hash
+    assert c[0] != a[0] and c[1] != a[1]  # a change in block 0 changes every later hash
     assert hash_block(ROOT_HASH, list(range(16))) == a[0]
 
 
@@ -19,7 +19,8 @@ def test_hash_is_stable_across_processes():
     outs = set()
     for seed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        outs.add(subprocess.run([sys.executable, "-c", code], env=env, check=True,
-                                capture_output=True, text=True).stdout)
+        outs.add(
+            subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout
+        )
     assert len(outs) == 1
     assert outs.pop().strip() == str(hash_prompt_blocks(list(range(64)), 16))

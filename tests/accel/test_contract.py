@@ -1,30 +1,37 @@
 import pytest
 
 from accel.contract import (
-    EngineStats, GenerateRequest, InvalidRequestError, KVTransferParams, SamplingParams,
+    EngineStats,
+    GenerateRequest,
+    InvalidRequestError,
+    KVTransferParams,
+    SamplingParams,
 )
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"top_p": 0.0}, "top_p"),
-    ({"top_p": 1.5}, "top_p"),
-    ({"max_tokens": -1}, "max_tokens"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"temperature": -0.1}, "temperature"),
-    ({"temperature": float("nan")}, "temperature"),
-    ({"top_k": -2}, "top_k"),
-    ({"min_p": 1.5}, "min_p"),
-    ({"stop": 5}, "stop"),
-    ({"stop": ["ok", 3]}, "stop"),
-    ({"logprobs": 21}, "logprobs"),
-    ({"presence_penalty": 3}, "presence_penalty"),
-    ({"repetition_penalty": 0}, "repetition_penalty"),
-    ({"logit_bias": {"abc": 1}}, "logit_bias"),
-    ({"logit_bias": {"5": 101}}, "logit_bias"),
-    ({"min_tokens": 20, "max_tokens": 10}, "min_tokens"),
-    ({"seed": 1.5}, "seed"),
-    ({"stop_token_ids": [-1]}, "stop_token_ids"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"stop": 5}, "stop"),
+        ({"stop": ["ok", 3]}, "stop"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"presence_penalty": 3}, "presence_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"logit_bias": {"abc": 1}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"min_tokens": 20, "max_tokens": 10}, "min_tokens"),
+        ({"seed": 1.5}, "seed"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+    ],
+)
 def test_invalid_sampling_params_name_the_field(kwargs, field):
     with pytest.raises(InvalidRequestError) as err:
         SamplingParams(**kwargs)

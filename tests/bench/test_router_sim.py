@@ -17,9 +17,28 @@ from router_sim_cluster import EngineCache  # noqa: E402
 
 
 def test_small_run_prints_one_coherent_json_object(capsys):
-    router_sim.main(["--json", "--no-latency", "--replicas", "4", "--kv-blocks", "256",
-                     "--sessions", "24", "--turns", "4", "--groups", "6", "--shared-requests", "200",
-                     "--duration-s", "30", "--group-system-tokens", "512"])
+    router_sim.main(
+        [
+            "--json",
+            "--no-latency",
+            "--replicas",
+            "4",
+            "--kv-blocks",
+            "256",
+            "--sessions",
+            "24",
+            "--turns",
+            "4",
+            "--groups",
+            "6",
+            "--shared-requests",
+            "200",
+            "--duration-s",
+            "30",
+            "--group-system-tokens",
+            "512",
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     entries = out["policies"]
     assert set(entries) == set(router_sim.ENTRIES)
@@ -27,8 +46,7 @@ def test_small_run_prints_one_coherent_json_object(capsys):
         assert entry["policy"] == name
         assert 0.0 <= entry["hit_rate"] <= 1.0
         assert entry["max_over_mean_load"] >= 1.0
-        assert math.isclose(entry["hit_ratio_vs_oracle"], entry["hit_rate"] / out["oracle_hit_rate"],
-                            rel_tol=1e-2)
+        assert math.isclose(entry["hit_ratio_vs_oracle"], entry["hit_rate"] / out["oracle_hit_rate"], rel_tol=1e-2)
     assert entries["prefix+session+load"]["hit_rate"] > entries["round_robin"]["hit_rate"]
     assert entries["prefix"]["hit_rate"] > entries["least_loaded"]["hit_rate"]
     # no collapse: all on one of 4 replicas would read 4.0; load awareness evens out pure prefix routing
@@ -71,13 +89,23 @@ def test_several_router_replicas_split_the_decisions_and_agree_on_the_index():
     from router_sim_workload import WorkloadConfig, make_trace
 
     from accel.contract import EngineStats
-    from deployments.router.kv_events import BlockStored
     from deployments.router.core.policy import CostWeights
+    from deployments.router.kv_events import BlockStored
 
     ids = ["a", "b", "c"]
     multi = MultiCoreSimRouter(3, "prefix+session+load", "precise", ids, 256, 16, CostWeights())
-    trace = make_trace(WorkloadConfig(seed=1, block_size=16, duration_s=10, num_sessions=12, num_turns=2,
-                                      num_groups=2, group_system_tokens=128, num_shared_requests=20))
+    trace = make_trace(
+        WorkloadConfig(
+            seed=1,
+            block_size=16,
+            duration_s=10,
+            num_sessions=12,
+            num_turns=2,
+            num_groups=2,
+            group_system_tokens=128,
+            num_shared_requests=20,
+        )
+    )
     owners, sessions = set(), {}
     for i, req in enumerate(trace[:40]):
         replica = multi.choose(req, float(i))

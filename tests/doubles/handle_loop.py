@@ -18,7 +18,7 @@ class HandleLoop:
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
 
-    def submit(self, coro: Coroutine) -> "asyncio.Future[Any]":
+    def submit(self, coro: Coroutine) -> asyncio.Future[Any]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def call(self, coro: Coroutine, timeout_s: float = 60) -> Any:
@@ -32,6 +32,7 @@ async def _num_router_replicas(app: str) -> int:
     from ray import serve
 
     from serve_app.app import ROUTER_NAME
+
     return len((await serve.get_deployment_handle(ROUTER_NAME, app).snapshot.remote()).replicas)
 
 

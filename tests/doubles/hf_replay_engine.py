@@ -62,8 +62,13 @@ class HFReplayEngine:
                 lps = None
                 if sp.logprobs is not None:
                     top = torch.topk(logp, max(sp.logprobs, 1))
-                    lps = [TokenLogprob(token, float(logp[token]),
-                                        tuple((int(i), float(v)) for v, i in zip(top.values, top.indices))[: sp.logprobs])]
+                    lps = [
+                        TokenLogprob(
+                            token,
+                            float(logp[token]),
+                            tuple((int(i), float(v)) for v, i in zip(top.values, top.indices))[: sp.logprobs],
+                        )
+                    ]
                 delta = builder.add_tokens([token], lps)
                 yield delta
                 if delta.finished:
@@ -79,8 +84,13 @@ class HFReplayEngine:
             self._aborted.add(request_id)
 
     def stats(self) -> EngineStats:
-        return EngineStats(num_waiting=0, num_running=len(self._running), num_kv_blocks_total=0,
-                           num_kv_blocks_free=0, platform="hf-test-double")
+        return EngineStats(
+            num_waiting=0,
+            num_running=len(self._running),
+            num_kv_blocks_total=0,
+            num_kv_blocks_free=0,
+            platform="hf-test-double",
+        )
 
     async def shutdown(self) -> None:
         self._running.clear()

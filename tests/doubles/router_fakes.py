@@ -6,9 +6,9 @@ from __future__ import annotations
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import EngineStats
 from deployments.replicas.kv_event_log import KVEventLog
-from deployments.router.messages import PoolInfo, ReplicaSnapshot, RouteRequest
 from deployments.router.core.router_core import RouterConfig
 from deployments.router.deployment import RouterDeployment
+from deployments.router.messages import PoolInfo, ReplicaSnapshot, RouteRequest
 
 BS = 4
 POOLS = (PoolInfo("tt", "m", "tt", "cpu", "both", BS), PoolInfo("vllm", "m", "vllm", "cpu", "both", BS))
@@ -63,10 +63,12 @@ class FakeReplica:
         cursor = cursors.get(self.rid)
         since = self.log.read(cursor)
         if since is None:
-            return ReplicaSnapshot(self.rid, self.pool, stats, self.num_inflight, BS, True, (),
-                                   tuple(self.blocks), kv_cursor=head)
-        return ReplicaSnapshot(self.rid, self.pool, stats, self.num_inflight, BS, True, since, None,
-                               kv_cursor=head, kv_from_seq=cursor.seq)
+            return ReplicaSnapshot(
+                self.rid, self.pool, stats, self.num_inflight, BS, True, (), tuple(self.blocks), kv_cursor=head
+            )
+        return ReplicaSnapshot(
+            self.rid, self.pool, stats, self.num_inflight, BS, True, since, None, kv_cursor=head, kv_from_seq=cursor.seq
+        )
 
 
 def make_snap(rid, pool, running=0, blocks=None, events=(), publishes=False, num_inflight=0):
@@ -82,9 +84,13 @@ def route_request(rid, ids=(), session=None, pool=None, model="m"):
 
 
 def make_router(policy="prefix+session+load", tt=None, vllm=None, **kw):
-    handles = {"tt": FakePoolHandle(tt if tt is not None else [make_snap("t1", "tt"), make_snap("t2", "tt")]),
-               "vllm": FakePoolHandle(vllm if vllm is not None else [make_snap("v1", "vllm", running=3)])}
-    return RouterDeployment(POOLS, handles, stats_period_s=60, core_config=RouterConfig(policy=policy, index_mode="precise"), **kw), handles
+    handles = {
+        "tt": FakePoolHandle(tt if tt is not None else [make_snap("t1", "tt"), make_snap("t2", "tt")]),
+        "vllm": FakePoolHandle(vllm if vllm is not None else [make_snap("v1", "vllm", running=3)]),
+    }
+    return RouterDeployment(
+        POOLS, handles, stats_period_s=60, core_config=RouterConfig(policy=policy, index_mode="precise"), **kw
+    ), handles
 
 
 async def in_flight_counts(router):

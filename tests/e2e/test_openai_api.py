@@ -53,6 +53,7 @@ def client(base_url):
 @pytest.fixture(scope="module")
 def tok(tiny_llama):
     from accel.text.tokenizer import load_tokenizer
+
     return load_tokenizer(str(tiny_llama))
 
 
@@ -62,6 +63,7 @@ def _pin(pool: str) -> dict:
 
 async def _running_on_handle_loop(pool: str) -> int:
     from ray import serve
+
     handle = serve.get_deployment_handle(POOLS[pool], APP)
     return sum(s.num_running + s.num_waiting for s in await handle.broadcast("stats").results_async(timeout_s=30))
 
@@ -81,9 +83,14 @@ def test_models(client):
 
 @pytest.mark.parametrize("pool", ["tt", "vllm"])
 def test_completion_greedy_equals_hf(client, tiny_llama, pool):
-    r = client.completions.create(model="tiny-llama", prompt=PROMPT_IDS, max_tokens=16, temperature=0,
-                                  extra_headers=_pin(pool),
-                                  extra_body={"ignore_eos": True, "return_token_ids": True})
+    r = client.completions.create(
+        model="tiny-llama",
+        prompt=PROMPT_IDS,
+        max_tokens=16,
+        temperature=0,
+        extra_headers=_pin(pool),
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
     (choice,) = r.choices
     assert choice.model_extra["token_ids"] == hf_greedy(tiny_llama, PROMPT_IDS, 16)
     assert choice.finish_reason == "length"
@@ -96,9 +103,14 @@ def test_completion_greedy_equals_hf(client, tiny_llama, pool):
 @pytest.mark.parametrize("pool", ["tt", "vllm"])
 def test_chat_greedy_equals_hf(client, tiny_llama, tok, pool):
     messages = [{"role": "user", "content": "def fib(n):"}]
-    r = client.chat.completions.create(model="tiny-llama", messages=messages, max_completion_tokens=12,
-                                       temperature=0, extra_headers=_pin(pool),
-                                       extra_body={"ignore_eos": True, "return_token_ids": True})
+    r = client.chat.completions.create(
+        model="tiny-llama",
+        messages=messages,
+        max_completion_tokens=12,
+        temperature=0,
+        extra_headers=_pin(pool),
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
     expected = hf_greedy(tiny_llama, tok.apply_chat_template(messages), 12)
     assert r.choices[0].model_extra["token_ids"] == expected
     assert r.choices[0].message.role == "assistant"
@@ -108,8 +120,14 @@ def test_chat_greedy_equals_hf(client, tiny_llama, tok, pool):
 
 @pytest.mark.parametrize("pool", ["tt", "vllm"])
 def test_streaming_matches_non_streaming(client, pool):
-    kw = dict(model="tiny-llama", prompt="import os\n", max_tokens=10, temperature=0,
-              extra_headers=_pin(pool), extra_body={"ignore_eos": True})
+    kw = dict(
+        model="tiny-llama",
+        prompt="import os\n",
+        max_tokens=10,
+        temperature=0,
+        extra_headers=_pin(pool),
+        extra_body={"ignore_eos": True},
+    )
     full = client.completions.create(**kw).choices[0].text
     chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == full
@@ -117,8 +135,14 @@ def test_streaming_matches_non_streaming(client, pool):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
 
     msgs = [{"role": "user", "content": "hello"}]
-    ckw = dict(model="tiny-llama", messages=msgs, max_tokens=8, temperature=0, extra_headers=_pin(pool),
-               extra_body={"ignore_eos": True})
+    ckw = dict(
+        model="tiny-llama",
+        messages=msgs,
+        max_tokens=8,
+        temperature=0,
+        extra_headers=_pin(pool),
+        extra_body={"ignore_eos": True},
+    )
     full = client.chat.completions.create(**ckw).choices[0].message.content
     chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **ckw))
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -127,14 +151,28 @@ def test_streaming_matches_non_streaming(client, pool):
 
 
 def test_n_fans_out(client, tiny_llama):
-    r = client.completions.create(model="tiny-llama", prompt=PROMPT_IDS, max_tokens=6, temperature=0, n=2,
-                                  extra_body={"ignore_eos": True, "return_token_ids": True})
+    r = client.completions.create(
+        model="tiny-llama",
+        prompt=PROMPT_IDS,
+        max_tokens=6,
+        temperature=0,
+        n=2,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
     assert [c.index for c in r.choices] == [0, 1]
     expected = hf_greedy(tiny_llama, PROMPT_IDS, 6)
     assert all(c.model_extra["token_ids"] == expected for c in r.choices)
     assert r.usage.completion_tokens == 12 and r.usage.prompt_tokens == len(PROMPT_IDS)
-    chunks = list(client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "x"}],
-                                                 max_tokens=4, n=2, stream=True, temperature=0))
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny-llama",
+            messages=[{"role": "user", "content": "x"}],
+            max_tokens=4,
+            n=2,
+            stream=True,
+            temperature=0,
+        )
+    )
     assert {c.choices[0].index for c in chunks if c.choices} == {0, 1}
 
 
@@ -142,7 +180,9 @@ def test_n_fans_out(client, tiny_llama):
 def test_stop_strings(client, pool):
     kw = dict(model="tiny-llama", prompt=PROMPT_IDS, max_tokens=24, temperature=0, extra_headers=_pin(pool))
     text = client.completions.create(extra_body={"ignore_eos": True}, **kw).choices[0].text
-    stop = next(text[i:i + 2] for i in range(1, len(text) - 1) if text[i:i + 2].isascii() and text[i:i + 2].isalpha())
+    stop = next(
+        text[i : i + 2] for i in range(1, len(text) - 1) if text[i : i + 2].isascii() and text[i : i + 2].isalpha()
+    )
     r = client.completions.create(stop=[stop], extra_body={"ignore_eos": True}, **kw)
     assert r.choices[0].text == text[: text.index(stop)]
     assert r.choices[0].finish_reason == "stop" and r.choices[0].model_extra["stop_reason"] == stop
@@ -150,17 +190,31 @@ def test_stop_strings(client, pool):
 
 @pytest.mark.parametrize("pool", ["tt", "vllm"])
 def test_logprobs_both_formats(client, pool):
-    r = client.completions.create(model="tiny-llama", prompt=PROMPT_IDS, max_tokens=5, temperature=0, logprobs=2,
-                                  extra_headers=_pin(pool), extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model="tiny-llama",
+        prompt=PROMPT_IDS,
+        max_tokens=5,
+        temperature=0,
+        logprobs=2,
+        extra_headers=_pin(pool),
+        extra_body={"ignore_eos": True},
+    )
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
     assert "".join(lp.tokens) == r.choices[0].text or len(r.choices[0].text) <= len("".join(lp.tokens))
     for value, top in zip(lp.token_logprobs, lp.top_logprobs):
         assert value <= 0 and 1 <= len(top) <= 3
         assert value == pytest.approx(max(top.values()), abs=1e-4)  # greedy: the sampled token is the best
-    c = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "hi"}],
-                                       max_tokens=4, temperature=0, logprobs=True, top_logprobs=2,
-                                       extra_headers=_pin(pool), extra_body={"ignore_eos": True})
+    c = client.chat.completions.create(
+        model="tiny-llama",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_headers=_pin(pool),
+        extra_body={"ignore_eos": True},
+    )
     content = c.choices[0].logprobs.content
     assert len(content) == 4 and all(len(e.top_logprobs) == 2 for e in content)
     assert all(e.logprob == pytest.approx(e.top_logprobs[0].logprob, abs=1e-4) for e in content)
@@ -176,6 +230,7 @@ def test_cached_tokens_reported(client):
 
 async def _vllm_routing_snapshots():
     from ray import serve
+
     handle = serve.get_deployment_handle(POOLS["vllm"], APP)
     return await handle.broadcast("routing_snapshot", {}).results_async(timeout_s=30)
 
@@ -186,8 +241,9 @@ def test_vllm_replica_reports_its_blocks_to_the_router(client):
     from accel.block_hash import hash_prompt_blocks
 
     prompt = [0] + [(11 * i) % 900 + 3 for i in range(140)]
-    client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=2, temperature=0,
-                              extra_headers=_pin("vllm"))
+    client.completions.create(
+        model="tiny-llama", prompt=prompt, max_tokens=2, temperature=0, extra_headers=_pin("vllm")
+    )
     want = set(hash_prompt_blocks(prompt, 32))
     deadline = time.monotonic() + 10
     while True:
@@ -199,15 +255,18 @@ def test_vllm_replica_reports_its_blocks_to_the_router(client):
     assert want <= set(snap.kv_blocks)
 
 
-@pytest.mark.parametrize("kwargs, status, param", [
-    (dict(temperature=-1), 400, "temperature"),
-    (dict(top_p=7), 400, "top_p"),
-    (dict(max_tokens=10_000), 400, "max_tokens"),
-    (dict(extra_body={"top_k": -5}), 400, "top_k"),
-    (dict(model="no-such-model"), 404, "model"),
-    (dict(prompt="word " * 600), 400, "prompt"),
-    (dict(extra_headers={"x-meshserve-pool": "gpu"}), 400, "x-meshserve-pool"),
-])
+@pytest.mark.parametrize(
+    "kwargs, status, param",
+    [
+        (dict(temperature=-1), 400, "temperature"),
+        (dict(top_p=7), 400, "top_p"),
+        (dict(max_tokens=10_000), 400, "max_tokens"),
+        (dict(extra_body={"top_k": -5}), 400, "top_k"),
+        (dict(model="no-such-model"), 404, "model"),
+        (dict(prompt="word " * 600), 400, "prompt"),
+        (dict(extra_headers={"x-meshserve-pool": "gpu"}), 400, "x-meshserve-pool"),
+    ],
+)
 def test_errors_are_openai_shaped(client, kwargs, status, param):
     kw = dict(model="tiny-llama", prompt="hello", max_tokens=4)
     kw.update(kwargs)
@@ -229,15 +288,23 @@ def test_raw_http_edge_cases(base_url):
 
 
 def test_full_ingress_answers_429_with_retry_after(base_url):
-    body = {"model": "tiny-llama", "prompt": PROMPT_IDS, "max_tokens": 400, "ignore_eos": True,
-            "temperature": 0, "stream": True}
+    body = {
+        "model": "tiny-llama",
+        "prompt": PROMPT_IDS,
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
 
     async def run():
         async with httpx.AsyncClient(timeout=60) as http:
+
             async def one():
                 req = http.build_request("POST", f"{base_url}/v1/completions", json=body)
                 resp = await http.send(req, stream=True)
                 return resp
+
             responses = await asyncio.gather(*[one() for _ in range(MAX_CONCURRENT + 4)])
             statuses = sorted(r.status_code for r in responses)
             rejected = [r for r in responses if r.status_code == 429]

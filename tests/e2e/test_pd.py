@@ -24,13 +24,30 @@ def client(serve_session, tiny_llama):
 
     common = {"model": "tiny-llama", "accelerator": "cpu", "replicas": 1, "resources": {"num_cpus": 0}}
     args = {
-        "config_file": "test_pd_e2e", "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
+        "config_file": "test_pd_e2e",
+        "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
         "pools": [
-            {**common, "name": "tt-prefill", "engine": "tt", "role": "prefill",
-             "engine_args": {"max_model_len": 512, "data_parallel_size": 1, "max_num_seqs": 4, "block_size": 16}},
-            {**common, "name": "vllm-decode", "engine": "vllm", "role": "decode",
-             "engine_args": {"max_model_len": 512, "max_num_seqs": 4, "dtype": "float32", "enforce_eager": True,
-                             "block_size": 32, "enable_prefix_caching": True}},
+            {
+                **common,
+                "name": "tt-prefill",
+                "engine": "tt",
+                "role": "prefill",
+                "engine_args": {"max_model_len": 512, "data_parallel_size": 1, "max_num_seqs": 4, "block_size": 16},
+            },
+            {
+                **common,
+                "name": "vllm-decode",
+                "engine": "vllm",
+                "role": "decode",
+                "engine_args": {
+                    "max_model_len": 512,
+                    "max_num_seqs": 4,
+                    "dtype": "float32",
+                    "enforce_eager": True,
+                    "block_size": 32,
+                    "enable_prefix_caching": True,
+                },
+            },
         ],
         "pd": {"threshold_tokens": 64},
     }
@@ -41,6 +58,7 @@ def client(serve_session, tiny_llama):
     finally:
         serve.delete(APP)
         from deployments.kv.connector_actor import kill_kv_connector
+
         kill_kv_connector(APP)
 
 
@@ -48,6 +66,7 @@ def _actor_stats():
     import ray
 
     from deployments.kv.connector_actor import get_kv_connector
+
     return ray.get(get_kv_connector(APP).stats.remote())["registry"]
 
 
@@ -58,8 +77,13 @@ def _prompt(n, seed):
 def test_long_prompt_is_disaggregated_and_exact(client, tiny_llama):
     prompt = _prompt(150, 1)
     before = _actor_stats()["num_completed"]
-    out = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=12, temperature=0,
-                                    extra_body={"ignore_eos": True, "return_token_ids": True})
+    out = client.completions.create(
+        model="tiny-llama",
+        prompt=prompt,
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
     assert out.choices[0].model_extra["token_ids"] == hf_greedy(tiny_llama, prompt, 12)
     stats = _actor_stats()
     assert stats["num_completed"] == before + 1, "the decode replica did not import the prefill's KV"
@@ -69,12 +93,23 @@ def test_long_prompt_is_disaggregated_and_exact(client, tiny_llama):
 
 def test_streamed_long_prompt_and_short_prompt_are_exact(client, tiny_llama):
     long, short = _prompt(100, 2), _prompt(20, 3)
-    stream = client.completions.create(model="tiny-llama", prompt=long, max_tokens=10, temperature=0, stream=True,
-                                       extra_body={"ignore_eos": True, "return_token_ids": True})
+    stream = client.completions.create(
+        model="tiny-llama",
+        prompt=long,
+        max_tokens=10,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
     ids = [t for chunk in stream for c in chunk.choices for t in (c.model_extra.get("token_ids") or [])]
     assert ids == hf_greedy(tiny_llama, long, 10)
     before = _actor_stats()["num_completed"]
-    out = client.completions.create(model="tiny-llama", prompt=short, max_tokens=10, temperature=0,
-                                    extra_body={"ignore_eos": True, "return_token_ids": True})
+    out = client.completions.create(
+        model="tiny-llama",
+        prompt=short,
+        max_tokens=10,
+        temperature=0,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
     assert out.choices[0].model_extra["token_ids"] == hf_greedy(tiny_llama, short, 10)
     assert _actor_stats()["num_completed"] == before  # short: decode pool prefilled it locally

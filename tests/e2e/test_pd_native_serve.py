@@ -23,8 +23,12 @@ LEASE_S = 4.0
 
 
 def _connector(role):
-    return {"kv_connector": "MeshServeConnector", "kv_connector_module_path": "accel.vllm.kv_connector",
-            "kv_role": role, "kv_load_failure_policy": "recompute"}
+    return {
+        "kv_connector": "MeshServeConnector",
+        "kv_connector_module_path": "accel.vllm.kv_connector",
+        "kv_role": role,
+        "kv_load_failure_policy": "recompute",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -35,17 +39,37 @@ def client(serve_session, tiny_llama):
     from serve_app.app import build_app
 
     get_or_create_kv_connector(APP, KVConnectorConfig(lease_s=LEASE_S))  # before the replicas ask for it
-    engine_args = {"max_model_len": 512, "max_num_seqs": 4, "dtype": "float32", "enforce_eager": True,
-                   "block_size": 32, "enable_prefix_caching": False}  # only the connector can import
-    common = {"engine": "vllm", "model": "tiny-llama", "accelerator": "cpu", "replicas": 1,
-              "resources": {"num_cpus": 0}}
+    engine_args = {
+        "max_model_len": 512,
+        "max_num_seqs": 4,
+        "dtype": "float32",
+        "enforce_eager": True,
+        "block_size": 32,
+        "enable_prefix_caching": False,
+    }  # only the connector can import
+    common = {
+        "engine": "vllm",
+        "model": "tiny-llama",
+        "accelerator": "cpu",
+        "replicas": 1,
+        "resources": {"num_cpus": 0},
+    }
     args = {
-        "config_file": "test_pd_native_serve_e2e", "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
+        "config_file": "test_pd_native_serve_e2e",
+        "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
         "pools": [
-            {**common, "name": "pre", "role": "prefill",
-             "engine_args": {**engine_args, "kv_transfer_config": _connector("kv_producer")}},
-            {**common, "name": "dec", "role": "decode",
-             "engine_args": {**engine_args, "kv_transfer_config": _connector("kv_consumer")}},
+            {
+                **common,
+                "name": "pre",
+                "role": "prefill",
+                "engine_args": {**engine_args, "kv_transfer_config": _connector("kv_producer")},
+            },
+            {
+                **common,
+                "name": "dec",
+                "role": "decode",
+                "engine_args": {**engine_args, "kv_transfer_config": _connector("kv_consumer")},
+            },
         ],
         "pd": {"threshold_tokens": 64},
     }
@@ -62,6 +86,7 @@ def _stats():
     import ray
 
     from deployments.kv.connector_actor import get_kv_connector
+
     return ray.get(get_kv_connector(APP).stats.remote())["registry"]
 
 
@@ -70,9 +95,14 @@ def _prompt(n, seed):
 
 
 def _complete(client, prompt, max_tokens, **headers):
-    out = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                    extra_body={"ignore_eos": True, "return_token_ids": True},
-                                    extra_headers=headers or None)
+    out = client.completions.create(
+        model="tiny-llama",
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+        extra_headers=headers or None,
+    )
     return out.choices[0].model_extra["token_ids"]
 
 
@@ -96,8 +126,9 @@ def test_expired_params_lease_recomputes_on_the_decode_pool(client, tiny_llama):
     from accel.kv_transfer.params import new_transfer_id
     from deployments.pd.orchestrator import prefill_request
 
-    request = GenerateRequest("exp-1", tuple(_prompt(96, 2)), SamplingParams(temperature=0, max_tokens=8,
-                                                                              ignore_eos=True))
+    request = GenerateRequest(
+        "exp-1", tuple(_prompt(96, 2)), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    )
 
     async def run(pool, req):
         handle = serve.get_deployment_handle(f"VllmReplica-{pool}", APP).options(stream=True)
@@ -109,8 +140,9 @@ def test_expired_params_lease_recomputes_on_the_decode_pool(client, tiny_llama):
     deadline = time.monotonic() + LEASE_S + 10
     while _stats()["num_params"] and time.monotonic() < deadline:
         time.sleep(0.5)
-    out = HANDLES.call(run("dec", GenerateRequest("exp-1", request.prompt_token_ids, request.sampling,
-                                                   kv_transfer=ticket)))
+    out = HANDLES.call(
+        run("dec", GenerateRequest("exp-1", request.prompt_token_ids, request.sampling, kv_transfer=ticket))
+    )
     assert join_token_ids(out) == hf_greedy(tiny_llama, list(request.prompt_token_ids), 8)
     after = _stats()
     assert after["recomputes"].get("params_missing", 0) == before["recomputes"].get("params_missing", 0) + 1

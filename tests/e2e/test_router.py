@@ -28,10 +28,23 @@ def _args(tiny_llama, policy: str) -> dict:
     return {
         "config_file": f"test_router_e2e[{policy}]",
         "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
-        "pools": [{"name": "tt", "engine": "tt", "accelerator": "cpu", "model": "tiny-llama", "replicas": 2,
-                   "resources": {"num_cpus": 0},
-                   "engine_args": {"max_model_len": 512, "data_parallel_size": 1, "max_num_seqs": 4,
-                                   "block_size": BLOCK_SIZE, "enable_prefix_caching": True}}],
+        "pools": [
+            {
+                "name": "tt",
+                "engine": "tt",
+                "accelerator": "cpu",
+                "model": "tiny-llama",
+                "replicas": 2,
+                "resources": {"num_cpus": 0},
+                "engine_args": {
+                    "max_model_len": 512,
+                    "data_parallel_size": 1,
+                    "max_num_seqs": 4,
+                    "block_size": BLOCK_SIZE,
+                    "enable_prefix_caching": True,
+                },
+            }
+        ],
         "router": {"policy": policy, "index_mode": "precise", "stats_period_s": 0.25},
     }
 
@@ -42,10 +55,12 @@ class _App:
 
     async def _broadcast(self, method: str):
         from ray import serve
+
         return await serve.get_deployment_handle(POOL, self.name).broadcast(method).results_async(timeout_s=30)
 
     async def _session_replica(self, key: str):
         from ray import serve
+
         return await serve.get_deployment_handle(ROUTER, self.name).session_replica.remote(key)
 
     def prefix_cache_hits(self) -> int:
@@ -76,9 +91,18 @@ def _deploy(serve_session, tiny_llama, handles, policy: str):
 
 
 def _turn(http: httpx.Client, app: _App, session: str, history: list[int]) -> list[int]:
-    r = http.post(f"{app.base_url}/v1/completions", headers={"x-session-id": session},
-                  json={"model": "tiny-llama", "prompt": history, "max_tokens": 6, "temperature": 0,
-                        "ignore_eos": True, "return_token_ids": True})
+    r = http.post(
+        f"{app.base_url}/v1/completions",
+        headers={"x-session-id": session},
+        json={
+            "model": "tiny-llama",
+            "prompt": history,
+            "max_tokens": 6,
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
+    )
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]["token_ids"]
 

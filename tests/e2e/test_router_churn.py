@@ -20,10 +20,17 @@ def _args(tiny_llama) -> dict:
     return {
         "config_file": "test_router_churn_e2e",
         "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
-        "pools": [{"name": "tt", "engine": "tt", "accelerator": "cpu", "model": "tiny-llama", "replicas": 2,
-                   "resources": {"num_cpus": 0},
-                   "engine_args": {"max_model_len": 256, "data_parallel_size": 1, "max_num_seqs": 2,
-                                   "block_size": 16}}],
+        "pools": [
+            {
+                "name": "tt",
+                "engine": "tt",
+                "accelerator": "cpu",
+                "model": "tiny-llama",
+                "replicas": 2,
+                "resources": {"num_cpus": 0},
+                "engine_args": {"max_model_len": 256, "data_parallel_size": 1, "max_num_seqs": 2, "block_size": 16},
+            }
+        ],
         "router": {"stats_period_s": 600},
     }
 
@@ -32,6 +39,7 @@ async def _router_replicas() -> set[str]:
     from ray import serve
 
     from serve_app.app import ROUTER_NAME
+
     snap = await serve.get_deployment_handle(ROUTER_NAME, APP).snapshot.remote()
     return {view.replica_id for view in snap.replicas}
 

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from accel.block_hash import hash_prompt_blocks
-from deployments.router.rendezvous_request_router import rendezvous_order
 from deployments.router.messages import RouteRequest
+from deployments.router.rendezvous_request_router import rendezvous_order
 from tests.doubles.handle_loop import HANDLES, wait_until_router_knows
 
 pytestmark = pytest.mark.slow
@@ -34,10 +34,23 @@ def _args(tiny_llama) -> dict:
     return {
         "config_file": "test_router_replicas_e2e",
         "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
-        "pools": [{"name": "tt", "engine": "tt", "accelerator": "cpu", "model": "tiny-llama", "replicas": 2,
-                   "resources": {"num_cpus": 0},
-                   "engine_args": {"max_model_len": 512, "data_parallel_size": 1, "max_num_seqs": 4,
-                                   "block_size": BLOCK_SIZE, "enable_prefix_caching": True}}],
+        "pools": [
+            {
+                "name": "tt",
+                "engine": "tt",
+                "accelerator": "cpu",
+                "model": "tiny-llama",
+                "replicas": 2,
+                "resources": {"num_cpus": 0},
+                "engine_args": {
+                    "max_model_len": 512,
+                    "data_parallel_size": 1,
+                    "max_num_seqs": 4,
+                    "block_size": BLOCK_SIZE,
+                    "enable_prefix_caching": True,
+                },
+            }
+        ],
         "router": {"index_mode": "precise", "stats_period_s": STATS_PERIOD_S, "replicas": 2},
         "ingress": {"replicas": 2},
     }
@@ -45,6 +58,7 @@ def _args(tiny_llama) -> dict:
 
 async def _broadcast(deployment: str, method: str, *args):
     from ray import serve
+
     return await serve.get_deployment_handle(deployment, APP).broadcast(method, *args).results_async(timeout_s=30)
 
 
@@ -95,8 +109,7 @@ def test_router_replicas_agree_and_conversations_stay_put(app_url):
     assert len(set(router_ids)) == 2
     # Each router replica hears the other's in-flight counts (the peer load broadcast).
     deadline = time.monotonic() + 30
-    while not all(s.peer_router_ids == tuple(r for r in router_ids if r != s.router_replica_id)
-                  for s in snapshots):
+    while not all(s.peer_router_ids == tuple(r for r in router_ids if r != s.router_replica_id) for s in snapshots):
         assert time.monotonic() < deadline, [s.peer_router_ids for s in snapshots]
         time.sleep(0.2)
         snapshots = _call(ROUTER, "snapshot")
@@ -105,9 +118,18 @@ def test_router_replicas_agree_and_conversations_stay_put(app_url):
     with httpx.Client(timeout=120) as http:
         for turn in range(NUM_TURNS):
             for c, session in enumerate(owners):  # turns interleaved; the proxy spreads the ingresses
-                r = http.post(f"{app_url}/v1/completions", headers={"x-session-id": session},
-                              json={"model": "tiny-llama", "prompt": histories[session], "max_tokens": 6,
-                                    "temperature": 0, "ignore_eos": True, "return_token_ids": True})
+                r = http.post(
+                    f"{app_url}/v1/completions",
+                    headers={"x-session-id": session},
+                    json={
+                        "model": "tiny-llama",
+                        "prompt": histories[session],
+                        "max_tokens": 6,
+                        "temperature": 0,
+                        "ignore_eos": True,
+                        "return_token_ids": True,
+                    },
+                )
                 assert r.status_code == 200, r.text
                 histories[session] += r.json()["choices"][0]["token_ids"] + _user_tokens(c, turn + 1, 20)
 
@@ -130,10 +152,13 @@ def test_router_replicas_agree_and_conversations_stay_put(app_url):
     # Quiesced: both router replicas' precise indexes equal each other and the engines' caches.
     time.sleep(4 * STATS_PERIOD_S)
     engine_blocks = {s.replica_id: set(s.kv_blocks) for s in _call(POOL, "routing_snapshot", {})}
-    probe = sorted(set().union(*engine_blocks.values())
-                   | {h for hist in histories.values() for h in hash_prompt_blocks(hist, BLOCK_SIZE)})
+    probe = sorted(
+        set().union(*engine_blocks.values())
+        | {h for hist in histories.values() for h in hash_prompt_blocks(hist, BLOCK_SIZE)}
+    )
     views = _call(ROUTER, "prefix_index_view", probe)
     assert len(views) == 2 and views[0].replicas == views[1].replicas, views
-    truth = tuple((rid, tuple(h for h in probe if h in blocks), len(blocks))
-                  for rid, blocks in sorted(engine_blocks.items()))
+    truth = tuple(
+        (rid, tuple(h for h in probe if h in blocks), len(blocks)) for rid, blocks in sorted(engine_blocks.items())
+    )
     assert views[0].replicas == truth

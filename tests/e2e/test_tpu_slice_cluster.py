@@ -15,7 +15,7 @@ from accel.vllm.tpu.topology import parse_slice
 
 pytestmark = pytest.mark.cluster
 
-SLICE = parse_slice("v7x", "2x2x2")   # 2 hosts x 4 chips
+SLICE = parse_slice("v7x", "2x2x2")  # 2 hosts x 4 chips
 SLICE_NAMES = ("slice-a", "slice-b")
 
 
@@ -24,8 +24,10 @@ def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "object_store_memory": 80 * 1024 * 1024, "include_dashboard": False})
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "object_store_memory": 80 * 1024 * 1024, "include_dashboard": False},
+    )
     node_slices = {}
     for name in SLICE_NAMES:
         for worker_id in range(SLICE.num_hosts):
@@ -33,13 +35,18 @@ def cluster():
             if worker_id == 0:
                 resources[SLICE.head_resource] = 1
             node = c.add_node(
-                num_cpus=1, resources=resources, object_store_memory=80 * 1024 * 1024,
-                labels={"ray.io/accelerator-type": SLICE.ray_accelerator_type,
-                        "ray.io/tpu-pod-type": SLICE.pod_type,
-                        "ray.io/tpu-topology": SLICE.topology,
-                        "ray.io/tpu-slice-name": name,
-                        "ray.io/tpu-worker-id": str(worker_id)},
-                env_vars={"TPU_NAME": name})
+                num_cpus=1,
+                resources=resources,
+                object_store_memory=80 * 1024 * 1024,
+                labels={
+                    "ray.io/accelerator-type": SLICE.ray_accelerator_type,
+                    "ray.io/tpu-pod-type": SLICE.pod_type,
+                    "ray.io/tpu-topology": SLICE.topology,
+                    "ray.io/tpu-slice-name": name,
+                    "ray.io/tpu-worker-id": str(worker_id),
+                },
+                env_vars={"TPU_NAME": name},
+            )
             node_slices[node.node_id] = name
     ray.init(address=c.address)
     c.wait_for_nodes()
@@ -67,7 +74,7 @@ def test_two_replicas_each_get_one_whole_slice(cluster):
             assert len(nodes) == SLICE.num_hosts
             slices = {cluster[n] for n in nodes.values()}
             assert len(slices) == 1, f"one replica spans slices {slices}"
-            assert len(set(nodes.values())) == SLICE.num_hosts   # one bundle per host
+            assert len(set(nodes.values())) == SLICE.num_hosts  # one bundle per host
             used.append(slices.pop())
         assert sorted(used) == sorted(SLICE_NAMES)
     finally:
@@ -79,10 +86,14 @@ def test_static_options_pinned_to_named_slice(cluster):
     """What Serve does with our static deployment options: the group lands on that slice only."""
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    opts = SlicePlacement(SLICE, num_cpus_per_host=0.5, replica_num_cpus=0.25,
-                          slice_name="slice-b").deployment_options()
-    pg = placement_group(opts["placement_group_bundles"], strategy=opts["placement_group_strategy"],
-                         bundle_label_selector=opts["placement_group_bundle_label_selector"])
+    opts = SlicePlacement(
+        SLICE, num_cpus_per_host=0.5, replica_num_cpus=0.25, slice_name="slice-b"
+    ).deployment_options()
+    pg = placement_group(
+        opts["placement_group_bundles"],
+        strategy=opts["placement_group_strategy"],
+        bundle_label_selector=opts["placement_group_bundle_label_selector"],
+    )
     try:
         nodes = _slices_of(pg)
         assert {cluster[n] for n in nodes.values()} == {"slice-b"}
@@ -97,16 +108,19 @@ def test_unpinned_bundles_can_span_slices_but_slice_group_does_not(cluster):
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    blockers = [placement_group([{"TPU": 4}], bundle_label_selector=[
-        {"ray.io/tpu-slice-name": name, "ray.io/tpu-worker-id": wid}])
-        for name, wid in (("slice-a", "1"), ("slice-b", "0"))]
+    blockers = [
+        placement_group(
+            [{"TPU": 4}], bundle_label_selector=[{"ray.io/tpu-slice-name": name, "ray.io/tpu-worker-id": wid}]
+        )
+        for name, wid in (("slice-a", "1"), ("slice-b", "0"))
+    ]
     try:
         for b in blockers:
             ray.get(b.ready(), timeout=60)
         plain = placement_group([{"TPU": 4}] * SLICE.num_hosts, strategy="SPREAD")
         try:
             nodes = _slices_of(plain)
-            assert {cluster[n] for n in nodes.values()} == set(SLICE_NAMES)   # spans both
+            assert {cluster[n] for n in nodes.values()} == set(SLICE_NAMES)  # spans both
         finally:
             remove_placement_group(plain)
         placement = SlicePlacement(SLICE, num_cpus_per_host=0, replica_num_cpus=0)
@@ -156,13 +170,19 @@ def test_replica_finds_its_slice_group(cluster):
 
     static = SlicePlacement(SLICE, num_cpus_per_host=0.5, replica_num_cpus=0.25, slice_name="slice-a")
     opts = static.deployment_options()
-    pg = placement_group(opts["placement_group_bundles"], strategy=opts["placement_group_strategy"],
-                         bundle_label_selector=opts["placement_group_bundle_label_selector"])
+    pg = placement_group(
+        opts["placement_group_bundles"],
+        strategy=opts["placement_group_strategy"],
+        bundle_label_selector=opts["placement_group_bundle_label_selector"],
+    )
     try:
         ray.get(pg.ready(), timeout=60)
-        actor = Replica.options(num_cpus=0.25, scheduling_strategy=PlacementGroupSchedulingStrategy(
-            placement_group=pg, placement_group_bundle_index=0,
-            placement_group_capture_child_tasks=True)).remote()
+        actor = Replica.options(
+            num_cpus=0.25,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
+            ),
+        ).remote()
         pg_id, is_deferred, nodes = ray.get(actor.slice_group.remote(static), timeout=120)
         assert pg_id == pg.id.hex() and not is_deferred
         assert {cluster[n] for n in nodes} == {"slice-a"}

@@ -45,12 +45,23 @@ def test_local_config_values(tiny_llama):
 
 def test_router_settings_become_the_core_config():
     args = copy.deepcopy(_args())
-    args["router"].update(policy="round_robin", index_mode="approximate", session_ttl_s=30,
-                          max_in_flight_per_session=3, stats_max_age_s=2, weights={"w_load_blocks": 2.5})
+    args["router"].update(
+        policy="round_robin",
+        index_mode="approximate",
+        session_ttl_s=30,
+        max_in_flight_per_session=3,
+        stats_max_age_s=2,
+        weights={"w_load_blocks": 2.5},
+    )
     cfg = load_app_config(args)
     assert [p.block_size for p in cfg.pools] == [32, 32]  # both from engine_args
     core = cfg.router.core_config(16, cfg.pd.threshold_tokens)
-    assert (core.policy, core.index_mode, core.block_size, core.pd_min_prompt_tokens) == ("round_robin", "approximate", 16, 256)
+    assert (core.policy, core.index_mode, core.block_size, core.pd_min_prompt_tokens) == (
+        "round_robin",
+        "approximate",
+        16,
+        256,
+    )
     assert (core.sessions.ttl_s, core.sessions.max_in_flight_per_session, core.load.stats_max_age_s) == (30, 3, 2)
     assert core.weights.w_load_blocks == 2.5 and core.weights.w_prefill == 1.0
     default = load_app_config(_args()).router
@@ -65,18 +76,25 @@ def test_galaxy_recipe():
     assert pool.engine_args["max_num_seqs"] == 8
     assert pool.engine_args["async_scheduling"] is True
     assert pool.engine_args["additional_config"]["tt"] == {
-        "dispatch_core_axis": "col", "sample_on_device_mode": "all", "fabric_config": "FABRIC_1D_RING",
-        "worker_l1_size": 1344544, "trace_region_size": 220000000}
+        "dispatch_core_axis": "col",
+        "sample_on_device_mode": "all",
+        "fabric_config": "FABRIC_1D_RING",
+        "worker_l1_size": 1344544,
+        "trace_region_size": 220000000,
+    }
     assert "70B" in pool.model
 
 
-@pytest.mark.parametrize("mutate, key", [
-    (lambda a: a["pools"][1].__setitem__("engine_argz", {}), "pools[1].engine_argz: unknown key"),
-    (lambda a: a.__setitem__("routr", {}), "routr: unknown key"),
-    (lambda a: a["router"].__setitem__("polcy", "x"), "router.polcy: unknown key"),
-    (lambda a: a["router"].__setitem__("weights", {"w_prefil": 1}), "router.weights.w_prefil: unknown key"),
-    (lambda a: a["pools"][0]["resources"].__setitem__("gpus", 1), "pools[0].resources.gpus: unknown key"),
-])
+@pytest.mark.parametrize(
+    "mutate, key",
+    [
+        (lambda a: a["pools"][1].__setitem__("engine_argz", {}), "pools[1].engine_argz: unknown key"),
+        (lambda a: a.__setitem__("routr", {}), "routr: unknown key"),
+        (lambda a: a["router"].__setitem__("polcy", "x"), "router.polcy: unknown key"),
+        (lambda a: a["router"].__setitem__("weights", {"w_prefil": 1}), "router.weights.w_prefil: unknown key"),
+        (lambda a: a["pools"][0]["resources"].__setitem__("gpus", 1), "pools[0].resources.gpus: unknown key"),
+    ],
+)
 def test_unknown_keys_name_key_and_file(mutate, key):
     args = _args()
     mutate(args)
@@ -93,24 +111,35 @@ def test_without_config_file_errors_say_so():
         load_app_config(args)
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda a: a["pools"][0].__setitem__("model", "nope"), r"pools\[0\].model: unknown model 'nope'"),
-    (lambda a: a["pools"][1].__setitem__("name", "tt"), r"pools\[1\].name: duplicate pool name"),
-    (lambda a: a["pools"][0].__setitem__("autoscaling", {"max_replicas": 2}),
-     r"pools\[0\]: set exactly one of replicas and autoscaling"),
-    (lambda a: a["pools"][0].__setitem__("engine", "sglang"), r"pools\[0\].engine: Input should be 'tt' or 'vllm'"),
-    (lambda a: a["pools"][0].__setitem__("accelerator", "tt"), r"pools\[0\].tt: a pool on accelerator tt needs"),
-    (lambda a: a["pools"][1].__setitem__("accelerator", "tpu"), r"pools\[1\].tpu: a pool on accelerator tpu needs"),
-    (lambda a: a["pools"][0]["engine_args"].__setitem__("model", "/x"), r"pools\[0\].engine_args.model"),
-    (lambda a: a["pools"][0].__setitem__("replicas", -1), r"pools\[0\].replicas: Input should be greater"),
-    (lambda a: a["router"].__setitem__("policy", "random"), r"router.policy: Input should be 'prefix\+session\+load'"),
-    (lambda a: a["router"].__setitem__("index_mode", "exact"), r"router.index_mode: Input should be"),
-    (lambda a: a["router"].__setitem__("session_ttl_s", 0), r"router.session_ttl_s: Input should be greater"),
-    (lambda a: a["router"].__setitem__("max_in_flight_per_session", 0), r"router.max_in_flight_per_session"),
-    (lambda a: a["router"].__setitem__("weights", {"window_rel": -1}), r"router.weights.window_rel"),
-    (lambda a: a["router"].__setitem__("replicas", 0), r"router.replicas: Input should be greater"),
-    (lambda a: a["router"].__setitem__("kv_event_log_size", 0), r"router.kv_event_log_size: Input should be greater"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda a: a["pools"][0].__setitem__("model", "nope"), r"pools\[0\].model: unknown model 'nope'"),
+        (lambda a: a["pools"][1].__setitem__("name", "tt"), r"pools\[1\].name: duplicate pool name"),
+        (
+            lambda a: a["pools"][0].__setitem__("autoscaling", {"max_replicas": 2}),
+            r"pools\[0\]: set exactly one of replicas and autoscaling",
+        ),
+        (lambda a: a["pools"][0].__setitem__("engine", "sglang"), r"pools\[0\].engine: Input should be 'tt' or 'vllm'"),
+        (lambda a: a["pools"][0].__setitem__("accelerator", "tt"), r"pools\[0\].tt: a pool on accelerator tt needs"),
+        (lambda a: a["pools"][1].__setitem__("accelerator", "tpu"), r"pools\[1\].tpu: a pool on accelerator tpu needs"),
+        (lambda a: a["pools"][0]["engine_args"].__setitem__("model", "/x"), r"pools\[0\].engine_args.model"),
+        (lambda a: a["pools"][0].__setitem__("replicas", -1), r"pools\[0\].replicas: Input should be greater"),
+        (
+            lambda a: a["router"].__setitem__("policy", "random"),
+            r"router.policy: Input should be 'prefix\+session\+load'",
+        ),
+        (lambda a: a["router"].__setitem__("index_mode", "exact"), r"router.index_mode: Input should be"),
+        (lambda a: a["router"].__setitem__("session_ttl_s", 0), r"router.session_ttl_s: Input should be greater"),
+        (lambda a: a["router"].__setitem__("max_in_flight_per_session", 0), r"router.max_in_flight_per_session"),
+        (lambda a: a["router"].__setitem__("weights", {"window_rel": -1}), r"router.weights.window_rel"),
+        (lambda a: a["router"].__setitem__("replicas", 0), r"router.replicas: Input should be greater"),
+        (
+            lambda a: a["router"].__setitem__("kv_event_log_size", 0),
+            r"router.kv_event_log_size: Input should be greater",
+        ),
+    ],
+)
 def test_cross_checks(mutate, message):
     args = copy.deepcopy(_args())
     mutate(args)
@@ -156,26 +185,43 @@ def test_tpu_pd_pools_take_their_own_connector():
     assert load_app_config(_args()).pools[0].kv_connector is None
 
 
-@pytest.mark.parametrize("mutate, message", [
-    # TPU prefill -> TT decode: no KV path between them (the prefill slice would idle)
-    (lambda a: a["pools"][1].update(engine="tt", accelerator="tt", tt={"mesh_device": "TG"}, tpu=None,
-                                    engine_args={"max_model_len": 32768}),
-     r"configs/tpu_pd.yaml: pools\[0\].role: prefill pool 'v6e-prefill' cannot take part in prefill/decode "
-     r"disaggregation: its KV path \(native:TPUConnector\) differs from pool 'v6e-decode'.*TPU backends accept only"),
-    # a TPU prefill/decode pool without TPUConnector
-    (lambda a: a["pools"][1]["engine_args"].pop("kv_transfer_config"),
-     r"configs/tpu_pd.yaml: pools\[1\].engine_args.kv_transfer_config: a TPU pool with role decode needs its "
-     r"backend's own prefill/decode connector .*kv_role: kv_consumer\}; got none"),
-    (lambda a: a["pools"][0]["engine_args"]["kv_transfer_config"].update(kv_connector="MeshServeConnector"),
-     r"pools\[0\].engine_args.kv_transfer_config: a TPU pool with role prefill .* got MeshServeConnector"),
-    (lambda a: a["pools"][0]["engine_args"]["kv_transfer_config"].update(kv_role="kv_consumer"),
-     r"pools\[0\].engine_args.kv_transfer_config.kv_role: a prefill pool's connector needs kv_role "
-     r"kv_producer or kv_both, got 'kv_consumer'"),
-    (lambda a: a["pools"][1].update(role="both"),
-     r"pools\[0\].role: prefill pool 'v6e-prefill' .*no pool of model .* has role decode"),
-    (lambda a: a["pools"][1].update(role="both", accelerator="cpu", tpu=None),
-     r"pools\[1\].engine_args.kv_transfer_config.kv_connector: TPUConnector loads only on TPU backends"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        # TPU prefill -> TT decode: no KV path between them (the prefill slice would idle)
+        (
+            lambda a: a["pools"][1].update(
+                engine="tt", accelerator="tt", tt={"mesh_device": "TG"}, tpu=None, engine_args={"max_model_len": 32768}
+            ),
+            r"configs/tpu_pd.yaml: pools\[0\].role: prefill pool 'v6e-prefill' cannot take part in prefill/decode "
+            r"disaggregation: its KV path \(native:TPUConnector\) differs from pool 'v6e-decode'"
+            r".*TPU backends accept only",
+        ),
+        # a TPU prefill/decode pool without TPUConnector
+        (
+            lambda a: a["pools"][1]["engine_args"].pop("kv_transfer_config"),
+            r"configs/tpu_pd.yaml: pools\[1\].engine_args.kv_transfer_config: a TPU pool with role decode needs its "
+            r"backend's own prefill/decode connector .*kv_role: kv_consumer\}; got none",
+        ),
+        (
+            lambda a: a["pools"][0]["engine_args"]["kv_transfer_config"].update(kv_connector="MeshServeConnector"),
+            r"pools\[0\].engine_args.kv_transfer_config: a TPU pool with role prefill .* got MeshServeConnector",
+        ),
+        (
+            lambda a: a["pools"][0]["engine_args"]["kv_transfer_config"].update(kv_role="kv_consumer"),
+            r"pools\[0\].engine_args.kv_transfer_config.kv_role: a prefill pool's connector needs kv_role "
+            r"kv_producer or kv_both, got 'kv_consumer'",
+        ),
+        (
+            lambda a: a["pools"][1].update(role="both"),
+            r"pools\[0\].role: prefill pool 'v6e-prefill' .*no pool of model .* has role decode",
+        ),
+        (
+            lambda a: a["pools"][1].update(role="both", accelerator="cpu", tpu=None),
+            r"pools\[1\].engine_args.kv_transfer_config.kv_connector: TPUConnector loads only on TPU backends",
+        ),
+    ],
+)
 def test_tpu_pd_refusals_name_file_and_key(mutate, message):
     args = _tpu_pd_args()
     mutate(args)
@@ -185,7 +231,8 @@ def test_tpu_pd_refusals_name_file_and_key(mutate, message):
 
 def test_tt_prefill_to_tpu_decode_is_refused_too():
     args = _tpu_pd_args()
-    args["pools"][0].update(engine="tt", accelerator="tt", tt={"mesh_device": "TG"}, tpu=None,
-                            engine_args={"max_model_len": 32768})
+    args["pools"][0].update(
+        engine="tt", accelerator="tt", tt={"mesh_device": "TG"}, tpu=None, engine_args={"max_model_len": 32768}
+    )
     with pytest.raises(ConfigError, match=r"pools\[0\].role: prefill pool 'v6e-prefill' .*its KV path \(meshserve\)"):
         load_app_config(args)

@@ -27,20 +27,44 @@ class Recorder:
 
 
 def _recording(m: EngineMetrics) -> EngineMetrics:
-    for name in ("ttft", "itl", "tpot", "e2e", "running", "waiting", "kv_usage", "prompt_tokens",
-                 "generation_tokens", "prefix_queries", "prefix_hits", "success", "step_mode", "sampling",
-                 "lane_occupancy", "async_overlap"):
+    for name in (
+        "ttft",
+        "itl",
+        "tpot",
+        "e2e",
+        "running",
+        "waiting",
+        "kv_usage",
+        "prompt_tokens",
+        "generation_tokens",
+        "prefix_queries",
+        "prefix_hits",
+        "success",
+        "step_mode",
+        "sampling",
+        "lane_occupancy",
+        "async_overlap",
+    ):
         setattr(m, name, Recorder())
     return m
 
 
 def test_cumulative_counters_become_increments():
     m = _recording(EngineMetrics("tiny", "tt", "r1"))
-    m.observe_stats(EngineStats(1, 2, 10, 5, prefix_cache_queries=100, prefix_cache_hits=40),
-                    {"steps_decode": 5, "steps_prefill": 2, "sampled_device": 7, "lane_occupancy_1": 0.5,
-                     "async_overlap_fraction": 0.9})
-    m.observe_stats(EngineStats(0, 1, 10, 8, prefix_cache_queries=130, prefix_cache_hits=40),
-                    {"steps_decode": 9, "steps_prefill": 2, "sampled_device": 7})
+    m.observe_stats(
+        EngineStats(1, 2, 10, 5, prefix_cache_queries=100, prefix_cache_hits=40),
+        {
+            "steps_decode": 5,
+            "steps_prefill": 2,
+            "sampled_device": 7,
+            "lane_occupancy_1": 0.5,
+            "async_overlap_fraction": 0.9,
+        },
+    )
+    m.observe_stats(
+        EngineStats(0, 1, 10, 8, prefix_cache_queries=130, prefix_cache_hits=40),
+        {"steps_decode": 9, "steps_prefill": 2, "sampled_device": 7},
+    )
     assert [c[1] for c in m.prefix_queries.calls] == [100, 30]
     assert [c[1] for c in m.prefix_hits.calls] == [40]
     assert [(c[1], c[2]["mode"]) for c in m.step_mode.calls] == [(5, "decode"), (2, "prefill"), (4, "decode")]
@@ -72,6 +96,9 @@ def test_dashboard_queries_only_known_series():
     ours = set(re.findall(r'"(meshserve_[a-z0-9_]+)"', source)) | set(re.findall(r'"(vllm_[a-z0-9_]+)"', source))
     dash = json.loads((Path(__file__).parents[2] / "docs/grafana/meshserve.json").read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
-    used = {re.sub(r"_(total|bucket|sum|count)$", "", name)
-            for e in exprs for name in re.findall(r"ray_((?:vllm|meshserve)_[a-z0-9_]+)", e)}
+    used = {
+        re.sub(r"_(total|bucket|sum|count)$", "", name)
+        for e in exprs
+        for name in re.findall(r"ray_((?:vllm|meshserve)_[a-z0-9_]+)", e)
+    }
     assert used and used <= ours, used - ours

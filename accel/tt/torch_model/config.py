@@ -40,7 +40,7 @@ class DecoderConfig:
         return float(self.rope_parameters.get("rope_theta", 10000.0))
 
     @staticmethod
-    def from_hf(hf_config: Any, n_layers: int | None = None) -> "DecoderConfig":
+    def from_hf(hf_config: Any, n_layers: int | None = None) -> DecoderConfig:
         archs = list(getattr(hf_config, "architectures", None) or [])
         arch = next((a for a in archs if a in TORCH_ARCHITECTURES), None)
         if arch is None:

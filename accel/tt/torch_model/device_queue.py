@@ -33,10 +33,11 @@ class DeviceQueue:
         # keep theirs; MKL's own thread count is process-wide).
         threads = device_num_threads() if num_threads is None else num_threads
         self.num_threads = threads
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name,
-                                            initializer=torch.set_num_threads, initargs=(threads,))
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=name, initializer=torch.set_num_threads, initargs=(threads,)
+        )
 
-    def submit(self, fn: Callable[[], T]) -> "Future[T]":
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
         return self._executor.submit(fn)
 
     def run(self, fn: Callable[[], T]) -> T:

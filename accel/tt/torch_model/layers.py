@@ -68,8 +68,7 @@ class RotaryTables:
     signed_sin: torch.Tensor  # sin with its first half negated (see apply_rotary_rolled)
 
     @staticmethod
-    def build(config: DecoderConfig, max_positions: int, device: torch.device,
-              dtype: torch.dtype) -> "RotaryTables":
+    def build(config: DecoderConfig, max_positions: int, device: torch.device, dtype: torch.dtype) -> RotaryTables:
         inv_freq = rope_inv_freq(config)
         freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -120,20 +119,21 @@ class LayerWeights:
     down: torch.Tensor  # [hidden, intermediate]
 
 
-def project_qkv(h: torch.Tensor, layer: LayerWeights, config: DecoderConfig,
-                cos_sin: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def project_qkv(
+    h: torch.Tensor, layer: LayerWeights, config: DecoderConfig, cos_sin: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``h`` ``[T, hidden]`` -> q ``[T, H, D]``, k and v ``[T, Hkv, D]`` (q/k normed and rotated).
     ``cos_sin`` from ``RotaryTables.at_rolled``."""
     num_heads, num_kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
     qkv = F.linear(h, layer.qkv, layer.qkv_bias).view(-1, num_heads + 2 * num_kv_heads, head_dim)
-    v = qkv[:, num_heads + num_kv_heads:]
+    v = qkv[:, num_heads + num_kv_heads :]
     if layer.q_norm is not None:
         q = rms_norm(qkv[:, :num_heads], layer.q_norm, config.rms_norm_eps)
-        k = rms_norm(qkv[:, num_heads:num_heads + num_kv_heads], layer.k_norm, config.rms_norm_eps)
+        k = rms_norm(qkv[:, num_heads : num_heads + num_kv_heads], layer.k_norm, config.rms_norm_eps)
         return apply_rotary_rolled(q, *cos_sin), apply_rotary_rolled(k, *cos_sin), v
     # No q/k norm: q and k heads sit side by side, so one rotation covers both (same per-element
     # arithmetic as rotating each, half the ops).
-    qk = apply_rotary_rolled(qkv[:, :num_heads + num_kv_heads], *cos_sin)
+    qk = apply_rotary_rolled(qkv[:, : num_heads + num_kv_heads], *cos_sin)
     return qk[:, :num_heads], qk[:, num_heads:], v
 
 

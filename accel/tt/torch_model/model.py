@@ -21,8 +21,14 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from accel.tt.mesh_model import (MAX_DEVICE_TOP_K, SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING,
-                                 SUPPORTS_SAMPLE_ON_DEVICE, SampledOutput, TTSamplingParams)
+from accel.tt.mesh_model import (
+    MAX_DEVICE_TOP_K,
+    SUPPORTS_ASYNC_DECODE,
+    SUPPORTS_PREFIX_CACHING,
+    SUPPORTS_SAMPLE_ON_DEVICE,
+    SampledOutput,
+    TTSamplingParams,
+)
 from accel.tt.torch_model.config import DecoderConfig
 from accel.tt.torch_model.device_queue import DeviceQueue, FutureEvent, PendingDecode
 from accel.tt.torch_model.layers import RotaryTables, project_qkv, rms_norm, swiglu_mlp
@@ -55,9 +61,18 @@ class TorchMeshModel:
         MAX_DEVICE_TOP_K: 32,
     }
 
-    def __init__(self, config: DecoderConfig, weights: ModelWeights, *, max_batch_size: int,
-                 max_seq_len: int, num_lanes: int, device: torch.device, dtype: torch.dtype,
-                 seed: int | None = None) -> None:
+    def __init__(
+        self,
+        config: DecoderConfig,
+        weights: ModelWeights,
+        *,
+        max_batch_size: int,
+        max_seq_len: int,
+        num_lanes: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        seed: int | None = None,
+    ) -> None:
         if num_lanes < 1 or max_batch_size % num_lanes:
             raise ValueError(f"max_batch_size {max_batch_size} must be a multiple of the lane count {num_lanes}")
         self.config = config
@@ -79,32 +94,59 @@ class TorchMeshModel:
     # ---- construction (the tt-metal classmethods) ----
 
     @classmethod
-    def initialize_vllm_model(cls, hf_config: Any, mesh_device: Any, max_batch_size: int,
-                              max_seq_len: int | None = None, n_layers: int | None = None,
-                              tt_data_parallel: int = 1, optimizations: str | None = None,
-                              checkpoint_dir: str | Path | None = None) -> "TorchMeshModel":
+    def initialize_vllm_model(
+        cls,
+        hf_config: Any,
+        mesh_device: Any,
+        max_batch_size: int,
+        max_seq_len: int | None = None,
+        n_layers: int | None = None,
+        tt_data_parallel: int = 1,
+        optimizations: str | None = None,
+        checkpoint_dir: str | Path | None = None,
+    ) -> TorchMeshModel:
         """Build from an HF config. Weights come from ``checkpoint_dir`` or, as with
         ``AutoConfig.from_pretrained(dir)``, ``hf_config._name_or_path``. ``mesh_device`` is
         ignored (None off-hardware); ``optimizations`` is accepted for interface parity."""
         model_dir = Path(checkpoint_dir or getattr(hf_config, "_name_or_path", "") or "")
         if not str(model_dir) or not model_dir.is_dir():
-            raise ValueError(f"TorchMeshModel needs a local checkpoint folder; got {str(model_dir)!r} "
-                             "(pass checkpoint_dir= or load hf_config with AutoConfig.from_pretrained(dir))")
+            raise ValueError(
+                f"TorchMeshModel needs a local checkpoint folder; got {str(model_dir)!r} "
+                "(pass checkpoint_dir= or load hf_config with AutoConfig.from_pretrained(dir))"
+            )
         config = DecoderConfig.from_hf(hf_config, n_layers)
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dtype = torch.float32
         max_seq_len = int(max_seq_len or config.max_position_embeddings)
         weights = load_weights(model_dir, config, device, dtype)
-        logger.info("TorchMeshModel %s: %d layers, %d lanes x %d slots, max_seq_len %d on %s",
-                    config.architecture, config.num_layers, tt_data_parallel,
-                    max_batch_size // max(tt_data_parallel, 1), max_seq_len, device)
-        return cls(config, weights, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
-                   num_lanes=tt_data_parallel, device=device, dtype=dtype)
+        logger.info(
+            "TorchMeshModel %s: %d layers, %d lanes x %d slots, max_seq_len %d on %s",
+            config.architecture,
+            config.num_layers,
+            tt_data_parallel,
+            max_batch_size // max(tt_data_parallel, 1),
+            max_seq_len,
+            device,
+        )
+        return cls(
+            config,
+            weights,
+            max_batch_size=max_batch_size,
+            max_seq_len=max_seq_len,
+            num_lanes=tt_data_parallel,
+            device=device,
+            dtype=dtype,
+        )
 
     @classmethod
-    def get_max_tokens_all_users(cls, model_name: str | None = None, num_devices: int = 1,
-                                 tt_data_parallel: int = 1, max_model_len: int = 0,
-                                 max_num_seqs: int = 0) -> int:
+    def get_max_tokens_all_users(
+        cls,
+        model_name: str | None = None,
+        num_devices: int = 1,
+        tt_data_parallel: int = 1,
+        max_model_len: int = 0,
+        max_num_seqs: int = 0,
+    ) -> int:
         """KV token pool per lane: every per-lane sequence at full length."""
         return max_num_seqs * max_model_len
 
@@ -113,15 +155,18 @@ class TorchMeshModel:
 
     # ---- KV ----
 
-    def allocate_kv_cache(self, kv_cache_shape: tuple[int, int, int, int], dtype: Any,
-                          num_layers: int) -> list[list[list[torch.Tensor]]]:
+    def allocate_kv_cache(
+        self, kv_cache_shape: tuple[int, int, int, int], dtype: Any, num_layers: int
+    ) -> list[list[list[torch.Tensor]]]:
         """``[lane][layer] = [K, V]`` zeroed ``(num_blocks, Hkv, block_size, D)`` lane-local views.
         A torch float ``dtype`` is honoured; anything else (e.g. a ttnn dtype) means the model's."""
         _, num_kv_heads, _, head_dim = kv_cache_shape
         cfg = self.config
         if (num_kv_heads, head_dim, num_layers) != (cfg.num_kv_heads, cfg.head_dim, cfg.num_layers):
-            raise ValueError(f"kv_cache_shape {tuple(kv_cache_shape)} x {num_layers} layers does not fit "
-                             f"the model (Hkv {cfg.num_kv_heads}, head_dim {cfg.head_dim}, {cfg.num_layers} layers)")
+            raise ValueError(
+                f"kv_cache_shape {tuple(kv_cache_shape)} x {num_layers} layers does not fit "
+                f"the model (Hkv {cfg.num_kv_heads}, head_dim {cfg.head_dim}, {cfg.num_layers} layers)"
+            )
         kv_dtype = dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else self.dtype
         self._store = PagedKVStore.allocate(self.num_lanes, num_layers, tuple(kv_cache_shape), self.device, kv_dtype)
         return self._store.lane_views()
@@ -133,10 +178,18 @@ class TorchMeshModel:
 
     # ---- prefill ----
 
-    def prefill_forward(self, tokens: Any, page_table: Any, kv_cache: Any, prompt_lens: Sequence[int],
-                        start_pos: Sequence[int] | None = None, empty_slots: Sequence[int] | None = None,
-                        sampling_params: TTSamplingParams | None = None, enable_trace: bool = False,
-                        **kwargs: Any) -> Any:
+    def prefill_forward(
+        self,
+        tokens: Any,
+        page_table: Any,
+        kv_cache: Any,
+        prompt_lens: Sequence[int],
+        start_pos: Sequence[int] | None = None,
+        empty_slots: Sequence[int] | None = None,
+        sampling_params: TTSamplingParams | None = None,
+        enable_trace: bool = False,
+        **kwargs: Any,
+    ) -> Any:
         """Processes ``tokens[i, start_pos[i]:prompt_lens[i]]`` of each row; returns logits
         ``[n, 1, vocab]`` of each chunk's last token, or a ``SampledOutput`` of ``[n]``."""
         store = self._store_for(kv_cache)
@@ -148,8 +201,10 @@ class TorchMeshModel:
         if empty_slots is None and self.num_lanes > 1:
             raise ValueError("prefill_forward needs empty_slots (the global slot of each row) with lanes > 1")
         if int(ends.max()) > self.max_seq_len or bool((starts >= ends).any()) or int(ends.max()) > tokens.shape[1]:
-            raise ValueError(f"bad prefill chunk: start_pos={starts.tolist()} prompt_lens={ends.tolist()} "
-                             f"tokens width {tokens.shape[1]} max_seq_len {self.max_seq_len}")
+            raise ValueError(
+                f"bad prefill chunk: start_pos={starts.tolist()} prompt_lens={ends.tolist()} "
+                f"tokens width {tokens.shape[1]} max_seq_len {self.max_seq_len}"
+            )
         if any(not 0 <= s < self.max_batch_size for s in slots):
             raise ValueError(f"empty_slots {slots} outside the {self.max_batch_size} global slots")
         length = prefill_bucket(int((ends - starts).max()))
@@ -162,12 +217,24 @@ class TorchMeshModel:
         page_table = torch.as_tensor(page_table, dtype=torch.int64)
         num_ctx_blocks = self._num_ctx_blocks(int(ends.max()), store, page_table.shape[1])
         _check_block_ids(page_table, ends, store)
-        prep = (prepare_sampling(sampling_params, ends.tolist(), self.config.vocab_size, self.device)
-                if sampling_params is not None else None)
+        prep = (
+            prepare_sampling(sampling_params, ends.tolist(), self.config.vocab_size, self.device)
+            if sampling_params is not None
+            else None
+        )
 
         def program() -> Any:
-            logits = self._forward(store, step_tokens, positions, is_written, lanes, page_table,
-                                   num_ctx_blocks, last_index, _round_up(int(ends.max()), CTX_TOKEN_ALIGN))
+            logits = self._forward(
+                store,
+                step_tokens,
+                positions,
+                is_written,
+                lanes,
+                page_table,
+                num_ctx_blocks,
+                last_index,
+                _round_up(int(ends.max()), CTX_TOKEN_ALIGN),
+            )
             if prep is None:
                 return logits[:, None, :].float().cpu()
             return _to_host(sample(logits, prep, self.generator, self.model_capabilities[MAX_DEVICE_TOP_K]))
@@ -176,10 +243,18 @@ class TorchMeshModel:
 
     # ---- decode ----
 
-    def decode_forward(self, tokens: Any, start_pos: Any, page_table: Any, kv_cache: Any,
-                       enable_trace: bool = True, read_from_device: bool = True,
-                       sampling_params: TTSamplingParams | None = None, reset_batch: bool = False,
-                       **kwargs: Any) -> Any:
+    def decode_forward(
+        self,
+        tokens: Any,
+        start_pos: Any,
+        page_table: Any,
+        kv_cache: Any,
+        enable_trace: bool = True,
+        read_from_device: bool = True,
+        sampling_params: TTSamplingParams | None = None,
+        reset_batch: bool = False,
+        **kwargs: Any,
+    ) -> Any:
         """One token for every slot. ``read_from_device=True``: logits ``[B_wire, vocab]`` or a
         ``SampledOutput``; False: a ``PendingDecode`` handle (the forward runs on the device queue)."""
         store = self._store_for(kv_cache)
@@ -188,8 +263,10 @@ class TorchMeshModel:
         start_pos = torch.as_tensor(start_pos, dtype=torch.int64).reshape(-1).clone()
         page_table = torch.as_tensor(page_table, dtype=torch.int64).clone()
         if tokens.shape[0] != self.max_batch_size or start_pos.shape[0] != self.max_batch_size:
-            raise ValueError(f"decode runs the full slot batch: expected {self.max_batch_size} rows, "
-                             f"got tokens {tuple(tokens.shape)} start_pos {tuple(start_pos.shape)}")
+            raise ValueError(
+                f"decode runs the full slot batch: expected {self.max_batch_size} rows, "
+                f"got tokens {tuple(tokens.shape)} start_pos {tuple(start_pos.shape)}"
+            )
         if int(start_pos.max()) >= self.max_seq_len:
             raise ValueError(f"decode position {int(start_pos.max())} >= max_seq_len {self.max_seq_len}")
         slot_remap = kwargs.get("slot_remap")
@@ -202,12 +279,24 @@ class TorchMeshModel:
         num_ctx_blocks = self._num_ctx_blocks(max_end, store, page_table.shape[1])
         num_ctx_tokens = _round_up(max_end, CTX_TOKEN_ALIGN)
         _check_block_ids(page_table, start_pos + 1, store)
-        prep = (self._decode_sampling.prepare(sampling_params, (start_pos + 1).tolist())
-                if sampling_params is not None else None)
+        prep = (
+            self._decode_sampling.prepare(sampling_params, (start_pos + 1).tolist())
+            if sampling_params is not None
+            else None
+        )
 
         def program() -> Any:
-            logits = self._forward(store, tokens, positions, is_written, lanes, page_table, num_ctx_blocks,
-                                   torch.zeros(self.max_batch_size, dtype=torch.int64), num_ctx_tokens)
+            logits = self._forward(
+                store,
+                tokens,
+                positions,
+                is_written,
+                lanes,
+                page_table,
+                num_ctx_blocks,
+                torch.zeros(self.max_batch_size, dtype=torch.int64),
+                num_ctx_tokens,
+            )
             if prep is None:
                 return logits.float().cpu()
             return _to_host(sample(logits, prep, self.generator, self.model_capabilities[MAX_DEVICE_TOP_K]))
@@ -239,41 +328,70 @@ class TorchMeshModel:
         length = MIN_PREFILL_BUCKET_TOKENS
         while True:
             num_blocks = _next_pow2(-(-length // store.block_size))
-            self._warm(store, tokens=torch.zeros(1, length, dtype=torch.int64),
-                       positions=torch.arange(length)[None, :],
-                       table=torch.zeros(1, num_blocks, dtype=torch.int64),  # reads lane 0 block 0 only
-                       last_index=torch.tensor([length - 1]), variants=variants)
+            self._warm(
+                store,
+                tokens=torch.zeros(1, length, dtype=torch.int64),
+                positions=torch.arange(length)[None, :],
+                table=torch.zeros(1, num_blocks, dtype=torch.int64),  # reads lane 0 block 0 only
+                last_index=torch.tensor([length - 1]),
+                variants=variants,
+            )
             for variant in variants:
                 self._log_capture("prefill", (1, length), variant, enable_trace)
             if length >= self.max_seq_len:
                 break
             length *= 2
 
-    def warmup_model_decode(self, enable_trace: bool, kv_cache: Any, max_batch_size: int, num_blocks: int,
-                            can_sample_on_device: bool) -> None:
+    def warmup_model_decode(
+        self, enable_trace: bool, kv_cache: Any, max_batch_size: int, num_blocks: int, can_sample_on_device: bool
+    ) -> None:
         """Runs the full-width decode (every slot empty: no KV write) and each sampling variant."""
         store = self._store_for(kv_cache)
         batch = self.max_batch_size
         variants = ["logits"] + (["greedy", "sampled", "sampled+logprobs"] if can_sample_on_device else [])
-        self._warm(store, tokens=torch.zeros(batch, 1, dtype=torch.int64),
-                   positions=torch.zeros(batch, 1, dtype=torch.int64),
-                   table=torch.zeros(batch, num_blocks, dtype=torch.int64),
-                   last_index=torch.zeros(batch, dtype=torch.int64), variants=variants)
+        self._warm(
+            store,
+            tokens=torch.zeros(batch, 1, dtype=torch.int64),
+            positions=torch.zeros(batch, 1, dtype=torch.int64),
+            table=torch.zeros(batch, num_blocks, dtype=torch.int64),
+            last_index=torch.zeros(batch, dtype=torch.int64),
+            variants=variants,
+        )
         for variant in variants:
             self._log_capture("decode", (batch, 1, num_blocks), variant, enable_trace)
 
-    def _warm(self, store: PagedKVStore, tokens: torch.Tensor, positions: torch.Tensor, table: torch.Tensor,
-              last_index: torch.Tensor, variants: list[str]) -> None:
+    def _warm(
+        self,
+        store: PagedKVStore,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        table: torch.Tensor,
+        last_index: torch.Tensor,
+        variants: list[str],
+    ) -> None:
         """One forward of the shape (nothing written: ``is_written`` all False), then each sampler tail."""
         rows = tokens.shape[0]
         lanes = torch.arange(rows) // self.per_lane
 
         def program() -> None:
-            logits = self._forward(store, tokens, positions, torch.zeros_like(tokens, dtype=torch.bool), lanes,
-                                   table, table.shape[1], last_index)
+            logits = self._forward(
+                store,
+                tokens,
+                positions,
+                torch.zeros_like(tokens, dtype=torch.bool),
+                lanes,
+                table,
+                table.shape[1],
+                last_index,
+            )
             for variant in variants[1:]:
-                sample(logits, _warmup_sampling(rows, variant, self.config.vocab_size, self.device),
-                       self.generator, self.model_capabilities[MAX_DEVICE_TOP_K])
+                sample(
+                    logits,
+                    _warmup_sampling(rows, variant, self.config.vocab_size, self.device),
+                    self.generator,
+                    self.model_capabilities[MAX_DEVICE_TOP_K],
+                )
+
         self._queue.run(program)
 
     def _log_capture(self, phase: str, shape: tuple[int, ...], variant: str, enable_trace: bool) -> None:
@@ -292,20 +410,37 @@ class TorchMeshModel:
         return needed
 
     @torch.inference_mode()
-    def _forward(self, store: PagedKVStore, tokens: torch.Tensor, positions: torch.Tensor,
-                 is_written: torch.Tensor, lanes: torch.Tensor, page_table: torch.Tensor,
-                 num_ctx_blocks: int, last_index: torch.Tensor, num_ctx_tokens: int | None = None) -> torch.Tensor:
+    def _forward(
+        self,
+        store: PagedKVStore,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        is_written: torch.Tensor,
+        lanes: torch.Tensor,
+        page_table: torch.Tensor,
+        num_ctx_blocks: int,
+        last_index: torch.Tensor,
+        num_ctx_tokens: int | None = None,
+    ) -> torch.Tensor:
         """``tokens``/``positions``/``is_written`` ``[n, L]`` -> logits ``[n, vocab]`` at ``last_index``;
         attention reads ``num_ctx_tokens`` keys per row (default: every gathered block's)."""
         dev = self.device
         tokens, positions, is_written = tokens.to(dev), positions.to(dev), is_written.to(dev)
         n, length = tokens.shape
         cfg, w = self.config, self.weights
-        meta = AttentionMetadata.build(store, page_table.to(dev), lanes.to(dev), positions, is_written, num_ctx_blocks,
-                                       cfg.num_queries_per_kv, dtype=store.keys[0].dtype,
-                                       num_ctx_tokens=num_ctx_tokens)
+        meta = AttentionMetadata.build(
+            store,
+            page_table.to(dev),
+            lanes.to(dev),
+            positions,
+            is_written,
+            num_ctx_blocks,
+            cfg.num_queries_per_kv,
+            dtype=store.keys[0].dtype,
+            num_ctx_tokens=num_ctx_tokens,
+        )
         cos_sin = self.rope.at_rolled(positions.reshape(-1))
-        scale = cfg.head_dim ** -0.5
+        scale = cfg.head_dim**-0.5
         h = w.embed[tokens.reshape(-1)]  # [n * L, hidden]
         kv_dtype = store.keys[0].dtype
         is_cast = kv_dtype != h.dtype  # casts only where KV and model dtypes differ (fewer ops per layer)
@@ -336,20 +471,28 @@ def _check_block_ids(page_table: torch.Tensor, ends: torch.Tensor, store: PagedK
     bad = used & ((page_table < 0) | (page_table >= store.num_blocks))
     if bool(bad.any()):
         row = int(bad.any(dim=1).nonzero()[0])
-        raise ValueError(f"page table row {row} holds block ids outside [0, {store.num_blocks}): "
-                         f"{page_table[row, :int(num_used[row])].tolist()}")
+        raise ValueError(
+            f"page table row {row} holds block ids outside [0, {store.num_blocks}): "
+            f"{page_table[row, : int(num_used[row])].tolist()}"
+        )
 
 
 def _to_host(out: SampledOutput) -> SampledOutput:
-    return SampledOutput(token_ids=out.token_ids.cpu(),
-                         logprobs=None if out.logprobs is None else out.logprobs.float().cpu())
+    return SampledOutput(
+        token_ids=out.token_ids.cpu(), logprobs=None if out.logprobs is None else out.logprobs.float().cpu()
+    )
 
 
 def _warmup_sampling(rows: int, variant: str, vocab_size: int, device: torch.device):
     greedy = variant == "greedy"
     params = TTSamplingParams(
-        temperature=[0.0 if greedy else 0.8] * rows, top_k=[1 if greedy else 32] * rows,
-        top_p=[1.0 if greedy else 0.9] * rows, presence_penalty=[0.0] * rows, frequency_penalty=[0.0] * rows,
-        repetition_penalty=[1.0] * rows, seed=[-1] * rows,
-        num_logprobs=[1 if variant.endswith("logprobs") else -2] * rows)
+        temperature=[0.0 if greedy else 0.8] * rows,
+        top_k=[1 if greedy else 32] * rows,
+        top_p=[1.0 if greedy else 0.9] * rows,
+        presence_penalty=[0.0] * rows,
+        frequency_penalty=[0.0] * rows,
+        repetition_penalty=[1.0] * rows,
+        seed=[-1] * rows,
+        num_logprobs=[1 if variant.endswith("logprobs") else -2] * rows,
+    )
     return prepare_sampling(params, [0] * rows, vocab_size, device)

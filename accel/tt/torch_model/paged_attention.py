@@ -4,8 +4,9 @@ Storage: one tensor per layer and K/V, ``[num_lanes * num_blocks + 1, block_size
 ``l`` owns blocks ``[l * num_blocks, (l + 1) * num_blocks)``; the engine sees each lane's slice as
 its own ``(num_blocks, Hkv, block_size, D)`` tensor (``kv[lane][layer] == [K, V]``, a permuted
 view), so a block id in a page table is lane-local exactly as on a mesh. Token-major blocks make
-the gathered context ``[n, C, Hkv, D]`` a free view for attention (no per-step transpose copy). The one extra block at the end is a scratch
-sink: tokens that must not write KV (padding, empty decode slots) write there, which keeps every
+the gathered context ``[n, C, Hkv, D]`` a free view for attention (no per-step transpose copy). The
+one extra block at the end is a scratch sink: tokens that must not write KV (padding, empty decode
+slots) write there, which keeps every
 write a fixed-shape scatter (what a captured program needs).
 """
 
@@ -26,8 +27,13 @@ class PagedKVStore:
     block_size: int
 
     @staticmethod
-    def allocate(num_lanes: int, num_layers: int, block_shape: tuple[int, int, int, int],
-                 device: torch.device, dtype: torch.dtype) -> "PagedKVStore":
+    def allocate(
+        num_lanes: int,
+        num_layers: int,
+        block_shape: tuple[int, int, int, int],
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> PagedKVStore:
         num_blocks, num_kv_heads, block_size, head_dim = block_shape
         shape = (num_lanes * num_blocks + 1, block_size, num_kv_heads, head_dim)
         keys = tuple(torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers))
@@ -43,16 +49,21 @@ class PagedKVStore:
         nb = self.num_blocks
 
         def view(t: torch.Tensor, lane: int) -> torch.Tensor:
-            return t[lane * nb:(lane + 1) * nb].permute(0, 2, 1, 3)
-        return [[[view(k, lane), view(v, lane)] for k, v in zip(self.keys, self.values)]
-                for lane in range(self.num_lanes)]
+            return t[lane * nb : (lane + 1) * nb].permute(0, 2, 1, 3)
+
+        return [
+            [[view(k, lane), view(v, lane)] for k, v in zip(self.keys, self.values)] for lane in range(self.num_lanes)
+        ]
 
     def is_backing(self, kv_cache) -> bool:
         """True if ``kv_cache`` (``[lane][layer] = [K, V]``) is a view of this store."""
         try:
             first = kv_cache[0][0][0]
-            return (len(kv_cache) == self.num_lanes and len(kv_cache[0]) == len(self.keys)
-                    and first.data_ptr() == self.keys[0].data_ptr())
+            return (
+                len(kv_cache) == self.num_lanes
+                and len(kv_cache[0]) == len(self.keys)
+                and first.data_ptr() == self.keys[0].data_ptr()
+            )
         except (TypeError, IndexError, AttributeError):
             return False
 
@@ -77,10 +88,17 @@ class AttentionMetadata:
     decode_groups: tuple[tuple[torch.Tensor, int], ...] | None = None
 
     @staticmethod
-    def build(store: PagedKVStore, page_table: torch.Tensor, lanes: torch.Tensor,
-              positions: torch.Tensor, is_written: torch.Tensor, num_ctx_blocks: int,
-              num_queries_per_kv: int = 1, dtype: torch.dtype = torch.float32,
-              num_ctx_tokens: int | None = None) -> "AttentionMetadata":
+    def build(
+        store: PagedKVStore,
+        page_table: torch.Tensor,
+        lanes: torch.Tensor,
+        positions: torch.Tensor,
+        is_written: torch.Tensor,
+        num_ctx_blocks: int,
+        num_queries_per_kv: int = 1,
+        dtype: torch.dtype = torch.float32,
+        num_ctx_tokens: int | None = None,
+    ) -> AttentionMetadata:
         """``page_table`` int ``[n, W]`` lane-local; ``lanes`` int64 ``[n]``; ``positions`` int64
         ``[n, L]`` (every entry a valid position, padding clamped); ``is_written`` bool ``[n, L]``;
         ``num_ctx_tokens`` (default: every gathered token) must exceed the largest position."""
@@ -101,12 +119,14 @@ class AttentionMetadata:
             mask = mask.expand(n, num_queries_per_kv, length, mask.shape[-1])
         mask = mask.reshape(n, 1, num_queries_per_kv * length, -1)
         groups = _decode_groups(positions, bs, num_ctx_blocks, num_ctx_tokens) if length == 1 else None
-        return AttentionMetadata(write_slots.reshape(-1), ctx_blocks.reshape(-1), num_ctx_blocks, num_ctx_tokens, mask,
-                                 groups)
+        return AttentionMetadata(
+            write_slots.reshape(-1), ctx_blocks.reshape(-1), num_ctx_blocks, num_ctx_tokens, mask, groups
+        )
 
 
-def _decode_groups(positions: torch.Tensor, block_size: int, num_ctx_blocks: int,
-                   num_ctx_tokens: int) -> tuple[tuple[torch.Tensor, int], ...] | None:
+def _decode_groups(
+    positions: torch.Tensor, block_size: int, num_ctx_blocks: int, num_ctx_tokens: int
+) -> tuple[tuple[torch.Tensor, int], ...] | None:
     """Rows grouped by their own context (``position + 1`` keys, rounded up to a power-of-two
     block count, at most the step's); None when one group would read (nearly) everything anyway.
     Keys past a row's position are masked, so reading fewer of them never changes its output."""
@@ -116,30 +136,31 @@ def _decode_groups(positions: torch.Tensor, block_size: int, num_ctx_blocks: int
         by_blocks.setdefault(min(num_ctx_blocks, 1 << (need - 1).bit_length()), []).append(row)
     if len(by_blocks) < 2:
         return None
-    return tuple((torch.tensor(rows, dtype=torch.int64, device=positions.device),
-                  min(num_blocks * block_size, num_ctx_tokens)) for num_blocks, rows in sorted(by_blocks.items()))
+    return tuple(
+        (torch.tensor(rows, dtype=torch.int64, device=positions.device), min(num_blocks * block_size, num_ctx_tokens))
+        for num_blocks, rows in sorted(by_blocks.items())
+    )
 
 
-def write_kv(store: PagedKVStore, layer: int, meta: AttentionMetadata, k: torch.Tensor,
-             v: torch.Tensor) -> None:
+def write_kv(store: PagedKVStore, layer: int, meta: AttentionMetadata, k: torch.Tensor, v: torch.Tensor) -> None:
     """Scatter ``k``/``v`` ``[n * L, Hkv, D]`` into their token slots (fixed shape, no host sync)."""
     for storage, new in ((store.keys[layer], k), (store.values[layer], v)):
         storage.view(-1, *storage.shape[2:]).index_copy_(0, meta.write_slots, new)
 
 
-def paged_attention(store: PagedKVStore, layer: int, meta: AttentionMetadata, q: torch.Tensor,
-                    scale: float) -> torch.Tensor:
+def paged_attention(
+    store: PagedKVStore, layer: int, meta: AttentionMetadata, q: torch.Tensor, scale: float
+) -> torch.Tensor:
     """``q`` ``[n, L, H, D]`` over each row's pages -> ``[n, L, H * D]`` (GQA: head h reads kv h // G)."""
     n, length, num_heads, head_dim = q.shape
     if meta.decode_groups is not None:
         return _grouped_decode_attention(store, layer, meta, q, scale)
-    k = _gather(store.keys[layer], meta.ctx_blocks, n)[:, :, :meta.num_ctx_tokens]  # [n, Hkv, C, D]
-    v = _gather(store.values[layer], meta.ctx_blocks, n)[:, :, :meta.num_ctx_tokens]
+    k = _gather(store.keys[layer], meta.ctx_blocks, n)[:, :, : meta.num_ctx_tokens]  # [n, Hkv, C, D]
+    v = _gather(store.values[layer], meta.ctx_blocks, n)[:, :, : meta.num_ctx_tokens]
     num_kv = k.shape[1]
     group = num_heads // num_kv
     if length == 1:  # decode: a head's group of queries is already contiguous, views only
-        out = F.scaled_dot_product_attention(q.view(n, num_kv, group, head_dim), k, v, attn_mask=meta.mask,
-                                             scale=scale)
+        out = F.scaled_dot_product_attention(q.view(n, num_kv, group, head_dim), k, v, attn_mask=meta.mask, scale=scale)
         return out.reshape(n, 1, num_heads * head_dim)
     # Queries of one kv head side by side: [n, Hkv, G * L, D]; the mask repeats per group.
     qg = q.view(n, length, num_kv, group, head_dim).permute(0, 2, 3, 1, 4).reshape(n, num_kv, group * length, head_dim)
@@ -147,8 +168,9 @@ def paged_attention(store: PagedKVStore, layer: int, meta: AttentionMetadata, q:
     return out.view(n, num_kv, group, length, head_dim).permute(0, 3, 1, 2, 4).reshape(n, length, num_heads * head_dim)
 
 
-def _grouped_decode_attention(store: PagedKVStore, layer: int, meta: AttentionMetadata, q: torch.Tensor,
-                              scale: float) -> torch.Tensor:
+def _grouped_decode_attention(
+    store: PagedKVStore, layer: int, meta: AttentionMetadata, q: torch.Tensor, scale: float
+) -> torch.Tensor:
     """Decode attention per ``meta.decode_groups``: each group gathers only its rows' first
     ``num_keys`` keys (``q`` ``[n, 1, H, D]`` -> ``[n, 1, H * D]``)."""
     n, _, num_heads, head_dim = q.shape

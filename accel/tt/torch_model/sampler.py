@@ -42,8 +42,9 @@ class PreparedSampling:
     wants_logprobs: bool
 
 
-def prepare_sampling(params: TTSamplingParams, positions: Sequence[int], vocab_size: int,
-                     device: torch.device) -> PreparedSampling:
+def prepare_sampling(
+    params: TTSamplingParams, positions: Sequence[int], vocab_size: int, device: torch.device
+) -> PreparedSampling:
     rows = len(positions)
     fields = {name: list(getattr(params, name)) for name in ("temperature", "top_k", "top_p", "seed", "num_logprobs")}
     for name, values in fields.items():
@@ -103,8 +104,7 @@ def _refuse_penalties(params: TTSamplingParams, rows: int) -> None:
             raise ValueError(f"the torch mesh program does not apply {name}; sample those batches on the host")
 
 
-def sample(logits: torch.Tensor, prep: PreparedSampling, generator: torch.Generator,
-           max_top_k: int) -> SampledOutput:
+def sample(logits: torch.Tensor, prep: PreparedSampling, generator: torch.Generator, max_top_k: int) -> SampledOutput:
     """``logits`` ``[rows, vocab]`` -> token ids int64 ``[rows]`` (+ logprobs ``[rows]``)."""
     logits = logits.float()
     if prep.is_all_greedy:
@@ -135,8 +135,9 @@ def sample(logits: torch.Tensor, prep: PreparedSampling, generator: torch.Genera
     return SampledOutput(token_ids=token_ids, logprobs=logprobs)
 
 
-def _exponential_noise(shape: torch.Size, prep: PreparedSampling, generator: torch.Generator,
-                       device: torch.device) -> torch.Tensor:
+def _exponential_noise(
+    shape: torch.Size, prep: PreparedSampling, generator: torch.Generator, device: torch.device
+) -> torch.Tensor:
     noise = torch.empty(shape, device=device).exponential_(generator=generator)
     seeded = [i for i, s in enumerate(prep.seeds) if s != NO_SEED]
     if seeded:

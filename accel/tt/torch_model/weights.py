@@ -45,8 +45,9 @@ def read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def load_weights(model_dir: str | Path, config: DecoderConfig, device: torch.device,
-                 dtype: torch.dtype) -> ModelWeights:
+def load_weights(
+    model_dir: str | Path, config: DecoderConfig, device: torch.device, dtype: torch.dtype
+) -> ModelWeights:
     raw = read_tensors(Path(model_dir))
 
     def get(name: str) -> torch.Tensor:
@@ -61,21 +62,27 @@ def load_weights(model_dir: str | Path, config: DecoderConfig, device: torch.dev
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
         biases = [maybe(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
-        layers.append(LayerWeights(
-            input_norm=get(p + "input_layernorm.weight"),
-            qkv=_as_matmul_weight(torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"], dim=0)),
-            qkv_bias=torch.cat(biases).contiguous() if all(b is not None for b in biases) else None,
-            o_proj=_as_matmul_weight(get(p + "self_attn.o_proj.weight")),
-            q_norm=maybe(p + "self_attn.q_norm.weight") if config.has_qk_norm else None,
-            k_norm=maybe(p + "self_attn.k_norm.weight") if config.has_qk_norm else None,
-            post_attention_norm=get(p + "post_attention_layernorm.weight"),
-            gate_up=_as_matmul_weight(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])),
-            down=_as_matmul_weight(get(p + "mlp.down_proj.weight")),
-        ))
+        layers.append(
+            LayerWeights(
+                input_norm=get(p + "input_layernorm.weight"),
+                qkv=_as_matmul_weight(torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"], dim=0)),
+                qkv_bias=torch.cat(biases).contiguous() if all(b is not None for b in biases) else None,
+                o_proj=_as_matmul_weight(get(p + "self_attn.o_proj.weight")),
+                q_norm=maybe(p + "self_attn.q_norm.weight") if config.has_qk_norm else None,
+                k_norm=maybe(p + "self_attn.k_norm.weight") if config.has_qk_norm else None,
+                post_attention_norm=get(p + "post_attention_layernorm.weight"),
+                gate_up=_as_matmul_weight(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])),
+                down=_as_matmul_weight(get(p + "mlp.down_proj.weight")),
+            )
+        )
     embed = get("model.embed_tokens.weight")
     is_tied = config.tie_word_embeddings or "lm_head.weight" not in raw
-    return ModelWeights(embed=embed, layers=tuple(layers), final_norm=get("model.norm.weight"),
-                        lm_head=embed if is_tied else _as_matmul_weight(get("lm_head.weight")))
+    return ModelWeights(
+        embed=embed,
+        layers=tuple(layers),
+        final_norm=get("model.norm.weight"),
+        lm_head=embed if is_tied else _as_matmul_weight(get("lm_head.weight")),
+    )
 
 
 def _as_matmul_weight(w: torch.Tensor) -> torch.Tensor:

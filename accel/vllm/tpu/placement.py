@@ -120,8 +120,9 @@ class SlicePlacement:
         }
 
 
-def create_slice_placement_group(placement: SlicePlacement, name: str = "",
-                                 head_reservation_timeout_s: float | None = 100.0) -> SlicePlacementGroup:
+def create_slice_placement_group(
+    placement: SlicePlacement, name: str = "", head_reservation_timeout_s: float | None = 100.0
+) -> SlicePlacementGroup:
     """Reserve one whole slice for ``placement`` (deferred mode) with Ray's SlicePlacementGroup.
 
     Blocks until the slice head is reserved (``head_reservation_timeout_s``); the returned
@@ -132,8 +133,9 @@ def create_slice_placement_group(placement: SlicePlacement, name: str = "",
     from ray.util.tpu import SlicePlacementGroup
 
     sl = placement.slice
-    logger.info("reserving a %s %s slice (%d hosts x %d chips)", sl.accelerator, sl.topology,
-                sl.num_hosts, sl.chips_per_host)
+    logger.info(
+        "reserving a %s %s slice (%d hosts x %d chips)", sl.accelerator, sl.topology, sl.num_hosts, sl.chips_per_host
+    )
     user_selectors = [dict(s) for s in placement.bundle_label_selector]
     handle = SlicePlacementGroup(
         topology=sl.topology,
@@ -145,8 +147,9 @@ def create_slice_placement_group(placement: SlicePlacement, name: str = "",
         head_reservation_timeout_s=head_reservation_timeout_s,
         bundle_label_selector=user_selectors,
     )
-    logger.info("slice placement group %s: bundles pinned by %s", handle.placement_group.id.hex(),
-                handle.bundle_label_selector)
+    logger.info(
+        "slice placement group %s: bundles pinned by %s", handle.placement_group.id.hex(), handle.bundle_label_selector
+    )
     return handle
 
 

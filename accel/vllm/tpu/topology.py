@@ -31,12 +31,12 @@ _CHIPS_PER_MULTI_HOST_VM = 4
 
 @dataclass(frozen=True)
 class _Generation:
-    name: str             # our spelling: v5e, v5p, v6e, v7x
-    ray_version: str      # Ray's accelerator version: v5litepod, v5p, v6e, v7x
-    num_dims: int         # 2 (torus) or 3 (3D torus)
-    cores_per_chip: int   # TensorCores per chip; pod type names count cores
-    single_host: dict[str, int]   # single-VM topologies -> chips on that VM
-    multi_host: frozenset[str]    # topologies built from 4-chip VMs
+    name: str  # our spelling: v5e, v5p, v6e, v7x
+    ray_version: str  # Ray's accelerator version: v5litepod, v5p, v6e, v7x
+    num_dims: int  # 2 (torus) or 3 (3D torus)
+    cores_per_chip: int  # TensorCores per chip; pod type names count cores
+    single_host: dict[str, int]  # single-VM topologies -> chips on that VM
+    multi_host: frozenset[str]  # topologies built from 4-chip VMs
 
 
 def _v5p_3d() -> frozenset[str]:
@@ -55,24 +55,39 @@ _GENERATIONS: dict[str, _Generation] = {
     "v5e": _Generation("v5e", "v5litepod", 2, 1, _2D_SINGLE, _2D_MULTI),
     "v6e": _Generation("v6e", "v6e", 2, 1, _2D_SINGLE, _2D_MULTI),
     "v5p": _Generation("v5p", "v5p", 3, 2, {"2x2x1": 4}, _v5p_3d()),
-    "v7x": _Generation("v7x", "v7x", 3, 2, {"2x2x1": 4}, frozenset({
-        "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16", "8x16x16"})),
+    "v7x": _Generation(
+        "v7x",
+        "v7x",
+        3,
+        2,
+        {"2x2x1": 4},
+        frozenset({"2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16", "8x16x16"}),
+    ),
 }
 
 # Spellings people use for the same generation (Ray, GKE machine families, Cloud TPU names).
 _ALIASES = {
-    "v5e": "v5e", "v5litepod": "v5e", "v5lite": "v5e", "tpu-v5litepod": "v5e", "tpu-v5e": "v5e",
-    "v6e": "v6e", "tpu-v6e": "v6e",
-    "v5p": "v5p", "tpu-v5p": "v5p",
-    "v7x": "v7x", "tpu7x": "v7x", "tpu-v7x": "v7x",
+    "v5e": "v5e",
+    "v5litepod": "v5e",
+    "v5lite": "v5e",
+    "tpu-v5litepod": "v5e",
+    "tpu-v5e": "v5e",
+    "v6e": "v6e",
+    "tpu-v6e": "v6e",
+    "v5p": "v5p",
+    "tpu-v5p": "v5p",
+    "v7x": "v7x",
+    "tpu7x": "v7x",
+    "tpu-v7x": "v7x",
 }
 
 
 def _generation(accelerator: str) -> _Generation:
     key = accelerator.strip().lower()
     if key not in _ALIASES:
-        raise ConfigError(f"accelerator_type: unknown TPU generation {accelerator!r}; "
-                          f"expected one of {sorted(_GENERATIONS)}")
+        raise ConfigError(
+            f"accelerator_type: unknown TPU generation {accelerator!r}; expected one of {sorted(_GENERATIONS)}"
+        )
     return _GENERATIONS[_ALIASES[key]]
 
 
@@ -93,8 +108,8 @@ class SliceTopology:
     """One TPU slice: ``num_hosts`` VMs x ``chips_per_host`` chips. Invariant:
     ``num_chips == num_hosts * chips_per_host == product of the topology's dims``."""
 
-    accelerator: str      # v5e | v5p | v6e | v7x
-    topology: str         # normalized, e.g. "4x4", "2x2x1"
+    accelerator: str  # v5e | v5p | v6e | v7x
+    topology: str  # normalized, e.g. "4x4", "2x2x1"
     chips_per_host: int
     num_hosts: int
 
@@ -146,14 +161,15 @@ def parse_slice(accelerator: str, topology: str, chips_per_host: int | None = No
     else:
         known = sorted(set(gen.single_host) | gen.multi_host, key=lambda s: (prod(map(int, s.split("x"))), s))
         shown = ", ".join(known[:12]) + (", ..." if len(known) > 12 else "")
-        raise ConfigError(f"topology: {gen.name} has no {norm} slice ({num_chips} chips); "
-                          f"valid: {shown}")
+        raise ConfigError(f"topology: {gen.name} has no {norm} slice ({num_chips} chips); valid: {shown}")
     if chips_per_host is None:
         chips_per_host = default_chips
     elif chips_per_host != default_chips:
         allowed = gen.num_dims == 2 and norm == "2x4" and chips_per_host == _CHIPS_PER_MULTI_HOST_VM
         if not allowed:
-            raise ConfigError(f"chips_per_host: a {gen.name} {norm} slice has {default_chips} chips per "
-                              f"host, not {chips_per_host}")
-    return SliceTopology(accelerator=gen.name, topology=norm, chips_per_host=chips_per_host,
-                         num_hosts=num_chips // chips_per_host)
+            raise ConfigError(
+                f"chips_per_host: a {gen.name} {norm} slice has {default_chips} chips per host, not {chips_per_host}"
+            )
+    return SliceTopology(
+        accelerator=gen.name, topology=norm, chips_per_host=chips_per_host, num_hosts=num_chips // chips_per_host
+    )

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 from accel.contract import EngineStats
 
-
 PEER_LOAD_PERIOD_S = 0.1  # how often each router replica publishes its in-flight counts
 
 
@@ -132,7 +131,9 @@ class LoadTracker:
         when known; the excess over our own count is other routers' load."""
         if replica_id not in self._in_flight:
             return  # a late report from a removed replica
-        num_foreign = 0 if num_reported_in_flight is None else max(0, num_reported_in_flight - self._in_flight[replica_id])
+        num_foreign = (
+            0 if num_reported_in_flight is None else max(0, num_reported_in_flight - self._in_flight[replica_id])
+        )
         self._stats[replica_id] = _Snapshot(stats.num_waiting, stats.kv_usage, num_foreign, self._clock())
         self._fresh = None
 
@@ -144,13 +145,14 @@ class LoadTracker:
         now_s = self._clock()
         if self._fresh is None or now_s > self._fresh_until_s:
             oldest_s = now_s - self._config.stats_max_age_s
-            fresh = {replica_id: snap for replica_id, snap in self._stats.items()
-                     if snap.received_s >= oldest_s}
+            fresh = {replica_id: snap for replica_id, snap in self._stats.items() if snap.received_s >= oldest_s}
             self._fresh = {r: (snap.num_waiting, snap.kv_usage) for r, snap in fresh.items()}
-            self._fresh_foreign = {r: snap.num_foreign_in_flight for r, snap in fresh.items()
-                                   if snap.num_foreign_in_flight}
-            self._fresh_until_s = (min(snap.received_s for snap in fresh.values())
-                                   + self._config.stats_max_age_s) if fresh else math.inf
+            self._fresh_foreign = {
+                r: snap.num_foreign_in_flight for r, snap in fresh.items() if snap.num_foreign_in_flight
+            }
+            self._fresh_until_s = (
+                (min(snap.received_s for snap in fresh.values()) + self._config.stats_max_age_s) if fresh else math.inf
+            )
         return self._fresh
 
     def apply_peer_in_flight(self, peer_id: str, counts: Mapping[str, int]) -> None:
@@ -175,8 +177,9 @@ class LoadTracker:
                     if replica_id in self._in_flight:
                         total[replica_id] = total.get(replica_id, 0) + n
             self._peer_foreign = total
-            self._peer_until_s = (min(t for _, t in self._peers.values()) + self._config.peer_max_age_s
-                                  if self._peers else math.inf)
+            self._peer_until_s = (
+                min(t for _, t in self._peers.values()) + self._config.peer_max_age_s if self._peers else math.inf
+            )
         if self._peers:
             return self._peer_foreign
         self.fresh_stats()

@@ -5,8 +5,9 @@ matches, loads and the session binding) and returns a ``Choice``. It holds no st
 replicas, so ``RouterCore`` owns all bookkeeping; the only policy state is round-robin's counter.
 
 Load score (``load_score``), in requests: ``in_flight + foreign_in_flight + w_queue * waiting +
-w_kv_usage * kv_usage``, the last three only from fresh stats (foreign = other router replicas'). In-flight is always present (tracked locally), so the score
-never freezes when stats are stale or missing.
+w_kv_usage * kv_usage``, the last three only from fresh stats (foreign = other router replicas').
+In-flight is always present (tracked locally), so the score never freezes when stats are stale or
+missing.
 
 Ties are broken deterministically by rendezvous hashing of (request tie key, replica): equal
 candidates spread over replicas by the prompt's first block (or the session key), yet every router
@@ -119,8 +120,7 @@ class RoutingPolicy(ABC):
     @abstractmethod
     def choose(self, ctx: RoutingContext) -> Choice: ...
 
-    def least_loaded(self, ctx: RoutingContext, view: LoadView,
-                     among: tuple[str, ...] | None = None) -> str:
+    def least_loaded(self, ctx: RoutingContext, view: LoadView, among: tuple[str, ...] | None = None) -> str:
         hashes, key = ctx.replica_hashes, ctx.tie_key
         return min(among or ctx.candidates, key=lambda r: (view.scores[r], tie_rank(key, hashes[r])))
 

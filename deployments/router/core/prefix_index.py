@@ -31,7 +31,6 @@ from typing import ClassVar
 
 from accel.block_hash import BlockHash
 from accel.contract import ConfigError
-
 from deployments.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 
@@ -292,6 +291,5 @@ def make_prefix_index(mode: str) -> PrefixIndex:
     """The index for ``mode``; an unknown name raises ``ConfigError`` listing the known ones."""
     cls = PREFIX_INDEX_MODES.get(mode)
     if cls is None:
-        raise ConfigError(f"router.index_mode: unknown mode {mode!r}; "
-                          f"known: {', '.join(sorted(PREFIX_INDEX_MODES))}")
+        raise ConfigError(f"router.index_mode: unknown mode {mode!r}; known: {', '.join(sorted(PREFIX_INDEX_MODES))}")
     return cls()

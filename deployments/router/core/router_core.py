@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 
 from accel.block_hash import BlockHash, hash_prompt_blocks
 from accel.contract import ConfigError, EngineStats
-
 from deployments.router.kv_events import KVEvent
+
 from .load import LoadConfig, LoadTracker, ReplicaLoad
 from .policy import CostWeights, RoutingContext, make_policy
 from .prefix_index import make_prefix_index
@@ -155,8 +155,7 @@ def stable_hash64(text: str) -> int:
 class RouterCore:
     """Router state plus decisions. Not thread-safe: the deployment calls it from one loop."""
 
-    def __init__(self, config: RouterConfig | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: RouterConfig | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config or RouterConfig()
         self._clock = clock
         self._policy = make_policy(self.config.policy, self.config.weights)
@@ -240,11 +239,13 @@ class RouterCore:
             block_size = request.block_size or self.config.block_size
             num_uncached = request.num_prompt_tokens - decode[1] * block_size
             if num_uncached >= self.config.pd_min_prompt_tokens:
-                prefill = self._choose_in(prefill_pool, (model, ReplicaRole.PREFILL), hashes,
-                                          f"prefill|{session}" if session else None)
+                prefill = self._choose_in(
+                    prefill_pool, (model, ReplicaRole.PREFILL), hashes, f"prefill|{session}" if session else None
+                )
                 self._plans[request.request_id] = (decode[0], prefill[0])
-                return Decision(request.request_id, decode[0].replica_id, prefill[0].replica_id,
-                                prefill[1], len(hashes), prefill[2])
+                return Decision(
+                    request.request_id, decode[0].replica_id, prefill[0].replica_id, prefill[1], len(hashes), prefill[2]
+                )
         # Short or mostly cached prompts (or no PD pools) run where they decode: colocated
         # replicas, else the decode pool prefills locally — on the replica holding the cache.
         if decode is not None and not both_pool:
@@ -260,9 +261,14 @@ class RouterCore:
         self._plans[request.request_id] = plans
         return decision
 
-    def _choose_in(self, pool: tuple[str, ...], pool_key: tuple[str, ReplicaRole],
-                   hashes: Sequence[BlockHash], session_key: str | None,
-                   allowed: frozenset[str] | None = None) -> tuple[_Plan, int, str]:
+    def _choose_in(
+        self,
+        pool: tuple[str, ...],
+        pool_key: tuple[str, ReplicaRole],
+        hashes: Sequence[BlockHash],
+        session_key: str | None,
+        allowed: frozenset[str] | None = None,
+    ) -> tuple[_Plan, int, str]:
         pool_set = self._pool_sets[pool_key] if allowed is None else self._pool_sets[pool_key] & allowed
         matched = self._index.match(hashes, pool_set)
         bound = self._sessions.bound_replica(session_key) if session_key else None

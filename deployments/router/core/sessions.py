@@ -22,8 +22,9 @@ from dataclasses import dataclass
 SESSION_HEADER = "x-session-id"
 
 
-def session_key_from(headers: Mapping[str, str] | None = None, user: str | None = None,
-                     prompt_cache_key: str | None = None) -> str | None:
+def session_key_from(
+    headers: Mapping[str, str] | None = None, user: str | None = None, prompt_cache_key: str | None = None
+) -> str | None:
     """The request's session key: ``x-session-id`` header (any case), else ``user``, else
     ``prompt_cache_key``; ``None`` when none is set or all are empty."""
     if headers:

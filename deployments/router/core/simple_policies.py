@@ -6,8 +6,7 @@ They exist as configurable choices and as baselines for the simulator; the defau
 
 from __future__ import annotations
 
-from .policy import (Choice, CostWeights, RoutingContext, RoutingPolicy, load_view, register_policy,
-                     tie_rank, without)
+from .policy import Choice, CostWeights, RoutingContext, RoutingPolicy, load_view, register_policy, tie_rank, without
 
 
 @register_policy
@@ -46,8 +45,9 @@ class PrefixPolicy(RoutingPolicy):
         if not ctx.matched_blocks:
             return Choice(self.least_loaded(ctx, load_view(ctx, self.weights)), "load")
         hashes, key, in_flight = ctx.replica_hashes, ctx.tie_key, ctx.in_flight
-        best = min(ctx.matched_blocks.items(),
-                   key=lambda item: (-item[1], in_flight[item[0]], tie_rank(key, hashes[item[0]])))
+        best = min(
+            ctx.matched_blocks.items(), key=lambda item: (-item[1], in_flight[item[0]], tie_rank(key, hashes[item[0]]))
+        )
         return Choice(best[0], "prefix")
 
 

@@ -2,7 +2,6 @@ import json
 import shutil
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
 from accel.kv_transfer.fingerprint import model_fingerprint

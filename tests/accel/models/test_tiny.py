@@ -6,19 +6,28 @@ from pathlib import Path
 
 
 def _digests(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_two_runs_are_byte_identical(tmp_path):
     for name in ("a", "b"):
-        subprocess.run([sys.executable, "-m", "accel.models.tiny", str(tmp_path / name)],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "accel.models.tiny", str(tmp_path / name)], check=True, capture_output=True
+        )
     a, b = _digests(tmp_path / "a"), _digests(tmp_path / "b")
     assert a == b
     for model in ("tiny-llama", "tiny-qwen3"):
-        for f in ("config.json", "model.safetensors", "generation_config.json",
-                  "tokenizer.json", "tokenizer_config.json"):
+        for f in (
+            "config.json",
+            "model.safetensors",
+            "generation_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ):
             assert f"{model}/{f}" in a
 
 

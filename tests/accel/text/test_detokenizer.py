@@ -1,10 +1,10 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accel.text.detokenizer import IncrementalDetokenizer
-from accel.text.tokenizer import load_tokenizer
 from accel.envs import ENVS
 from accel.models.tiny import ensure_checkpoints
+from accel.text.detokenizer import IncrementalDetokenizer
+from accel.text.tokenizer import load_tokenizer
 
 ensure_checkpoints(ENVS.checkpoint_dir)
 TOK = load_tokenizer(ENVS.checkpoint_dir / "tiny-llama")
@@ -15,7 +15,7 @@ def _stream(ids, chunks, skip_special=True):
     detok = IncrementalDetokenizer(TOK.fast, skip_special)
     parts, pos = [], 0
     for size in chunks:
-        parts.append(detok.step(ids[pos:pos + size]))
+        parts.append(detok.step(ids[pos : pos + size]))
         pos += size
     parts.append(detok.step(ids[pos:]))
     parts.append(detok.flush())
@@ -23,8 +23,7 @@ def _stream(ids, chunks, skip_special=True):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(0, VOCAB - 1), max_size=60), st.lists(st.integers(0, 4), max_size=20),
-       st.booleans())
+@given(st.lists(st.integers(0, VOCAB - 1), max_size=60), st.lists(st.integers(0, 4), max_size=20), st.booleans())
 def test_incremental_equals_full_decode(ids, chunks, skip_special):
     parts = _stream(ids, chunks, skip_special)
     assert "".join(parts) == TOK.decode(ids, skip_special_tokens=skip_special)

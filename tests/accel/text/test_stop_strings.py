@@ -41,12 +41,16 @@ def test_no_stop_releases_everything():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(alphabet="abcX", max_size=30), st.text(alphabet="abcX", min_size=1, max_size=4),
-       st.lists(st.integers(1, 5), max_size=30), st.booleans())
+@given(
+    st.text(alphabet="abcX", max_size=30),
+    st.text(alphabet="abcX", min_size=1, max_size=4),
+    st.lists(st.integers(1, 5), max_size=30),
+    st.booleans(),
+)
 def test_matches_whole_text_search(text, stop, cuts, include):
     deltas, pos = [], 0
     for c in cuts:
-        deltas.append(text[pos:pos + c])
+        deltas.append(text[pos : pos + c])
         pos += c
     deltas.append(text[pos:])
     got, hit, _ = _run(deltas, [stop], include)

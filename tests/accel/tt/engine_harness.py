@@ -15,14 +15,19 @@ from accel.tt.scripted_model import ScriptedMeshModel
 from accel.tt.step_plan import StepMode
 
 
-def make_engine(ckpt: Path, model_class: type = ScriptedMeshModel, tt: dict | None = None,
-                **args: Any) -> TTMeshEngine:
-    engine_args = dict(model=str(ckpt), max_num_seqs=4, data_parallel_size=4, block_size=16,
-                       max_model_len=256, max_num_batched_tokens=32, async_scheduling=True,
-                       additional_config={"tt": {"sample_on_device_mode": "all", **(tt or {})}})
+def make_engine(ckpt: Path, model_class: type = ScriptedMeshModel, tt: dict | None = None, **args: Any) -> TTMeshEngine:
+    engine_args = dict(
+        model=str(ckpt),
+        max_num_seqs=4,
+        data_parallel_size=4,
+        block_size=16,
+        max_model_len=256,
+        max_num_batched_tokens=32,
+        async_scheduling=True,
+        additional_config={"tt": {"sample_on_device_mode": "all", **(tt or {})}},
+    )
     engine_args.update(args)
-    return TTMeshEngine(TTEngineConfig.from_engine_args(engine_args), model_class=model_class,
-                        keep_step_log=True)
+    return TTMeshEngine(TTEngineConfig.from_engine_args(engine_args), model_class=model_class, keep_step_log=True)
 
 
 def greedy(max_tokens: int, **kw: Any) -> SamplingParams:
@@ -39,11 +44,13 @@ async def collect(engine: TTMeshEngine, request: GenerateRequest, delay_s: float
     return [d async for d in engine.generate(request)]
 
 
-def run_requests(engine: TTMeshEngine, requests: list[GenerateRequest],
-                 stagger_s: float = 0.0) -> dict[str, list[OutputDelta]]:
+def run_requests(
+    engine: TTMeshEngine, requests: list[GenerateRequest], stagger_s: float = 0.0
+) -> dict[str, list[OutputDelta]]:
     async def main():
         outs = await asyncio.gather(*[collect(engine, r, i * stagger_s) for i, r in enumerate(requests)])
         return {r.request_id: o for r, o in zip(requests, outs)}
+
     return asyncio.run(main())
 
 

@@ -31,14 +31,16 @@ class FakeRunner:
         def result(_):
             self.finalized.append(plan.step_id)
             return StepResult(tuple(100 * plan.step_id + r.row for r in plan.rows), None, use_device)
+
         return PendingStep(plan, lambda: None, result, use_device)
 
 
 def plan(step_id, rows=(0, 1), mode=StepMode.DECODE, pending=True, **sp):
     params = SamplingParams(temperature=0, **sp)
     token = (PENDING_TOKEN,) if pending else (5,)
-    return StepPlan(step_id, mode, 4, 1, tuple(
-        RowPlan(f"r{r}", 0, r, 10, 11, token, (0,), True, params, 0) for r in rows))
+    return StepPlan(
+        step_id, mode, 4, 1, tuple(RowPlan(f"r{r}", 0, r, 10, 11, token, (0,), True, params, 0) for r in rows)
+    )
 
 
 def ids(done):

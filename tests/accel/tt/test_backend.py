@@ -10,8 +10,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from accel.tt.backend import (NoTenstorrentDevice, TtnnEvent, TtnnMeshModel, load_mesh_model, open_backend,
-                              ttnn_error_reason)
+from accel.tt.backend import (
+    NoTenstorrentDevice,
+    TtnnEvent,
+    TtnnMeshModel,
+    load_mesh_model,
+    open_backend,
+    ttnn_error_reason,
+)
 from accel.tt.mesh_device import TTNN_CALLS, MeshDeviceConfig
 from accel.tt.registry import build_registry
 
@@ -54,7 +60,9 @@ def test_too_few_chips_for_the_mesh(ttnn_stub):
 
 
 def test_error_reason_keeps_the_human_line():
-    assert ttnn_error_reason(RuntimeError("TT_FATAL @ x.cpp:1: a\ninfo:\nthe reason\nbacktrace:\n --- f")) == "the reason"
+    assert (
+        ttnn_error_reason(RuntimeError("TT_FATAL @ x.cpp:1: a\ninfo:\nthe reason\nbacktrace:\n --- f")) == "the reason"
+    )
     assert ttnn_error_reason(RuntimeError("plain\nmore")) == "plain"
 
 
@@ -76,8 +84,16 @@ class _TakesKwargs:
 
 
 def test_loader_passes_only_accepted_keywords():
-    load_mesh_model(_OldStyle, llama_config(), None, 8, max_seq_len=4096, n_layers=2, tt_data_parallel=2,
-                    optimizations="performance")
+    load_mesh_model(
+        _OldStyle,
+        llama_config(),
+        None,
+        8,
+        max_seq_len=4096,
+        n_layers=2,
+        tt_data_parallel=2,
+        optimizations="performance",
+    )
     assert _OldStyle.seen == dict(max_batch_size=8, n_layers=2, tt_data_parallel=2)
     model = load_mesh_model(_TakesKwargs, llama_config(), None, 8, max_seq_len=4096, optimizations=None)
     assert model.kwargs == dict(max_seq_len=4096, optimizations=None)
@@ -89,22 +105,34 @@ def test_ttnn_path_end_to_end_with_fake_model(ttnn_stub):
     registry = build_registry(extra_models_dir=EXTRA_MODELS_DIR, include_builtins=True)
     backend = open_backend("ttnn", MeshDeviceConfig(grid=(1, 8), dispatch_core_axis="row"), registry=registry)
     assert backend.kind == "ttnn"
-    model = backend.load_model(llama_config(), 8, max_seq_len=256, n_layers=None, tt_data_parallel=4,
-                               optimizations="performance")  # the fake (older class) lacks optimizations
+    model = backend.load_model(
+        llama_config(), 8, max_seq_len=256, n_layers=None, tt_data_parallel=4, optimizations="performance"
+    )  # the fake (older class) lacks optimizations
     assert isinstance(model, TtnnMeshModel) and model.model_capabilities["supports_async_decode"]
     fake = model._model
     assert (fake.max_batch_size, fake.num_lanes, fake.max_seq_len) == (8, 4, 256)
     kv = model.allocate_kv_cache((16, 1, 32, 64), torch.bfloat16, 2)
-    logits = model.prefill_forward(tokens=torch.tensor([[5, 6, 7], [9, 0, 0]]),
-                                   page_table=torch.zeros(2, 8, dtype=torch.int32), kv_cache=kv,
-                                   prompt_lens=[3, 1], start_pos=[0, 0], empty_slots=[0, 7])
+    logits = model.prefill_forward(
+        tokens=torch.tensor([[5, 6, 7], [9, 0, 0]]),
+        page_table=torch.zeros(2, 8, dtype=torch.int32),
+        kv_cache=kv,
+        prompt_lens=[3, 1],
+        start_pos=[0, 0],
+        empty_slots=[0, 7],
+    )
     assert logits[:, 0].argmax(-1).tolist() == [8, 10]
     tokens = torch.zeros(8, 1, dtype=torch.int64)
     tokens[0, 0], tokens[7, 0] = 8, 10
     start_pos = torch.full((8,), -1, dtype=torch.int32)
     start_pos[0], start_pos[7] = 3, 1
-    handle = model.decode_forward(tokens=tokens, start_pos=start_pos, page_table=torch.zeros(8, 8, dtype=torch.int32),
-                                  kv_cache=kv, enable_trace=True, read_from_device=False)
+    handle = model.decode_forward(
+        tokens=tokens,
+        start_pos=start_pos,
+        page_table=torch.zeros(8, 8, dtype=torch.int32),
+        kv_cache=kv,
+        enable_trace=True,
+        read_from_device=False,
+    )
     out, events = model.read_decode_output(handle, async_read=True)
     assert len(events) == 1 and isinstance(events[0], TtnnEvent)
     for ev in events:
@@ -112,8 +140,15 @@ def test_ttnn_path_end_to_end_with_fake_model(ttnn_stub):
     host = model.process_decode_output_host(out, is_tokens=False)
     assert host[[0, 7]].argmax(-1).tolist() == [9, 11]
     sync_out, no_events = model.read_decode_output(
-        model.decode_forward(tokens=tokens, start_pos=start_pos, page_table=torch.zeros(8, 8, dtype=torch.int32),
-                             kv_cache=kv, read_from_device=False), async_read=False)
+        model.decode_forward(
+            tokens=tokens,
+            start_pos=start_pos,
+            page_table=torch.zeros(8, 8, dtype=torch.int32),
+            kv_cache=kv,
+            read_from_device=False,
+        ),
+        async_read=False,
+    )
     assert no_events == [] and torch.equal(sync_out[[0, 7]], host[[0, 7]])
     names = [c[0] for c in ttnn._stub_calls]
     assert names.index("record_event") < names.index("event_synchronize")
@@ -143,8 +178,14 @@ def test_torch_backend_loads_the_torch_mesh_model(tiny_qwen3):
     from accel.tt.torch_model import TorchMeshModel
 
     backend = open_backend("torch", registry=build_registry(extra_models_dir="", include_builtins=True))
-    model = backend.load_model(AutoConfig.from_pretrained(tiny_qwen3), 4, max_seq_len=128, n_layers=None,
-                               tt_data_parallel=2, optimizations="performance")
+    model = backend.load_model(
+        AutoConfig.from_pretrained(tiny_qwen3),
+        4,
+        max_seq_len=128,
+        n_layers=None,
+        tt_data_parallel=2,
+        optimizations="performance",
+    )
     try:
         assert isinstance(model, TorchMeshModel) and (model.num_lanes, model.per_lane) == (2, 2)
     finally:

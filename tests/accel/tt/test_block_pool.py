@@ -68,7 +68,7 @@ def test_lru_eviction_takes_oldest_free_block_and_reports_removal():
     hashes = hash_prompt_blocks([1, 2, 3, 4, 5, 6], 2)
     pool.cache_blocks(blocks, hashes)
     pool.take_kv_events()
-    pool.free([blocks[1]])   # freed first: least recently used
+    pool.free([blocks[1]])  # freed first: least recently used
     pool.free([blocks[0]])
     pool.free([blocks[2]])
     (fresh,) = pool.allocate(1)

@@ -6,14 +6,29 @@ import asyncio
 
 import pytest
 
-from accel.contract import (ConfigError, Engine, FinishReason, GenerateRequest, InvalidRequestError, KVTransferParams,
-                            SamplingParams)
+from accel.contract import (
+    ConfigError,
+    Engine,
+    FinishReason,
+    GenerateRequest,
+    InvalidRequestError,
+    KVTransferParams,
+    SamplingParams,
+)
 from accel.tt.config import TTEngineConfig
 from accel.tt.engine import TTMeshEngine
 from accel.tt.scripted_model import ScriptedMeshModel, expected_tokens
 from accel.tt.step_plan import StepMode
-from tests.accel.tt.engine_harness import (assert_lane_rules, assert_pool_full, collect, greedy, make_engine,
-                                           prompt_of, run_requests, tokens_of)
+from tests.accel.tt.engine_harness import (
+    assert_lane_rules,
+    assert_pool_full,
+    collect,
+    greedy,
+    make_engine,
+    prompt_of,
+    run_requests,
+    tokens_of,
+)
 
 VOCAB = 1024
 
@@ -46,8 +61,15 @@ def test_40_staggered_requests_4_lanes_exact_and_lane_rules(tiny_llama):
 
 
 def test_kv_pressure_forces_decode_retry_and_preemption_still_exact(tiny_llama):
-    engine = make_engine(tiny_llama, data_parallel_size=2, max_num_seqs=4, block_size=8, max_model_len=128,
-                         num_gpu_blocks_override=20, max_num_batched_tokens=64)
+    engine = make_engine(
+        tiny_llama,
+        data_parallel_size=2,
+        max_num_seqs=4,
+        block_size=8,
+        max_model_len=128,
+        num_gpu_blocks_override=20,
+        max_num_batched_tokens=64,
+    )
     try:
         reqs = [GenerateRequest(f"p{i}", prompt_of(i, 20 + (i * 13) % 40), greedy(40)) for i in range(16)]
         outs = run_requests(engine, reqs, stagger_s=0.001)
@@ -86,10 +108,12 @@ def test_repeated_prefix_hits_the_cache_with_identical_tokens(tiny_llama):
 def test_host_fallback_exactly_for_batches_that_need_it(tiny_llama):
     engine = make_engine(tiny_llama, data_parallel_size=2, max_num_seqs=2, async_scheduling=False)
     try:
-        reqs = [GenerateRequest("plain0", prompt_of(0, 10), greedy(6)),
-                GenerateRequest("lp", prompt_of(1, 12), greedy(3, logprobs=2)),
-                GenerateRequest("plain1", prompt_of(2, 9), greedy(10)),
-                GenerateRequest("pen", prompt_of(3, 5), greedy(2, presence_penalty=0.5))]
+        reqs = [
+            GenerateRequest("plain0", prompt_of(0, 10), greedy(6)),
+            GenerateRequest("lp", prompt_of(1, 12), greedy(3, logprobs=2)),
+            GenerateRequest("plain1", prompt_of(2, 9), greedy(10)),
+            GenerateRequest("pen", prompt_of(3, 5), greedy(2, presence_penalty=0.5)),
+        ]
         outs = run_requests(engine, reqs, stagger_s=0.01)
         for r in reqs:
             assert tokens_of(outs[r.request_id]) == expected_tokens(r.prompt_token_ids, r.sampling.max_tokens, VOCAB)
@@ -112,12 +136,17 @@ def test_seeded_sampling_reproduces(tiny_llama, host):
     engine = make_engine(tiny_llama, data_parallel_size=2, max_num_seqs=2)
     extra = {"logprobs": 0} if host else {}
     try:
+
         def seeded(rid):
-            return GenerateRequest(rid, prompt_of(5, 9), SamplingParams(temperature=1.0, seed=42, max_tokens=12,
-                                                                        ignore_eos=True, **extra))
+            return GenerateRequest(
+                rid, prompt_of(5, 9), SamplingParams(temperature=1.0, seed=42, max_tokens=12, ignore_eos=True, **extra)
+            )
+
         alone = tokens_of(run_requests(engine, [seeded("s1")])["s1"])
-        crowd = [GenerateRequest(f"c{i}", prompt_of(i, 4 + i), SamplingParams(temperature=1.0, max_tokens=9))
-                 for i in range(3)]
+        crowd = [
+            GenerateRequest(f"c{i}", prompt_of(i, 4 + i), SamplingParams(temperature=1.0, max_tokens=9))
+            for i in range(3)
+        ]
         together = run_requests(engine, crowd + [seeded("s2")], stagger_s=0.001)
         assert tokens_of(together["s2"]) == alone
         assert alone != expected_tokens(prompt_of(5, 9), 12, VOCAB)  # really sampled
@@ -128,6 +157,7 @@ def test_seeded_sampling_reproduces(tiny_llama, host):
 def test_abort_and_disconnect_free_every_block(tiny_llama):
     engine = make_engine(tiny_llama, data_parallel_size=2, max_num_seqs=2)
     try:
+
         async def main():
             got = []
             async for d in engine.generate(GenerateRequest("x", prompt_of(0, 30), greedy(200))):
@@ -138,6 +168,7 @@ def test_abort_and_disconnect_free_every_block(tiny_llama):
             await gen.__anext__()
             await gen.aclose()  # the client went away
             return got
+
         got = asyncio.run(main())
         assert got[-1].finish_reason is FinishReason.ABORT
         assert all(d.finish_reason is None for d in got[:-1])
@@ -152,16 +183,19 @@ def test_abort_and_disconnect_free_every_block(tiny_llama):
 def test_invalid_requests_raise_and_engine_survives(tiny_llama):
     engine = make_engine(tiny_llama, data_parallel_size=1, max_model_len=64)
     try:
+
         async def first(req):
             return await collect(engine, req)
+
         with pytest.raises(InvalidRequestError) as info:
             asyncio.run(first(GenerateRequest("long", prompt_of(0, 64), greedy(4))))
         assert info.value.field == "prompt" and "max_model_len is 64" in info.value.message
         with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
             asyncio.run(first(GenerateRequest("vocab", (5, 5000), greedy(4))))
         with pytest.raises(InvalidRequestError) as info:  # no kv_hooks attached
-            asyncio.run(first(GenerateRequest("kv", (5, 6), greedy(1),
-                                              kv_transfer=KVTransferParams(do_remote_decode=True))))
+            asyncio.run(
+                first(GenerateRequest("kv", (5, 6), greedy(1), kv_transfer=KVTransferParams(do_remote_decode=True)))
+            )
         assert info.value.field == "kv_transfer_params"
         # max_model_len ends generation: 60 + 4 = 64
         out = run_requests(engine, [GenerateRequest("edge", prompt_of(0, 60), greedy(100))])["edge"]
@@ -192,8 +226,7 @@ def test_stats_platform_and_api(tiny_llama):
         assert stats.platform == "tt-torch-cpu"
         assert stats.num_kv_blocks_total == 2 * engine.num_blocks_per_lane
         assert engine.max_model_len == 256 and engine.block_size == 16
-        assert engine.model.warmup_calls == [("prefill", False), ("decode", False),
-                                             ("prefill", True), ("decode", True)]
+        assert engine.model.warmup_calls == [("prefill", False), ("decode", False), ("prefill", True), ("decode", True)]
     finally:
         asyncio.run(engine.shutdown())
 
@@ -217,12 +250,10 @@ class NoCapabilitiesModel(ScriptedMeshModel):
 
 def test_capability_refusals_at_construction(tiny_llama):
     with pytest.raises(ConfigError, match="enable_prefix_caching: the model does not declare"):
-        make_engine(tiny_llama, model_class=NoCapabilitiesModel, enable_prefix_caching=True,
-                    async_scheduling=False)
+        make_engine(tiny_llama, model_class=NoCapabilitiesModel, enable_prefix_caching=True, async_scheduling=False)
     with pytest.raises(ConfigError, match="async_scheduling: the model does not declare"):
         make_engine(tiny_llama, model_class=NoCapabilitiesModel, async_scheduling=True)
-    engine = make_engine(tiny_llama, model_class=NoCapabilitiesModel, async_scheduling=False,
-                         data_parallel_size=1)
+    engine = make_engine(tiny_llama, model_class=NoCapabilitiesModel, async_scheduling=False, data_parallel_size=1)
     try:
         assert not engine.enable_prefix_caching  # default follows the model
         prompt = prompt_of(0, 5)
@@ -234,12 +265,12 @@ def test_capability_refusals_at_construction(tiny_llama):
 
 
 def test_kv_events_are_replica_level_across_lanes(tiny_llama):
-    engine = make_engine(tiny_llama, data_parallel_size=2, max_num_seqs=1, async_scheduling=False,
-                         num_gpu_blocks_override=16)
+    engine = make_engine(
+        tiny_llama, data_parallel_size=2, max_num_seqs=1, async_scheduling=False, num_gpu_blocks_override=16
+    )
     try:
         prompt = prompt_of(4, 40)  # 2 full blocks of 16
-        both = run_requests(engine, [GenerateRequest("a", prompt, greedy(2)),
-                                     GenerateRequest("b", prompt, greedy(2))])
+        both = run_requests(engine, [GenerateRequest("a", prompt, greedy(2)), GenerateRequest("b", prompt, greedy(2))])
         assert tokens_of(both["a"]) == tokens_of(both["b"])
         events = engine.take_kv_events()
         stored = [h for e in events if e.kind == "stored" for h in e.block_hashes]
@@ -265,8 +296,9 @@ class CellTransferHooks:
             return None
         assert r.block_ids, "export runs before the blocks are freed"
         bs = self.block_size
-        self.exported[r.req_id] = {p: self.model._cells[r.lane][(r.block_ids[p // bs], p % bs)]
-                                   for p in range(r.num_prompt_tokens)}
+        self.exported[r.req_id] = {
+            p: self.model._cells[r.lane][(r.block_ids[p // bs], p % bs)] for p in range(r.num_prompt_tokens)
+        }
         return KVTransferParams(do_remote_decode=True, transfer_id=f"t-{r.req_id}", num_tokens=r.num_prompt_tokens)
 
     def may_import(self, r):
@@ -289,31 +321,51 @@ class CellTransferHooks:
 
 def test_kv_hook_points_export_and_import(tiny_llama):
     hooks = CellTransferHooks(block_size=16)
-    engine = TTMeshEngine(TTEngineConfig.from_engine_args(dict(
-        model=str(tiny_llama), max_num_seqs=2, data_parallel_size=2, block_size=16, max_model_len=256,
-        max_num_batched_tokens=32, async_scheduling=True,
-        additional_config={"tt": {"sample_on_device_mode": "all"}})),
-        model_class=ScriptedMeshModel, keep_step_log=True, kv_hooks=hooks)
+    engine = TTMeshEngine(
+        TTEngineConfig.from_engine_args(
+            dict(
+                model=str(tiny_llama),
+                max_num_seqs=2,
+                data_parallel_size=2,
+                block_size=16,
+                max_model_len=256,
+                max_num_batched_tokens=32,
+                async_scheduling=True,
+                additional_config={"tt": {"sample_on_device_mode": "all"}},
+            )
+        ),
+        model_class=ScriptedMeshModel,
+        keep_step_log=True,
+        kv_hooks=hooks,
+    )
     hooks.model = engine.model
     waits = []
     wait_idle = engine.core.queue.wait_idle
     engine.core.queue.wait_idle = lambda: (waits.append(1), wait_idle())[1]
     try:
         prompt = prompt_of(8, 50)
-        pre = run_requests(engine, [GenerateRequest("pre", prompt, greedy(1),
-                                                    kv_transfer=KVTransferParams(do_remote_decode=True))])["pre"]
+        pre = run_requests(
+            engine, [GenerateRequest("pre", prompt, greedy(1), kv_transfer=KVTransferParams(do_remote_decode=True))]
+        )["pre"]
         ticket = pre[-1].kv_transfer
         assert ticket is not None and ticket.transfer_id == "t-pre" and ticket.num_tokens == 50
         # Drop the prefill replica's own cache so only the import can give a hit.
         for lane in engine.core.coordinator.lanes:
             lane.pool._cached.clear()
-        dec = GenerateRequest("dec", prompt, greedy(8),
-                              kv_transfer=KVTransferParams(do_remote_prefill=True, transfer_id="t-pre"))
+        dec = GenerateRequest(
+            "dec", prompt, greedy(8), kv_transfer=KVTransferParams(do_remote_prefill=True, transfer_id="t-pre")
+        )
         out = run_requests(engine, [dec])["dec"]
         assert tokens_of(out) == expected_tokens(prompt, 8, VOCAB)
         assert hooks.num_imported_blocks == 3 and out[-1].num_cached_tokens == 48
-        computed = sum(n for rec in engine.step_log if rec.mode is StepMode.PREFILL
-                       for rows in rec.lane_rows for rid, _, n in rows if rid == "dec")
+        computed = sum(
+            n
+            for rec in engine.step_log
+            if rec.mode is StepMode.PREFILL
+            for rows in rec.lane_rows
+            for rid, _, n in rows
+            if rid == "dec"
+        )
         assert computed == 2
         # Only the import waited for in-flight steps; the export request was added without waiting.
         assert len(waits) == 1
@@ -347,6 +399,7 @@ def test_a_failed_step_fails_its_requests_frees_blocks_and_the_engine_survives(t
 def test_duplicate_running_request_id_is_refused(tiny_llama):
     engine = make_engine(tiny_llama, data_parallel_size=1)
     try:
+
         async def main():
             first = engine.generate(GenerateRequest("same", prompt_of(0, 5), greedy(50)))
             await first.__anext__()
@@ -354,6 +407,7 @@ def test_duplicate_running_request_id_is_refused(tiny_llama):
                 await engine.generate(GenerateRequest("same", prompt_of(1, 5), greedy(2))).__anext__()
             rest = [d async for d in first]
             return rest
+
         rest = asyncio.run(main())
         assert rest[-1].finish_reason is FinishReason.LENGTH
         assert_pool_full(engine)

@@ -15,9 +15,19 @@ EOS = frozenset({1})
 
 
 def row(rid="a", num_output=0, history=None, end_pos=4, **sp):
-    return RowPlan(req_id=rid, lane=0, row=0, start_pos=end_pos - 1, end_pos=end_pos, input_token_ids=(3,),
-                   block_ids=(0,), samples=True, sampling=SamplingParams(**sp), num_output_tokens=num_output,
-                   history_token_ids=history)
+    return RowPlan(
+        req_id=rid,
+        lane=0,
+        row=0,
+        start_pos=end_pos - 1,
+        end_pos=end_pos,
+        input_token_ids=(3,),
+        block_ids=(0,),
+        samples=True,
+        sampling=SamplingParams(**sp),
+        num_output_tokens=num_output,
+        history_token_ids=history,
+    )
 
 
 def logits_row(top=5, second=6):

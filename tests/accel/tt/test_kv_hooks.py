@@ -24,8 +24,8 @@ APP = "tt-kv-test"
 def transport():
     from deployments.kv.connector_actor import get_or_create_kv_connector, kill_kv_connector
     from deployments.kv.ray_transport import RayKVTransport
-    ray.init(address="local", num_cpus=1, object_store_memory=100 << 20, include_dashboard=False,
-             log_to_driver=False)
+
+    ray.init(address="local", num_cpus=1, object_store_memory=100 << 20, include_dashboard=False, log_to_driver=False)
     get_or_create_kv_connector(APP)
     yield RayKVTransport(APP)
     kill_kv_connector(APP)
@@ -36,13 +36,21 @@ def _engine(tiny_llama, transport, **args):
     from accel.tt.engine import TTMeshEngine
     from accel.tt.kv_hooks import KVTransferHooks
     from accel.tt.torch_model import TorchMeshModel
-    engine = make_engine(tiny_llama, model_class=TorchMeshModel, tt={"enable_model_warmup": False},
-                         data_parallel_size=2, max_num_seqs=2, **args)
+
+    engine = make_engine(
+        tiny_llama,
+        model_class=TorchMeshModel,
+        tt={"enable_model_warmup": False},
+        data_parallel_size=2,
+        max_num_seqs=2,
+        **args,
+    )
     # make_engine builds without hooks; rebuild the same config with them attached.
     config = engine.config
     engine.close()
-    return TTMeshEngine(config, model_class=TorchMeshModel, keep_step_log=True,
-                        kv_hooks=KVTransferHooks(transport, str(tiny_llama)))
+    return TTMeshEngine(
+        config, model_class=TorchMeshModel, keep_step_log=True, kv_hooks=KVTransferHooks(transport, str(tiny_llama))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +69,14 @@ def _prompt(seed, n):
 
 def _stats():
     from deployments.kv.connector_actor import get_kv_connector
+
     return ray.get(get_kv_connector(APP).stats.remote())["registry"]
 
 
 def _pd(prefill, decode, rid, prompt, max_tokens=10):
-    pre = run_requests(prefill, [GenerateRequest(f"{rid}-p", prompt, greedy(1),
-                                                 kv_transfer=KVTransferParams(do_remote_decode=True))])[f"{rid}-p"]
+    pre = run_requests(
+        prefill, [GenerateRequest(f"{rid}-p", prompt, greedy(1), kv_transfer=KVTransferParams(do_remote_decode=True))]
+    )[f"{rid}-p"]
     ticket = pre[-1].kv_transfer
     out = run_requests(decode, [GenerateRequest(f"{rid}-d", prompt, greedy(max_tokens), kv_transfer=ticket)])
     return ticket, out[f"{rid}-d"]
@@ -88,7 +98,9 @@ def test_tt_to_tt_equals_hf_and_colocated(engines, tiny_llama, num_tokens):
     # blocks from its prefix cache, the partial tail preloaded — and never ran a prefill step for
     # the request: its last prompt token was the input of its first decode step.
     assert out[-1].num_cached_tokens == num_tokens - 1
-    steps = [rec.mode for rec in decode.step_log for lane in rec.lane_rows for row in lane if row[0] == f"r{num_tokens}-d"]
+    steps = [
+        rec.mode for rec in decode.step_log for lane in rec.lane_rows for row in lane if row[0] == f"r{num_tokens}-d"
+    ]
     assert steps and set(steps) == {StepMode.DECODE}
 
 
@@ -97,19 +109,31 @@ def test_payload_is_exactly_the_prefill_kv(engines, transport, tiny_llama):
     reference: K after RoPE, per layer, in the canonical [L, 2, T, Hkv, D] layout)."""
     prefill, _ = engines
     prompt = _prompt(5, 40)
-    pre = run_requests(prefill, [GenerateRequest("x-p", prompt, greedy(1),
-                                                 kv_transfer=KVTransferParams(do_remote_decode=True,
-                                                                              transfer_id="exact"))])["x-p"]
+    pre = run_requests(
+        prefill,
+        [
+            GenerateRequest(
+                "x-p", prompt, greedy(1), kv_transfer=KVTransferParams(do_remote_decode=True, transfer_id="exact")
+            )
+        ],
+    )["x-p"]
     assert pre[-1].kv_transfer.transfer_id == "exact"
     payload = transport.fetch("exact", 5)
     payload.descriptor.check_prompt(prompt)
     assert payload.kv.shape == (4, 2, 40, 2, 32) and payload.kv.dtype == torch.float32
     reference = hf_prompt_kv(tiny_llama, prompt)
-    assert torch.allclose(payload.kv, reference, atol=1e-4, rtol=1e-4), \
+    assert torch.allclose(payload.kv, reference, atol=1e-4, rtol=1e-4), (
         f"max |engine - HF| = {(payload.kv - reference).abs().max():.3g}"
+    )
     # A second export of the same prompt (served from the prefix cache) carries identical KV.
-    run_requests(prefill, [GenerateRequest("y-p", prompt, greedy(1),
-                                           kv_transfer=KVTransferParams(do_remote_decode=True, transfer_id="exact2"))])
+    run_requests(
+        prefill,
+        [
+            GenerateRequest(
+                "y-p", prompt, greedy(1), kv_transfer=KVTransferParams(do_remote_decode=True, transfer_id="exact2")
+            )
+        ],
+    )
     assert torch.equal(transport.fetch("exact2", 5).kv[:, :, :32], payload.kv[:, :, :32])
     transport.complete("exact")
     transport.complete("exact2")
@@ -117,6 +141,7 @@ def test_payload_is_exactly_the_prefill_kv(engines, transport, tiny_llama):
 
 def test_missing_and_mismatched_transfers_recompute(engines, tiny_llama, transport):
     from accel.kv_transfer.payload import KVDescriptor, KVPayload
+
     _, decode = engines
     prompt = _prompt(9, 70)
     expected = hf_greedy(tiny_llama, prompt, 8)
@@ -137,11 +162,17 @@ def _orchestrated(prefill, decode, rid, prompt, max_tokens=10):
     import asyncio
 
     from deployments.pd.orchestrator import PDOrchestrator
+
     orch = PDOrchestrator(metrics=False)
 
     async def go():
-        return [d async for d in orch.stream(GenerateRequest(rid, prompt, greedy(max_tokens)),
-                                             prefill.generate, decode.generate)]
+        return [
+            d
+            async for d in orch.stream(
+                GenerateRequest(rid, prompt, greedy(max_tokens)), prefill.generate, decode.generate
+            )
+        ]
+
     return orch, asyncio.run(go())
 
 
@@ -160,6 +191,7 @@ def test_actor_killed_mid_transfer_request_completes(engines, tiny_llama):
     the node's shared-memory store, not in the actor, so the hand-off still works (strictly better
     than recomputing); a ticket whose payload is gone makes the decode engine recompute."""
     from deployments.kv.connector_actor import get_kv_connector, get_or_create_kv_connector, kill_kv_connector
+
     prefill, decode = engines
     prompt = _prompt(78, 90)
     ray.kill(get_kv_connector(APP))
@@ -191,8 +223,13 @@ def test_prefix_tier_lets_another_replica_reuse_a_prefix(tiny_llama, transport):
     engines = []
     try:
         get_or_create_kv_connector(app, KVConnectorConfig(prefix_tier_bytes=16 << 20))
-        template = make_engine(tiny_llama, model_class=TorchMeshModel, tt={"enable_model_warmup": False},
-                               data_parallel_size=1, max_num_seqs=2)
+        template = make_engine(
+            tiny_llama,
+            model_class=TorchMeshModel,
+            tt={"enable_model_warmup": False},
+            data_parallel_size=1,
+            max_num_seqs=2,
+        )
         config = template.config
         template.close()
         for _ in range(2):

@@ -13,13 +13,20 @@ from accel.tt.step_plan import StepMode
 
 
 def make_coord(num_lanes=4, per_lane=2, num_blocks=32, block_size=4, budget=16, max_model_len=64, caching=True):
-    return LaneCoordinator([LaneScheduler(i, per_lane, BlockPool(num_blocks, block_size, caching, lane=i),
-                                          budget, max_model_len) for i in range(num_lanes)])
+    return LaneCoordinator(
+        [
+            LaneScheduler(i, per_lane, BlockPool(num_blocks, block_size, caching, lane=i), budget, max_model_len)
+            for i in range(num_lanes)
+        ]
+    )
 
 
 def make_req(rid, prompt_len, max_tokens=4):
-    req = GenerateRequest(rid, tuple(3 + (hash(rid) + j) % 500 for j in range(prompt_len)),
-                          SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    req = GenerateRequest(
+        rid,
+        tuple(3 + (hash(rid) + j) % 500 for j in range(prompt_len)),
+        SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+    )
     return RequestState.new(req, lane=-1)
 
 
@@ -102,8 +109,7 @@ def test_every_step_is_homogeneous_and_decode_interleaves_with_chunked_prefill()
 
 def test_zero_token_prefill_is_redone_as_decode():
     # Lane 0: "hog" holds every block but one; "stuck" waits for blocks. Lane 1 idle.
-    coord = make_coord(num_lanes=2, per_lane=2, num_blocks=5, block_size=4, budget=64, max_model_len=20,
-                       caching=False)
+    coord = make_coord(num_lanes=2, per_lane=2, num_blocks=5, block_size=4, budget=64, max_model_len=20, caching=False)
     d = Driver(coord)
     hog = make_req("hog", 15, max_tokens=3)
     d.add(hog)
@@ -128,12 +134,11 @@ def test_finished_ids_reach_the_next_plan():
 
 def test_random_load_no_deadlock_no_starvation_static_lanes_pool_back_to_full():
     rng = random.Random(7)
-    coord = make_coord(num_lanes=3, per_lane=3, num_blocks=12, block_size=4, budget=12, max_model_len=40,
-                       caching=True)
+    coord = make_coord(num_lanes=3, per_lane=3, num_blocks=12, block_size=4, budget=12, max_model_len=40, caching=True)
     d = Driver(coord)
     lane_of: dict[str, int] = {}
     pending = [make_req(f"r{i}", rng.randint(1, 30), max_tokens=rng.randint(1, 9)) for i in range(60)]
-    for step in range(3000):
+    for _ in range(3000):
         if pending and rng.random() < 0.5:
             r = pending.pop(0)
             d.add(r)

@@ -4,15 +4,29 @@ from __future__ import annotations
 
 import pytest
 
-from accel.tt.mesh_device import (MESH_PRESETS, TTNN_CALLS, MeshDeviceConfig, close_mesh, open_mesh,
-                                  parse_mesh_grid)
+from accel.tt.mesh_device import MESH_PRESETS, TTNN_CALLS, MeshDeviceConfig, close_mesh, open_mesh, parse_mesh_grid
 
 
-@pytest.mark.parametrize("name,grid", [
-    ("N150", (1, 1)), ("P100", (1, 1)), ("P150", (1, 1)), ("N300", (1, 2)), ("P300", (1, 2)),
-    ("P150x2", (1, 2)), ("N150x4", (1, 4)), ("P150x4", (1, 4)), ("P300x2", (1, 4)), ("T3K", (1, 8)),
-    ("P150x8", (1, 8)), ("TG", (8, 4)), ("BH-Galaxy", (8, 4)), ("(2, 4)", (2, 4)), ("(1,1)", (1, 1)),
-])
+@pytest.mark.parametrize(
+    "name,grid",
+    [
+        ("N150", (1, 1)),
+        ("P100", (1, 1)),
+        ("P150", (1, 1)),
+        ("N300", (1, 2)),
+        ("P300", (1, 2)),
+        ("P150x2", (1, 2)),
+        ("N150x4", (1, 4)),
+        ("P150x4", (1, 4)),
+        ("P300x2", (1, 4)),
+        ("T3K", (1, 8)),
+        ("P150x8", (1, 8)),
+        ("TG", (8, 4)),
+        ("BH-Galaxy", (8, 4)),
+        ("(2, 4)", (2, 4)),
+        ("(1,1)", (1, 1)),
+    ],
+)
 def test_presets_and_literals(name, grid):
     assert parse_mesh_grid(name) == grid
 
@@ -35,7 +49,7 @@ def test_config_validation():
 
 
 def _calls_within_declared_table(ttnn):
-    for name, args, kwargs in ttnn._stub_calls:
+    for name, _args, kwargs in ttnn._stub_calls:
         assert name in TTNN_CALLS, f"undeclared ttnn call {name}"
         assert set(kwargs) <= set(TTNN_CALLS[name]), f"{name} called with undeclared {set(kwargs)}"
 
@@ -54,13 +68,15 @@ def test_single_device_opens_without_fabric(ttnn_stub):
     _calls_within_declared_table(ttnn)
 
 
-@pytest.mark.parametrize("cluster,expected", [("GALAXY", "FABRIC_1D_RING"), ("BLACKHOLE_GALAXY", "FABRIC_2D_TORUS_XY"),
-                                              ("T3K", "FABRIC_1D")])
+@pytest.mark.parametrize(
+    "cluster,expected", [("GALAXY", "FABRIC_1D_RING"), ("BLACKHOLE_GALAXY", "FABRIC_2D_TORUS_XY"), ("T3K", "FABRIC_1D")]
+)
 def test_multi_device_default_fabric(ttnn_stub, cluster, expected):
     ttnn = ttnn_stub
     ttnn._stub_simulate(32, getattr(ttnn.cluster.ClusterType, cluster))
-    config = MeshDeviceConfig(grid=(8, 4), dispatch_core_axis="col", worker_l1_size=1344544,
-                              trace_region_size=220000000)
+    config = MeshDeviceConfig(
+        grid=(8, 4), dispatch_core_axis="col", worker_l1_size=1344544, trace_region_size=220000000
+    )
     mesh = open_mesh(ttnn, config)
     fabric_call = next(c for c in ttnn._stub_calls if c[0] == "set_fabric_config")
     assert fabric_call[2]["config"] is getattr(ttnn.FabricConfig, expected)
@@ -96,8 +112,15 @@ def test_without_chips_the_stub_raises_like_the_wheel(ttnn_stub):
 def test_from_tt_options():
     from types import SimpleNamespace
 
-    opts = SimpleNamespace(fabric_config="FABRIC_2D", fabric_reliability_mode="RELAXED_INIT", dispatch_core_axis="col",
-                           worker_l1_size=1344544, trace_region_size=None, l1_small_size=None, trace_mode="all")
+    opts = SimpleNamespace(
+        fabric_config="FABRIC_2D",
+        fabric_reliability_mode="RELAXED_INIT",
+        dispatch_core_axis="col",
+        worker_l1_size=1344544,
+        trace_region_size=None,
+        l1_small_size=None,
+        trace_mode="all",
+    )
     cfg = MeshDeviceConfig.from_tt_options(opts)
     assert cfg.grid is None and cfg.trace_region_size == 50_000_000 and cfg.l1_small_size == 0
     assert (cfg.fabric_config, cfg.dispatch_core_axis, cfg.worker_l1_size) == ("FABRIC_2D", "col", 1344544)

@@ -26,8 +26,9 @@ def test_mesh_kv_cache_is_bfloat8_b_unless_overridden(ttnn_stub):
     assert kv_dtype(backend) is ttnn.bfloat8_b
     assert kv_dtype(backend, "bfloat16") is ttnn.bfloat16
     assert kv_dtype(backend, "float32") is ttnn.float32
-    model = backend.load_model(SimpleNamespace(architectures=["LlamaForCausalLM"]), 8, max_seq_len=256,
-                               n_layers=None, tt_data_parallel=4)
+    model = backend.load_model(
+        SimpleNamespace(architectures=["LlamaForCausalLM"]), 8, max_seq_len=256, n_layers=None, tt_data_parallel=4
+    )
     model.allocate_kv_cache((16, 1, 32, 64), kv_dtype(backend), 2)
     assert model._model.kv_dtype is ttnn.bfloat8_b
     backend.close()
@@ -59,6 +60,7 @@ def test_torch_engine_stores_kv_in_the_requested_dtype(tiny_llama):
         assert all(len(tokens_of(deltas)) == 6 for deltas in out.values())
     finally:
         import asyncio
+
         asyncio.run(engine.shutdown())
 
 
@@ -75,9 +77,17 @@ def test_the_engine_drives_a_ttnn_model_through_its_event_adapter(ttnn_stub, tin
     ttnn._stub_simulate(8, ttnn.cluster.ClusterType.T3K)
     registry = build_registry(extra_models_dir=str(EXTRA_MODELS_DIR), include_builtins=True)
     backend = open_backend("ttnn", MeshDeviceConfig(grid=(1, 8), dispatch_core_axis="row"), registry=registry)
-    config = TTEngineConfig.from_engine_args(dict(
-        model=str(tiny_llama), max_num_seqs=2, data_parallel_size=4, block_size=32, max_model_len=256,
-        async_scheduling=True, additional_config={"tt": {"enable_model_warmup": False}}))
+    config = TTEngineConfig.from_engine_args(
+        dict(
+            model=str(tiny_llama),
+            max_num_seqs=2,
+            data_parallel_size=4,
+            block_size=32,
+            max_model_len=256,
+            async_scheduling=True,
+            additional_config={"tt": {"enable_model_warmup": False}},
+        )
+    )
     engine = TTMeshEngine(config, backend=backend)
     try:
         assert isinstance(engine.model, TtnnMeshModel)

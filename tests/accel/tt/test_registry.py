@@ -9,8 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from accel.contract import ConfigError
-from accel.tt.registry import (BUILTIN_MODELS, ModelRegistry, build_registry, resolve_model_class,
-                               tt_arch_name)
+from accel.tt.registry import BUILTIN_MODELS, ModelRegistry, build_registry, resolve_model_class, tt_arch_name
 from accel.tt.torch_model import TorchMeshModel
 
 
@@ -20,9 +19,17 @@ def cfg(*archs: str) -> SimpleNamespace:
 
 def test_builtins_cover_the_tt_metal_families():
     names = {e.tt_arch for e in BUILTIN_MODELS}
-    for arch in ("TTLlamaForCausalLM", "TTQwen2ForCausalLM", "TTQwen3ForCausalLM", "TTMistralForCausalLM",
-                 "TTGemma3ForConditionalGeneration", "TTDeepseekV3ForCausalLM", "TTGptOssForCausalLM",
-                 "TTQwen2_5_VLForConditionalGeneration", "TTMllamaForConditionalGeneration"):
+    for arch in (
+        "TTLlamaForCausalLM",
+        "TTQwen2ForCausalLM",
+        "TTQwen3ForCausalLM",
+        "TTMistralForCausalLM",
+        "TTGemma3ForConditionalGeneration",
+        "TTDeepseekV3ForCausalLM",
+        "TTGptOssForCausalLM",
+        "TTQwen2_5_VLForConditionalGeneration",
+        "TTMllamaForConditionalGeneration",
+    ):
         assert arch in names
     assert all(e.ttnn_class and ":" in e.ttnn_class and e.ttnn_class.startswith("models.") for e in BUILTIN_MODELS)
     assert {e.tt_arch for e in BUILTIN_MODELS if e.torch_class} == {"TTLlamaForCausalLM", "TTQwen3ForCausalLM"}
@@ -32,8 +39,10 @@ def test_torch_backend_resolves_llama_and_qwen3():
     registry = build_registry(extra_models_dir="", include_builtins=True)
     assert resolve_model_class(cfg("LlamaForCausalLM"), "torch", registry) is TorchMeshModel
     assert resolve_model_class(cfg("Qwen3ForCausalLM"), "torch", registry) is TorchMeshModel
-    assert registry.resolve_entry(cfg("LlamaForCausalLM")).ttnn_class == \
-        "models.tt_transformers.tt.generator_vllm:LlamaForCausalLM"
+    assert (
+        registry.resolve_entry(cfg("LlamaForCausalLM")).ttnn_class
+        == "models.tt_transformers.tt.generator_vllm:LlamaForCausalLM"
+    )
 
 
 @pytest.mark.parametrize("arch", ["Gemma3ForConditionalGeneration", "DeepseekV3ForCausalLM", "Qwen2ForCausalLM"])
@@ -103,8 +112,10 @@ def test_bad_metadata_is_a_config_error(tmp_path):
 def test_defaults_come_from_envs(monkeypatch):
     import accel.envs
 
-    monkeypatch.setattr(accel.envs, "ENVS", accel.envs.Envs(**{**vars(accel.envs.ENVS),
-                                                               "extra_models_dir": None,
-                                                               "tt_builtin_models": False}))
+    monkeypatch.setattr(
+        accel.envs,
+        "ENVS",
+        accel.envs.Envs(**{**vars(accel.envs.ENVS), "extra_models_dir": None, "tt_builtin_models": False}),
+    )
     assert build_registry().names() == []
     assert ModelRegistry().names() == []

@@ -48,23 +48,30 @@ class RecordingModel:
 
 
 def make_runner(device_mode=None, lanes=2, per_lane=3):
-    cfg = TTEngineConfig(model="x", max_num_seqs=per_lane, data_parallel_size=lanes, block_size=4,
-                         max_model_len=32)
+    cfg = TTEngineConfig(model="x", max_num_seqs=per_lane, data_parallel_size=lanes, block_size=4, max_model_len=32)
     model = RecordingModel(cfg.max_num_seqs_global)
     policy = SamplingPolicy(device_mode, False, {SUPPORTS_SAMPLE_ON_DEVICE: True})
     return MeshRunner(model, "KV", cfg, policy, frozenset({1}), VOCAB), model
 
 
 def row(rid, lane, slot, start, end, tokens, blocks, samples=True, **sp):
-    return RowPlan(req_id=rid, lane=lane, row=slot, start_pos=start, end_pos=end, input_token_ids=tokens,
-                   block_ids=blocks, samples=samples, sampling=SamplingParams(temperature=0, **sp),
-                   num_output_tokens=0)
+    return RowPlan(
+        req_id=rid,
+        lane=lane,
+        row=slot,
+        start_pos=start,
+        end_pos=end,
+        input_token_ids=tokens,
+        block_ids=blocks,
+        samples=samples,
+        sampling=SamplingParams(temperature=0, **sp),
+        num_output_tokens=0,
+    )
 
 
 def test_decode_carries_every_slot_with_empty_rows_at_minus_one():
     runner, model = make_runner()
-    plan = StepPlan(1, StepMode.DECODE, 3, 2, (row("a", 0, 1, 5, 6, (10,), (7, 8)),
-                                              row("b", 1, 3, 2, 3, (20,), (4,))))
+    plan = StepPlan(1, StepMode.DECODE, 3, 2, (row("a", 0, 1, 5, 6, (10,), (7, 8)), row("b", 1, 3, 2, 3, (20,), (4,))))
     result = runner.submit(plan).finalize()
     kind, kw = model.calls[-1]
     assert kind == "decode" and runner.num_dispatches == 1
@@ -89,9 +96,13 @@ def test_pending_tokens_are_fed_from_the_previous_step():
 
 def test_prefill_rows_are_front_packed_with_global_slots():
     runner, model = make_runner()
-    plan = StepPlan(1, StepMode.PREFILL, 3, 2, (
-        row("a", 0, 2, 0, 3, (5, 6, 7), (0,)),
-        row("b", 1, 4, 4, 6, (1, 2, 3, 4, 5, 9), (3, 5), samples=False)))
+    plan = StepPlan(
+        1,
+        StepMode.PREFILL,
+        3,
+        2,
+        (row("a", 0, 2, 0, 3, (5, 6, 7), (0,)), row("b", 1, 4, 4, 6, (1, 2, 3, 4, 5, 9), (3, 5), samples=False)),
+    )
     result = runner.submit(plan).finalize()
     kind, kw = model.calls[-1]
     assert kind == "prefill"
@@ -117,7 +128,15 @@ def test_device_sampling_params_are_padded_and_normalized():
 
 
 def test_device_sampling_row_normalization():
-    assert device_sampling_row(SamplingParams(temperature=0.8, top_k=0, top_p=0.9, seed=4), 64) == \
-        (0.8, 64, 0.9, 0.0, 0.0, 1.0, 4, -2)
+    assert device_sampling_row(SamplingParams(temperature=0.8, top_k=0, top_p=0.9, seed=4), 64) == (
+        0.8,
+        64,
+        0.9,
+        0.0,
+        0.0,
+        1.0,
+        4,
+        -2,
+    )
     assert device_sampling_row(SamplingParams(temperature=0.8, top_k=1, logprobs=2), 64)[:3] == (0.0, 1, 0.0)
     assert device_sampling_row(SamplingParams(temperature=0.8, top_k=100), 64)[1] == 64

@@ -13,8 +13,18 @@ CAPS = {SUPPORTS_SAMPLE_ON_DEVICE: True}
 
 
 def row(rid="a", samples=True, **sp):
-    return RowPlan(req_id=rid, lane=0, row=0, start_pos=0, end_pos=4, input_token_ids=(1, 2, 3, 4),
-                   block_ids=(0,), samples=samples, sampling=SamplingParams(**sp), num_output_tokens=0)
+    return RowPlan(
+        req_id=rid,
+        lane=0,
+        row=0,
+        start_pos=0,
+        end_pos=4,
+        input_token_ids=(1, 2, 3, 4),
+        block_ids=(0,),
+        samples=samples,
+        sampling=SamplingParams(**sp),
+        num_output_tokens=0,
+    )
 
 
 def plan(*rows, mode=StepMode.DECODE):
@@ -29,16 +39,19 @@ def test_plain_rows_sample_on_device():
     assert policy().use_device(plan(row(temperature=0), row("b", temperature=0.7, top_k=20)))
 
 
-@pytest.mark.parametrize("params, reason", [
-    ({"logprobs": 0}, "logprobs"),
-    ({"logprobs": 3}, "logprobs"),
-    ({"presence_penalty": 0.5}, "penalties"),
-    ({"frequency_penalty": 0.5}, "penalties"),
-    ({"repetition_penalty": 1.2}, "penalties"),
-    ({"logit_bias": {"5": 3.0}}, "logit_bias"),
-    ({"min_tokens": 2, "max_tokens": 8}, "min_tokens"),
-    ({"min_p": 0.1}, "min_p"),
-])
+@pytest.mark.parametrize(
+    "params, reason",
+    [
+        ({"logprobs": 0}, "logprobs"),
+        ({"logprobs": 3}, "logprobs"),
+        ({"presence_penalty": 0.5}, "penalties"),
+        ({"frequency_penalty": 0.5}, "penalties"),
+        ({"repetition_penalty": 1.2}, "penalties"),
+        ({"logit_bias": {"5": 3.0}}, "logit_bias"),
+        ({"min_tokens": 2, "max_tokens": 8}, "min_tokens"),
+        ({"min_p": 0.1}, "min_p"),
+    ],
+)
 def test_one_offending_row_sends_the_whole_batch_to_host(params, reason):
     p = plan(row("ok", temperature=0), row("bad", **params))
     assert not policy().use_device(p)

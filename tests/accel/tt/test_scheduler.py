@@ -14,8 +14,11 @@ def make_lane(num_blocks=16, block_size=4, per_lane=4, budget=8, max_model_len=6
 
 
 def make_req(rid, prompt_len, max_tokens=8, first=10):
-    req = GenerateRequest(rid, tuple(range(first, first + prompt_len)),
-                          SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    req = GenerateRequest(
+        rid,
+        tuple(range(first, first + prompt_len)),
+        SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+    )
     return RequestState.new(req, lane=0)
 
 
@@ -39,7 +42,7 @@ def test_chunked_prefill_respects_budget_and_samples_only_at_the_end():
         part = lane.schedule_prefill()
         (row,) = part.rows
         chunks.append((row.start_pos, row.end_pos, row.samples))
-        assert row.input_token_ids == tuple(r.token_ids[:row.end_pos])
+        assert row.input_token_ids == tuple(r.token_ids[: row.end_pos])
         assert len(row.block_ids) * 4 >= row.end_pos
         apply(lane, part.rows, reqs)
     assert chunks == [(0, 8, False), (8, 16, False), (16, 20, True)]
@@ -135,7 +138,7 @@ def test_admission_is_fifo_and_stops_at_a_request_that_does_not_fit():
     hog = make_req("hog", 6)
     reqs = {"big": big, "small": small, "hog": hog}
     lane.add(hog)
-    apply(lane, lane.schedule_prefill().rows, reqs)   # hog holds 2 of 4 blocks
+    apply(lane, lane.schedule_prefill().rows, reqs)  # hog holds 2 of 4 blocks
     lane.add(big)
     lane.add(small)
     part = lane.schedule_prefill()
@@ -156,10 +159,11 @@ def _preload(lane, r):
     """What ``KVTransferHooks.on_added`` leaves for an imported prompt: its full blocks (all but the
     last token's) cached and released, its partial tail in a block the request holds."""
     from accel.block_hash import hash_prompt_blocks
+
     bs = lane.block_size
     num_full = (r.num_tokens - 1) // bs
     blocks = lane.pool.allocate(num_full)
-    lane.pool.cache_blocks(blocks, hash_prompt_blocks(r.token_ids[:num_full * bs], bs))
+    lane.pool.cache_blocks(blocks, hash_prompt_blocks(r.token_ids[: num_full * bs], bs))
     lane.pool.free(blocks)
     if (r.num_tokens - 1) % bs:
         r.preloaded_block = lane.pool.allocate(1)[0]

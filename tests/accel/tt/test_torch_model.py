@@ -29,8 +29,9 @@ def model(model_dir):
     from transformers import AutoConfig
 
     torch.set_num_threads(1)
-    m = TorchMeshModel.initialize_vllm_model(AutoConfig.from_pretrained(model_dir), None, B_WIRE,
-                                             max_seq_len=MAX_SEQ_LEN, tt_data_parallel=NUM_LANES)
+    m = TorchMeshModel.initialize_vllm_model(
+        AutoConfig.from_pretrained(model_dir), None, B_WIRE, max_seq_len=MAX_SEQ_LEN, tt_data_parallel=NUM_LANES
+    )
     yield m
     m.close()
 
@@ -63,14 +64,25 @@ class Requests:
         self.num_computed = {s: 0 for s in prompts}
 
     def prefill(self, slots: list[int], chunk_tokens: int | None = None, **kw) -> object:
-        ends = [len(self.prompts[s]) if chunk_tokens is None else
-                min(len(self.prompts[s]), self.num_computed[s] + chunk_tokens) for s in slots]
+        ends = [
+            len(self.prompts[s])
+            if chunk_tokens is None
+            else min(len(self.prompts[s]), self.num_computed[s] + chunk_tokens)
+            for s in slots
+        ]
         width = max(ends)
         tokens = torch.full((len(slots), width), 2, dtype=torch.int64)
         for i, s in enumerate(slots):
-            tokens[i, :ends[i]] = torch.tensor(self.prompts[s][:ends[i]])
-        out = self.model.prefill_forward(tokens, self.page_table[slots], self.kv, prompt_lens=ends,
-                                         start_pos=[self.num_computed[s] for s in slots], empty_slots=slots, **kw)
+            tokens[i, : ends[i]] = torch.tensor(self.prompts[s][: ends[i]])
+        out = self.model.prefill_forward(
+            tokens,
+            self.page_table[slots],
+            self.kv,
+            prompt_lens=ends,
+            start_pos=[self.num_computed[s] for s in slots],
+            empty_slots=slots,
+            **kw,
+        )
         for s, end in zip(slots, ends):
             self.num_computed[s] = end
         return out
@@ -89,8 +101,10 @@ class Requests:
 def test_satisfies_protocol(model):
     assert isinstance(model, MeshModel)
     assert model.model_capabilities["max_device_top_k"] == 32
-    assert all(model.model_capabilities[k] for k in
-               ("supports_prefix_caching", "supports_async_decode", "supports_sample_on_device"))
+    assert all(
+        model.model_capabilities[k]
+        for k in ("supports_prefix_caching", "supports_async_decode", "supports_sample_on_device")
+    )
     assert len(model.allocate_kv_cache((NUM_BLOCKS, 2, BLOCK_SIZE, 32), torch.float32, 4)) == NUM_LANES
 
 
@@ -174,15 +188,19 @@ def test_top_k_and_top_p_restrict_candidates(model, kv):
     draws = set()
     for seed in range(3):
         out = Requests(model, kv, prompts).prefill(
-            list(range(B_WIRE)), sampling_params=sampling(B_WIRE, temperature=[5.0] * B_WIRE,
-                                                           top_k=[2] * B_WIRE, seed=[seed * 10 + r for r in range(B_WIRE)]))
+            list(range(B_WIRE)),
+            sampling_params=sampling(
+                B_WIRE, temperature=[5.0] * B_WIRE, top_k=[2] * B_WIRE, seed=[seed * 10 + r for r in range(B_WIRE)]
+            ),
+        )
         for r in range(B_WIRE):
             assert int(out.token_ids[r]) in top2[r].tolist()
             draws.add(int(out.token_ids[r]))
     assert len(draws) > 1  # temperature 5 over two candidates: both show up
     nucleus = Requests(model, kv, prompts).prefill(
-        list(range(B_WIRE)), sampling_params=sampling(B_WIRE, temperature=[1.0] * B_WIRE, top_k=[-1] * B_WIRE,
-                                                       top_p=[1e-6] * B_WIRE))
+        list(range(B_WIRE)),
+        sampling_params=sampling(B_WIRE, temperature=[1.0] * B_WIRE, top_k=[-1] * B_WIRE, top_p=[1e-6] * B_WIRE),
+    )
     assert nucleus.token_ids.tolist() == logits.argmax(-1).tolist()
 
 
@@ -196,8 +214,9 @@ def test_async_decode_equals_sync_and_really_runs_on_the_queue(model, kv):
             run.outputs[s].append(int(first.token_ids[i]))
         for _ in range(4):
             inputs = run.decode_inputs([1, 5])
-            params = sampling(B_WIRE, seed=[3] * B_WIRE, temperature=[0.7] * B_WIRE, top_k=[20] * B_WIRE,
-                              num_logprobs=[1] * B_WIRE)
+            params = sampling(
+                B_WIRE, seed=[3] * B_WIRE, temperature=[0.7] * B_WIRE, top_k=[20] * B_WIRE, num_logprobs=[1] * B_WIRE
+            )
             if is_async:
                 handle = model.decode_forward(*inputs, kv_cache=kv, read_from_device=False, sampling_params=params)
                 out, events = model.read_decode_output(handle, async_read=True)
@@ -217,9 +236,13 @@ def test_async_decode_equals_sync_and_really_runs_on_the_queue(model, kv):
 def test_decode_submit_returns_before_the_forward_runs(model, kv):
     gate = threading.Event()
     model._queue.submit(gate.wait)  # occupy the device queue
-    handle = model.decode_forward(torch.zeros(B_WIRE, 1, dtype=torch.int64), torch.full((B_WIRE,), -1),
-                                  torch.zeros(B_WIRE, MAX_BLOCKS_PER_REQ, dtype=torch.int32), kv,
-                                  read_from_device=False)
+    handle = model.decode_forward(
+        torch.zeros(B_WIRE, 1, dtype=torch.int64),
+        torch.full((B_WIRE,), -1),
+        torch.zeros(B_WIRE, MAX_BLOCKS_PER_REQ, dtype=torch.int32),
+        kv,
+        read_from_device=False,
+    )
     assert not handle.future.done()
     gate.set()
     _, events = model.read_decode_output(handle, async_read=True)
@@ -229,19 +252,27 @@ def test_decode_submit_returns_before_the_forward_runs(model, kv):
 
 def test_decode_requires_full_slot_batch(model, kv):
     with pytest.raises(ValueError, match="full slot batch"):
-        model.decode_forward(torch.zeros(2, 1, dtype=torch.int64), torch.tensor([0, -1]),
-                             torch.zeros(2, MAX_BLOCKS_PER_REQ, dtype=torch.int32), kv)
+        model.decode_forward(
+            torch.zeros(2, 1, dtype=torch.int64),
+            torch.tensor([0, -1]),
+            torch.zeros(2, MAX_BLOCKS_PER_REQ, dtype=torch.int32),
+            kv,
+        )
     with pytest.raises(ValueError, match="allocate_kv_cache"):
-        model.decode_forward(torch.zeros(B_WIRE, 1, dtype=torch.int64), torch.full((B_WIRE,), -1),
-                             torch.zeros(B_WIRE, MAX_BLOCKS_PER_REQ, dtype=torch.int32),
-                             [[[torch.zeros(1)] * 2] * 4] * NUM_LANES)
+        model.decode_forward(
+            torch.zeros(B_WIRE, 1, dtype=torch.int64),
+            torch.full((B_WIRE,), -1),
+            torch.zeros(B_WIRE, MAX_BLOCKS_PER_REQ, dtype=torch.int32),
+            [[[torch.zeros(1)] * 2] * 4] * NUM_LANES,
+        )
 
 
 def test_warmup_runs_each_bucket_once(model, kv):
     model.captured_shapes.clear()
     model.warmup_model_prefill(enable_trace=True, kv_cache=kv, can_sample_on_device=True)
-    model.warmup_model_decode(enable_trace=True, kv_cache=kv, max_batch_size=B_WIRE,
-                              num_blocks=MAX_BLOCKS_PER_REQ, can_sample_on_device=True)
+    model.warmup_model_decode(
+        enable_trace=True, kv_cache=kv, max_batch_size=B_WIRE, num_blocks=MAX_BLOCKS_PER_REQ, can_sample_on_device=True
+    )
     prefill = [(shape, v) for phase, shape, v in model.captured_shapes if phase == "prefill"]
     decode = [(shape, v) for phase, shape, v in model.captured_shapes if phase == "decode"]
     assert prefill == [((1, 128), "logits"), ((1, 128), "sampled")]  # max_seq_len 128: one bucket

@@ -26,7 +26,7 @@ from accel.tt.mesh_device import TTNN_ATTRIBUTES, TTNN_CALLS
 
 # Runs inside the ttnn venv: prints {name: {"exists", "params", "var_kw"}} for the requested names.
 # pybind11 functions often have no inspect signature; their docstrings carry one line per overload.
-_INTROSPECT = r'''
+_INTROSPECT = r"""
 import inspect, json, sys
 import ttnn
 
@@ -83,7 +83,7 @@ def describe(path):
 
 names = json.load(sys.stdin)
 print(json.dumps({n: describe(n) for n in names}))
-'''
+"""
 
 
 _NOT_IN_TTNN = "open_mesh_device_that_does_not_exist"
@@ -93,11 +93,14 @@ _NOT_IN_TTNN = "open_mesh_device_that_does_not_exist"
 def real_ttnn() -> dict:
     python = ENVS.ttnn_python
     if not python.exists():
-        pytest.skip(f"no Python with the real ttnn wheel at {python} (MESHSERVE_TTNN_PYTHON); "
-                    "see this module's docstring to create it")
+        pytest.skip(
+            f"no Python with the real ttnn wheel at {python} (MESHSERVE_TTNN_PYTHON); "
+            "see this module's docstring to create it"
+        )
     names = sorted(TTNN_CALLS) + list(TTNN_ATTRIBUTES) + [_NOT_IN_TTNN]
-    proc = subprocess.run([str(python), "-c", _INTROSPECT], input=json.dumps(names), capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [str(python), "-c", _INTROSPECT], input=json.dumps(names), capture_output=True, text=True, timeout=120
+    )
     if proc.returncode != 0 and "No module named 'ttnn'" in proc.stderr:
         pytest.skip(f"{python} cannot import ttnn")
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -9,16 +9,28 @@ from accel.vllm.tpu.topology import parse_slice
 
 
 def test_from_engine_args_passes_vllm_spellings_through():
-    args = {"model": "/ckpt/llama", "tensor_parallel_size": 8, "data_parallel_size": 2,
-            "enable_expert_parallel": True, "max_model_len": 4096, "max_num_seqs": 64,
-            "kv_cache_dtype": "fp8", "enable_prefix_caching": True, "async_scheduling": True,
-            "additional_config": {"sharding": {"sharding_strategy": {"tensor_parallelism": 8}}},
-            "block_size": 32, "dtype": "bfloat16", "enforce_eager": False, "seed": 3,
-            "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.8,
-            "kv_transfer_config": {"kv_connector": "TPUConnector", "kv_role": "kv_producer"}}
+    args = {
+        "model": "/ckpt/llama",
+        "tensor_parallel_size": 8,
+        "data_parallel_size": 2,
+        "enable_expert_parallel": True,
+        "max_model_len": 4096,
+        "max_num_seqs": 64,
+        "kv_cache_dtype": "fp8",
+        "enable_prefix_caching": True,
+        "async_scheduling": True,
+        "additional_config": {"sharding": {"sharding_strategy": {"tensor_parallelism": 8}}},
+        "block_size": 32,
+        "dtype": "bfloat16",
+        "enforce_eager": False,
+        "seed": 3,
+        "max_num_batched_tokens": 2048,
+        "gpu_memory_utilization": 0.8,
+        "kv_transfer_config": {"kv_connector": "TPUConnector", "kv_role": "kv_producer"},
+    }
     cfg = VllmEngineConfig.from_engine_args(args)
     out = cfg.engine_args(parse_slice("v6e", "2x4"), tensor_parallel_size=8)
-    assert out == args   # single host: no executor override, nothing added or renamed
+    assert out == args  # single host: no executor override, nothing added or renamed
 
 
 def test_unset_values_are_left_to_vllm():
@@ -40,9 +52,17 @@ def test_unknown_key_named():
         VllmEngineConfig.from_engine_args({"dtype": "float32"})
 
 
-@pytest.mark.parametrize("key,value", [("max_model_len", "512"), ("enforce_eager", 1),
-                                       ("max_num_seqs", 0), ("gpu_memory_utilization", 1.5),
-                                       ("additional_config", "x"), ("dtype", "")])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("max_model_len", "512"),
+        ("enforce_eager", 1),
+        ("max_num_seqs", 0),
+        ("gpu_memory_utilization", 1.5),
+        ("additional_config", "x"),
+        ("dtype", ""),
+    ],
+)
 def test_bad_values_named(key, value):
     with pytest.raises(ConfigError, match=f"^{key}:"):
         VllmEngineConfig.from_engine_args({"model": "m", key: value})
@@ -59,10 +79,9 @@ def test_every_field_is_an_async_engine_arg():
 
 def test_compile_cache_per_model(tmp_path: Path):
     a = VllmEngineConfig.from_engine_args({"model": "/ckpt/a/llama"}, xla_cache_root=tmp_path)
-    a2 = VllmEngineConfig.from_engine_args({"model": "/ckpt/a/llama", "max_num_seqs": 4},
-                                           xla_cache_root=tmp_path)
+    a2 = VllmEngineConfig.from_engine_args({"model": "/ckpt/a/llama", "max_num_seqs": 4}, xla_cache_root=tmp_path)
     b = VllmEngineConfig.from_engine_args({"model": "/ckpt/b/llama"}, xla_cache_root=tmp_path)
-    assert a.xla_cache_path == a2.xla_cache_path          # stable across restarts
-    assert a.xla_cache_path != b.xla_cache_path           # distinct per model
+    assert a.xla_cache_path == a2.xla_cache_path  # stable across restarts
+    assert a.xla_cache_path != b.xla_cache_path  # distinct per model
     assert a.xla_cache_path.parent == tmp_path
     assert model_slug("meta-llama/Llama-3.1-8B").startswith("Llama-3.1-8B-")

@@ -2,15 +2,35 @@ import dataclasses
 from types import SimpleNamespace
 
 from accel.contract import FinishReason, KVTransferParams, SamplingParams
-from accel.vllm.conversion import (from_vllm_kv_params, to_finish_reason, to_token_logprobs, to_vllm_kv_params,
-                               to_vllm_sampling_params)
+from accel.vllm.conversion import (
+    from_vllm_kv_params,
+    to_finish_reason,
+    to_token_logprobs,
+    to_vllm_kv_params,
+    to_vllm_sampling_params,
+)
 
 
 def test_every_contract_field_reaches_vllm():
-    sp = SamplingParams(temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, seed=11, max_tokens=33,
-                        min_tokens=2, stop=["\n\n"], stop_token_ids=[7, 9], include_stop_str_in_output=True,
-                        ignore_eos=True, logprobs=4, presence_penalty=0.5, frequency_penalty=-0.5,
-                        repetition_penalty=1.2, logit_bias={"5": -3.0}, skip_special_tokens=False)
+    sp = SamplingParams(
+        temperature=0.7,
+        top_p=0.9,
+        top_k=40,
+        min_p=0.05,
+        seed=11,
+        max_tokens=33,
+        min_tokens=2,
+        stop=["\n\n"],
+        stop_token_ids=[7, 9],
+        include_stop_str_in_output=True,
+        ignore_eos=True,
+        logprobs=4,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        repetition_penalty=1.2,
+        logit_bias={"5": -3.0},
+        skip_special_tokens=False,
+    )
     v = to_vllm_sampling_params(sp)
     matched_by_output_builder = {"stop", "include_stop_str_in_output"}
     for f in dataclasses.fields(SamplingParams):
@@ -25,15 +45,17 @@ def test_every_contract_field_reaches_vllm():
         else:
             assert theirs == ours, f.name
     from vllm.sampling_params import RequestOutputKind
+
     assert v.output_kind == RequestOutputKind.DELTA and v.detokenize is False
-    assert not v.stop   # stop strings are ours
+    assert not v.stop  # stop strings are ours
 
 
 def test_logprobs_mapping():
     lp = lambda logprob, rank: SimpleNamespace(logprob=logprob, rank=rank)  # noqa: E731
     # token 9 sampled at rank 3 (outside top-2); top-2 are 4 and 6
-    out = to_token_logprobs([9, 4], [{9: lp(-3.0, 3), 4: lp(-0.5, 1), 6: lp(-1.0, 2)},
-                                     {4: lp(-0.1, 1), 2: lp(-2.5, 2)}], num_top=2)
+    out = to_token_logprobs(
+        [9, 4], [{9: lp(-3.0, 3), 4: lp(-0.5, 1), 6: lp(-1.0, 2)}, {4: lp(-0.1, 1), 2: lp(-2.5, 2)}], num_top=2
+    )
     assert out[0].token_id == 9 and out[0].logprob == -3.0 and out[0].top == ((4, -0.5), (6, -1.0))
     assert out[1].top == ((4, -0.1), (2, -2.5))
     assert to_token_logprobs([1], None, 2) is None
@@ -48,11 +70,21 @@ def test_finish_reasons():
 
 def test_kv_transfer_params_ours_or_the_engine_connectors_unchanged():
     ours = KVTransferParams(do_remote_prefill=True, transfer_id="t", num_tokens=96)
-    assert to_vllm_kv_params(ours) == {"do_remote_decode": False, "do_remote_prefill": True,
-                                       "transfer_id": "t", "num_tokens": 96}
+    assert to_vllm_kv_params(ours) == {
+        "do_remote_decode": False,
+        "do_remote_prefill": True,
+        "transfer_id": "t",
+        "num_tokens": 96,
+    }
     assert from_vllm_kv_params(to_vllm_kv_params(ours), None) == ours
-    nixl = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
-            "remote_block_ids": None, "remote_host": None, "remote_port": None}
+    nixl = {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_engine_id": None,
+        "remote_block_ids": None,
+        "remote_host": None,
+        "remote_port": None,
+    }
     native = KVTransferParams(do_remote_decode=True, transfer_id="t", connector_params=nixl)
     assert to_vllm_kv_params(native) == nixl  # our transfer id stays on our side
     tpu = {"uuid": 99, "remote_host": "10.0.0.7", "remote_port": 9100}

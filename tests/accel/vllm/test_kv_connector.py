@@ -24,8 +24,7 @@ BLOCK_SIZE = 32
 
 @pytest.fixture(scope="module")
 def ray_address():
-    ray.init(address="local", num_cpus=1, object_store_memory=100 << 20, include_dashboard=False,
-             log_to_driver=False)
+    ray.init(address="local", num_cpus=1, object_store_memory=100 << 20, include_dashboard=False, log_to_driver=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 
@@ -33,6 +32,7 @@ def ray_address():
 @pytest.fixture(scope="module")
 def actor(ray_address):
     from deployments.kv.connector_actor import get_or_create_kv_connector, kill_kv_connector
+
     get_or_create_kv_connector(APP)
     yield
     kill_kv_connector(APP)
@@ -44,13 +44,24 @@ def engine(loop, tiny_llama, ray_address, actor, tmp_path_factory):
     from accel.vllm.engine import VllmEngine
 
     config = VllmEngineConfig.from_engine_args(
-        {"model": str(tiny_llama), "enforce_eager": True, "dtype": "float32", "max_model_len": 512,
-         "max_num_seqs": 4, "block_size": BLOCK_SIZE, "enable_prefix_caching": False,
-         "kv_transfer_config": {"kv_connector": "MeshServeConnector",
-                                "kv_connector_module_path": "accel.vllm.kv_connector",
-                                "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-                                "kv_connector_extra_config": {"app_name": APP, "ray_address": ray_address}}},
-        xla_cache_root=tmp_path_factory.mktemp("xla"))
+        {
+            "model": str(tiny_llama),
+            "enforce_eager": True,
+            "dtype": "float32",
+            "max_model_len": 512,
+            "max_num_seqs": 4,
+            "block_size": BLOCK_SIZE,
+            "enable_prefix_caching": False,
+            "kv_transfer_config": {
+                "kv_connector": "MeshServeConnector",
+                "kv_connector_module_path": "accel.vllm.kv_connector",
+                "kv_role": "kv_both",
+                "kv_load_failure_policy": "recompute",
+                "kv_connector_extra_config": {"app_name": APP, "ray_address": ray_address},
+            },
+        },
+        xla_cache_root=tmp_path_factory.mktemp("xla"),
+    )
 
     async def build():
         return VllmEngine(config, use_ray_metrics=False)
@@ -63,6 +74,7 @@ def engine(loop, tiny_llama, ray_address, actor, tmp_path_factory):
 def _run(loop, engine, request):
     async def run():
         return [d async for d in engine.generate(request)]
+
     return loop.run_until_complete(run())
 
 
@@ -76,19 +88,25 @@ def _greedy(max_tokens):
 
 
 def _prefill(loop, engine, rid, prompt, transfer_id=None):
-    deltas = _run(loop, engine, GenerateRequest(rid, tuple(prompt), _greedy(1),
-                                                kv_transfer=KVTransferParams(do_remote_decode=True,
-                                                                             transfer_id=transfer_id)))
+    deltas = _run(
+        loop,
+        engine,
+        GenerateRequest(
+            rid, tuple(prompt), _greedy(1), kv_transfer=KVTransferParams(do_remote_decode=True, transfer_id=transfer_id)
+        ),
+    )
     return deltas[-1].kv_transfer
 
 
 def _decode(loop, engine, rid, prompt, ticket, max_tokens=12):
-    return join_token_ids(_run(loop, engine, GenerateRequest(rid, tuple(prompt), _greedy(max_tokens),
-                                                             kv_transfer=ticket)))
+    return join_token_ids(
+        _run(loop, engine, GenerateRequest(rid, tuple(prompt), _greedy(max_tokens), kv_transfer=ticket))
+    )
 
 
 def _stats():
     from deployments.kv.connector_actor import get_kv_connector
+
     return ray.get(get_kv_connector(APP).stats.remote())["registry"]
 
 
@@ -120,6 +138,7 @@ def test_imported_kv_is_what_the_prefill_computed(loop, engine, tiny_llama):
     """The payload the decode side reads is the prompt's KV as HF transformers computes it, and a
     second export of the same prompt is identical."""
     from deployments.kv.ray_transport import RayKVTransport
+
     prompt = _prompt(7, 70)
     t1 = _prefill(loop, engine, "pa", prompt, transfer_id="same-a")
     t2 = _prefill(loop, engine, "pb", prompt, transfer_id="same-b")
@@ -128,8 +147,9 @@ def test_imported_kv_is_what_the_prefill_computed(loop, engine, tiny_llama):
     assert a.descriptor.num_tokens == 70 and torch.equal(a.kv, b.kv)
     a.descriptor.check_prompt(prompt)
     reference = hf_prompt_kv(tiny_llama, prompt)
-    assert torch.allclose(a.kv, reference, atol=1e-3, rtol=1e-3), \
+    assert torch.allclose(a.kv, reference, atol=1e-3, rtol=1e-3), (
         f"max |vLLM export - HF| = {(a.kv - reference).abs().max():.3g}"
+    )
     transport.complete(t1.transfer_id)
     transport.complete(t2.transfer_id)
 
@@ -145,6 +165,7 @@ def test_missing_transfer_recomputes(loop, engine, tiny_llama):
 def test_mismatched_model_is_refused_and_recomputed(loop, engine, tiny_llama):
     from accel.kv_transfer.payload import KVDescriptor, KVPayload
     from deployments.kv.ray_transport import RayKVTransport
+
     prompt = _prompt(13, 64)
     desc = KVDescriptor.for_prompt("another-model", torch.float32, 4, 2, 32, prompt, BLOCK_SIZE)
     RayKVTransport(APP).put("foreign", KVPayload(desc, torch.randn(desc.shape)), timeout_s=5)
@@ -168,10 +189,21 @@ def tt_engine(tiny_llama, actor):
     from accel.tt.kv_hooks import KVTransferHooks
     from accel.tt.torch_model import TorchMeshModel
     from deployments.kv.ray_transport import RayKVTransport
-    config = TTEngineConfig.from_engine_args(dict(
-        model=str(tiny_llama), max_num_seqs=2, data_parallel_size=2, block_size=16, max_model_len=512,
-        max_num_batched_tokens=64, additional_config={"tt": {"enable_model_warmup": False}}))
-    eng = TTMeshEngine(config, model_class=TorchMeshModel, kv_hooks=KVTransferHooks(RayKVTransport(APP), str(tiny_llama)))
+
+    config = TTEngineConfig.from_engine_args(
+        dict(
+            model=str(tiny_llama),
+            max_num_seqs=2,
+            data_parallel_size=2,
+            block_size=16,
+            max_model_len=512,
+            max_num_batched_tokens=64,
+            additional_config={"tt": {"enable_model_warmup": False}},
+        )
+    )
+    eng = TTMeshEngine(
+        config, model_class=TorchMeshModel, kv_hooks=KVTransferHooks(RayKVTransport(APP), str(tiny_llama))
+    )
     yield eng
     eng.close()
 
@@ -195,8 +227,13 @@ def test_vllm_to_tt_equals_hf(loop, engine, tt_engine, tiny_llama, num_tokens):
 def test_tt_to_vllm_equals_hf(loop, engine, tt_engine, tiny_llama, num_tokens):
     prompt = _prompt(200 + num_tokens, num_tokens)
     before = _stats()["num_completed"]
-    pre = _run_tt(loop, tt_engine, GenerateRequest(f"tv{num_tokens}", tuple(prompt), _greedy(1),
-                                                   kv_transfer=KVTransferParams(do_remote_decode=True)))
+    pre = _run_tt(
+        loop,
+        tt_engine,
+        GenerateRequest(
+            f"tv{num_tokens}", tuple(prompt), _greedy(1), kv_transfer=KVTransferParams(do_remote_decode=True)
+        ),
+    )
     ticket = pre[-1].kv_transfer
     assert ticket is not None and ticket.num_tokens == num_tokens
     assert _decode(loop, engine, f"tv-d{num_tokens}", prompt, ticket) == hf_greedy(tiny_llama, prompt, 12)
@@ -215,6 +252,7 @@ def test_colocated_equals_pd(loop, engine, tt_engine, tiny_llama):
 def test_actor_killed_mid_transfer_recomputes(loop, engine, tiny_llama):
     """Last in the module: it kills the actor (and recreates one for teardown)."""
     from deployments.kv.connector_actor import get_kv_connector, get_or_create_kv_connector
+
     prompt = _prompt(19, 100)
     ticket = _prefill(loop, engine, "pk", prompt)
     ray.kill(get_kv_connector(APP))

@@ -29,6 +29,7 @@ class FakeResponse:
             if self._error:
                 raise self._error
             return self._value
+
         return get().__await__()
 
 
@@ -106,8 +107,10 @@ class FakePoolHandle:
 
 
 def _client(router, pools=None, metrics=None):
-    pools = pools or {"tt": FakePoolHandle(lambda r: FakeStream([_delta(r.request_id, 1), _delta(r.request_id, 2, True)])),
-                      "vllm": FakePoolHandle(lambda r: FakeStream([_delta(r.request_id, 1, True)]))}
+    pools = pools or {
+        "tt": FakePoolHandle(lambda r: FakeStream([_delta(r.request_id, 1), _delta(r.request_id, 2, True)])),
+        "vllm": FakePoolHandle(lambda r: FakeStream([_delta(r.request_id, 1, True)])),
+    }
     return EngineClient(POOLS, router, pools, decision_timeout_s=0.05, retry_after_s=2, metrics=metrics), pools
 
 
@@ -122,6 +125,7 @@ def test_routes_to_the_chosen_replica_and_releases():
         assert len(deltas) == 1 and pools["vllm"].calls == [("r", "v1")]
         assert router.released == ["t7"] and not pools["vllm"].last.cancelled
         assert router.hints == ["R2"]  # released on the router replica that issued the ticket
+
     asyncio.run(run())
 
 
@@ -143,6 +147,7 @@ def test_unreachable_router_falls_back_locally_and_counts(router):
         assert deltas[-1].finished and pools["tt"].calls == [("r", None)]
         assert metrics.reasons in (["timeout"], ["RuntimeError"])
         assert router.released == [] and router.forgotten == ["r"]  # a late decision is not left counted
+
     asyncio.run(run())
 
 
@@ -154,6 +159,7 @@ def test_leaving_early_cancels_the_replica_call():
         await gen.__anext__()
         await gen.aclose()
         assert pools["tt"].last.cancelled and router.released == ["t1x"]
+
     asyncio.run(run())
 
 
@@ -167,11 +173,13 @@ def test_engine_errors_become_api_errors():
         assert (err.value.status, err.value.param) == (400, "logprobs")
 
         from ray.serve.exceptions import BackPressureError
+
         full = {"tt": FakePoolHandle(lambda r: FakeStream([], BackPressureError(5, 5, 503)))}
         client, _ = _client(router, pools=full)
         with pytest.raises(APIError) as err:
             [d async for d in client.stream(REQ, RouteRequest("r", "m", 2, pool="tt"))]
         assert err.value.status == 503 and err.value.headers() == {"Retry-After": "2"}
+
     asyncio.run(run())
 
 
@@ -200,6 +208,7 @@ def test_merge_interleaves_and_cancels_on_exit():
         await merged.__anext__()
         await merged.aclose()
         assert {"c", "d"} <= set(closed)
+
     asyncio.run(run())
 
 
@@ -212,13 +221,18 @@ class DyingStream(FakeStream):
 
 def _dead_actor_error():
     from ray.exceptions import ActorUnavailableError
+
     return ActorUnavailableError("Actor is unavailable.", bytes.fromhex("ab" * 16))
 
 
 def test_dead_replica_before_any_output_is_reported_and_retried_elsewhere():
     async def run():
-        router = FakeRouterHandle([RouteDecision("tt", "t1", "r", "prefix", router_replica_id="R1"),
-                                   RouteDecision("tt", "t2", "r#retry", "load", router_replica_id="R1")])
+        router = FakeRouterHandle(
+            [
+                RouteDecision("tt", "t1", "r", "prefix", router_replica_id="R1"),
+                RouteDecision("tt", "t2", "r#retry", "load", router_replica_id="R1"),
+            ]
+        )
         calls = []
 
         def make(request):
@@ -238,6 +252,7 @@ def test_dead_replica_before_any_output_is_reported_and_retried_elsewhere():
         assert retry.affinity_key == route.affinity_key  # decided by the same router replica
         assert router.dead_reports == [("t1", "ab" * 16)]
         assert router.released == ["r", "r#retry"]
+
     asyncio.run(run())
 
 
@@ -254,6 +269,7 @@ def test_dead_replica_after_output_began_is_a_503_and_reported():
         assert len(got) == 1 and err.value.status == 503 and err.value.headers() == {"Retry-After": "2"}
         assert router.dead_reports == [("t1", "ab" * 16)] and len(router.routes) == 1
         assert router.released == ["r"]
+
     asyncio.run(run())
 
 
@@ -268,4 +284,5 @@ def test_a_dependency_dying_inside_a_live_replica_is_not_a_replica_death():
             [d async for d in client.stream(REQ, RouteRequest("r", "m", 2))]
         await asyncio.sleep(0.01)
         assert err.value.status == 500 and router.dead_reports == [] and len(router.routes) == 1
+
     asyncio.run(run())

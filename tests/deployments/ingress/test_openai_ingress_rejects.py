@@ -26,12 +26,23 @@ class Metrics:
 
 
 def _ingress(tiny_llama, max_concurrent: int = 8) -> tuple[OpenAIIngress, Metrics]:
-    config = load_app_config({
-        "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
-        "pools": [{"name": "tt", "engine": "tt", "accelerator": "cpu", "model": "tiny-llama", "replicas": 1,
-                   "engine_args": {"max_model_len": 128}}],
-        "ingress": {"max_concurrent_requests": max_concurrent},
-    }, "test_ingress_rejects")
+    config = load_app_config(
+        {
+            "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
+            "pools": [
+                {
+                    "name": "tt",
+                    "engine": "tt",
+                    "accelerator": "cpu",
+                    "model": "tiny-llama",
+                    "replicas": 1,
+                    "engine_args": {"max_model_len": 128},
+                }
+            ],
+            "ingress": {"max_concurrent_requests": max_concurrent},
+        },
+        "test_ingress_rejects",
+    )
     ingress = OpenAIIngress(config, router_handle=None, pool_handles={})
     metrics = Metrics()
     ingress._metrics = metrics
@@ -43,6 +54,7 @@ def _request(body: dict) -> Request:
 
     async def receive():
         return {"type": "http.request", "body": payload, "more_body": False}
+
     return Request({"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}, receive)
 
 
@@ -52,9 +64,9 @@ def test_rejects_are_labelled_with_the_served_model(tiny_llama):
     async def run():
         unknown = await ingress._handle(_request({"model": "no-such-model", "prompt": "hi"}), is_chat=False)
         too_long = await ingress._handle(_request({"model": "tiny-llama", "prompt": "hi " * 400}), is_chat=False)
-        bad = await ingress._handle(_request({"model": "tiny-llama", "prompt": "hi", "temperature": -1}),
-                                    is_chat=False)
+        bad = await ingress._handle(_request({"model": "tiny-llama", "prompt": "hi", "temperature": -1}), is_chat=False)
         return unknown.status_code, too_long.status_code, bad.status_code
+
     assert asyncio.run(run()) == (404, 400, 400)
     # The unknown name is not a label value: with one served model, that model's name is used.
     assert metrics.rejects == [("tiny-llama", 404), ("tiny-llama", 400), ("tiny-llama", 400)]

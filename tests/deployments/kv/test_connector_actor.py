@@ -12,8 +12,12 @@ from accel.kv_transfer.transport import KVCapacityError, KVTransferError, KVTran
 
 ray = pytest.importorskip("ray")
 
-from deployments.kv.connector_actor import (KVConnectorConfig, get_kv_connector,  # noqa: E402
-                                            get_or_create_kv_connector, kill_kv_connector)
+from deployments.kv.connector_actor import (  # noqa: E402
+    KVConnectorConfig,
+    get_kv_connector,
+    get_or_create_kv_connector,
+    kill_kv_connector,
+)
 from deployments.kv.ray_transport import RayKVTransport  # noqa: E402
 
 MIB = 1 << 20
@@ -76,6 +80,7 @@ def test_payload_survives_the_producer_dropping_its_reference(app, data_path):
     payload = _payload(seed=3)
     RayKVTransport(app).put("t1", payload, timeout_s=5)
     import gc
+
     gc.collect()
     assert torch.equal(RayKVTransport(app).fetch("t1", timeout_s=5).kv, payload.kv)
 
@@ -168,6 +173,7 @@ def test_consumer_on_another_node_pulls_through_a_pinned_task(app, tmp_path):
 
 def test_kill_removes_the_shared_memory_store(ray_cluster):
     from deployments.kv.connector_actor import shm_store_path
+
     get_or_create_kv_connector("teardown-app")
     RayKVTransport("teardown-app").put("t1", _payload(), timeout_s=5)
     assert shm_store_path("teardown-app").is_dir()
@@ -191,6 +197,7 @@ def test_stores_of_stopped_clusters_are_removed(ray_cluster):
     import socket
 
     from deployments.kv.connector_actor import shm_store_path
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead_port = s.getsockname()[1]  # closed again: nothing listens there

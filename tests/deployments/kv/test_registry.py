@@ -60,6 +60,7 @@ def test_put_claim_complete_frees():
         assert ("on_complete", desc.num_bytes, 1.5) in metrics.events
         with pytest.raises(KVTransferNotFound):
             reg.claim("t1")
+
     asyncio.run(run())
 
 
@@ -82,6 +83,7 @@ def test_lease_expiry_frees_the_payload():
         assert any(e[0] == "on_expire" for e in metrics.events)
         with pytest.raises(KVTransferNotFound, match="lease expired"):
             reg.claim("t1")
+
     asyncio.run(run())
 
 
@@ -93,12 +95,14 @@ def test_reservation_without_commit_expires_too():
             reg.claim("t1")
         clock.now += 31
         assert reg.expire() == ["t1"] and reg.stats().num_bytes_used == 0
+
     asyncio.run(run())
 
 
 def test_capacity_full_backpressure_then_clear_failure():
     """A put that does not fit waits; when space frees in time it succeeds, otherwise it fails
     loudly — every put ends committed or with an error, none vanishes."""
+
     async def run():
         reg, clock, metrics = _registry(capacity=3 * 256)  # three 8-token transfers of 256 bytes
         for i in range(3):
@@ -116,6 +120,7 @@ def test_capacity_full_backpressure_then_clear_failure():
         assert ("on_reject", "capacity") in metrics.events
         # the rejected put freed nothing and took nothing
         assert all(reg.contains(t) for t in ("t1", "t2", "t3"))
+
     asyncio.run(run())
 
 
@@ -129,6 +134,7 @@ def test_waiting_put_proceeds_when_a_lease_expires():
         reg.expire()
         await asyncio.wait_for(waiter, 1.0)
         assert reg.contains("new") and not reg.contains("old")
+
     asyncio.run(run())
 
 
@@ -144,6 +150,7 @@ def test_oversized_and_duplicate_puts_fail():
             reg.commit("a", _desc(8), Payload())
         reg.cancel("a")
         assert reg.stats().num_bytes_used == 0
+
     asyncio.run(run())
 
 

@@ -10,8 +10,7 @@ import dataclasses
 
 import pytest
 
-from accel.contract import (FinishReason, GenerateRequest, KVTransferParams, OutputDelta, SamplingParams,
-                            join_token_ids)
+from accel.contract import FinishReason, GenerateRequest, KVTransferParams, OutputDelta, SamplingParams, join_token_ids
 from accel.kv_transfer.transport import KVTransferError, KVTransferNotFound
 from deployments.kv.registry import KVRegistry
 from deployments.pd.native_handoff import NIXL_PREFILL_PARAMS, NativeKVHandoff
@@ -64,7 +63,9 @@ class NativeEngine:
         kv = request.kv_transfer
         if kv is not None and kv.connector_params is not None and kv.connector_params.get("do_remote_decode"):
             returned = KVTransferParams(connector_params=self.returned) if self.returned else None
-            yield OutputDelta(request.request_id, (9,), "", 4, 1, finish_reason=FinishReason.LENGTH, kv_transfer=returned)
+            yield OutputDelta(
+                request.request_id, (9,), "", 4, 1, finish_reason=FinishReason.LENGTH, kv_transfer=returned
+            )
             return
         yield OutputDelta(request.request_id, (1,), "", 4, 1)
         yield OutputDelta(request.request_id, (2, 3), "", 4, 3, finish_reason=FinishReason.LENGTH)
@@ -72,6 +73,7 @@ class NativeEngine:
 
 def replica_call(handoff: NativeKVHandoff, engine):
     """What ``VllmReplica.generate`` does around its engine on a native pool."""
+
     async def call(request):
         if request.kv_transfer is not None:
             request = await handoff.engine_request(request)
@@ -79,6 +81,7 @@ def replica_call(handoff: NativeKVHandoff, engine):
             if delta.finished and request.kv_transfer is not None:
                 delta = await handoff.finished_delta(request, delta)
             yield delta
+
     return call
 
 
@@ -92,6 +95,7 @@ def _setup(lease_s=30.0, returned=TPU_PARAMS):
 def _stream(orch, prefill, decode):
     async def go():
         return [d async for d in orch.stream(REQ, prefill, decode)]
+
     return asyncio.run(go())
 
 
@@ -142,8 +146,9 @@ def test_a_refused_put_means_no_ticket():
     registry, _, handoff, prefill_engine, _ = _setup()
 
     async def run():
-        request = await handoff.engine_request(dataclasses.replace(
-            REQ, kv_transfer=KVTransferParams(do_remote_decode=True, transfer_id="t1")))
+        request = await handoff.engine_request(
+            dataclasses.replace(REQ, kv_transfer=KVTransferParams(do_remote_decode=True, transfer_id="t1"))
+        )
         registry.put_params("t1", {"taken": True})  # the id is already held
         delta = [d async for d in prefill_engine(request)][-1]
         return await handoff.finished_delta(request, delta)
@@ -155,10 +160,18 @@ def test_aborted_prefill_registers_nothing():
     registry, _, handoff, _, _ = _setup()
 
     async def run():
-        request = await handoff.engine_request(dataclasses.replace(
-            REQ, kv_transfer=KVTransferParams(do_remote_decode=True, transfer_id="t1")))
-        aborted = OutputDelta("r1", (), "", 4, 0, finish_reason=FinishReason.ABORT,
-                              kv_transfer=KVTransferParams(connector_params=TPU_PARAMS))
+        request = await handoff.engine_request(
+            dataclasses.replace(REQ, kv_transfer=KVTransferParams(do_remote_decode=True, transfer_id="t1"))
+        )
+        aborted = OutputDelta(
+            "r1",
+            (),
+            "",
+            4,
+            0,
+            finish_reason=FinishReason.ABORT,
+            kv_transfer=KVTransferParams(connector_params=TPU_PARAMS),
+        )
         return await handoff.finished_delta(request, aborted)
 
     assert asyncio.run(run()).kv_transfer is None and registry.stats().num_params == 0

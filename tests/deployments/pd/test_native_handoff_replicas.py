@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 ray = pytest.importorskip("ray")
 
-APP = "default"   # app_name() outside a Serve replica
+APP = "default"  # app_name() outside a Serve replica
 LEASE_S = 4.0
 
 
@@ -40,16 +40,35 @@ def actor(serve_session):
 def pools(tiny_llama):
     from serve_app.config import load_app_config
 
-    connector = {"kv_connector": "MeshServeConnector", "kv_connector_module_path": "accel.vllm.kv_connector",
-                 "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}
-    engine_args = {"max_model_len": 512, "max_num_seqs": 4, "dtype": "float32", "enforce_eager": True,
-                   "block_size": 32, "enable_prefix_caching": False,  # only the connector can import
-                   "kv_transfer_config": connector}
-    common = {"engine": "vllm", "accelerator": "cpu", "model": "tiny-llama", "replicas": 1,
-              "resources": {"num_cpus": 0}, "engine_args": engine_args}
-    cfg = load_app_config({"models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
-                           "pools": [{**common, "name": "pre", "role": "prefill"},
-                                     {**common, "name": "dec", "role": "decode"}]})
+    connector = {
+        "kv_connector": "MeshServeConnector",
+        "kv_connector_module_path": "accel.vllm.kv_connector",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+    }
+    engine_args = {
+        "max_model_len": 512,
+        "max_num_seqs": 4,
+        "dtype": "float32",
+        "enforce_eager": True,
+        "block_size": 32,
+        "enable_prefix_caching": False,  # only the connector can import
+        "kv_transfer_config": connector,
+    }
+    common = {
+        "engine": "vllm",
+        "accelerator": "cpu",
+        "model": "tiny-llama",
+        "replicas": 1,
+        "resources": {"num_cpus": 0},
+        "engine_args": engine_args,
+    }
+    cfg = load_app_config(
+        {
+            "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
+            "pools": [{**common, "name": "pre", "role": "prefill"}, {**common, "name": "dec", "role": "decode"}],
+        }
+    )
     return cfg.pools
 
 
@@ -69,18 +88,23 @@ def replicas(loop, actor, pools):
 
 def _stats():
     from deployments.kv.connector_actor import get_kv_connector
+
     return ray.get(get_kv_connector(APP).stats.remote())["registry"]
 
 
 def _request(rid, n, seed, max_tokens=12):
     rng = random.Random(seed)
-    return GenerateRequest(rid, tuple(rng.randrange(3, 1024) for _ in range(n)),
-                           SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    return GenerateRequest(
+        rid,
+        tuple(rng.randrange(3, 1024) for _ in range(n)),
+        SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+    )
 
 
 def _collect(loop, stream):
     async def run():
         return [d async for d in stream]
+
     return loop.run_until_complete(run())
 
 
@@ -122,8 +146,9 @@ def test_expired_params_lease_recomputes_and_completes(loop, replicas, tiny_llam
     while _stats()["num_params"] and time.monotonic() < deadline:  # the actor's sweeper frees it
         time.sleep(0.5)
     assert _stats()["num_params"] == 0
-    out = _collect(loop, decode.generate(GenerateRequest("e1", request.prompt_token_ids, request.sampling,
-                                                         kv_transfer=ticket)))
+    out = _collect(
+        loop, decode.generate(GenerateRequest("e1", request.prompt_token_ids, request.sampling, kv_transfer=ticket))
+    )
     assert join_token_ids(out) == hf_greedy(tiny_llama, list(request.prompt_token_ids), 8)
     assert out[-1].num_cached_tokens == 0  # recomputed locally
     after = _stats()

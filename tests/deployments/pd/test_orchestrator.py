@@ -2,17 +2,24 @@ import asyncio
 
 import pytest
 
-from accel.contract import (FinishReason, GenerateRequest, KVTransferParams, OutputDelta, SamplingParams,
-                            join_token_ids)
+from accel.contract import FinishReason, GenerateRequest, KVTransferParams, OutputDelta, SamplingParams, join_token_ids
 from deployments.pd.orchestrator import PDOrchestrator, prefill_request
 
-REQ = GenerateRequest("r1", (5, 6, 7, 8), SamplingParams(temperature=0, max_tokens=3, min_tokens=2,
-                                                          stop=("x",), logprobs=2))
+REQ = GenerateRequest(
+    "r1", (5, 6, 7, 8), SamplingParams(temperature=0, max_tokens=3, min_tokens=2, stop=("x",), logprobs=2)
+)
 
 
 def _delta(rid, tokens, finished=False, ticket=None):
-    return OutputDelta(rid, tuple(tokens), "", 4, len(tokens), finish_reason=FinishReason.LENGTH if finished else None,
-                       kv_transfer=ticket)
+    return OutputDelta(
+        rid,
+        tuple(tokens),
+        "",
+        4,
+        len(tokens),
+        finish_reason=FinishReason.LENGTH if finished else None,
+        kv_transfer=ticket,
+    )
 
 
 class FakeDecode:
@@ -28,6 +35,7 @@ class FakeDecode:
 def _run(orch, prefill, decode):
     async def go():
         return [d async for d in orch.stream(REQ, prefill, decode)]
+
     return asyncio.run(go())
 
 

@@ -23,8 +23,15 @@ def test_kv_connector_name_reads_vllm_engine_args_only():
 
 
 def test_pairs_share_one_path():
-    tpu_pre, tpu_dec = _pool("p", "vllm", "tpu", "prefill", "TPUConnector"), _pool("d", "vllm", "tpu", "decode", "TPUConnector")
-    tt_pre, tt_dec, cpu_dec = _pool("tp", "tt", "tt", "prefill"), _pool("td", "tt", "tt", "decode"), _pool("cd", "vllm", "cpu", "decode")
+    tpu_pre, tpu_dec = (
+        _pool("p", "vllm", "tpu", "prefill", "TPUConnector"),
+        _pool("d", "vllm", "tpu", "decode", "TPUConnector"),
+    )
+    tt_pre, tt_dec, cpu_dec = (
+        _pool("tp", "tt", "tt", "prefill"),
+        _pool("td", "tt", "tt", "decode"),
+        _pool("cd", "vllm", "cpu", "decode"),
+    )
     assert pairing_problem(tpu_pre, [tpu_pre, tpu_dec]) is None
     assert pairing_problem(tt_pre, [tt_pre, cpu_dec]) is None  # cross kind through the actor
     assert pairing_problem(tt_pre, [tt_pre, tt_dec, _pool("x", "tt", "tt", "both")]) is None  # "both" pools don't count
@@ -33,9 +40,13 @@ def test_pairs_share_one_path():
     # one decode pool off the path is enough: the router plans PD per model, over all its pools
     assert "differs from pool 'td'" in pairing_problem(tpu_pre, [tpu_pre, tpu_dec, tt_dec])
     assert "no KV connector of its own" in pairing_problem(_pool("p", "vllm", "tpu", "prefill"), [tpu_dec])
-    assert "same connector" in pairing_problem(_pool("np", "vllm", "cpu", "prefill", "MeshServeConnector"),
-                                               [_pool("np", "vllm", "cpu", "prefill", "MeshServeConnector"), cpu_dec])
-    assert "has role decode" in pairing_problem(tpu_pre, [tpu_pre, _pool("d2", "vllm", "tpu", "decode", "TPUConnector", model="other")])
+    assert "same connector" in pairing_problem(
+        _pool("np", "vllm", "cpu", "prefill", "MeshServeConnector"),
+        [_pool("np", "vllm", "cpu", "prefill", "MeshServeConnector"), cpu_dec],
+    )
+    assert "has role decode" in pairing_problem(
+        tpu_pre, [tpu_pre, _pool("d2", "vllm", "tpu", "decode", "TPUConnector", model="other")]
+    )
 
 
 def test_native_means_own_connector_on_a_pd_pool():

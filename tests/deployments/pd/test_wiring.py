@@ -20,8 +20,11 @@ def _config(name):
 
 def test_tpu_pools_load_their_own_connector_and_hand_params_through_the_actor():
     prefill, decode = load_app_config(_config("tpu_pd")).pools
-    assert vllm_kv_transfer_config(prefill) == {"kv_connector": "TPUConnector", "kv_role": "kv_producer",
-                                                "kv_connector_module_path": "tpu_inference.distributed.tpu_connector"}
+    assert vllm_kv_transfer_config(prefill) == {
+        "kv_connector": "TPUConnector",
+        "kv_role": "kv_producer",
+        "kv_connector_module_path": "tpu_inference.distributed.tpu_connector",
+    }
     assert vllm_kv_transfer_config(decode)["kv_role"] == "kv_consumer"
     assert isinstance(native_kv_handoff(prefill), NativeKVHandoff)
     assert isinstance(native_kv_handoff(decode), NativeKVHandoff)

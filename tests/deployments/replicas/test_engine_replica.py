@@ -16,8 +16,9 @@ from tests.hf_reference import hf_greedy
 
 @pytest.fixture(scope="module")
 def pool(tiny_llama):
-    import yaml
     from pathlib import Path
+
+    import yaml
 
     args = yaml.safe_load((Path(__file__).parents[3] / "configs/local.yaml").read_text())["applications"][0]["args"]
     return load_app_config(args).pools[0]
@@ -40,6 +41,7 @@ def test_streams_greedy_tokens(pool, tiny_llama):
         await replica.shutdown()
         with pytest.raises(RuntimeError):
             await replica.check_health()
+
     asyncio.run(run())
 
 
@@ -60,6 +62,7 @@ def test_early_close_aborts_the_engine_request(pool):
         assert replica.routing_snapshot().num_inflight == 0
         stats = replica.record_routing_stats()
         assert stats["num_running"] == 0 and stats["pool"] == "tt"
+
     asyncio.run(run())
 
 
@@ -68,8 +71,7 @@ def test_merge_deltas_keeps_the_stream_meaning():
     from deployments.replicas.engine_replica import merge_deltas
 
     a = OutputDelta("r", (1,), "a", 3, 1, 0, (TokenLogprob(1, -0.1),))
-    b = OutputDelta("r", (2, 3), "bc", 3, 3, 2, (TokenLogprob(2, -0.2), TokenLogprob(3, -0.3)),
-                    FinishReason.STOP, "x")
+    b = OutputDelta("r", (2, 3), "bc", 3, 3, 2, (TokenLogprob(2, -0.2), TokenLogprob(3, -0.3)), FinishReason.STOP, "x")
     m = merge_deltas([a, b])
     assert (m.new_token_ids, m.text, m.num_completion_tokens, m.num_cached_tokens) == ((1, 2, 3), "abc", 3, 2)
     assert [lp.token_id for lp in m.logprobs] == [1, 2, 3]
@@ -87,6 +89,7 @@ def test_slow_consumer_gets_merged_deltas(pool, tiny_llama):
             await asyncio.sleep(0.05)  # the consumer lags behind the engine
         assert [t for d in deltas for t in d.new_token_ids] == hf_greedy(tiny_llama, [0, 5, 6], 12)
         assert len(deltas) < 12 and deltas[-1].finished
+
     asyncio.run(run())
 
 
@@ -95,8 +98,8 @@ def test_tt_replica_reports_block_snapshot_then_kv_events(pool):
     list; with one, the blocks stored since — and so does a second router from the same cursor
     (the log is read, not drained)."""
     from accel.block_hash import hash_prompt_blocks
-    from deployments.router.kv_events import BlockStored
     from deployments.replicas.tt_replica import TTMeshReplica
+    from deployments.router.kv_events import BlockStored
 
     async def generate(replica, rid, prompt):
         req = GenerateRequest(rid, prompt, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
@@ -127,12 +130,14 @@ def test_tt_replica_reports_block_snapshot_then_kv_events(pool):
             assert replica.routing_snapshot({replica.replica_id: synced.kv_cursor}).kv_events == ()
         finally:
             await replica.shutdown()
+
     asyncio.run(run())
 
 
 def test_serve_stop_hook_shuts_the_engine_down_once(pool):
     """Serve calls ``__del__`` on stop and awaits the coroutine it returns; afterwards (the garbage
     collector's call) there is nothing left to await."""
+
     async def run():
         replica = _replica(pool)
         stop = replica.__del__()
@@ -142,4 +147,5 @@ def test_serve_stop_hook_shuts_the_engine_down_once(pool):
         with pytest.raises(RuntimeError, match="shut down"):
             await replica.check_health()
         assert replica.__del__() is None
+
     asyncio.run(run())

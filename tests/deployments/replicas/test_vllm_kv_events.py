@@ -2,8 +2,8 @@ import pytest
 
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import ConfigError
-from deployments.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from deployments.replicas.vllm_kv_events import VLLMEventTranslator
+from deployments.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
 vllm_events = pytest.importorskip("vllm.distributed.kv_events")
 BS = 4
@@ -13,8 +13,9 @@ TOKENS = list(range(10, 34))  # 6 blocks
 def stored(vllm_hashes, parent, tokens, **kw):
     fields = dict(lora_id=None, medium="GPU", lora_name=None)
     fields.update(kw)
-    return vllm_events.BlockStored(block_hashes=vllm_hashes, parent_block_hash=parent, token_ids=tokens,
-                                   block_size=BS, **fields)
+    return vllm_events.BlockStored(
+        block_hashes=vllm_hashes, parent_block_hash=parent, token_ids=tokens, block_size=BS, **fields
+    )
 
 
 def test_stored_chains_are_rekeyed_to_our_hashes_and_removed_through_the_table():

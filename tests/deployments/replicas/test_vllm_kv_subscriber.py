@@ -9,8 +9,8 @@ import time
 import pytest
 
 from accel.block_hash import hash_prompt_blocks
-from deployments.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from deployments.replicas.vllm_kv_subscriber import VllmKVEventSubscriber, kv_events_config, new_ipc_endpoint
+from deployments.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
 vllm_events = pytest.importorskip("vllm.distributed.kv_events")
 BS = 4
@@ -18,8 +18,15 @@ TOKENS = list(range(10, 34))  # 6 blocks
 
 
 def _stored(vllm_hashes, parent, tokens):
-    return vllm_events.BlockStored(block_hashes=vllm_hashes, parent_block_hash=parent, token_ids=tokens,
-                                   block_size=BS, lora_id=None, medium="GPU", lora_name=None)
+    return vllm_events.BlockStored(
+        block_hashes=vllm_hashes,
+        parent_block_hash=parent,
+        token_ids=tokens,
+        block_size=BS,
+        lora_id=None,
+        medium="GPU",
+        lora_name=None,
+    )
 
 
 def _batch(*events):
@@ -34,8 +41,9 @@ def endpoint():
 @pytest.fixture
 def publisher(endpoint):
     config = kv_events_config(endpoint)
-    pub = vllm_events.ZmqEventPublisher(0, endpoint=config["endpoint"], replay_endpoint=config["replay_endpoint"],
-                                        topic=config["topic"])
+    pub = vllm_events.ZmqEventPublisher(
+        0, endpoint=config["endpoint"], replay_endpoint=config["replay_endpoint"], topic=config["topic"]
+    )
     yield pub
     pub.shutdown()
 
@@ -55,11 +63,18 @@ def test_events_rekeyed_and_snapshot_is_their_fold(endpoint, publisher):
     try:
         time.sleep(0.3)  # let the SUB join (replay would cover it anyway)
         publisher.publish(_batch(_stored([b"v0", b"v1", b"v2", b"v3"], None, TOKENS[:16])))
-        publisher.publish(_batch(_stored([b"v4", b"v5"], b"v3", TOKENS[16:24]),
-                                 vllm_events.BlockRemoved(block_hashes=[b"v1"], medium="GPU")))
+        publisher.publish(
+            _batch(
+                _stored([b"v4", b"v5"], b"v3", TOKENS[16:24]),
+                vllm_events.BlockRemoved(block_hashes=[b"v1"], medium="GPU"),
+            )
+        )
         assert _wait_for(lambda: sub.num_batches == 2)
-        assert sub.take_events() == (BlockStored(tuple(ours[:4])), BlockStored(tuple(ours[4:])),
-                                     BlockRemoved((ours[1],)))
+        assert sub.take_events() == (
+            BlockStored(tuple(ours[:4])),
+            BlockStored(tuple(ours[4:])),
+            BlockRemoved((ours[1],)),
+        )
         assert sub.take_events() == ()
         assert sub.snapshot() == (ours[0], ours[2], ours[3], ours[4], ours[5])
         publisher.publish(_batch(vllm_events.AllBlocksCleared()))

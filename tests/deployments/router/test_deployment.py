@@ -9,11 +9,15 @@ import dataclasses
 
 import pytest
 
-from deployments.router.messages import PoolInfo, RoutingError, eligible_pools
 from deployments.router.deployment import RouterDeployment
-
+from deployments.router.messages import PoolInfo, RoutingError, eligible_pools
 from tests.doubles.router_fakes import (
-    POOLS, in_flight_counts, make_router, make_snap, prompt_ids, route_request,
+    POOLS,
+    in_flight_counts,
+    make_router,
+    make_snap,
+    prompt_ids,
+    route_request,
 )
 
 
@@ -28,6 +32,7 @@ def test_counts_in_flight_and_releases_on_end():
             await router.release(d.ticket)
         await router.release(decisions[0].ticket)  # completion + error reported: still one release
         assert set((await in_flight_counts(router)).values()) == {0} and (await router.snapshot()).num_open_tickets == 0
+
     asyncio.run(run())
 
 
@@ -45,6 +50,7 @@ def test_session_stays_on_one_replica_and_prefix_follows_history():
         # Without a session key the same history still lands where it is cached (approximate index).
         d = await router.choose(route_request("x", history + prompt_ids(8, 9)))
         assert d.replica_id in chosen and d.reason == "prefix"
+
     asyncio.run(run())
 
 
@@ -60,6 +66,7 @@ def test_dead_replica_is_removed_at_once_with_its_sessions_and_load():
         d2 = await router.choose(route_request("b", prompt_ids(8), session="s"))
         assert d2.replica_id != dead
         await router.release(d.ticket)  # the late release of a request on the dead replica is harmless
+
     asyncio.run(run())
 
 
@@ -72,6 +79,7 @@ def test_new_replica_gets_traffic():
         await router.refresh()
         assert (await router.choose(route_request("b"))).replica_id == "t2"
         await router.release(busy.ticket)
+
     asyncio.run(run())
 
 
@@ -81,6 +89,7 @@ def test_pinned_pool_restricts_the_choice():
         await router.refresh()
         d = await router.choose(route_request("a", prompt_ids(8), pool="vllm"))
         assert (d.pool, d.replica_id, d.reason) == ("vllm", "v1", "pinned")
+
     asyncio.run(run())
 
 
@@ -89,6 +98,7 @@ def test_no_replica_known_yet_means_pool_only_decision():
         router = RouterDeployment(POOLS, {}, stats_period_s=60)
         d = await router.choose(route_request("r", pool="vllm"))
         assert (d.pool, d.replica_id, d.reason, d.ticket) == ("vllm", None, "no_replica_known", "")
+
     asyncio.run(run())
 
 
@@ -98,6 +108,7 @@ def test_round_robin_alternates_regardless_of_cache():
         await router.refresh()
         picks = [(await router.choose(route_request(f"r{i}", prompt_ids(8), session="s"))).replica_id for i in range(4)]
         assert picks == ["t1", "t2", "t1", "t2"]
+
     asyncio.run(run())
 
 
@@ -108,6 +119,7 @@ def test_stale_tickets_expire():
         await router.choose(route_request("r"))
         await router.refresh()
         assert (await router.snapshot()).num_open_tickets == 0 and set((await in_flight_counts(router)).values()) == {0}
+
     asyncio.run(run())
 
 
@@ -132,6 +144,7 @@ def test_forget_releases_a_decision_the_ingress_gave_up_on():
         await router.forget("late")
         await router.forget("never-decided")
         assert (await router.snapshot()).num_open_tickets == 0 and set((await in_flight_counts(router)).values()) == {0}
+
     asyncio.run(run())
 
 
@@ -145,6 +158,7 @@ def test_first_decision_polls_pools_it_has_not_seen():
         polls = len(handles["tt"].cursor_args)
         await router.choose(route_request("r1"))  # every pool seen: no extra poll on the decision path
         assert len(handles["tt"].cursor_args) <= polls + 1  # (+1: the background loop's own)
+
     asyncio.run(run())
 
 
@@ -153,9 +167,13 @@ def test_retry_excludes_the_dead_choice():
         router, _ = make_router(vllm=[])
         await router.refresh()
         first = await router.choose(route_request("r", prompt_ids(8)))
-        retry = await router.choose(dataclasses.replace(route_request("r#retry", prompt_ids(8)),
-                                                        excluded_replicas=(first.replica_id,)))
+        retry = await router.choose(
+            dataclasses.replace(route_request("r#retry", prompt_ids(8)), excluded_replicas=(first.replica_id,))
+        )
         assert retry.replica_id not in (None, first.replica_id)
-        alone = await router.choose(dataclasses.replace(route_request("q", prompt_ids(8)), excluded_replicas=("t1", "t2")))
+        alone = await router.choose(
+            dataclasses.replace(route_request("q", prompt_ids(8)), excluded_replicas=("t1", "t2"))
+        )
         assert (alone.replica_id, alone.reason) == (None, "no_replica_known")
+
     asyncio.run(run())

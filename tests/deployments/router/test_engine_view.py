@@ -11,11 +11,16 @@ import dataclasses
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import EngineStats
 from deployments.replicas.kv_event_log import KVCursor
-from deployments.router.messages import ReplicaSnapshot
 from deployments.router.kv_events import BlockRemoved, BlockStored
-
+from deployments.router.messages import ReplicaSnapshot
 from tests.doubles.router_fakes import (
-    BS, Broadcast, in_flight_counts, make_router, make_snap, prompt_ids, route_request,
+    BS,
+    Broadcast,
+    in_flight_counts,
+    make_router,
+    make_snap,
+    prompt_ids,
+    route_request,
 )
 
 
@@ -36,9 +41,12 @@ def test_precise_index_follows_engine_snapshot_then_events():
         assert router.core.index.match(hash_prompt_blocks(other, BS), {d.replica_id}) == {}
         tt[0].emit(BlockStored(tuple(hash_prompt_blocks(other, BS))))
         await router.refresh()
-        assert handles["tt"].cursor_args[-1] == {"t1": KVCursor(tt[0].log.log_id, 0),
-                                                 "t2": KVCursor(tt[1].log.log_id, 0)}
+        assert handles["tt"].cursor_args[-1] == {
+            "t1": KVCursor(tt[0].log.log_id, 0),
+            "t2": KVCursor(tt[1].log.log_id, 0),
+        }
         assert router.core.index.num_blocks("t1") == 3
+
     asyncio.run(run())
 
 
@@ -49,6 +57,7 @@ def test_replica_without_events_is_learned_from_routing_in_precise_mode():
         prompt = prompt_ids(12)
         d = await router.choose(route_request("a", prompt))
         assert router.core.index.num_blocks(d.replica_id) == 3
+
     asyncio.run(run())
 
 
@@ -67,6 +76,7 @@ def test_lost_poll_rereads_from_the_same_cursor():
         await router.refresh()
         assert handles["tt"].cursor_args[-1]["t1"] == KVCursor(t1.log.log_id, 0)  # the same cursor again
         assert router.core.index.holds("t1", 11) and router.core.index.holds("t1", 12)
+
     asyncio.run(run())
 
 
@@ -87,6 +97,7 @@ def test_restarted_engine_replica_and_overflowed_log_resync_from_snapshots():
         reborn.blocks = [3] + list(range(160, 170))
         await router.refresh()
         assert router.core.index.num_blocks("t1") == 11 and router.core.index.holds("t1", 169)
+
     asyncio.run(run())
 
 
@@ -103,6 +114,7 @@ def test_an_answer_to_an_older_cursor_is_not_applied():
         router.engines.apply_snapshot(second)
         router.engines.apply_snapshot(first)  # arrives late: must not store 5 again
         assert not router.core.index.holds("t1", 5)
+
     asyncio.run(run())
 
 
@@ -117,6 +129,7 @@ def test_capacity_follows_the_engine_report():
         handles["tt"].snapshots = [lambda cursors: ReplicaSnapshot("t1", "tt", EngineStats(0, 0, 10, 8), 0, BS)]
         await router.refresh()
         assert router.core.index.capacity("t1") == 10
+
     asyncio.run(run())
 
 
@@ -143,6 +156,7 @@ def test_reported_dead_replica_is_dropped_at_once_and_readded_when_it_answers():
         handles["tt"].snapshots = everyone  # (it was only unreachable)
         await router.refresh()  # a later poll that the replica answers: routed to again
         assert victim in await in_flight_counts(router)
+
     asyncio.run(run())
 
 
@@ -158,11 +172,13 @@ def test_poll_answers_sent_before_a_death_report_are_ignored():
                 return self._results
 
         handles["tt"].broadcast = lambda method, cursors=None: SlowBroadcast(
-            [s(cursors or {}) for s in handles["tt"].snapshots])
+            [s(cursors or {}) for s in handles["tt"].snapshots]
+        )
         poll = asyncio.ensure_future(router.refresh())
         await asyncio.sleep(0)
         await router.report_dead("t1")
         release.set()
         await poll  # its answer from t1 predates the report
         assert "t1" not in await in_flight_counts(router)
+
     asyncio.run(run())

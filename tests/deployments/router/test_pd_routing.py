@@ -5,16 +5,26 @@ from __future__ import annotations
 
 import asyncio
 
-from accel.contract import (EngineStats, FinishReason, GenerateRequest, KVTransferParams, OutputDelta,
-                            SamplingParams, join_token_ids)
+from accel.contract import (
+    EngineStats,
+    FinishReason,
+    GenerateRequest,
+    KVTransferParams,
+    OutputDelta,
+    SamplingParams,
+    join_token_ids,
+)
 from deployments.ingress.engine_client import EngineClient
-from deployments.router.messages import PoolInfo, ReplicaSnapshot, RouteRequest
 from deployments.router.deployment import RouterDeployment
+from deployments.router.messages import PoolInfo, ReplicaSnapshot, RouteRequest
 from tests.deployments.ingress.test_engine_client import FakePoolHandle, FakeRouterHandle, FakeStream
 from tests.doubles.router_fakes import FakePoolHandle as FakePolledPool
 
-POOLS = (PoolInfo("pre", "m", "tt", "cpu", "prefill"), PoolInfo("dec", "m", "vllm", "cpu", "decode"),
-         PoolInfo("other", "m2", "tt", "cpu", "both"))
+POOLS = (
+    PoolInfo("pre", "m", "tt", "cpu", "prefill"),
+    PoolInfo("dec", "m", "vllm", "cpu", "decode"),
+    PoolInfo("other", "m2", "tt", "cpu", "both"),
+)
 
 
 def make_snap(rid, pool):
@@ -36,7 +46,12 @@ def test_router_deployment_decides_pd_and_counts_both_replicas():
     async def run():
         router = await _pd_router(POOLS)
         long = await router.choose(RouteRequest("a", "m", 64))
-        assert (long.prefill_pool, long.prefill_replica_id, long.pool, long.replica_id) == ("pre", "pre1", "dec", "dec1")
+        assert (long.prefill_pool, long.prefill_replica_id, long.pool, long.replica_id) == (
+            "pre",
+            "pre1",
+            "dec",
+            "dec1",
+        )
         assert long.reason == "prefill_decode" and long.prefill_ticket
         assert await in_flight_counts(router) == {"pre1": 1, "dec1": 1, "other1": 0}
         await router.release(long.prefill_ticket)  # prefill done: only the decode replica stays busy
@@ -47,6 +62,7 @@ def test_router_deployment_decides_pd_and_counts_both_replicas():
         pinned = await router.choose(RouteRequest("c", "m", 500, pool="dec"))
         assert pinned.prefill_pool is None and pinned.replica_id == "dec1"  # a pin means no PD
         assert (await router.choose(RouteRequest("d", "m2", 500))).prefill_pool is None  # no PD pools
+
     asyncio.run(run())
 
 
@@ -60,13 +76,16 @@ def test_no_pd_without_threshold_or_through_tpu():
         assert (await tpu_decode.choose(RouteRequest("a", "m", 500))).prefill_pool is None  # nor into TPU
         tpu_to_tt = await _pd_router((PoolInfo("pre", "m", "vllm", "tpu", "prefill", 16, "TPUConnector"), POOLS[1]))
         assert (await tpu_to_tt.choose(RouteRequest("a", "m", 500))).prefill_pool is None  # TPUConnector ends at TPU
+
     asyncio.run(run())
 
 
 def test_tpu_to_tpu_pd_through_their_own_connector():
     async def run():
-        pools = (PoolInfo("pre", "m", "vllm", "tpu", "prefill", 16, "TPUConnector"),
-                 PoolInfo("dec", "m", "vllm", "tpu", "decode", 16, "TPUConnector"))
+        pools = (
+            PoolInfo("pre", "m", "vllm", "tpu", "prefill", 16, "TPUConnector"),
+            PoolInfo("dec", "m", "vllm", "tpu", "decode", 16, "TPUConnector"),
+        )
         router = await _pd_router(pools)
         long = await router.choose(RouteRequest("a", "m", 500))
         assert (long.prefill_pool, long.pool, long.reason) == ("pre", "dec", "prefill_decode")
@@ -74,6 +93,7 @@ def test_tpu_to_tpu_pd_through_their_own_connector():
         # a TT decode pool next to them: one model's PD pools must share one path, so no PD at all
         mixed = await _pd_router(pools + (PoolInfo("tt", "m", "tt", "tt", "decode"),))
         assert (await mixed.choose(RouteRequest("c", "m", 500))).prefill_pool is None
+
     asyncio.run(run())
 
 
@@ -82,18 +102,24 @@ def test_engine_client_runs_prefill_then_decode_with_the_ticket():
 
     def prefill_stream(request):
         ticket = KVTransferParams(do_remote_prefill=True, transfer_id=request.kv_transfer.transfer_id, num_tokens=3)
-        return FakeStream([OutputDelta(request.request_id, (9,), "", 3, 1, finish_reason=FinishReason.LENGTH,
-                                       kv_transfer=ticket)])
+        return FakeStream(
+            [OutputDelta(request.request_id, (9,), "", 3, 1, finish_reason=FinishReason.LENGTH, kv_transfer=ticket)]
+        )
 
     decoded = []
 
     def decode_stream(request):
         decoded.append(request)
-        return FakeStream([OutputDelta(request.request_id, (1,), "", 3, 1),
-                           OutputDelta(request.request_id, (2,), "", 3, 2, finish_reason=FinishReason.LENGTH)])
+        return FakeStream(
+            [
+                OutputDelta(request.request_id, (1,), "", 3, 1),
+                OutputDelta(request.request_id, (2,), "", 3, 2, finish_reason=FinishReason.LENGTH),
+            ]
+        )
 
-    decision = RouteDecision("dec", "d1", "t-dec", "prefill_decode", prefill_pool="pre", prefill_replica_id="p1",
-                             prefill_ticket="t-pre")
+    decision = RouteDecision(
+        "dec", "d1", "t-dec", "prefill_decode", prefill_pool="pre", prefill_replica_id="p1", prefill_ticket="t-pre"
+    )
     router = FakeRouterHandle(decision)
     pools = {"pre": FakePoolHandle(prefill_stream), "dec": FakePoolHandle(decode_stream)}
     client = EngineClient(POOLS, router, pools, decision_timeout_s=1, retry_after_s=1)

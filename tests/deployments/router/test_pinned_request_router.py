@@ -22,8 +22,12 @@ def test_hint_ranks_first():
 
 
 def test_no_or_stale_hint_is_one_rank():
-    for pending in (FakePending(), FakePending(kwargs={"replica_hint": "gone"}), None,
-                    FakePending(args=("odd", 3), kwargs={"replica_hint": 17})):
+    for pending in (
+        FakePending(),
+        FakePending(kwargs={"replica_hint": "gone"}),
+        None,
+        FakePending(args=("odd", 3), kwargs={"replica_hint": 17}),
+    ):
         ranks = _choose(REPLICAS, pending)
         assert [len(r) for r in ranks] == [3]
 

@@ -8,10 +8,9 @@ import asyncio
 import subprocess
 import sys
 
-from deployments.router.rendezvous_request_router import RendezvousRouter, rendezvous_order
 from deployments.router.messages import RouteRequest
+from deployments.router.rendezvous_request_router import RendezvousRouter, rendezvous_order
 from tests.doubles.request_router_fakes import FakeMetadata, FakePending, fake_replicas
-
 
 
 def _ranks(replicas, pending):
@@ -45,10 +44,18 @@ def test_same_choice_in_another_interpreter():
     # Process-independent: no salted hash() (PYTHONHASHSEED differs per process).
     keys = [f"s:chat-{i}" for i in range(20)]
     here = [rendezvous_order(k, ["r1", "r2", "r3"])[0] for k in keys]
-    code = ("from deployments.router.rendezvous_request_router import rendezvous_order;"
-            f"print([rendezvous_order(k, ['r1', 'r2', 'r3'])[0] for k in {keys!r}])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PYTHONHASHSEED": "123", "PATH": ""}, cwd=".").stdout
+    code = (
+        "from deployments.router.rendezvous_request_router import rendezvous_order;"
+        f"print([rendezvous_order(k, ['r1', 'r2', 'r3'])[0] for k in {keys!r}])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONHASHSEED": "123", "PATH": ""},
+        cwd=".",
+    ).stdout
     assert out.strip() == repr(here)
 
 
@@ -75,7 +82,10 @@ def test_calls_without_a_route_are_spread_and_odd_shapes_are_tolerated():
     replicas = fake_replicas("a", "b", "c")
     firsts = {_ranks(replicas, FakePending(metadata=FakeMetadata(f"req-{i}")))[0][0] for i in range(30)}
     assert firsts == {"a", "b", "c"}
-    for pending in (None, FakePending(args=(3, "x"), kwargs={"replica_hint": 17}),
-                    FakePending(kwargs={"replica_hint": "gone"})):
+    for pending in (
+        None,
+        FakePending(args=(3, "x"), kwargs={"replica_hint": 17}),
+        FakePending(kwargs={"replica_hint": "gone"}),
+    ):
         assert sorted(sum(_ranks(replicas, pending), [])) == ["a", "b", "c"]
     assert _ranks([], FakePending()) == []

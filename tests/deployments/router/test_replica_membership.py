@@ -25,6 +25,7 @@ def test_subscribers_get_the_latest_set_then_each_change_once():
 def test_a_failing_listener_does_not_break_the_publisher():
     def broken(ids):
         raise RuntimeError("bug")
+
     seen = []
     replica_membership.subscribe("app-m2", "pool", broken)
     replica_membership.subscribe("app-m2", "pool", seen.append)
@@ -49,6 +50,7 @@ def test_the_engine_request_router_publishes_what_serve_pushes(monkeypatch):
 
     def serve_died(self, replica_id):
         self._replicas.pop(replica_id, None)
+
     monkeypatch.setattr(RequestRouter, "update_replicas", serve_update)
     monkeypatch.setattr(RequestRouter, "on_replica_actor_died", serve_died)
     seen = []
@@ -59,30 +61,32 @@ def test_the_engine_request_router_publishes_what_serve_pushes(monkeypatch):
 
 
 def test_router_deployment_applies_membership_on_its_loop():
-    from deployments.router.messages import PoolInfo
     from deployments.router.deployment import RouterDeployment
+    from deployments.router.messages import PoolInfo
 
     class Handle:
         app_name, deployment_name = "app-m4", "tt-pool"
 
     async def run():
-        router = RouterDeployment([PoolInfo("tt", "m", "tt", "tt", "both", 16)], {"tt": Handle()},
-                                  stats_period_s=3600)
+        router = RouterDeployment([PoolInfo("tt", "m", "tt", "tt", "both", 16)], {"tt": Handle()}, stats_period_s=3600)
         polls = []
 
         async def fake_refresh():
             polls.append(1)
+
         router.refresh = fake_refresh
         router._ensure_poller()
         await asyncio.sleep(0)
         router.engines.replica_pool.update({"r1": "tt", "r2": "tt"})
         # Serve's router thread publishes: r2 is gone, r3 is new.
-        thread = threading.Thread(target=replica_membership.publish,
-                                  args=("app-m4", "tt-pool", frozenset({"r1", "r3"})))
+        thread = threading.Thread(
+            target=replica_membership.publish, args=("app-m4", "tt-pool", frozenset({"r1", "r3"}))
+        )
         thread.start()
         thread.join()
         await asyncio.sleep(0.05)
         assert set(router.engines.replica_pool) == {"r1"}  # r2 removed at once; r3 comes with the poll
         assert len(polls) >= 2  # the periodic poll's first round + one for the new replica
         router._poller.cancel()
+
     asyncio.run(run())

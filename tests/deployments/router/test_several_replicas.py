@@ -10,9 +10,14 @@ from types import SimpleNamespace
 from accel.contract import EngineStats
 from deployments.router.core.router_core import RouterConfig
 from deployments.router.deployment import RouterDeployment
-
 from tests.doubles.router_fakes import (
-    BS, Broadcast, POOLS, make_router, make_snap, prompt_ids, route_request,
+    BS,
+    POOLS,
+    Broadcast,
+    make_router,
+    make_snap,
+    prompt_ids,
+    route_request,
 )
 
 
@@ -73,8 +78,9 @@ def _two_routers(replicas, **kw):
     routers = []
     for name in ("router-a", "router-b"):
         handle = _ReplicaPool(replicas)
-        router = RouterDeployment(POOLS[:1], {"tt": handle}, stats_period_s=60,
-                                  core_config=RouterConfig(index_mode="precise"), **kw)
+        router = RouterDeployment(
+            POOLS[:1], {"tt": handle}, stats_period_s=60, core_config=RouterConfig(index_mode="precise"), **kw
+        )
         router.replica_id = name
         routers.append((router, handle))
     return routers
@@ -108,10 +114,12 @@ def test_router_replicas_follow_every_event_and_agree_with_the_engines():
         probe = sorted({h for e in engines for h in e.blocks} | set(range(1, 7)) | set(range(100, 240)))
         view_a, view_b = await a.prefix_index_view(probe), await b.prefix_index_view(probe)
         assert view_a.replicas == view_b.replicas
-        truth = tuple((f"t{i + 1}", tuple(h for h in probe if h in e.blocks), len(e.blocks))
-                      for i, e in enumerate(engines))
+        truth = tuple(
+            (f"t{i + 1}", tuple(h for h in probe if h in e.blocks), len(e.blocks)) for i, e in enumerate(engines)
+        )
         assert view_a.replicas == truth
         assert (view_a.router_replica_id, view_b.router_replica_id) == ("router-a", "router-b")
+
     asyncio.run(run())
 
 
@@ -127,26 +135,33 @@ def test_decisions_name_their_router_replica_and_releases_stay_local():
         assert (await a.snapshot()).num_open_tickets == 1
         await a.release(d.ticket, replica_hint="router-a")
         assert (await a.snapshot()).num_open_tickets == 0
+
     asyncio.run(run())
 
 
 def test_what_other_routers_have_in_flight_counts_as_load():
     async def run():
         # t1 reports 6 requests in flight that this router did not dispatch (another router's).
-        router, _ = make_router(policy="least_loaded", tt=[make_snap("t1", "tt", num_inflight=6), make_snap("t2", "tt")],
-                            vllm=[])
+        router, _ = make_router(
+            policy="least_loaded", tt=[make_snap("t1", "tt", num_inflight=6), make_snap("t2", "tt")], vllm=[]
+        )
         await router.refresh()
         picks = [(await router.choose(route_request(f"r{i}"))).replica_id for i in range(5)]
         assert picks == ["t2"] * 5  # t2 reaches 5 of ours while t1 carries 6 foreign requests
         load = (await router.snapshot()).replicas[0].load
         assert (load.num_foreign_in_flight, load.num_waiting) == (6, 0)
         # Its own requests are not counted twice: the replica reports them, the router knows them.
-        router2, handles = make_router(policy="least_loaded", tt=[make_snap("t1", "tt"), make_snap("t2", "tt")], vllm=[])
+        router2, handles = make_router(
+            policy="least_loaded", tt=[make_snap("t1", "tt"), make_snap("t2", "tt")], vllm=[]
+        )
         await router2.refresh()
         mine = await router2.choose(route_request("x"))
-        handles["tt"].snapshots = [make_snap(r, "tt", num_inflight=1 if r == mine.replica_id else 0) for r in ("t1", "t2")]
+        handles["tt"].snapshots = [
+            make_snap(r, "tt", num_inflight=1 if r == mine.replica_id else 0) for r in ("t1", "t2")
+        ]
         await router2.refresh()
         assert all(v.load.num_waiting == 0 for v in (await router2.snapshot()).replicas)
+
     asyncio.run(run())
 
 
@@ -159,4 +174,5 @@ def test_peer_router_counts_are_load_and_our_own_broadcast_is_ignored():
         picks = [(await router.choose(route_request(f"r{i}"))).replica_id for i in range(5)]
         assert picks == ["t2"] * 5  # t1 carries the peer's 6 requests
         assert router.core.in_flight_counts() == {"t2": 5}  # what this router publishes
+
     asyncio.run(run())

@@ -22,10 +22,25 @@ def _completion(**kw) -> CompletionRequest:
 
 
 def test_every_vllm_extension_reaches_sampling_params(tok):
-    req = _completion(temperature=0.5, top_p=0.9, top_k=5, min_p=0.1, seed=7, max_tokens=12,
-                      min_tokens=2, stop=["x", "y"], stop_token_ids=[3], include_stop_str_in_output=True,
-                      ignore_eos=True, logprobs=3, presence_penalty=0.5, frequency_penalty=-0.5,
-                      repetition_penalty=1.2, logit_bias={"5": -100}, skip_special_tokens=False)
+    req = _completion(
+        temperature=0.5,
+        top_p=0.9,
+        top_k=5,
+        min_p=0.1,
+        seed=7,
+        max_tokens=12,
+        min_tokens=2,
+        stop=["x", "y"],
+        stop_token_ids=[3],
+        include_stop_str_in_output=True,
+        ignore_eos=True,
+        logprobs=3,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        repetition_penalty=1.2,
+        logit_bias={"5": -100},
+        skip_special_tokens=False,
+    )
     sp = conv.sampling_params(req, 4, 512)
     assert (sp.temperature, sp.top_p, sp.top_k, sp.min_p, sp.seed) == (0.5, 0.9, 5, 0.1, 7)
     assert (sp.max_tokens, sp.min_tokens, sp.stop, sp.stop_token_ids) == (12, 2, ("x", "y"), (3,))
@@ -42,9 +57,17 @@ def test_defaults_follow_vllm(tok):
 
 
 def test_max_completion_tokens_wins_over_max_tokens():
-    chat = conv.parse_body(ChatCompletionRequest, {"model": "m", "messages": [{"role": "user", "content": "x"}],
-                                                   "max_tokens": 5, "max_completion_tokens": 9,
-                                                   "logprobs": True, "top_logprobs": 2})
+    chat = conv.parse_body(
+        ChatCompletionRequest,
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 5,
+            "max_completion_tokens": 9,
+            "logprobs": True,
+            "top_logprobs": 2,
+        },
+    )
     sp = conv.sampling_params(chat, 3, 512)
     assert sp.max_tokens == 9 and sp.logprobs == 2
 
@@ -59,24 +82,29 @@ def test_prompt_forms(tok):
 
 
 def test_chat_prompt_uses_the_template(tok):
-    req = conv.parse_body(ChatCompletionRequest, {"model": "m", "messages": [
-        {"role": "user", "content": [{"type": "text", "text": "hi"}]}]})
+    req = conv.parse_body(
+        ChatCompletionRequest,
+        {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+    )
     ids = conv.chat_prompt(req, tok)
     assert list(ids) == tok.apply_chat_template([{"role": "user", "content": "hi"}])
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"temperature": "hot"}, "temperature"),
-    ({"n": 0}, "n"),
-    ({"prompt": ""}, "prompt"),
-    ({"prompt": [5000]}, "prompt"),
-    ({"echo": True}, "echo"),
-    ({"suffix": "x"}, "suffix"),
-    ({"use_beam_search": True}, "use_beam_search"),
-    ({"max_tokens": 600}, "max_tokens"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"prompt": "x " * 600}, "prompt"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"temperature": "hot"}, "temperature"),
+        ({"n": 0}, "n"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": [5000]}, "prompt"),
+        ({"echo": True}, "echo"),
+        ({"suffix": "x"}, "suffix"),
+        ({"use_beam_search": True}, "use_beam_search"),
+        ({"max_tokens": 600}, "max_tokens"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"prompt": "x " * 600}, "prompt"),
+    ],
+)
 def test_bad_completion_params_name_the_field(tok, body, param):
     with pytest.raises(APIError) as err:
         req = _completion(**body)
@@ -85,26 +113,37 @@ def test_bad_completion_params_name_the_field(tok, body, param):
     assert err.value.status == 400 and err.value.param == param
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_k": -2}, "top_k"),
-    ({"min_p": 2}, "min_p"), ({"logprobs": 50}, "logprobs"), ({"presence_penalty": 3}, "presence_penalty"),
-    ({"repetition_penalty": 0}, "repetition_penalty"), ({"logit_bias": {"1": 200}}, "logit_bias"),
-    ({"min_tokens": 20, "max_tokens": 5}, "min_tokens"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": 2}, "min_p"),
+        ({"logprobs": 50}, "logprobs"),
+        ({"presence_penalty": 3}, "presence_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"logit_bias": {"1": 200}}, "logit_bias"),
+        ({"min_tokens": 20, "max_tokens": 5}, "min_tokens"),
+    ],
+)
 def test_out_of_range_values_are_invalid_request_errors(body, field):
     with pytest.raises(InvalidRequestError) as err:
         conv.sampling_params(_completion(**body), 3, 512)
     assert err.value.field == field
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"messages": []}, "messages"),
-    ({"messages": [{"content": "no role"}]}, "messages"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
-    ({"tools": [{"type": "function"}]}, "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"top_logprobs": 2}, "top_logprobs"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"content": "no role"}]}, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+    ],
+)
 def test_bad_chat_params(tok, body, param):
     full = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body}
     with pytest.raises(APIError) as err:

@@ -19,15 +19,23 @@ def tok(tiny_llama):
 def _deltas(rid: str, ids: list[int], tok, cached: int = 0):
     out = []
     for n, t in enumerate(ids, 1):
-        out.append(OutputDelta(rid, (t,), tok.decode([t]), 5, n, cached,
-                               (TokenLogprob(t, -0.5, ((t, -0.5), (7, -1.5))),),
-                               FinishReason.LENGTH if n == len(ids) else None))
+        out.append(
+            OutputDelta(
+                rid,
+                (t,),
+                tok.decode([t]),
+                5,
+                n,
+                cached,
+                (TokenLogprob(t, -0.5, ((t, -0.5), (7, -1.5))),),
+                FinishReason.LENGTH if n == len(ids) else None,
+            )
+        )
     return out
 
 
 def _opts(**kw):
-    base = dict(request_id="cmpl-1", created=1, model="m", num_logprobs=2, return_token_ids=True,
-                include_usage=True)
+    base = dict(request_id="cmpl-1", created=1, model="m", num_logprobs=2, return_token_ids=True, include_usage=True)
     base.update(kw)
     return rsp.RenderOptions(**base)
 
@@ -77,7 +85,7 @@ def test_sse_chunks(tok):
 @pytest.mark.parametrize("finish", [None, FinishReason.STOP])
 def test_fast_text_chunk_equals_the_model_path(tok, is_chat, finish):
     opts = _opts(num_logprobs=None, return_token_ids=False)
-    delta = OutputDelta("r", (40,), "h\u00e9\"llo", 5, 1, 0, None, finish, "x" if finish else None)
+    delta = OutputDelta("r", (40,), 'h\u00e9"llo', 5, 1, 0, None, finish, "x" if finish else None)
     c = rsp.ChoiceState(index=1, prompt_index=0)
     slow = rsp.chat_chunk(opts, tok, c, delta) if is_chat else rsp.completion_chunk(opts, tok, c, delta, 0)
     assert json.loads(rsp.fast_text_chunk_sse(opts, 1, delta, is_chat)[6:]) == json.loads(rsp.sse(slow)[6:])

@@ -29,15 +29,21 @@ def test_attention_is_causal_over_pages():
     store = PagedKVStore.allocate(1, 1, (4, 2, 2, 8), torch.device("cpu"), torch.float32)
     n_tok = 3
     positions = torch.arange(n_tok)[None]
-    meta = AttentionMetadata.build(store, torch.tensor([[2, 1]]), torch.tensor([0]), positions,
-                                   torch.ones(1, n_tok, dtype=torch.bool), 2,
-                                   num_queries_per_kv=2)
+    meta = AttentionMetadata.build(
+        store,
+        torch.tensor([[2, 1]]),
+        torch.tensor([0]),
+        positions,
+        torch.ones(1, n_tok, dtype=torch.bool),
+        2,
+        num_queries_per_kv=2,
+    )
     q, k, v = torch.randn(n_tok, 4, 8), torch.randn(n_tok, 2, 8), torch.randn(n_tok, 2, 8)
     write_kv(store, 0, meta, k, v)
-    out = paged_attention(store, 0, meta, q.view(1, n_tok, 4, 8), scale=8 ** -0.5).view(n_tok, 4, 8)
+    out = paged_attention(store, 0, meta, q.view(1, n_tok, 4, 8), scale=8**-0.5).view(n_tok, 4, 8)
     # Reference: plain causal GQA attention (head h reads kv head h // 2).
     kk, vv = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
-    scores = torch.einsum("thd,shd->hts", q, kk) * 8 ** -0.5
+    scores = torch.einsum("thd,shd->hts", q, kk) * 8**-0.5
     scores = scores.masked_fill(torch.triu(torch.ones(n_tok, n_tok, dtype=torch.bool), 1), float("-inf"))
     ref = torch.einsum("hts,shd->thd", scores.softmax(-1), vv)
     assert torch.allclose(out, ref, atol=1e-5)
@@ -55,26 +61,39 @@ def test_decode_rows_read_only_their_own_context_and_match_full_attention():
     table = torch.stack([torch.randperm(num_blocks) for _ in ends])
     positions = torch.tensor(ends)[:, None] - 1
     num_ctx_blocks = -(-max(ends) // bs)
-    meta = AttentionMetadata.build(store, table, torch.zeros(len(ends), dtype=torch.int64), positions,
-                                   torch.zeros(len(ends), 1, dtype=torch.bool), num_ctx_blocks,
-                                   num_queries_per_kv=2, num_ctx_tokens=40)
+    meta = AttentionMetadata.build(
+        store,
+        table,
+        torch.zeros(len(ends), dtype=torch.int64),
+        positions,
+        torch.zeros(len(ends), 1, dtype=torch.bool),
+        num_ctx_blocks,
+        num_queries_per_kv=2,
+        num_ctx_tokens=40,
+    )
     assert meta.decode_groups is not None and len(meta.decode_groups) >= 2
     assert sorted(r for rows, _ in meta.decode_groups for r in rows.tolist()) == list(range(len(ends)))
     assert all(keys < 40 for rows, keys in meta.decode_groups if 0 not in rows.tolist())  # short rows read less
     q = torch.randn(len(ends), 1, 4, 8)
-    out = paged_attention(store, 0, meta, q, scale=8 ** -0.5).view(len(ends), 4, 8)
-    ungrouped = paged_attention(store, 0, dataclasses.replace(meta, decode_groups=None), q, scale=8 ** -0.5)
+    out = paged_attention(store, 0, meta, q, scale=8**-0.5).view(len(ends), 4, 8)
+    ungrouped = paged_attention(store, 0, dataclasses.replace(meta, decode_groups=None), q, scale=8**-0.5)
     assert torch.allclose(out, ungrouped.view(len(ends), 4, 8), atol=1e-5)
     for row, end in enumerate(ends):
         slots = torch.tensor([table[row, p // bs] * bs + p % bs for p in range(end)])
         kk = store.keys[0].view(-1, 2, 8)[slots].repeat_interleave(2, dim=1)  # [end, 4, 8]
         vv = store.values[0].view(-1, 2, 8)[slots].repeat_interleave(2, dim=1)
-        ref = torch.einsum("hs,shd->hd", (torch.einsum("hd,shd->hs", q[row, 0], kk) * 8 ** -0.5).softmax(-1), vv)
+        ref = torch.einsum("hs,shd->hd", (torch.einsum("hd,shd->hs", q[row, 0], kk) * 8**-0.5).softmax(-1), vv)
         assert torch.allclose(out[row], ref, atol=1e-5)
 
 
 def test_decode_rows_of_similar_context_keep_one_gather():
     store = PagedKVStore.allocate(1, 1, (8, 1, 4, 8), torch.device("cpu"), torch.float32)
-    meta = AttentionMetadata.build(store, torch.zeros(3, 2, dtype=torch.int64), torch.zeros(3, dtype=torch.int64),
-                                   torch.tensor([[5], [6], [7]]), torch.ones(3, 1, dtype=torch.bool), 2)
+    meta = AttentionMetadata.build(
+        store,
+        torch.zeros(3, 2, dtype=torch.int64),
+        torch.zeros(3, dtype=torch.int64),
+        torch.tensor([[5], [6], [7]]),
+        torch.ones(3, 1, dtype=torch.bool),
+        2,
+    )
     assert meta.decode_groups is None

@@ -10,8 +10,10 @@ def test_v5e_4x4_defers_to_a_slice_placement_group():
     assert p.is_deferred
     assert p.bundles == ({"TPU": 4.0, "CPU": 2.0},) + ({"TPU": 4.0, "CPU": 1.0},) * 3
     assert p.host_bundle == {"TPU": 4.0, "CPU": 1.0}
-    assert p.bundle_label_selector == (
-        {"ray.io/accelerator-type": "TPU-V5LITEPOD", "ray.io/tpu-pod-type": "v5litepod-16"},) * 4
+    assert (
+        p.bundle_label_selector
+        == ({"ray.io/accelerator-type": "TPU-V5LITEPOD", "ray.io/tpu-pod-type": "v5litepod-16"},) * 4
+    )
     # Serve must not create the group: the replica reserves a whole slice at start.
     assert p.deployment_options() == {"ray_actor_options": {"num_cpus": 1}}
 
@@ -47,9 +49,11 @@ def test_deployment_options_accepted_by_serve():
     """Serve's own schema validates what we produce (bundle selectors match bundles)."""
     from ray.serve.schema import DeploymentSchema
 
-    for p in (SlicePlacement(parse_slice("v6e", "2x4")),
-              SlicePlacement(parse_slice("v6e", "4x4"), slice_name="s1"),
-              SlicePlacement(parse_slice("v6e", "4x4"))):
+    for p in (
+        SlicePlacement(parse_slice("v6e", "2x4")),
+        SlicePlacement(parse_slice("v6e", "4x4"), slice_name="s1"),
+        SlicePlacement(parse_slice("v6e", "4x4")),
+    ):
         DeploymentSchema(name="TPUEngine", **p.deployment_options())
 
 

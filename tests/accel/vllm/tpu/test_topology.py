@@ -4,18 +4,21 @@ from accel.contract import ConfigError
 from accel.vllm.tpu.topology import parse_slice
 
 
-@pytest.mark.parametrize("accel,topo,chips_per_host,num_hosts,pod_type", [
-    ("v5e", "4x4", 4, 4, "v5litepod-16"),
-    ("v6e", "2x4", 8, 1, "v6e-8"),
-    ("v6e", "1x1", 1, 1, "v6e-1"),
-    ("v6e", "2x2", 4, 1, "v6e-4"),
-    ("v6e", "16x16", 4, 64, "v6e-256"),
-    ("v7x", "2x2x1", 4, 1, "v7x-8"),
-    ("v7x", "2x2x2", 4, 2, "v7x-16"),
-    ("v5p", "2x2x1", 4, 1, "v5p-8"),
-    ("v5p", "4x4x8", 4, 32, "v5p-256"),
-    ("TPU-V5LITEPOD", "8x8", 4, 16, "v5litepod-64"),
-])
+@pytest.mark.parametrize(
+    "accel,topo,chips_per_host,num_hosts,pod_type",
+    [
+        ("v5e", "4x4", 4, 4, "v5litepod-16"),
+        ("v6e", "2x4", 8, 1, "v6e-8"),
+        ("v6e", "1x1", 1, 1, "v6e-1"),
+        ("v6e", "2x2", 4, 1, "v6e-4"),
+        ("v6e", "16x16", 4, 64, "v6e-256"),
+        ("v7x", "2x2x1", 4, 1, "v7x-8"),
+        ("v7x", "2x2x2", 4, 2, "v7x-16"),
+        ("v5p", "2x2x1", 4, 1, "v5p-8"),
+        ("v5p", "4x4x8", 4, 32, "v5p-256"),
+        ("TPU-V5LITEPOD", "8x8", 4, 16, "v5litepod-64"),
+    ],
+)
 def test_known_shapes(accel, topo, chips_per_host, num_hosts, pod_type):
     sl = parse_slice(accel, topo)
     assert (sl.chips_per_host, sl.num_hosts) == (chips_per_host, num_hosts)
@@ -37,19 +40,22 @@ def test_v6e_2x4_as_two_hosts():
     assert (sl.num_hosts, sl.chips_per_host, sl.num_chips) == (2, 4, 8)
 
 
-@pytest.mark.parametrize("accel,topo,needle", [
-    ("v6e", "3x3", "no 3x3 slice"),
-    ("v6e", "2x8", "no 2x8 slice"),
-    ("v5e", "2x2x1", "2D"),
-    ("v7x", "4x4", "3D"),
-    ("v7x", "2x2x3", "no 2x2x3"),
-    ("v5p", "4x4x6", "no 4x4x6"),
-    ("v5p", "8x4x4", "no 8x4x4"),
-    ("v7x", "16x16x16", "no 16x16x16"),
-    ("v6e", "2xfour", "AxB"),
-    ("v6e", "0x4", "2D"),
-    ("v4", "2x2x1", "unknown TPU generation"),
-])
+@pytest.mark.parametrize(
+    "accel,topo,needle",
+    [
+        ("v6e", "3x3", "no 3x3 slice"),
+        ("v6e", "2x8", "no 2x8 slice"),
+        ("v5e", "2x2x1", "2D"),
+        ("v7x", "4x4", "3D"),
+        ("v7x", "2x2x3", "no 2x2x3"),
+        ("v5p", "4x4x6", "no 4x4x6"),
+        ("v5p", "8x4x4", "no 8x4x4"),
+        ("v7x", "16x16x16", "no 16x16x16"),
+        ("v6e", "2xfour", "AxB"),
+        ("v6e", "0x4", "2D"),
+        ("v4", "2x2x1", "unknown TPU generation"),
+    ],
+)
 def test_impossible_shapes_refused(accel, topo, needle):
     with pytest.raises(ConfigError, match=needle):
         parse_slice(accel, topo)

@@ -11,8 +11,7 @@ class Clock:
 
 
 def stats(num_waiting: int, free: int) -> EngineStats:
-    return EngineStats(num_waiting=num_waiting, num_running=1, num_kv_blocks_total=100,
-                       num_kv_blocks_free=free)
+    return EngineStats(num_waiting=num_waiting, num_running=1, num_kv_blocks_total=100, num_kv_blocks_free=free)
 
 
 def make() -> tuple[LoadTracker, Clock]:

@@ -6,9 +6,8 @@ import pytest
 
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import ConfigError
+from deployments.router.core.prefix_index import ApproximatePrefixIndex, PrecisePrefixIndex, make_prefix_index
 from deployments.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-from deployments.router.core.prefix_index import (ApproximatePrefixIndex, PrecisePrefixIndex,
-                                             make_prefix_index)
 
 BS = 4
 ALL = frozenset({"a", "b", "c"})
@@ -38,8 +37,11 @@ def test_index_keys_are_stable_across_processes():
     outs = set()
     for seed in ("0", "12345"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        outs.add(subprocess.run([sys.executable, "-c", code], env=env, check=True,
-                                capture_output=True, text=True, cwd=os.getcwd()).stdout)
+        outs.add(
+            subprocess.run(
+                [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True, cwd=os.getcwd()
+            ).stdout
+        )
     assert len(outs) == 1
     assert "[('b', 7)]" in outs.pop()
 
@@ -181,7 +183,7 @@ def test_galloping_match_equals_the_linear_walk_under_eviction():
     stems = [[rng.randrange(1000) for _ in range(rng.randint(4, 60))] for _ in range(6)]
     for step in range(400):
         stem = rng.choice(stems)
-        tokens = stem[:rng.randint(0, len(stem))] + [rng.randrange(1000) for _ in range(rng.randint(0, 12))]
+        tokens = stem[: rng.randint(0, len(stem))] + [rng.randrange(1000) for _ in range(rng.randint(0, 12))]
         h = hash_prompt_blocks(tokens, BS)
         cands = frozenset(rng.sample(replicas, rng.randint(1, 5)))
         assert idx.match(h, cands) == PrefixIndex.match(idx, h, cands), step

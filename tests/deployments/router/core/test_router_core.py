@@ -6,9 +6,15 @@ import pytest
 
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import ConfigError
+from deployments.router.core.router_core import (
+    NoReplicaError,
+    ReplicaInfo,
+    ReplicaRole,
+    RequestInfo,
+    RouterConfig,
+    RouterCore,
+)
 from deployments.router.kv_events import BlockStored
-from deployments.router.core.router_core import (NoReplicaError, ReplicaInfo, ReplicaRole, RequestInfo,
-                                            RouterConfig, RouterCore)
 
 BS = 4
 SYSTEM = tuple(range(100, 164))  # 16 blocks
@@ -155,8 +161,9 @@ def test_decisions_agree_across_processes():
     outs = set()
     for seed in ("1", "999"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        outs.add(subprocess.run([sys.executable, "-c", code], env=env, check=True,
-                                capture_output=True, text=True).stdout)
+        outs.add(
+            subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout
+        )
     assert len(outs) == 1
     assert len(set(eval(outs.pop()))) > 1
 

@@ -15,14 +15,16 @@ from typing import Any
 
 from ttnn import cluster
 
-_NO_CHIPS = ("TT_FATAL @ /project/tt_metal/llrt/tt_cluster.cpp:129: num_chips > 0\ninfo:\n"
-             "No chips detected in the cluster\nbacktrace:\n --- (stub) tt::Cluster::Cluster(...)\n")
+_NO_CHIPS = (
+    "TT_FATAL @ /project/tt_metal/llrt/tt_cluster.cpp:129: num_chips > 0\ninfo:\n"
+    "No chips detected in the cluster\nbacktrace:\n --- (stub) tt::Cluster::Cluster(...)\n"
+)
 
 _stub_state: dict[str, Any] = {"num_chips": 0}
 _stub_calls: list[tuple[str, tuple, dict]] = []
 
 
-def _stub_simulate(num_chips: int, cluster_type: "cluster.ClusterType | None" = None) -> None:
+def _stub_simulate(num_chips: int, cluster_type: cluster.ClusterType | None = None) -> None:
     _stub_state["num_chips"] = num_chips
     cluster._cluster_type = cluster_type
     _stub_calls.clear()
@@ -94,13 +96,17 @@ class MeshShape:
 
 
 class DispatchCoreConfig:
-    def __init__(self, type: DispatchCoreType | None = None, axis: DispatchCoreAxis | None = None,
-                 fabric_tensix_config: Any = None) -> None:
+    def __init__(
+        self,
+        type: DispatchCoreType | None = None,
+        axis: DispatchCoreAxis | None = None,
+        fabric_tensix_config: Any = None,
+    ) -> None:
         self.type, self.axis, self.fabric_tensix_config = type, axis, fabric_tensix_config
 
 
 class MeshEvent:
-    def __init__(self, mesh_device: "MeshDevice", cq_id: int | None) -> None:
+    def __init__(self, mesh_device: MeshDevice, cq_id: int | None) -> None:
         self.mesh_device, self.cq_id = mesh_device, cq_id
 
 
@@ -112,13 +118,13 @@ class MeshDevice:
     def get_num_devices(self) -> int:
         return self.shape.dims[0] * self.shape.dims[1]
 
-    def create_submeshes(self, submesh_shape: MeshShape) -> list["MeshDevice"]:
+    def create_submeshes(self, submesh_shape: MeshShape) -> list[MeshDevice]:
         rows, cols = self.shape.dims
         count = (rows * cols) // (submesh_shape.dims[0] * submesh_shape.dims[1])
         self._submeshes = [MeshDevice(submesh_shape) for _ in range(count)]
         return list(self._submeshes)
 
-    def get_submeshes(self) -> list["MeshDevice"]:
+    def get_submeshes(self) -> list[MeshDevice]:
         return list(self._submeshes)
 
 
@@ -139,21 +145,39 @@ def get_num_pcie_devices() -> int:
     return get_num_devices()
 
 
-def set_fabric_config(config: FabricConfig, reliability_mode: FabricReliabilityMode = FabricReliabilityMode.STRICT_INIT,
-                      num_planes: int | None = None, fabric_tensix_config: Any = None, fabric_udm_mode: Any = None,
-                      fabric_manager_mode: Any = None, router_config: Any = None) -> None:
+def set_fabric_config(
+    config: FabricConfig,
+    reliability_mode: FabricReliabilityMode = FabricReliabilityMode.STRICT_INIT,
+    num_planes: int | None = None,
+    fabric_tensix_config: Any = None,
+    fabric_udm_mode: Any = None,
+    fabric_manager_mode: Any = None,
+    router_config: Any = None,
+) -> None:
     if config is not FabricConfig.DISABLED:
         _device_call("set_fabric_config", config=config, reliability_mode=reliability_mode)
     else:
         _stub_calls.append(("set_fabric_config", (), {"config": config, "reliability_mode": reliability_mode}))
 
 
-def open_mesh_device(mesh_shape: MeshShape | None = None, l1_small_size: int = 0, trace_region_size: int = 0,
-                     num_command_queues: int = 1, dispatch_core_config: DispatchCoreConfig | None = None,
-                     offset: Any = None, physical_device_ids: list[int] = [], worker_l1_size: int = 0) -> MeshDevice:
-    _device_call("open_mesh_device", mesh_shape=mesh_shape, l1_small_size=l1_small_size,
-                 trace_region_size=trace_region_size, dispatch_core_config=dispatch_core_config,
-                 worker_l1_size=worker_l1_size)
+def open_mesh_device(
+    mesh_shape: MeshShape | None = None,
+    l1_small_size: int = 0,
+    trace_region_size: int = 0,
+    num_command_queues: int = 1,
+    dispatch_core_config: DispatchCoreConfig | None = None,
+    offset: Any = None,
+    physical_device_ids: list[int] = [],  # noqa: B006 (ttnn 0.81.1's own default)
+    worker_l1_size: int = 0,
+) -> MeshDevice:
+    _device_call(
+        "open_mesh_device",
+        mesh_shape=mesh_shape,
+        l1_small_size=l1_small_size,
+        trace_region_size=trace_region_size,
+        dispatch_core_config=dispatch_core_config,
+        worker_l1_size=worker_l1_size,
+    )
     return MeshDevice(mesh_shape or MeshShape(1, _stub_state["num_chips"]))
 
 
@@ -161,8 +185,12 @@ def close_mesh_device(mesh_device: MeshDevice) -> None:
     _device_call("close_mesh_device", mesh_device=mesh_device)
 
 
-def record_event(mesh_device: MeshDevice, cq_id: int | None = None, sub_device_ids: list = [],
-                 device_range: Any = None) -> MeshEvent:
+def record_event(
+    mesh_device: MeshDevice,
+    cq_id: int | None = None,
+    sub_device_ids: list = [],  # noqa: B006 (ttnn 0.81.1's own default)
+    device_range: Any = None,
+) -> MeshEvent:
     _device_call("record_event", mesh_device=mesh_device, cq_id=cq_id)
     return MeshEvent(mesh_device, cq_id)
 
@@ -175,7 +203,7 @@ def wait_for_event(cq_id: int, mesh_event: MeshEvent) -> None:
     _device_call("wait_for_event", cq_id, mesh_event)
 
 
-def synchronize_device(device: MeshDevice, cq_id: int | None = None, sub_device_ids: list = []) -> None:
+def synchronize_device(device: MeshDevice, cq_id: int | None = None, sub_device_ids: list = []) -> None:  # noqa: B006 (ttnn 0.81.1's own default)
     _device_call("synchronize_device", device, cq_id=cq_id)
 
 

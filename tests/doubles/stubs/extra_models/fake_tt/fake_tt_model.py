@@ -15,10 +15,13 @@ import ttnn
 
 
 class FakeTTModel:
-    model_capabilities = {"supports_prefix_caching": True, "supports_async_decode": True,
-                          "supports_sample_on_device": False}
+    model_capabilities = {
+        "supports_prefix_caching": True,
+        "supports_async_decode": True,
+        "supports_sample_on_device": False,
+    }
     VOCAB = 64
-    instances: list["FakeTTModel"] = []
+    instances: list[FakeTTModel] = []
 
     def __init__(self, mesh_device: Any, max_batch_size: int, max_seq_len: int, num_lanes: int) -> None:
         self.mesh_device = mesh_device
@@ -29,8 +32,9 @@ class FakeTTModel:
         FakeTTModel.instances.append(self)
 
     @classmethod
-    def initialize_vllm_model(cls, hf_config, mesh_device, max_batch_size, max_seq_len=131072, n_layers=None,
-                              tt_data_parallel=1):
+    def initialize_vllm_model(
+        cls, hf_config, mesh_device, max_batch_size, max_seq_len=131072, n_layers=None, tt_data_parallel=1
+    ):
         assert hasattr(hf_config, "architectures"), "hf_config must be an HF config"
         assert isinstance(mesh_device, ttnn.MeshDevice), f"mesh_device is {type(mesh_device)}"
         assert max_batch_size % tt_data_parallel == 0, "max_batch_size is global: lanes x per-lane"
@@ -43,8 +47,10 @@ class FakeTTModel:
         assert len(kv_cache_shape) == 4, "(num_blocks, kv_heads, block_size, head_dim)"
         self.kv_shape = tuple(kv_cache_shape)
         self.kv_dtype = dtype  # a real generator allocates ttnn tensors of this dtype
-        return [[[torch.zeros(kv_cache_shape), torch.zeros(kv_cache_shape)] for _ in range(num_layers)]
-                for _ in range(self.num_lanes)]
+        return [
+            [[torch.zeros(kv_cache_shape), torch.zeros(kv_cache_shape)] for _ in range(num_layers)]
+            for _ in range(self.num_lanes)
+        ]
 
     def _check_kv(self, kv_cache) -> None:
         assert len(kv_cache) == self.num_lanes, "kv_cache is [lane][layer] = [K, V]"
@@ -53,8 +59,18 @@ class FakeTTModel:
     def _next_token_logits(self, last_tokens: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.one_hot((last_tokens.long() + 1) % self.VOCAB, self.VOCAB).float()
 
-    def prefill_forward(self, tokens, page_table, kv_cache, prompt_lens, start_pos=None, empty_slots=None,
-                        sampling_params=None, enable_trace=False, **kwargs):
+    def prefill_forward(
+        self,
+        tokens,
+        page_table,
+        kv_cache,
+        prompt_lens,
+        start_pos=None,
+        empty_slots=None,
+        sampling_params=None,
+        enable_trace=False,
+        **kwargs,
+    ):
         self.calls.append("prefill")
         n = tokens.shape[0]
         assert tokens.dim() == 2 and page_table.dim() == 2 and page_table.shape[0] == n
@@ -67,8 +83,18 @@ class FakeTTModel:
         last = torch.stack([tokens[i, prompt_lens[i] - 1] for i in range(n)])
         return self._next_token_logits(last)[:, None, :]
 
-    def decode_forward(self, tokens, start_pos, page_table, kv_cache, enable_trace=True, read_from_device=True,
-                       sampling_params=None, reset_batch=False, **kwargs):
+    def decode_forward(
+        self,
+        tokens,
+        start_pos,
+        page_table,
+        kv_cache,
+        enable_trace=True,
+        read_from_device=True,
+        sampling_params=None,
+        reset_batch=False,
+        **kwargs,
+    ):
         self.calls.append("decode")
         assert tokens.shape == (self.max_batch_size, 1), "decode runs every slot"
         assert start_pos.shape == (self.max_batch_size,) and page_table.shape[0] == self.max_batch_size
