@@ -1,0 +1,34 @@
+"""The engine contract: what every engine and deployment speaks.
+
+A deployment hands an engine a ``GenerateRequest`` and reads back a stream of ``OutputDelta``s;
+``EngineStats`` is the engine's load and cache snapshot. Both engine kinds (the TT mesh engine and
+the vLLM slice engine) implement ``Engine``, so deployments treat them alike.
+
+Every type here is a frozen dataclass validated on construction: an invalid value raises
+``InvalidRequestError`` naming the offending field, which the HTTP edge turns into a 400.
+
+One module per concept: ``errors``, ``sampling`` (``SamplingParams``), ``request``
+(``GenerateRequest``, ``KVTransferParams``), ``output`` (``OutputDelta`` and its parts),
+``stats`` (``EngineStats``), ``engine`` (the ``Engine`` protocol). Import them from here.
+"""
+
+from accel.contract.engine import Engine
+from accel.contract.errors import ConfigError, InvalidRequestError
+from accel.contract.output import FinishReason, OutputDelta, TokenLogprob, join_token_ids
+from accel.contract.request import GenerateRequest, KVTransferParams
+from accel.contract.sampling import SamplingParams
+from accel.contract.stats import EngineStats
+
+__all__ = [
+    "ConfigError",
+    "Engine",
+    "EngineStats",
+    "FinishReason",
+    "GenerateRequest",
+    "InvalidRequestError",
+    "KVTransferParams",
+    "OutputDelta",
+    "SamplingParams",
+    "TokenLogprob",
+    "join_token_ids",
+]

@@ -1,0 +1,76 @@
+"""What one generation asks for: ``GenerateRequest`` (token ids in, already tokenized) and its
+optional prefill/decode hand-off, ``KVTransferParams``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from accel.contract.errors import InvalidRequestError, normalize_token_ids, require
+from accel.contract.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class KVTransferParams:
+    """Prefill/decode disaggregation hand-off, named after vLLM's NIXL convention.
+
+    A prefill request carries ``do_remote_decode=True`` (export the KV after prefill); the decode
+    request carries ``do_remote_prefill=True`` and the ``transfer_id`` the prefill returned.
+
+    ``connector_params``: the ``kv_transfer_params`` dict of an engine's OWN KV connector (e.g.
+    tpu-inference's ``TPUConnector``: ``{uuid, remote_host, remote_port}``), handed to the engine
+    and returned from it unchanged, never interpreted by meshserve; None = our own connector, which
+    reads the fields above. JSON-like (vLLM returns it in HTTP bodies); copied on construction.
+    """
+
+    do_remote_decode: bool = False
+    do_remote_prefill: bool = False
+    transfer_id: str | None = None
+    num_tokens: int = 0
+    connector_params: Mapping[str, Any] | None = field(default=None, hash=False)
+
+    def __post_init__(self) -> None:
+        require(
+            not (self.do_remote_decode and self.do_remote_prefill),
+            "kv_transfer_params",
+            "a request cannot both export and import KV",
+        )
+        require(
+            not self.do_remote_prefill or bool(self.transfer_id),
+            "kv_transfer_params",
+            "do_remote_prefill needs a transfer_id",
+        )
+        if self.connector_params is not None:
+            require(
+                isinstance(self.connector_params, Mapping) and all(isinstance(k, str) for k in self.connector_params),
+                "kv_transfer_params",
+                "connector params must be a mapping with string keys",
+            )
+            try:
+                json.dumps(dict(self.connector_params))
+            except (TypeError, ValueError) as exc:
+                raise InvalidRequestError("kv_transfer_params", f"connector params are not JSON-like: {exc}") from None
+            object.__setattr__(self, "connector_params", dict(self.connector_params))
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One generation. ``prompt_token_ids`` are already tokenized (chat template applied)."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    session_id: str | None = None
+    kv_transfer: KVTransferParams | None = None
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.request_id, str) and bool(self.request_id), "request_id", "must be a non-empty string")
+        ids = normalize_token_ids(self.prompt_token_ids, "prompt")
+        require(len(ids) > 0, "prompt", "the prompt is empty")
+        object.__setattr__(self, "prompt_token_ids", ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
