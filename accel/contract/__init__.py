@@ -9,10 +9,11 @@ Every type here is a frozen dataclass validated on construction: an invalid valu
 
 One module per concept: ``errors``, ``sampling`` (``SamplingParams``), ``request``
 (``GenerateRequest``, ``KVTransferParams``), ``output`` (``OutputDelta`` and its parts),
-``stats`` (``EngineStats``), ``engine`` (the ``Engine`` protocol). Import them from here.
+``stats`` (``EngineStats``), ``engine`` (the ``Engine``
+protocol, ``PrefixCacheChange``). Import them from here.
 """
 
-from accel.contract.engine import Engine
+from accel.contract.engine import Engine, PrefixCacheChange
 from accel.contract.errors import ConfigError, InvalidRequestError
 from accel.contract.output import FinishReason, OutputDelta, TokenLogprob, join_token_ids
 from accel.contract.request import GenerateRequest, KVTransferParams
@@ -28,6 +29,7 @@ __all__ = [
     "InvalidRequestError",
     "KVTransferParams",
     "OutputDelta",
+    "PrefixCacheChange",
     "SamplingParams",
     "TokenLogprob",
     "join_token_ids",

@@ -6,7 +6,7 @@ Invariants:
   hash): they keep their KV until reused, so a later request with the same prefix can take them
   back (``touch``) instead of recomputing;
 - ``_cached`` maps a chained block hash (``accel.block_hash``) to the one block holding it;
-  allocation evicts the oldest free block and drops its hash (a ``removed`` KV event);
+  allocation evicts the oldest free block and drops its hash (a ``removed`` ``PrefixCacheChange``);
 - block ids are lane-local (``0..num_blocks-1``); every lane has its own pool.
 
 Pure logic: no torch, no threads. The engine thread is the only caller.
@@ -16,18 +16,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from accel.block_hash import BlockHash
-
-
-@dataclass(frozen=True)
-class KVEvent:
-    """A change of the replica's cached prefix set, for the router's precise prefix index."""
-
-    kind: str  # "stored" | "removed"
-    lane: int
-    block_hashes: tuple[BlockHash, ...]
+from accel.contract import PrefixCacheChange
 
 
 class BlockPool:
@@ -41,7 +32,7 @@ class BlockPool:
         self._hashes: list[BlockHash | None] = [None] * num_blocks
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._cached: dict[BlockHash, int] = {}
-        self._events: list[KVEvent] = []
+        self._events: list[PrefixCacheChange] = []
         self.prefix_cache_queries = 0  # tokens looked up (cumulative)
         self.prefix_cache_hits = 0  # of which found cached
 
@@ -93,7 +84,7 @@ class BlockPool:
             self._ref_counts[b] = 1
             out.append(b)
         if evicted:
-            self._events.append(KVEvent("removed", self.lane, tuple(evicted)))
+            self._events.append(PrefixCacheChange("removed", self.lane, tuple(evicted)))
         return out
 
     def free(self, block_ids: Sequence[int]) -> None:
@@ -106,7 +97,7 @@ class BlockPool:
                 self._free[b] = None
 
     def cache_blocks(self, block_ids: Sequence[int], block_hashes: Sequence[BlockHash]) -> None:
-        """Register full, computed blocks under their chained hashes (a ``stored`` event).
+        """Register full, computed blocks under their chained hashes (a ``stored`` change).
 
         A hash already held by another block is left alone (the duplicate simply is not
         cached); a block that already has a hash keeps it.
@@ -121,9 +112,9 @@ class BlockPool:
             self._cached[h] = b
             stored.append(h)
         if stored:
-            self._events.append(KVEvent("stored", self.lane, tuple(stored)))
+            self._events.append(PrefixCacheChange("stored", self.lane, tuple(stored)))
 
-    def take_kv_events(self) -> list[KVEvent]:
+    def take_kv_events(self) -> list[PrefixCacheChange]:
         events, self._events = self._events, []
         return events
 

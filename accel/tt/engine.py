@@ -18,11 +18,18 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from accel.block_hash import BlockHash
-from accel.contract import EngineStats, FinishReason, GenerateRequest, InvalidRequestError, OutputDelta
+from accel.contract import (
+    EngineStats,
+    FinishReason,
+    GenerateRequest,
+    InvalidRequestError,
+    OutputDelta,
+    PrefixCacheChange,
+)
 from accel.text.output_builder import OutputBuilder
 from accel.text.tokenizer import load_tokenizer
 from accel.tt.async_decode import AsyncDecodeQueue
-from accel.tt.block_pool import BlockPool, KVEvent
+from accel.tt.block_pool import BlockPool
 from accel.tt.config import TTEngineConfig, check_model_capabilities
 from accel.tt.engine_core import EngineCore, KVHookPoints, NewTokens, StepRecord
 from accel.tt.lane_coordinator import LaneCoordinator
@@ -118,7 +125,7 @@ class TTMeshEngine:
         self._cv = threading.Condition()
         self._inbox: deque[tuple[str, Any]] = deque()
         self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self._kv_events: deque[KVEvent] = deque()
+        self._kv_events: deque[PrefixCacheChange] = deque()
         self._stats = self._snapshot()
         self._extra_stats = self._extra_snapshot()
         self._stopped = False
@@ -199,7 +206,7 @@ class TTMeshEngine:
         and ``async_overlap_fraction`` (decode steps left in flight / decode steps)."""
         return self._extra_stats
 
-    def take_kv_events(self) -> list[KVEvent]:
+    def take_kv_events(self) -> list[PrefixCacheChange]:
         """KV blocks stored / evicted since the previous call (for the router's prefix index)."""
         events = []
         while self._kv_events:

@@ -12,10 +12,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from accel.contract import KVTransferParams, TokenLogprob
+from accel.contract import KVTransferParams, PrefixCacheChange, TokenLogprob
 from accel.text.stop_tokens import check_token_stop
 from accel.tt.async_decode import AsyncDecodeQueue
-from accel.tt.block_pool import BlockPool, KVEvent
+from accel.tt.block_pool import BlockPool
 from accel.tt.lane_coordinator import LaneCoordinator
 from accel.tt.request_state import RequestState, RequestStatus
 from accel.tt.runner import NO_TOKEN, StepResult
@@ -182,10 +182,10 @@ class EngineCore:
         r.status = RequestStatus.FINISHED
 
     # ---- observability -----------------------------------------------------------------
-    def take_kv_events(self) -> list[KVEvent]:
+    def take_kv_events(self) -> list[PrefixCacheChange]:
         """Replica-level cache changes: a hash is ``stored`` when the first lane caches it and
         ``removed`` when the last lane holding it evicts it (``lane`` = the lane that changed)."""
-        out: list[KVEvent] = []
+        out: list[PrefixCacheChange] = []
         held = self._num_lanes_holding
         for lane in self.coordinator.lanes:
             for event in lane.pool.take_kv_events():
@@ -201,7 +201,7 @@ class EngineCore:
                             del held[h]
                             changed.append(h)
                 if changed:
-                    out.append(KVEvent(event.kind, event.lane, tuple(changed)))
+                    out.append(PrefixCacheChange(event.kind, event.lane, tuple(changed)))
         return out
 
     def _record(self, plan: StepPlan, num_dispatches: int) -> None:

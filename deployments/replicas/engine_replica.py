@@ -15,10 +15,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
-from accel.contract import Engine, EngineStats, FinishReason, GenerateRequest, OutputDelta
+from accel.contract import Engine, EngineStats, FinishReason, GenerateRequest, OutputDelta, PrefixCacheChange
 from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS, KVCursor, KVEventLog
 from deployments.router.kv_events import BlockRemoved, BlockStored, KVEvent
 from deployments.router.messages import ReplicaSnapshot
@@ -67,8 +67,8 @@ def current_actor_id() -> str | None:
         return None
 
 
-def kv_events_for_router(engine_events: list[Any]) -> tuple[KVEvent, ...]:
-    """The TT engine's ``KVEvent(kind, lane, block_hashes)`` (replica-level: stored when the first
+def kv_events_for_router(engine_events: Iterable[PrefixCacheChange]) -> tuple[KVEvent, ...]:
+    """An engine's ``PrefixCacheChange``s (the TT engine's are replica-level: stored when the first
     lane caches a hash, removed when the last lane drops it) as the router's event types."""
     out: list[KVEvent] = []
     for event in engine_events:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from accel.block_hash import hash_prompt_blocks
-from accel.tt.block_pool import BlockPool, KVEvent
+from accel.contract import PrefixCacheChange
+from accel.tt.block_pool import BlockPool
 
 
 def test_allocate_and_free_return_every_block():
@@ -35,7 +36,7 @@ def test_cached_prefix_is_found_and_shared():
     hashes = hash_prompt_blocks(tokens, 4)
     blocks = pool.allocate(3)
     pool.cache_blocks(blocks, hashes)
-    assert pool.take_kv_events() == [KVEvent("stored", 2, tuple(hashes))]
+    assert pool.take_kv_events() == [PrefixCacheChange("stored", 2, tuple(hashes))]
     # Still referenced: a second request sharing 2 blocks of prefix finds them.
     other = hash_prompt_blocks(tokens[:8] + [99, 98, 97, 96], 4)
     hit = pool.find_cached_prefix(other)
@@ -73,7 +74,7 @@ def test_lru_eviction_takes_oldest_free_block_and_reports_removal():
     pool.free([blocks[2]])
     (fresh,) = pool.allocate(1)
     assert fresh == blocks[1]
-    assert pool.take_kv_events() == [KVEvent("removed", 0, (hashes[1],))]
+    assert pool.take_kv_events() == [PrefixCacheChange("removed", 0, (hashes[1],))]
     assert pool.find_cached_prefix(hashes) == [blocks[0]]  # chain broken at block 1
 
 
