@@ -11,11 +11,9 @@ metrics), so Ray's ``WorkerId`` tag joins with Serve's own per-replica series.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from ray.util.metrics import Counter, Gauge, Histogram
 
-from accel.contract import EngineStats, FinishReason
+from accel.contract import EngineStats, FinishReason, TTEngineStats
 
 ENGINE_TAGS = ("model_name", "pool", "replica")
 
@@ -95,9 +93,9 @@ class EngineMetrics:
     """Per-replica engine metrics; one instance per replica actor.
 
     ``observe_stats`` turns the engine's cumulative prefix-cache counters into counter
-    increments and sets the gauges; engine-specific extras (``EngineStats`` does not carry
-    them) come as a mapping of cumulative counts / current values from the engine's optional
-    ``extra_stats()``.
+    increments and sets the gauges; the TT engine's step statistics (``TTEngineStats``, from its
+    ``extra_stats()``; other engines have none) feed the ``meshserve_*`` engine series the same
+    way: cumulative counts become increments, current values set gauges.
     """
 
     def __init__(self, model_name: str, pool: str, replica: str, emit_vllm_metrics: bool = True):
@@ -105,7 +103,7 @@ class EngineMetrics:
         self.emit_vllm = emit_vllm_metrics
         self._last_queries = 0
         self._last_hits = 0
-        self._last_extra: dict[str, float] = {}
+        self._last_tt = TTEngineStats()  # counts already turned into increments
         t = ENGINE_TAGS
         self.ttft = Histogram("vllm_time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS_S, t)
         self.itl = Histogram(
@@ -155,7 +153,7 @@ class EngineMetrics:
             self.tpot.observe((e2e_s - ttft_s) / (num_output - 1), self._tags)
         self.success.inc(1, {**self._tags, "finished_reason": reason.value})
 
-    def observe_stats(self, stats: EngineStats, extra: Mapping[str, float] | None = None) -> None:
+    def observe_stats(self, stats: EngineStats, tt: TTEngineStats | None = None) -> None:
         if self.emit_vllm:
             self.running.set(stats.num_running, self._tags)
             self.waiting.set(stats.num_waiting, self._tags)
@@ -166,26 +164,27 @@ class EngineMetrics:
                 self.prefix_hits.inc(stats.prefix_cache_hits - self._last_hits, self._tags)
             self._last_queries = max(self._last_queries, stats.prefix_cache_queries)
             self._last_hits = max(self._last_hits, stats.prefix_cache_hits)
-        if extra:
-            self._observe_extra(extra)
+        if tt is not None:
+            self._observe_tt(tt)
 
-    def _observe_extra(self, extra: Mapping[str, float]) -> None:
-        """Keys: ``steps_<mode>`` and ``sampled_<where>`` (cumulative), ``lane_occupancy_<i>``
-        and ``async_overlap_fraction`` (current values). Unknown keys are ignored."""
-        for key, value in extra.items():
-            if key.startswith("steps_") or key.startswith("sampled_"):
-                gained = value - self._last_extra.get(key, 0)
-                self._last_extra[key] = value
-                if gained > 0:
-                    prefix, name = key.split("_", 1)
-                    if prefix == "steps":
-                        self.step_mode.inc(gained, {**self._tags, "mode": name})
-                    else:
-                        self.sampling.inc(gained, {**self._tags, "where": name})
-            elif key.startswith("lane_occupancy_"):
-                self.lane_occupancy.set(value, {**self._tags, "lane": key.rsplit("_", 1)[1]})
-            elif key == "async_overlap_fraction":
-                self.async_overlap.set(value, self._tags)
+    def _observe_tt(self, tt: TTEngineStats) -> None:
+        last, tags = self._last_tt, self._tags
+        for mode, gained in (
+            ("prefill", tt.num_prefill_steps - last.num_prefill_steps),
+            ("decode", tt.num_decode_steps - last.num_decode_steps),
+        ):
+            if gained > 0:
+                self.step_mode.inc(gained, {**tags, "mode": mode})
+        for where, gained in (
+            ("device", tt.num_device_sampled_tokens - last.num_device_sampled_tokens),
+            ("host", tt.num_host_sampled_tokens - last.num_host_sampled_tokens),
+        ):
+            if gained > 0:
+                self.sampling.inc(gained, {**tags, "where": where})
+        for lane, occupancy in enumerate(tt.lane_occupancy):
+            self.lane_occupancy.set(occupancy, {**tags, "lane": str(lane)})
+        self.async_overlap.set(tt.async_overlap_fraction, tags)
+        self._last_tt = tt
 
 
 class IngressMetrics:

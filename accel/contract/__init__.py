@@ -9,7 +9,7 @@ Every type here is a frozen dataclass validated on construction: an invalid valu
 
 One module per concept: ``errors``, ``sampling`` (``SamplingParams``), ``request``
 (``GenerateRequest``, ``KVTransferParams``), ``output`` (``OutputDelta`` and its parts),
-``stats`` (``EngineStats``), ``engine`` (the ``Engine``
+``stats`` (``EngineStats``, ``TTEngineStats``), ``engine`` (the ``Engine``
 protocol, ``PrefixCacheChange``). Import them from here.
 """
 
@@ -18,7 +18,7 @@ from accel.contract.errors import ConfigError, InvalidRequestError
 from accel.contract.output import FinishReason, OutputDelta, TokenLogprob, join_token_ids
 from accel.contract.request import GenerateRequest, KVTransferParams
 from accel.contract.sampling import SamplingParams
-from accel.contract.stats import EngineStats
+from accel.contract.stats import EngineStats, TTEngineStats
 
 __all__ = [
     "ConfigError",
@@ -31,6 +31,7 @@ __all__ = [
     "OutputDelta",
     "PrefixCacheChange",
     "SamplingParams",
+    "TTEngineStats",
     "TokenLogprob",
     "join_token_ids",
 ]

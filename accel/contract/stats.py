@@ -1,5 +1,6 @@
-"""What an engine reports besides its outputs: ``EngineStats``, its load and cache snapshot (read by
-the router and the metrics)."""
+"""What an engine reports besides its outputs: ``EngineStats`` (every engine: load and cache, read
+by the router and the metrics) and ``TTEngineStats`` (the TT mesh engine's step statistics, read
+by the metrics only)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,18 @@ class EngineStats:
         if self.num_kv_blocks_total == 0:
             return 0.0
         return 1.0 - self.num_kv_blocks_free / self.num_kv_blocks_total
+
+
+@dataclass(frozen=True)
+class TTEngineStats:
+    """The TT mesh engine's ``extra_stats()``: how its steps ran (``serve_app.metrics`` turns them
+    into the ``meshserve_engine_steps``, ``meshserve_sampled_tokens``, ``meshserve_lane_occupancy``
+    and ``meshserve_async_overlap_fraction`` series). Counts are cumulative since the engine
+    started; occupancy and overlap are current values."""
+
+    num_prefill_steps: int = 0
+    num_decode_steps: int = 0
+    num_device_sampled_tokens: int = 0  # sampled inside the mesh program
+    num_host_sampled_tokens: int = 0  # sampled on the host (logits read back)
+    lane_occupancy: tuple[float, ...] = ()  # per lane (index = lane): running requests / slots, 0..1
+    async_overlap_fraction: float = 0.0  # decode steps left in flight while the host worked / decode steps

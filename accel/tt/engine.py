@@ -25,6 +25,7 @@ from accel.contract import (
     InvalidRequestError,
     OutputDelta,
     PrefixCacheChange,
+    TTEngineStats,
 )
 from accel.text.output_builder import OutputBuilder
 from accel.text.tokenizer import load_tokenizer
@@ -48,7 +49,6 @@ from accel.tt.request_state import RequestState
 from accel.tt.runner import MeshRunner
 from accel.tt.sampling_policy import SamplingPolicy
 from accel.tt.scheduler import LaneScheduler
-from accel.tt.step_plan import StepMode
 
 logger = logging.getLogger(__name__)
 
@@ -200,10 +200,9 @@ class TTMeshEngine:
     def stats(self) -> EngineStats:
         return self._stats
 
-    def extra_stats(self) -> dict[str, float]:
-        """TT-specific metrics for the replica (``serve_app.metrics``): ``steps_<mode>`` and
-        ``sampled_<device|host>`` (cumulative counts), ``lane_occupancy_<lane>`` (running / slots)
-        and ``async_overlap_fraction`` (decode steps left in flight / decode steps)."""
+    def extra_stats(self) -> TTEngineStats:
+        """How the steps ran (step modes, where sampling ran, lane occupancy, async overlap), as
+        of the latest step-loop iteration."""
         return self._extra_stats
 
     def take_kv_events(self) -> list[PrefixCacheChange]:
@@ -339,15 +338,17 @@ class TTMeshEngine:
             platform=self.platform,
         )
 
-    def _extra_snapshot(self) -> dict[str, float]:
+    def _extra_snapshot(self) -> TTEngineStats:
         core = self.core
-        extra: dict[str, float] = {f"steps_{mode}": float(n) for mode, n in core.num_steps_by_mode.items()}
-        extra.update({f"sampled_{where}": float(n) for where, n in core.num_sampled_tokens.items()})
-        for lane in core.coordinator.lanes:
-            extra[f"lane_occupancy_{lane.lane}"] = len(lane.running) / lane.per_lane
-        num_decode = core.num_steps_by_mode[StepMode.DECODE.value]
-        extra["async_overlap_fraction"] = core.queue.num_overlapped_steps / num_decode if num_decode else 0.0
-        return extra
+        num_decode = core.num_decode_steps
+        return TTEngineStats(
+            num_prefill_steps=core.num_prefill_steps,
+            num_decode_steps=num_decode,
+            num_device_sampled_tokens=core.num_device_sampled_tokens,
+            num_host_sampled_tokens=core.num_host_sampled_tokens,
+            lane_occupancy=tuple(len(lane.running) / lane.per_lane for lane in core.coordinator.lanes),
+            async_overlap_fraction=core.queue.num_overlapped_steps / num_decode if num_decode else 0.0,
+        )
 
     # ---- validation ----------------------------------------------------------------------
     def _validate(self, request: GenerateRequest) -> None:

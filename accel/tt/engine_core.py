@@ -88,9 +88,12 @@ class EngineCore:
         self.requests: dict[str, RequestState] = {}
         self.keep_step_log = keep_step_log
         self.step_log: list[StepRecord] = []
+        # Cumulative counts of executed (non-empty) steps and of sampled tokens by where sampling ran.
         self.num_steps = 0
-        self.num_steps_by_mode: dict[str, int] = {StepMode.PREFILL.value: 0, StepMode.DECODE.value: 0}
-        self.num_sampled_tokens = {"device": 0, "host": 0}  # by where sampling ran
+        self.num_prefill_steps = 0
+        self.num_decode_steps = 0
+        self.num_device_sampled_tokens = 0
+        self.num_host_sampled_tokens = 0
         self._num_lanes_holding: dict[int, int] = {}  # block hash -> lanes whose cache holds it
 
     # ---- requests ----------------------------------------------------------------------
@@ -169,9 +172,11 @@ class EngineCore:
             self._finish(r)
         for lane, lane_requests in zip(self.coordinator.lanes, touched):
             lane.cache_computed_blocks(lane_requests)
-        self.num_sampled_tokens["device" if result.is_device_sampled else "host"] += sum(
-            1 for t in result.token_ids if t != NO_TOKEN
-        )
+        num_sampled = sum(1 for t in result.token_ids if t != NO_TOKEN)
+        if result.is_device_sampled:
+            self.num_device_sampled_tokens += num_sampled
+        else:
+            self.num_host_sampled_tokens += num_sampled
         if self.keep_step_log:
             self._mark_sampling(plan, result)
         return outputs
@@ -208,7 +213,10 @@ class EngineCore:
         if plan.mode is StepMode.EMPTY:
             return
         self.num_steps += 1
-        self.num_steps_by_mode[plan.mode.value] += 1
+        if plan.mode is StepMode.PREFILL:
+            self.num_prefill_steps += 1
+        else:
+            self.num_decode_steps += 1
         if not self.keep_step_log:
             return
         lane_rows = tuple(

@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from accel.contract import EngineStats, FinishReason
+from accel.contract import EngineStats, FinishReason, TTEngineStats
 from serve_app import metrics as metrics_mod
 from serve_app.metrics import EngineMetrics
 
@@ -53,23 +53,24 @@ def test_cumulative_counters_become_increments():
     m = _recording(EngineMetrics("tiny", "tt", "r1"))
     m.observe_stats(
         EngineStats(1, 2, 10, 5, prefix_cache_queries=100, prefix_cache_hits=40),
-        {
-            "steps_decode": 5,
-            "steps_prefill": 2,
-            "sampled_device": 7,
-            "lane_occupancy_1": 0.5,
-            "async_overlap_fraction": 0.9,
-        },
+        TTEngineStats(
+            num_prefill_steps=2,
+            num_decode_steps=5,
+            num_device_sampled_tokens=7,
+            lane_occupancy=(0.25, 0.5),
+            async_overlap_fraction=0.9,
+        ),
     )
     m.observe_stats(
         EngineStats(0, 1, 10, 8, prefix_cache_queries=130, prefix_cache_hits=40),
-        {"steps_decode": 9, "steps_prefill": 2, "sampled_device": 7},
+        TTEngineStats(num_prefill_steps=2, num_decode_steps=9, num_device_sampled_tokens=7, lane_occupancy=(0.0, 1.0)),
     )
     assert [c[1] for c in m.prefix_queries.calls] == [100, 30]
     assert [c[1] for c in m.prefix_hits.calls] == [40]
-    assert [(c[1], c[2]["mode"]) for c in m.step_mode.calls] == [(5, "decode"), (2, "prefill"), (4, "decode")]
+    assert [(c[1], c[2]["mode"]) for c in m.step_mode.calls] == [(2, "prefill"), (5, "decode"), (4, "decode")]
     assert [(c[1], c[2]["where"]) for c in m.sampling.calls] == [(7, "device")]
-    assert m.lane_occupancy.calls[0][2]["lane"] == "1"
+    assert [(c[1], c[2]["lane"]) for c in m.lane_occupancy.calls] == [(0.25, "0"), (0.5, "1"), (0.0, "0"), (1.0, "1")]
+    assert [c[1] for c in m.async_overlap.calls] == [0.9, 0.0]
     assert abs(m.kv_usage.calls[-1][1] - 0.2) < 1e-9
     assert m.running.calls[-1][2] == {"model_name": "tiny", "pool": "tt", "replica": "r1"}
 
@@ -86,7 +87,7 @@ def test_engine_that_emits_vllm_metrics_itself_is_not_doubled():
     m = _recording(EngineMetrics("tiny", "vllm", "r1", emit_vllm_metrics=False))
     m.observe_first_token(0.1)
     m.observe_finish(FinishReason.LENGTH, 3, 3, 1.0, 0.1)
-    m.observe_stats(EngineStats(0, 1, 10, 5), {"steps_decode": 1})
+    m.observe_stats(EngineStats(0, 1, 10, 5), TTEngineStats(num_decode_steps=1))
     assert not m.ttft.calls and not m.success.calls and not m.running.calls
     assert m.step_mode.calls  # ours still flow
 

@@ -50,12 +50,13 @@ def test_40_staggered_requests_4_lanes_exact_and_lane_rules(tiny_llama):
         assert engine.model.num_prefill_calls + engine.model.num_decode_calls == len(engine.step_log)
         assert_pool_full(engine)
         extra = engine.extra_stats()
-        assert extra["steps_prefill"] + extra["steps_decode"] == len(engine.step_log)
+        assert extra.num_prefill_steps + extra.num_decode_steps == len(engine.step_log)
         # host only for prefill batches holding an intermediate chunk (device RNG must not advance)
-        assert extra["sampled_device"] + extra["sampled_host"] == sum(r.sampling.max_tokens for r in reqs)
-        assert extra["sampled_device"] > 10 * extra["sampled_host"]
-        assert 0 < extra["async_overlap_fraction"] <= 1
-        assert [extra[f"lane_occupancy_{i}"] for i in range(4)] == [0.0] * 4
+        num_sampled = extra.num_device_sampled_tokens + extra.num_host_sampled_tokens
+        assert num_sampled == sum(r.sampling.max_tokens for r in reqs)
+        assert extra.num_device_sampled_tokens > 10 * extra.num_host_sampled_tokens
+        assert 0 < extra.async_overlap_fraction <= 1
+        assert extra.lane_occupancy == (0.0,) * 4
     finally:
         engine.close()
 
