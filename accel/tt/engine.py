@@ -155,7 +155,7 @@ class TTMeshEngine:
         """
         self._validate(request)
         req_id = request.request_id
-        if request.kv_transfer is not None and hasattr(self.core.kv_hooks, "prefetch"):
+        if request.kv_transfer is not None and self.core.kv_hooks is not None:
             await self.core.kv_hooks.prefetch(request)  # a KV import's RPCs, off the engine thread
         queue: asyncio.Queue = asyncio.Queue()
         with self._cv:
@@ -225,6 +225,11 @@ class TTMeshEngine:
     @property
     def step_log(self) -> list[StepRecord]:
         return self.core.step_log
+
+    async def check_health(self) -> None:
+        """Raise once the step loop is gone (shut down, or its thread died)."""
+        if self._stopped or not self._thread.is_alive():
+            raise RuntimeError("the TT mesh engine's step loop is not running")
 
     async def shutdown(self) -> None:
         await asyncio.to_thread(self.close)

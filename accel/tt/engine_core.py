@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from accel.contract import KVTransferParams, PrefixCacheChange, TokenLogprob
+from accel.contract import GenerateRequest, KVTransferParams, PrefixCacheChange, TokenLogprob
 from accel.text.stop_tokens import check_token_stop
 from accel.tt.async_decode import AsyncDecodeQueue
 from accel.tt.block_pool import BlockPool
@@ -41,6 +41,11 @@ class NewTokens(NamedTuple):
 class KVHookPoints(Protocol):
     """Where prefill/decode KV transfer attaches (engine thread; ``lane_kv`` = that lane's
     ``[layer] = [K, V]`` from ``allocate_kv_cache``; block ids are lane-local)."""
+
+    async def prefetch(self, request: GenerateRequest) -> None:
+        """Asyncio side, before ``request`` reaches the engine thread: the network part of an
+        import (a no-op for requests that import nothing, or for hooks that fetch in
+        ``on_added``)."""
 
     def may_import(self, r: RequestState) -> bool:
         """Whether ``on_added`` may write KV for ``r`` (the engine then lets in-flight steps

@@ -229,6 +229,19 @@ class VllmEngine:
         prefix-cache counters; ``platform`` is "tpu" or "cpu"."""
         return self._stats.snapshot()
 
+    def extra_stats(self) -> None:
+        """No engine-specific statistics: vLLM emits its own ``vllm_*`` metrics."""
+        return None
+
+    def take_kv_events(self) -> None:
+        """None: vLLM publishes its KV cache events itself (``kv_events_config``), which
+        ``VllmReplica`` follows."""
+        return None
+
+    def kv_block_snapshot(self) -> None:
+        """None: vLLM has no call listing its cached blocks."""
+        return None
+
     async def check_health(self) -> None:
         await self._llm.check_health()
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import inspect
 import logging
 import os
 import threading
@@ -235,21 +234,21 @@ class EngineReplica:
 
     @property
     def kv_block_size(self) -> int:
-        """Tokens per KV block, the block size of this replica's hashes (the pool's setting)."""
-        return self.pool.block_size
+        """Tokens per KV block, the block size of this replica's hashes (the engine's own)."""
+        return self._engine.block_size
 
     def _take_kv_events(self) -> tuple[KVEvent, ...] | None:
         """KV events since the previous call, in the router's hash space; None when the engine
         publishes none (the router then learns this replica from routing)."""
-        take = getattr(self._engine, "take_kv_events", None)
-        return None if take is None else kv_events_for_router(take())
+        changes = self._engine.take_kv_events()
+        return None if changes is None else kv_events_for_router(changes)
 
     def kv_block_snapshot(self) -> tuple[int, ...] | None:
         """Block hashes (``accel.block_hash``, ``kv_block_size``) the engine holds in its prefix
-        cache now; None when the engine has no snapshot API (``VllmReplica`` overrides this with
+        cache now; None when the engine has no snapshot call (``VllmReplica`` overrides this with
         its KV-event subscriber's view)."""
-        snap = getattr(self._engine, "kv_block_snapshot", None)
-        return None if snap is None else tuple(snap())
+        hashes = self._engine.kv_block_snapshot()
+        return None if hashes is None else tuple(hashes)
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Polled by Serve (``request_routing_stats_period_s``); shows on ``RunningReplica``."""
@@ -266,13 +265,7 @@ class EngineReplica:
         self._ensure_stats_task()
         if self._is_shut_down:
             raise RuntimeError("engine is shut down")
-        probe = getattr(self._engine, "check_health", None)
-        if probe is not None:
-            result = probe()
-            if inspect.isawaitable(result):
-                await result
-        else:
-            self._engine.stats()  # raises if the engine died
+        await self._engine.check_health()
 
     async def shutdown(self) -> None:
         if self._is_shut_down:
@@ -300,11 +293,9 @@ class EngineReplica:
             pass
 
     async def _publish_stats(self) -> None:
-        extra_fn = getattr(self._engine, "extra_stats", None)
         while True:
             try:
-                extra = extra_fn() if extra_fn is not None else None
-                self._metrics.observe_stats(self._engine.stats(), extra)
+                self._metrics.observe_stats(self._engine.stats(), self._engine.extra_stats())
             except Exception:
                 logger.debug("stats publish failed", exc_info=True)
             await asyncio.sleep(STATS_PERIOD_S)

@@ -129,11 +129,6 @@ class VllmReplica(EngineReplica):
                 delta = await handoff.finished_delta(request, delta)
             yield delta
 
-    @property
-    def kv_block_size(self) -> int:
-        """The engine's own block size (may differ from the pool's configured default)."""
-        return getattr(self._engine, "block_size", None) or self.pool.block_size
-
     def _take_kv_events(self) -> tuple[KVEvent, ...] | None:
         return None if self._kv_subscriber is None else self._kv_subscriber.take_events()
 

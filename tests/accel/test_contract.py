@@ -1,6 +1,7 @@
 import pytest
 
 from accel.contract import (
+    Engine,
     EngineStats,
     GenerateRequest,
     InvalidRequestError,
@@ -83,3 +84,21 @@ def test_kv_transfer_connector_params_are_an_opaque_json_like_copy():
 def test_engine_stats_usage():
     assert EngineStats(0, 0, 100, 25).kv_usage == pytest.approx(0.75)
     assert EngineStats(0, 0, 0, 0).kv_usage == 0.0
+
+
+ENGINE_METHODS = sorted(n for n, v in vars(Engine).items() if not n.startswith("_") and callable(v))
+
+
+@pytest.mark.parametrize(
+    "engine_class",
+    ["accel.tt.engine:TTMeshEngine", "accel.vllm.engine:VllmEngine", "tests.doubles.hf_replay_engine:HFReplayEngine"],
+)
+def test_every_engine_implements_every_engine_method(engine_class):
+    """Optional capabilities are declared on the protocol (answered None where unsupported), so
+    each engine class has every method; ``block_size`` is checked on live engines."""
+    import importlib
+
+    module, _, name = engine_class.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    assert {"check_health", "extra_stats", "kv_block_snapshot", "take_kv_events"} <= set(ENGINE_METHODS)
+    assert [m for m in ENGINE_METHODS if not callable(getattr(cls, m, None))] == []

@@ -18,7 +18,10 @@ from accel.text.tokenizer import load_tokenizer
 
 
 class HFReplayEngine:
-    def __init__(self, model_dir: str, max_model_len: int, step_delay_s: float = 0.0):
+    """``block_size``: what it reports as its KV block size (the pool's; it has no paged KV and
+    no prefix cache, so it publishes no KV events and has no block snapshot)."""
+
+    def __init__(self, model_dir: str, max_model_len: int, step_delay_s: float = 0.0, *, block_size: int):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -28,6 +31,8 @@ class HFReplayEngine:
         self._tok = load_tokenizer(model_dir)
         self._max_model_len = max_model_len
         self._delay_s = step_delay_s
+        self.block_size = block_size
+        self.is_shut_down = False
         self._aborted: set[str] = set()
         self._running: set[str] = set()
 
@@ -92,6 +97,19 @@ class HFReplayEngine:
             platform="hf-test-double",
         )
 
+    def extra_stats(self) -> None:
+        return None
+
+    def take_kv_events(self) -> None:
+        return None
+
+    def kv_block_snapshot(self) -> None:
+        return None
+
+    async def check_health(self) -> None:
+        if self.is_shut_down:
+            raise RuntimeError("the HF replay engine is shut down")
+
     async def shutdown(self) -> None:
         self._running.clear()
         self.is_shut_down = True
@@ -99,4 +117,4 @@ class HFReplayEngine:
 
 def make_hf_replay_engine(pool) -> HFReplayEngine:
     """Engine factory for ``build_from_config(..., engine_factories=...)``."""
-    return HFReplayEngine(str(pool.model_path), pool.max_model_len, step_delay_s=0.005)
+    return HFReplayEngine(str(pool.model_path), pool.max_model_len, step_delay_s=0.005, block_size=pool.block_size)

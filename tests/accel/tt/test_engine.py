@@ -228,8 +228,11 @@ def test_stats_platform_and_api(tiny_llama):
         assert stats.num_kv_blocks_total == 2 * engine.num_blocks_per_lane
         assert engine.max_model_len == 256 and engine.block_size == 16
         assert engine.model.warmup_calls == [("prefill", False), ("decode", False), ("prefill", True), ("decode", True)]
+        asyncio.run(engine.check_health())
     finally:
         asyncio.run(engine.shutdown())
+    with pytest.raises(RuntimeError, match="step loop is not running"):
+        asyncio.run(engine.check_health())
 
 
 def test_warmup_follows_trace_mode(tiny_llama):
@@ -301,6 +304,9 @@ class CellTransferHooks:
             p: self.model._cells[r.lane][(r.block_ids[p // bs], p % bs)] for p in range(r.num_prompt_tokens)
         }
         return KVTransferParams(do_remote_decode=True, transfer_id=f"t-{r.req_id}", num_tokens=r.num_prompt_tokens)
+
+    async def prefetch(self, request):
+        pass  # the cells are in this process: on_added reads them
 
     def may_import(self, r):
         kv = r.request.kv_transfer

@@ -25,7 +25,9 @@ def pool(tiny_llama):
 
 
 def _replica(pool, delay_s=0.0):
-    return EngineReplica(pool, lambda p: HFReplayEngine(str(p.model_path), p.max_model_len, delay_s))
+    return EngineReplica(
+        pool, lambda p: HFReplayEngine(str(p.model_path), p.max_model_len, delay_s, block_size=p.block_size)
+    )
 
 
 def test_streams_greedy_tokens(pool, tiny_llama):

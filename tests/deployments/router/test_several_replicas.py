@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from accel.contract import EngineStats
+from accel.contract import EngineStats, PrefixCacheChange
 from deployments.router.core.router_core import RouterConfig
 from deployments.router.deployment import RouterDeployment
 from tests.doubles.router_fakes import (
@@ -25,6 +25,8 @@ class _KVEngine:
     """An engine with the TT engine's KV-event surface and a block set that ``store`` / ``evict``
     change (publishing the events), so real ``EngineReplica`` logs can be polled."""
 
+    block_size = BS
+
     def __init__(self):
         self.blocks: dict[int, None] = {}
         self._events = []
@@ -32,12 +34,15 @@ class _KVEngine:
     def store(self, hashes):
         new = [h for h in hashes if h not in self.blocks]
         self.blocks.update(dict.fromkeys(new))
-        self._events.append(SimpleNamespace(kind="stored", lane=0, block_hashes=new))
+        self._events.append(PrefixCacheChange("stored", 0, tuple(new)))
 
     def evict(self, hashes):
         for h in hashes:
             self.blocks.pop(h, None)
-        self._events.append(SimpleNamespace(kind="removed", lane=0, block_hashes=list(hashes)))
+        self._events.append(PrefixCacheChange("removed", 0, tuple(hashes)))
+
+    def extra_stats(self):
+        return None
 
     def take_kv_events(self):
         events, self._events = self._events, []
