@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from accel.block_hash import BlockHash
@@ -32,7 +32,16 @@ from accel.text.tokenizer import load_tokenizer
 from accel.tt.async_decode import AsyncDecodeQueue
 from accel.tt.block_pool import BlockPool
 from accel.tt.config import TTEngineConfig, check_model_capabilities
-from accel.tt.engine_core import EngineCore, KVHookPoints, NewTokens, StepRecord
+from accel.tt.core_messages import (
+    AbortRequest,
+    AddRequest,
+    FinishRequest,
+    InboxMessage,
+    NewTokens,
+    OutboxMessage,
+    RequestFailed,
+)
+from accel.tt.engine_core import EngineCore, KVHookPoints, StepRecord
 from accel.tt.lane_coordinator import LaneCoordinator
 from accel.tt.mesh_model import SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING
 from accel.tt.model_setup import (
@@ -123,8 +132,8 @@ class TTMeshEngine:
         )
         self.platform = platform_name(self._backend, self.model)
         self._cv = threading.Condition()
-        self._inbox: deque[tuple[str, Any]] = deque()
-        self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._inbox: deque[InboxMessage] = deque()
+        self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[OutboxMessage]]] = {}
         self._kv_events: deque[PrefixCacheChange] = deque()
         self._stats = self._snapshot()
         self._extra_stats = self._extra_snapshot()
@@ -151,13 +160,14 @@ class TTMeshEngine:
 
         The engine thread sends sampled token ids; this coroutine turns them into deltas with the
         shared ``OutputBuilder`` (detokenization, stop strings, eos, max_tokens, max_model_len),
-        so that work stays off the step loop. A stop the builder sees is posted back ("finish").
+        so that work stays off the step loop. A stop the builder sees is posted back
+        (``FinishRequest``).
         """
         self._validate(request)
         req_id = request.request_id
         if request.kv_transfer is not None and self.core.kv_hooks is not None:
             await self.core.kv_hooks.prefetch(request)  # a KV import's RPCs, off the engine thread
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: asyncio.Queue[OutboxMessage] = asyncio.Queue()
         with self._cv:
             if self._stopped:
                 raise RuntimeError("the TT mesh engine is shut down")
@@ -165,37 +175,26 @@ class TTMeshEngine:
                 raise InvalidRequestError("request_id", f"{req_id!r} is already running")
             self._sinks[req_id] = (asyncio.get_running_loop(), queue)
         builder = OutputBuilder(request, self.tokenizer.fast, self.tokenizer.eos_token_ids, self.max_model_len)
-        self._post("add", RequestState.new(request))
+        self._post(AddRequest(request))
         try:
             while not builder.finished:
-                last = await queue.get()
-                if queue.empty() and type(last) is NewTokens:  # the common case: one step's tokens
-                    token_ids, logprobs = last.token_ids, last.logprobs
-                else:
-                    items = [last]
-                    while not queue.empty():  # a slow consumer takes every pending step at once
-                        items.append(queue.get_nowait())
-                    for item in items:
-                        if isinstance(item, BaseException):
-                            raise item
-                    last = items[-1]
-                    token_ids, logprobs = _merge(items)
-                builder.num_cached_tokens = last.num_cached_tokens
-                if token_ids:
-                    delta = builder.add_tokens(token_ids, logprobs, kv_transfer=last.kv_transfer)
+                news = _take_pending(await queue.get(), queue)  # raises the error of a RequestFailed
+                builder.num_cached_tokens = news.num_cached_tokens
+                if news.token_ids:
+                    delta = builder.add_tokens(news.token_ids, news.logprobs, kv_transfer=news.kv_transfer)
                     if delta.finished:
-                        self._post("finish", req_id)  # a no-op when the engine already stopped it
+                        self._post(FinishRequest(req_id))  # a no-op when the engine already stopped it
                     yield delta
-                if last.is_aborted and not builder.finished:
+                if news.is_aborted and not builder.finished:
                     yield builder.finish(FinishReason.ABORT)
         finally:
             if not builder.finished:
-                self._post("abort", req_id)
+                self._post(AbortRequest(req_id))
             with self._cv:
                 self._sinks.pop(req_id, None)
 
     async def abort(self, request_id: str) -> None:
-        self._post("abort", request_id)
+        self._post(AbortRequest(request_id))
 
     def stats(self) -> EngineStats:
         return self._stats
@@ -248,30 +247,21 @@ class TTMeshEngine:
             self._backend.close()
 
     # ---- the step loop (engine thread) ---------------------------------------------------
-    def _post(self, kind: str, payload: Any) -> None:
+    def _post(self, message: InboxMessage) -> None:
         with self._cv:
-            self._inbox.append((kind, payload))
+            self._inbox.append(message)
             self._cv.notify()
 
     def _loop(self) -> None:
-        while True:
-            with self._cv:
-                while not self._inbox and not self._stopped and not self.core.has_work():
-                    self._cv.wait()
-                if self._stopped:
-                    break
-                commands = list(self._inbox)
-                self._inbox.clear()
+        """Each iteration: apply the inbox, run one engine step (schedule -> execute -> update, in
+        ``EngineCore.step``), publish stats and KV events, hand the outputs to their consumers."""
+        while (messages := self._wait_for_work()) is not None:
             started_cpu_s = time.thread_time()
-            outputs = [o for kind, payload in commands for o in self._apply_safely(kind, payload)]
+            outputs = [out for message in messages for out in self._apply_safely(message)]
             ran_step = self.core.has_work()
             if ran_step:
                 num_steps = self.core.num_steps
-                try:
-                    outputs += self.core.step()
-                except Exception as exc:  # a failed forward must not kill the replica
-                    logger.exception("TT mesh engine step failed; aborting every request")
-                    outputs += self._fail_all(exc)
+                outputs += self._step_safely()
                 if not outputs and self.core.num_steps == num_steps:
                     with self._cv:  # nothing could run (waiting on nothing): avoid spinning
                         self._cv.wait(0.001)
@@ -284,46 +274,65 @@ class TTMeshEngine:
                 self.host_busy_s += time.thread_time() - started_cpu_s
         self._deliver(self.core.drain())
         for req_id in list(self.core.requests):
-            self._deliver([self.core.abort_request(req_id)])
+            notice = self.core.abort_request(req_id)
+            self._deliver([] if notice is None else [notice])
 
-    def _apply_safely(self, kind: str, payload: Any) -> list[Any]:
+    def _wait_for_work(self) -> list[InboxMessage] | None:
+        """The posted messages, once there is anything to do (they, or work in the core); None
+        once the engine is stopped."""
+        with self._cv:
+            while not self._inbox and not self._stopped and not self.core.has_work():
+                self._cv.wait()
+            if self._stopped:
+                return None
+            messages = list(self._inbox)
+            self._inbox.clear()
+        return messages
+
+    def _apply_safely(self, message: InboxMessage) -> list[OutboxMessage]:
         try:
-            return self._apply(kind, payload)
+            return self._apply(message)
         except Exception as exc:  # e.g. a KV import hook failing: fail that request only
-            req_id = payload.req_id if kind == "add" else payload
-            logger.exception("TT mesh engine: %s of %s failed", kind, req_id)
-            return [(req_id, RuntimeError(f"TT mesh engine could not {kind} {req_id}: {exc}"))]
+            logger.exception("TT mesh engine: %s of %s failed", message.verb, message.req_id)
+            error = RuntimeError(f"TT mesh engine could not {message.verb} {message.req_id}: {exc}")
+            return [RequestFailed(message.req_id, error)]
 
-    def _apply(self, kind: str, payload: Any) -> list[NewTokens]:
-        if kind == "add":
-            self.core.add_request(payload)
-        elif kind == "finish":
-            self.core.finish_request(payload)
+    def _apply(self, message: InboxMessage) -> list[OutboxMessage]:
+        if isinstance(message, AddRequest):
+            self.core.add_request(RequestState.new(message.request))
+        elif isinstance(message, FinishRequest):
+            self.core.finish_request(message.req_id)
         else:
-            notice = self.core.abort_request(payload)
+            notice = self.core.abort_request(message.req_id)
             return [] if notice is None else [notice]
         return []
 
-    def _fail_all(self, exc: Exception) -> list[Any]:
-        failed = []
+    def _step_safely(self) -> list[OutboxMessage]:
+        try:
+            return list(self.core.step())
+        except Exception as exc:  # a failed forward must not kill the replica
+            logger.exception("TT mesh engine step failed; aborting every request")
+            return self._fail_all(exc)
+
+    def _fail_all(self, exc: Exception) -> list[OutboxMessage]:
+        failed: list[OutboxMessage] = []
         for req_id in list(self.core.requests):
             self.core.abort_request(req_id)
-            failed.append((req_id, RuntimeError(f"TT mesh engine step failed: {exc}")))
+            failed.append(RequestFailed(req_id, RuntimeError(f"TT mesh engine step failed: {exc}")))
         self.core.queue.reset()
         return failed
 
-    def _deliver(self, items: list[Any]) -> None:
-        """Hand ``NewTokens`` (or (req_id, exception) pairs) to their asyncio queues, one
-        ``call_soon_threadsafe`` per event loop per step."""
-        if not items:
+    def _deliver(self, messages: Sequence[OutboxMessage]) -> None:
+        """Hand each message to its request's asyncio queue, one ``call_soon_threadsafe`` per
+        event loop per step."""
+        if not messages:
             return
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[OutboxMessage], OutboxMessage]]] = {}
         with self._cv:
-            for item in items:
-                req_id, value = (item.req_id, item) if isinstance(item, NewTokens) else item
-                sink = self._sinks.get(req_id)
+            for message in messages:
+                sink = self._sinks.get(message.req_id)
                 if sink is not None:
-                    by_loop.setdefault(sink[0], []).append((sink[1], value))
+                    by_loop.setdefault(sink[0], []).append((sink[1], message))
         for loop, batch in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_put_all, batch)
@@ -374,14 +383,27 @@ class TTMeshEngine:
             )
 
 
-def _merge(items: list[NewTokens]) -> tuple[list[int], list | None]:
-    """Token ids (and logprobs, when every item has them) of consecutive ``NewTokens``."""
-    token_ids = [t for item in items for t in item.token_ids]
-    if any(item.logprobs is None for item in items if item.token_ids):
-        return token_ids, None
-    return token_ids, [lp for item in items for lp in (item.logprobs or ())]
+def _take_pending(first: OutboxMessage, queue: asyncio.Queue[OutboxMessage]) -> NewTokens:
+    """``first`` and every message queued behind it (a slow consumer takes every pending step at
+    once) as one ``NewTokens``: token ids concatenated, logprobs too when every item with tokens
+    has them, the rest from the last. Raises the error of a ``RequestFailed`` among them."""
+    if queue.empty() and type(first) is NewTokens:  # the common case: one step's tokens
+        return first
+    items = [first]
+    while not queue.empty():
+        items.append(queue.get_nowait())
+    news: list[NewTokens] = []
+    for item in items:
+        if isinstance(item, RequestFailed):
+            raise item.error
+        news.append(item)
+    token_ids = tuple(t for item in news for t in item.token_ids)
+    logprobs = None
+    if all(item.logprobs is not None for item in news if item.token_ids):
+        logprobs = tuple(lp for item in news for lp in (item.logprobs or ()))
+    return news[-1]._replace(token_ids=token_ids, logprobs=logprobs)
 
 
-def _put_all(batch: list[tuple[asyncio.Queue, Any]]) -> None:
+def _put_all(batch: list[tuple[asyncio.Queue[OutboxMessage], OutboxMessage]]) -> None:
     for queue, value in batch:
         queue.put_nowait(value)

@@ -10,32 +10,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
-from accel.contract import GenerateRequest, KVTransferParams, PrefixCacheChange, TokenLogprob
+from accel.contract import GenerateRequest, KVTransferParams, PrefixCacheChange
 from accel.text.stop_tokens import check_token_stop
 from accel.tt.async_decode import AsyncDecodeQueue
 from accel.tt.block_pool import BlockPool
+from accel.tt.core_messages import NewTokens
 from accel.tt.lane_coordinator import LaneCoordinator
 from accel.tt.request_state import RequestState, RequestStatus
 from accel.tt.runner import NO_TOKEN, StepResult
 from accel.tt.step_plan import StepMode, StepPlan
-
-
-class NewTokens(NamedTuple):
-    """What the engine thread hands a request's consumer after a step (one per request per step).
-
-    Detokenization and stop strings run on the consumer side (``OutputBuilder`` in
-    ``TTMeshEngine.generate``), off the step loop; token-level stops (eos, stop ids, max_tokens,
-    max_model_len) are also applied here, with the same function, so blocks free at once.
-    """
-
-    req_id: str
-    token_ids: tuple[int, ...]
-    logprobs: tuple[TokenLogprob, ...] | None
-    num_cached_tokens: int
-    is_aborted: bool = False
-    kv_transfer: KVTransferParams | None = None  # export ticket, on a request's last tokens
 
 
 class KVHookPoints(Protocol):

@@ -403,6 +403,41 @@ def test_a_failed_step_fails_its_requests_frees_blocks_and_the_engine_survives(t
         engine.close()
 
 
+class RefusingImportHooks:
+    """KV hooks whose import for request "bad" raises (say, the KV actor is gone)."""
+
+    async def prefetch(self, request):
+        pass
+
+    def may_import(self, r):
+        return True
+
+    def on_added(self, r, pool, lane_kv):
+        if r.req_id == "bad":
+            raise RuntimeError("actor gone")
+
+    def on_finished(self, r, lane_kv):
+        return None
+
+
+def test_a_failed_inbox_message_fails_only_its_request(tiny_llama):
+    """An ``AddRequest`` whose handling raises (here: the KV import hook) reaches that request's
+    consumer as its error and leaves nothing behind; the engine keeps serving."""
+    config = TTEngineConfig.from_engine_args(
+        dict(model=str(tiny_llama), max_num_seqs=2, block_size=16, max_model_len=256, max_num_batched_tokens=32)
+    )
+    engine = TTMeshEngine(config, model_class=ScriptedMeshModel, kv_hooks=RefusingImportHooks())
+    try:
+        with pytest.raises(RuntimeError, match="TT mesh engine could not add bad: actor gone"):
+            run_requests(engine, [GenerateRequest("bad", prompt_of(0, 5), greedy(4))])
+        assert not engine.core.requests
+        assert_pool_full(engine)
+        out = run_requests(engine, [GenerateRequest("good", prompt_of(1, 5), greedy(4))])["good"]
+        assert tokens_of(out) == expected_tokens(prompt_of(1, 5), 4, VOCAB)
+    finally:
+        engine.close()
+
+
 def test_duplicate_running_request_id_is_refused(tiny_llama):
     engine = make_engine(tiny_llama, data_parallel_size=1)
     try:
