@@ -133,7 +133,7 @@ def build_config(spec: TinySpec, tokenizer):
     return Qwen3Config(rope_parameters=rope, **common)
 
 
-def build_model(spec: TinySpec, tokenizer):
+def build_hf_model(spec: TinySpec, tokenizer):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -156,7 +156,7 @@ def write_checkpoint(spec: TinySpec, out_dir: Path, tokenizer) -> Path:
 
     path = out_dir / spec.name
     path.mkdir(parents=True, exist_ok=True)
-    model = build_model(spec, tokenizer)
+    model = build_hf_model(spec, tokenizer)
     model.save_pretrained(str(path), safe_serialization=True)
     tokenizer.save_pretrained(str(path))
     GenerationConfig(

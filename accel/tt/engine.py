@@ -45,7 +45,7 @@ from accel.tt.engine_core import EngineCore, KVHookPoints, StepRecord
 from accel.tt.lane_coordinator import LaneCoordinator
 from accel.tt.mesh_model import SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING
 from accel.tt.model_setup import (
-    build_model,
+    build_mesh_model,
     devices_per_lane,
     kv_block_shape,
     kv_dtype,
@@ -93,7 +93,7 @@ class TTMeshEngine:
             if config.enable_prefix_caching is None
             else config.enable_prefix_caching
         )
-        self.model = build_model(model_cls, self._hf_config, self._backend, config)
+        self.model = build_mesh_model(model_cls, self._hf_config, self._backend, config)
         self.vocab_size = int(self._hf_config.vocab_size)
         self.num_blocks_per_lane = num_blocks_per_lane(model_cls, config)
         kv_shape = kv_block_shape(

@@ -26,7 +26,7 @@ def open_default_backend(config: TTEngineConfig) -> Any:
     return open_backend("auto", MeshDeviceConfig.from_tt_options(config.tt))
 
 
-def build_model(model_cls: type, hf_config: Any, backend: Any, config: TTEngineConfig) -> Any:
+def build_mesh_model(model_cls: type, hf_config: Any, backend: Any, config: TTEngineConfig) -> Any:
     """``model_cls`` on ``backend``'s mesh (None: no backend, an injected model class), adapted
     for the engine by the backend (``MeshBackend.adapt``: ttnn models get their event adapter)."""
     from accel.tt.backend import load_mesh_model

@@ -68,7 +68,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
     KVConnectorTransferResults,
 )
-from vllm.v1.request import RequestStatus
+from vllm.v1.request import RequestStatus as VllmRequestStatus
 
 from accel.kv_transfer import params as kv_params
 from accel.kv_transfer.fingerprint import model_fingerprint
@@ -83,7 +83,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_FAILED_STATUSES = (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR, RequestStatus.FINISHED_IGNORED)
+_FAILED_STATUSES = (
+    VllmRequestStatus.FINISHED_ABORTED,
+    VllmRequestStatus.FINISHED_ERROR,
+    VllmRequestStatus.FINISHED_IGNORED,
+)
 
 
 @dataclass(frozen=True)
