@@ -20,6 +20,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from accel import envs
+
 VOCAB_SIZE = 1024
 SPECIAL_TOKENS = ("<s>", "</s>", "<pad>", "<|im_start|>", "<|im_end|>")
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
@@ -190,12 +192,9 @@ def ensure_checkpoints(out_dir: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from accel.envs import ENVS
-
+    default_dir = envs.ENVS.checkpoint_dir
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "out_dir", nargs="?", default=str(ENVS.checkpoint_dir), help=f"output folder (default: {ENVS.checkpoint_dir})"
-    )
+    parser.add_argument("out_dir", nargs="?", default=str(default_dir), help=f"output folder (default: {default_dir})")
     parser.add_argument("--if-missing", action="store_true", help="do nothing if they already exist")
     args = parser.parse_args(argv)
     out = Path(args.out_dir).expanduser()

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from accel.tt.backend import load_mesh_model, open_backend
 from accel.tt.config import TTEngineConfig
+from accel.tt.mesh_device import MeshDeviceConfig
 
 
 def load_hf_config(model: str) -> Any:
@@ -20,17 +22,12 @@ def load_hf_config(model: str) -> Any:
 def open_default_backend(config: TTEngineConfig) -> Any:
     """The ttnn mesh (opened with ``additional_config.tt``'s device options) when chips are
     present, else the torch program."""
-    from accel.tt.backend import open_backend
-    from accel.tt.mesh_device import MeshDeviceConfig
-
     return open_backend("auto", MeshDeviceConfig.from_tt_options(config.tt))
 
 
 def build_mesh_model(model_cls: type, hf_config: Any, backend: Any, config: TTEngineConfig) -> Any:
     """``model_cls`` on ``backend``'s mesh (None: no backend, an injected model class), adapted
     for the engine by the backend (``MeshBackend.adapt``: ttnn models get their event adapter)."""
-    from accel.tt.backend import load_mesh_model
-
     optional = {
         "max_seq_len": config.max_model_len,
         "tt_data_parallel": config.num_lanes,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from accel import envs
 from accel.contract import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -165,10 +166,8 @@ def _read_metadata(path: Path) -> Mapping[str, Any]:
 
 def build_registry(extra_models_dir: str | Path | None = None, include_builtins: bool | None = None) -> ModelRegistry:
     """Defaults come from ``accel.envs`` (``EXTRA_MODELS_DIR``, ``TT_VLLM_BUILTIN_MODELS``)."""
-    from accel.envs import ENVS
-
-    extra = ENVS.extra_models_dir if extra_models_dir is None else extra_models_dir
-    builtins = ENVS.tt_builtin_models if include_builtins is None else include_builtins
+    extra = envs.ENVS.extra_models_dir if extra_models_dir is None else extra_models_dir
+    builtins = envs.ENVS.tt_builtin_models if include_builtins is None else include_builtins
     registry = ModelRegistry(extra_model_entries(extra) if extra else ())
     if builtins:
         for entry in BUILTIN_MODELS:

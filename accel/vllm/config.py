@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from accel import envs
 from accel.contract import ConfigError
 from accel.vllm.tpu.topology import SliceTopology
 
@@ -165,9 +166,7 @@ class VllmEngineConfig:
     @property
     def xla_cache_path(self) -> Path:
         """``VLLM_XLA_CACHE_PATH`` for this model: stable across restarts, distinct per model."""
-        from accel.envs import ENVS
-
-        root = self.xla_cache_root or ENVS.xla_cache_dir
+        root = self.xla_cache_root or envs.ENVS.xla_cache_dir
         return root / model_slug(self.model)
 
     def engine_args(self, slice_: SliceTopology | None, tensor_parallel_size: int) -> dict[str, Any]:

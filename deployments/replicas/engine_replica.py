@@ -22,6 +22,7 @@ from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS, KVCursor,
 from deployments.router.kv_events import BlockRemoved, BlockStored, KVEvent
 from deployments.router.messages import ReplicaSnapshot
 from serve_app.config import PoolConfig
+from serve_app.metrics import EngineMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -102,10 +103,8 @@ class EngineReplica:
         self._metrics = self._make_metrics(emit_vllm_metrics)
         self._is_shut_down = False
 
-    def _make_metrics(self, emit_vllm_metrics: bool):
+    def _make_metrics(self, emit_vllm_metrics: bool) -> EngineMetrics | None:
         try:
-            from serve_app.metrics import EngineMetrics
-
             return EngineMetrics(self.pool.model, self.pool.name, self.replica_id, emit_vllm_metrics=emit_vllm_metrics)
         except Exception:
             logger.warning("metrics unavailable in this process", exc_info=True)

@@ -12,6 +12,9 @@ import re
 from typing import Any
 
 from accel.contract import ConfigError, Engine
+from accel.tt.config import TTEngineConfig
+from accel.tt.engine import TTMeshEngine
+from deployments.pd.wiring import tt_kv_hooks
 from deployments.replicas.engine_replica import EngineFactory, EngineReplica
 from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS
 from serve_app.config import PoolConfig
@@ -45,10 +48,6 @@ def mesh_chip_count(mesh_device: str) -> int:
 
 
 def make_tt_engine(pool: PoolConfig) -> Engine:
-    from accel.tt.config import TTEngineConfig
-    from accel.tt.engine import TTMeshEngine
-    from deployments.pd.wiring import tt_kv_hooks
-
     return TTMeshEngine(TTEngineConfig.from_engine_args(pool.engine_args_for_engine()), kv_hooks=tt_kv_hooks(pool))
 
 

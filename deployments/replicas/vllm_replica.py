@@ -28,44 +28,39 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import ray.util
+
 from accel.contract import Engine, GenerateRequest, OutputDelta
+from accel.vllm.config import VllmEngineConfig
+from accel.vllm.engine import VllmEngine
+from accel.vllm.tpu.placement import SlicePlacement, create_slice_placement_group
+from accel.vllm.tpu.topology import parse_slice
+from deployments.pd.wiring import native_kv_handoff, vllm_kv_transfer_config
 from deployments.replicas.engine_replica import EngineFactory, EngineReplica
 from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS
+from deployments.replicas.vllm_kv_subscriber import VllmKVEventSubscriber, kv_events_config, new_ipc_endpoint
 from deployments.router.kv_events import KVEvent
 from serve_app.config import PoolConfig
 
 logger = logging.getLogger(__name__)
 
 
-def slice_placement(pool: PoolConfig):
-    from accel.vllm.tpu.placement import SlicePlacement
-    from accel.vllm.tpu.topology import parse_slice
-
+def slice_placement(pool: PoolConfig) -> SlicePlacement:
     assert pool.tpu_type is not None and pool.tpu_topology is not None
     return SlicePlacement(slice=parse_slice(pool.tpu_type, pool.tpu_topology), replica_num_cpus=pool.num_cpus)
 
 
 def make_vllm_engine(pool: PoolConfig, kv_events_endpoint: str | None = None) -> Engine:
     """The pool's ``VllmEngine``; ``kv_events_endpoint``: publish KV cache events there."""
-    from accel.vllm.config import VllmEngineConfig
-    from accel.vllm.engine import VllmEngine
-    from deployments.pd.wiring import vllm_kv_transfer_config
-
     args = pool.engine_args_for_engine()
     kv_transfer_config = vllm_kv_transfer_config(pool)  # prefill/decode pools: our KV connector
     if kv_transfer_config is not None:
         args["kv_transfer_config"] = kv_transfer_config
     if kv_events_endpoint is not None:
-        from deployments.replicas.vllm_kv_subscriber import kv_events_config
-
         args["kv_events_config"] = kv_events_config(kv_events_endpoint)
     config = VllmEngineConfig.from_engine_args(args)
     if pool.accelerator != "tpu":
         return VllmEngine(config)  # vLLM metrics via Ray when Ray is up (always, in a replica)
-    import ray.util
-
-    from accel.vllm.tpu.placement import create_slice_placement_group
-
     placement = slice_placement(pool)
     if placement.is_deferred:
         group = create_slice_placement_group(placement, name=f"{pool.name}-slice").placement_group
@@ -105,8 +100,6 @@ class VllmReplica(EngineReplica):
         engine_factory: EngineFactory | None = None,
         kv_event_log_size: int = DEFAULT_CAPACITY_EVENTS,
     ):
-        from deployments.replicas.vllm_kv_subscriber import VllmKVEventSubscriber, new_ipc_endpoint
-
         endpoint = new_ipc_endpoint() if engine_factory is None and publishes_kv_events(pool) else None
         factory = engine_factory or functools.partial(make_vllm_engine, kv_events_endpoint=endpoint)
         super().__init__(
@@ -114,8 +107,6 @@ class VllmReplica(EngineReplica):
         )
         # Connected once the engine is up and before any request (missed batches are replayed).
         self._kv_subscriber = VllmKVEventSubscriber(endpoint, self._engine.block_size) if endpoint is not None else None
-        from deployments.pd.wiring import native_kv_handoff
-
         self._kv_handoff = native_kv_handoff(pool)  # None unless the engine's own connector moves KV
 
     async def generate(self, request: GenerateRequest, replica_hint: str | None = None) -> AsyncIterator[OutputDelta]:
