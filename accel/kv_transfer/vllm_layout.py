@@ -47,7 +47,7 @@ class VllmCpuBlockLayout:
         """Learn the layout from ``vllm._custom_ops.cpu_attn_reshape_and_cache`` itself: write
         codes of (token, head, dim) through it and read where they landed (base-128 digits so
         every code is exact in the cache dtype)."""
-        from vllm import _custom_ops as ops
+        from vllm import _custom_ops as ops  # deferred: only a vLLM process probes; TT ones never import vLLM
 
         numel = block_size * num_kv_heads * head_dim
         codes = torch.arange(numel).view(block_size, num_kv_heads, head_dim)

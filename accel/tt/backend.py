@@ -133,7 +133,7 @@ def open_backend(
 
 def _open_ttnn(mesh_config: MeshDeviceConfig | None, registry: ModelRegistry) -> MeshBackend:
     try:
-        import ttnn
+        import ttnn  # deferred: only the TTNN path imports ttnn (absent off Tenstorrent hosts)
     except Exception as exc:  # ImportError, or a broken install raising anything at import
         raise NoTenstorrentDevice(
             f"no Tenstorrent device found: the ttnn package is not importable "

@@ -31,6 +31,7 @@ def to_vllm_sampling_params(sp: SamplingParams) -> Any:
     ``stop`` and ``include_stop_str_in_output`` are not passed: stop strings are matched on our
     side (``OutputBuilder``), which then aborts the vLLM request.
     """
+    # deferred: importing this module must not import vLLM (the platform is chosen before it is)
     from vllm import SamplingParams as VllmSamplingParams
     from vllm.sampling_params import RequestOutputKind
 

@@ -85,6 +85,7 @@ class VllmEngine:
         kwargs = config.engine_args(slice_topology if self.platform.is_tpu else None, tp)
         self._set_engine_environment(kwargs)
 
+        # deferred: vLLM is imported only after choose_platform() and the environment above
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM

@@ -70,7 +70,7 @@ class SchedulerStatsSink:
 
 def sink_stat_logger_factory(sink: SchedulerStatsSink):
     """A vLLM per-engine stat-logger factory feeding ``sink``. Imports vLLM when called."""
-    from vllm.v1.metrics.loggers import StatLoggerBase
+    from vllm.v1.metrics.loggers import StatLoggerBase  # deferred: importing this module must not import vLLM
 
     class _SinkStatLogger(StatLoggerBase):
         def __init__(self, vllm_config: Any, engine_index: int = 0):
