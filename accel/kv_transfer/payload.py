@@ -65,7 +65,10 @@ class KVDescriptor:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.dtype)
+        dtype = getattr(torch, self.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"KV dtype {self.dtype!r} is not a torch dtype")
+        return dtype
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:

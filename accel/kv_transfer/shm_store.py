@@ -338,7 +338,8 @@ class ShmKVStore:
 
 
 def _write_all(fd: int, data: np.ndarray, offset: int) -> None:
-    view = memoryview(data)
+    """``data``: a 1-D uint8 array, written whole at ``offset``."""
+    view = data.data
     while len(view):
         n = os.pwrite(fd, view, offset)
         view, offset = view[n:], offset + n

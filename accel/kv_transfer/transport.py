@@ -72,7 +72,8 @@ def make_transport(name_or_path: str, **kwargs: Any) -> KVTransport:
     module_name, _, class_name = TRANSPORTS.get(name_or_path, name_or_path).partition(":")
     if not class_name:
         raise ValueError(f"unknown KV transport {name_or_path!r}: use one of {sorted(TRANSPORTS)} or 'module:Class'")
-    return getattr(importlib.import_module(module_name), class_name)(**kwargs)
+    transport: KVTransport = getattr(importlib.import_module(module_name), class_name)(**kwargs)
+    return transport
 
 
 def failure_reason(exc: BaseException) -> str:

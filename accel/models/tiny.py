@@ -19,8 +19,12 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from accel import envs
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerFast
 
 VOCAB_SIZE = 1024
 SPECIAL_TOKENS = ("<s>", "</s>", "<pad>", "<|im_start|>", "<|im_end|>")
@@ -71,7 +75,7 @@ def training_text() -> list[str]:
     return lines
 
 
-def build_tokenizer():
+def build_tokenizer() -> PreTrainedTokenizerFast:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -90,7 +94,7 @@ def build_tokenizer():
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
     )
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
         tokenizer_object=tok,
         bos_token=BOS,
         eos_token=EOS,
@@ -102,7 +106,7 @@ def build_tokenizer():
     )
 
 
-def build_config(spec: TinySpec, tokenizer):
+def build_config(spec: TinySpec, tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
     from transformers import LlamaConfig, Qwen3Config
 
     common = dict(
@@ -135,13 +139,13 @@ def build_config(spec: TinySpec, tokenizer):
     return Qwen3Config(rope_parameters=rope, **common)
 
 
-def build_hf_model(spec: TinySpec, tokenizer):
+def build_hf_model(spec: TinySpec, tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
     import torch
     from transformers import AutoModelForCausalLM
 
     config = build_config(spec, tokenizer)
     torch.manual_seed(spec.seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model: PreTrainedModel = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
     with torch.no_grad():
         # Seeded, fixed-order re-init: independent of transformers' own init code paths.
         gen = torch.Generator().manual_seed(spec.seed)
@@ -150,10 +154,11 @@ def build_hf_model(spec: TinySpec, tokenizer):
                 param.fill_(1.0)
             else:
                 param.copy_(torch.randn(param.shape, generator=gen) * spec.weight_std)
-    return model.eval()
+    model.eval()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
+    return model
 
 
-def write_checkpoint(spec: TinySpec, out_dir: Path, tokenizer) -> Path:
+def write_checkpoint(spec: TinySpec, out_dir: Path, tokenizer: PreTrainedTokenizerFast) -> Path:
     from transformers import GenerationConfig
 
     path = out_dir / spec.name
@@ -161,7 +166,7 @@ def write_checkpoint(spec: TinySpec, out_dir: Path, tokenizer) -> Path:
     model = build_hf_model(spec, tokenizer)
     model.save_pretrained(str(path), safe_serialization=True)
     tokenizer.save_pretrained(str(path))
-    GenerationConfig(
+    GenerationConfig(  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -17,6 +17,7 @@ from typing import Any
 
 from accel import envs
 from accel.tt.mesh_device import MeshDeviceConfig, OpenedMesh, close_mesh, open_mesh, parse_mesh_grid
+from accel.tt.mesh_model import MeshModel
 from accel.tt.registry import BACKEND_TORCH, BACKEND_TTNN, ModelRegistry, build_registry
 
 logger = logging.getLogger(__name__)
@@ -69,7 +70,9 @@ def ttnn_error_reason(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def load_mesh_model(model_class: type, hf_config: Any, mesh_device: Any, max_batch_size: int, **optional: Any) -> Any:
+def load_mesh_model(
+    model_class: type[MeshModel], hf_config: Any, mesh_device: Any, max_batch_size: int, **optional: Any
+) -> Any:
     """``model_class.initialize_vllm_model(hf_config, mesh_device, max_batch_size, **accepted)``,
     where ``accepted`` keeps the ``optional`` keywords (max_seq_len, n_layers, tt_data_parallel,
     optimizations, ...) the classmethod's signature names, or all of them if it takes ``**kwargs``."""
@@ -94,7 +97,7 @@ class MeshBackend:
     def mesh_device(self) -> Any:
         return None if self.mesh is None else self.mesh.device
 
-    def model_class(self, hf_config: Any) -> type:
+    def model_class(self, hf_config: Any) -> type[MeshModel]:
         return self.registry.resolve(hf_config, self.kind)
 
     def load_model(self, hf_config: Any, max_batch_size: int, **optional: Any) -> Any:

@@ -124,7 +124,7 @@ class BlockPool:
         the containers; a stale entry only costs the router one approximate block)."""
         hashes, free = list(self._hashes), list(self._free)
         in_free = set(free)
-        out = [hashes[b] for b in free if hashes[b] is not None]
+        out = [h for b in free if (h := hashes[b]) is not None]
         out += [h for b, h in enumerate(hashes) if h is not None and b not in in_free]
         return out
 

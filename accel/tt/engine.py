@@ -43,7 +43,7 @@ from accel.tt.core_messages import (
 )
 from accel.tt.engine_core import EngineCore, KVHookPoints, StepRecord
 from accel.tt.lane_coordinator import LaneCoordinator
-from accel.tt.mesh_model import SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING
+from accel.tt.mesh_model import SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING, MeshModel
 from accel.tt.model_setup import (
     build_mesh_model,
     devices_per_lane,
@@ -77,7 +77,7 @@ class TTMeshEngine:
         config: TTEngineConfig,
         *,
         backend: Any = None,
-        model_class: type | None = None,
+        model_class: type[MeshModel] | None = None,
         keep_step_log: bool = False,
         kv_hooks: KVHookPoints | None = None,
     ):

@@ -145,7 +145,8 @@ class EngineCore:
                 continue
             r.num_pending -= 1
             r.token_ids.append(token)
-            lp = None if logprobs is None or logprobs[i] is None else (logprobs[i],)
+            row_logprob = None if logprobs is None else logprobs[i]
+            lp = None if row_logprob is None else (row_logprob,)
             num_prompt = r.num_prompt_tokens
             if (
                 check_token_stop(

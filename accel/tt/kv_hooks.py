@@ -50,6 +50,8 @@ from accel.kv_transfer.fingerprint import model_fingerprint
 from accel.kv_transfer.payload import KVDescriptor, KVPayload
 from accel.kv_transfer.transport import KVTransport, failure_reason
 from accel.kv_transfer.tt_layout import gather_tt, scatter_tt
+from accel.tt.block_pool import BlockPool
+from accel.tt.request_state import RequestState
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +81,7 @@ class KVTransferHooks:
         self.num_tier_tokens = 0  # imported from the prefix tier
 
     # ---- export -------------------------------------------------------------------------
-    def on_finished(self, r: Any, lane_kv: Any) -> KVTransferParams | None:
+    def on_finished(self, r: RequestState, lane_kv: Any) -> KVTransferParams | None:
         if self.share_prefixes:
             try:
                 self._offer_prefix(r, lane_kv)
@@ -102,13 +104,14 @@ class KVTransferHooks:
         return kv_params.exported(transfer_id, len(tokens))
 
     # ---- import -------------------------------------------------------------------------
-    def may_import(self, r: Any) -> bool:
+    def may_import(self, r: RequestState) -> bool:
         kv = r.request.kv_transfer
         return self.share_prefixes or (kv is not None and kv.do_remote_prefill)
 
-    def on_added(self, r: Any, pool: Any, lane_kv: Any) -> None:
+    def on_added(self, r: RequestState, pool: BlockPool, lane_kv: Any) -> None:
         kv = r.request.kv_transfer
-        if kv is None or not kv.do_remote_prefill:  # (do_remote_prefill implies a transfer_id)
+        transfer_id = kv.transfer_id if kv is not None and kv.do_remote_prefill else None  # (prefill implies one)
+        if transfer_id is None:
             if self.share_prefixes:
                 self._pull_prefix(r, pool, lane_kv)
             return
@@ -124,7 +127,7 @@ class KVTransferHooks:
         wanted = min(payload.descriptor.num_tokens, r.num_prompt_tokens - 1) // pool.block_size * pool.block_size
         if num_tokens == wanted and payload.descriptor.num_tokens >= r.num_prompt_tokens - 1:
             num_tokens += _preload_tail(r, pool, lane_kv, payload.kv, num_tokens)
-        self.transport.complete(kv.transfer_id)
+        self.transport.complete(transfer_id)
         self.num_imported_tokens += num_tokens
         if num_tokens < wanted:
             logger.warning(
@@ -140,8 +143,9 @@ class KVTransferHooks:
         import (actor RPC, object-store read), so a slow or dead actor never stalls the step loop.
         ``on_added`` then validates and copies; without a prefetch it fetches itself."""
         kv = request.kv_transfer
-        if kv is None or not kv.do_remote_prefill:
+        if kv is None or not kv.do_remote_prefill or kv.transfer_id is None:  # (prefill implies an id)
             return
+        payload: KVPayload | Exception
         try:
             payload = await asyncio.to_thread(self.transport.fetch, kv.transfer_id, self.fetch_timeout_s)
         except Exception as e:
@@ -150,6 +154,7 @@ class KVTransferHooks:
             self._prefetched[request.request_id] = payload
 
     def _fetch(self, request: GenerateRequest, lane_kv: Any) -> KVPayload | None:
+        assert request.kv_transfer is not None and request.kv_transfer.transfer_id is not None  # see on_added
         transfer_id = request.kv_transfer.transfer_id
         with self._lock:
             prefetched = self._prefetched.pop(request.request_id, None)
@@ -167,7 +172,7 @@ class KVTransferHooks:
             return None
 
     @staticmethod
-    def _import_prefix(pool: Any, lane_kv: Any, request: GenerateRequest, payload: KVPayload) -> int:
+    def _import_prefix(pool: BlockPool, lane_kv: Any, request: GenerateRequest, payload: KVPayload) -> int:
         """Write the payload's full blocks into ``pool``'s prefix cache; the tokens now cached."""
         bs = pool.block_size
         tokens = request.prompt_token_ids
@@ -182,7 +187,7 @@ class KVTransferHooks:
     def _tier_key(self, lane_kv: Any) -> str:
         return f"{self.fingerprint}:{lane_kv[0][0].dtype}"
 
-    def _offer_prefix(self, r: Any, lane_kv: Any) -> None:
+    def _offer_prefix(self, r: RequestState, lane_kv: Any) -> None:
         bs = lane_kv[0][0].shape[2]
         hashes = hash_prompt_blocks(r.request.prompt_token_ids, bs)
         new = [i for i, h in enumerate(hashes) if h not in self._offered]
@@ -193,7 +198,7 @@ class KVTransferHooks:
         if self.transport.offer_prefix(self._tier_key(lane_kv), bs, [hashes[i] for i in new], blocks):
             self._offered.update(hashes[i] for i in new)
 
-    def _pull_prefix(self, r: Any, pool: Any, lane_kv: Any) -> None:
+    def _pull_prefix(self, r: RequestState, pool: BlockPool, lane_kv: Any) -> None:
         bs = pool.block_size
         tokens = r.request.prompt_token_ids
         hashes = hash_prompt_blocks(tokens[: (len(tokens) - 1) // bs * bs], bs)  # never the last token
@@ -222,7 +227,7 @@ class KVTransferHooks:
         )
 
 
-def _preload_tail(r: Any, pool: Any, lane_kv: Any, kv: torch.Tensor, num_full_tokens: int) -> int:
+def _preload_tail(r: RequestState, pool: BlockPool, lane_kv: Any, kv: torch.Tensor, num_full_tokens: int) -> int:
     """Every full block of ``r``'s prompt but the last token's is cached: write the rest of the
     prompt's KV up to (not including) its last token — the partial last block — into a fresh block
     of ``pool`` held by ``r`` and mark ``r`` preloaded, so admission puts it straight into decode
@@ -241,7 +246,7 @@ def _preload_tail(r: Any, pool: Any, lane_kv: Any, kv: torch.Tensor, num_full_to
     return num_tail
 
 
-def _cache_blocks(pool: Any, lane_kv: Any, hashes: list[int], num_cached: int, kv: torch.Tensor) -> int:
+def _cache_blocks(pool: BlockPool, lane_kv: Any, hashes: list[int], num_cached: int, kv: torch.Tensor) -> int:
     """Blocks ``num_cached..len(hashes)`` (their KV = ``kv`` ``[L, 2, >=n*bs, Hkv, D]`` from block
     ``num_cached`` on) into fresh blocks of ``pool``, registered in its prefix cache and released
     to the LRU queue (admission takes them as a hit). Returns the prefix tokens now cached."""

@@ -103,9 +103,14 @@ class MeshDeviceConfig:
 
     @property
     def num_devices(self) -> int:
+        rows, cols = self.resolved_grid
+        return rows * cols
+
+    @property
+    def resolved_grid(self) -> tuple[int, int]:
         if self.grid is None:
             raise ValueError("mesh grid not resolved yet")
-        return self.grid[0] * self.grid[1]
+        return self.grid
 
     @staticmethod
     def from_tt_options(options: Any, grid: tuple[int, int] | None = None) -> MeshDeviceConfig:
@@ -164,14 +169,14 @@ def open_mesh(ttnn: Any, config: MeshDeviceConfig) -> OpenedMesh:
             axis=_member(ttnn.DispatchCoreAxis, config.dispatch_core_axis.upper(), "dispatch_core_axis")
         )
     device = ttnn.open_mesh_device(
-        mesh_shape=ttnn.MeshShape(*config.grid),
+        mesh_shape=ttnn.MeshShape(*config.resolved_grid),
         dispatch_core_config=dispatch,
         trace_region_size=config.trace_region_size,
         worker_l1_size=config.worker_l1_size,
         l1_small_size=config.l1_small_size,
     )
     logger.info("opened TT mesh %s (fabric %s)", config.grid, "on" if has_fabric else "off")
-    return OpenedMesh(device, config.grid, has_fabric)
+    return OpenedMesh(device, config.resolved_grid, has_fabric)
 
 
 def close_mesh(ttnn: Any, mesh: OpenedMesh) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from accel.tt.backend import load_mesh_model, open_backend
 from accel.tt.config import TTEngineConfig
 from accel.tt.mesh_device import MeshDeviceConfig
+from accel.tt.mesh_model import MeshModel
 
 
 def load_hf_config(model: str) -> Any:
@@ -25,7 +26,7 @@ def open_default_backend(config: TTEngineConfig) -> Any:
     return open_backend("auto", MeshDeviceConfig.from_tt_options(config.tt))
 
 
-def build_mesh_model(model_cls: type, hf_config: Any, backend: Any, config: TTEngineConfig) -> Any:
+def build_mesh_model(model_cls: type[MeshModel], hf_config: Any, backend: Any, config: TTEngineConfig) -> Any:
     """``model_cls`` on ``backend``'s mesh (None: no backend, an injected model class), adapted
     for the engine by the backend (``MeshBackend.adapt``: ttnn models get their event adapter)."""
     optional = {
@@ -38,7 +39,7 @@ def build_mesh_model(model_cls: type, hf_config: Any, backend: Any, config: TTEn
     return backend.adapt(model) if backend is not None else model
 
 
-def num_blocks_per_lane(model_cls: type, config: TTEngineConfig) -> int:
+def num_blocks_per_lane(model_cls: type[MeshModel], config: TTEngineConfig) -> int:
     """KV blocks per lane (§3): the override, else the model's token pool plus one block of
     headroom per slot, else every slot at full length."""
     if config.num_gpu_blocks_override is not None:

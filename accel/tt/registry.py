@@ -20,10 +20,11 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from accel import envs
 from accel.contract import ConfigError
+from accel.tt.mesh_model import MeshModel
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class ModelRegistry:
             f"(looked up {[tt_arch_name(a) for a in archs]}; registered: {self.names()})"
         )
 
-    def resolve(self, hf_config: Any, backend: str) -> type:
+    def resolve(self, hf_config: Any, backend: str) -> type[MeshModel]:
         if backend not in BACKENDS:
             raise ConfigError(f"unknown mesh backend {backend!r}; expected one of {BACKENDS}")
         entry = self.resolve_entry(hf_config)
@@ -117,12 +118,17 @@ class ModelRegistry:
         return load_class(path)
 
 
-def load_class(path: str) -> type:
+def load_class(path: str) -> type[MeshModel]:
+    """The class ``"module:Class"`` names; a registered class implements tt-metal's model-class
+    contract (``MeshModel``; a ttnn one behind ``TtnnMeshModel``), which its calls check."""
     module_name, _, class_name = path.partition(":")
     try:
-        return getattr(importlib.import_module(module_name), class_name)
+        cls = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"cannot load mesh model class {path!r}: {exc}") from exc
+    if not isinstance(cls, type):
+        raise ConfigError(f"mesh model {path!r} is not a class")
+    return cast("type[MeshModel]", cls)
 
 
 def extra_model_entries(extra_models_dir: str | Path) -> list[ModelEntry]:
@@ -156,6 +162,8 @@ def _read_metadata(path: Path) -> Mapping[str, Any]:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
     for key in ("arch", "main_class"):
         if not isinstance(meta.get(key), str) or not meta[key]:
             raise ConfigError(f"{path}: missing string field {key!r}")
@@ -175,7 +183,7 @@ def build_registry(extra_models_dir: str | Path | None = None, include_builtins:
     return registry
 
 
-def resolve_model_class(hf_config: Any, backend: str, registry: ModelRegistry | None = None) -> type:
+def resolve_model_class(hf_config: Any, backend: str, registry: ModelRegistry | None = None) -> type[MeshModel]:
     """The ``MeshModel`` class for ``hf_config`` on ``backend`` (``"torch"`` or ``"ttnn"``).
 
     Raises ``ConfigError`` naming the architecture when nothing is registered for it, or when it

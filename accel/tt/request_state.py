@@ -50,8 +50,8 @@ class RequestState:
     is_kv_preloaded: bool = False
     preloaded_block: int | None = None
     # Plain copies of request fields read on the per-step hot path.
-    num_prompt_tokens: int = 0
-    sampling: SamplingParams | None = None
+    num_prompt_tokens: int = field(init=False)
+    sampling: SamplingParams = field(init=False)
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = self.request.num_prompt_tokens

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -36,7 +36,9 @@ _SAMPLING_FIELDS = (
     "seed",
     "num_logprobs",
 )
-_PAD_ROW = tuple(TTSamplingParams.PAD_DEFAULTS[f] for f in _SAMPLING_FIELDS)
+# One row of device sampling arguments, in ``_SAMPLING_FIELDS`` order.
+SamplingRow = tuple[float, int, float, float, float, float, int, int]
+_PAD_ROW = cast(SamplingRow, tuple(TTSamplingParams.PAD_DEFAULTS[f] for f in _SAMPLING_FIELDS))
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ class PreparedStep:
 
 
 @lru_cache(maxsize=4096)
-def device_sampling_row(sp: SamplingParams, vocab_size: int) -> tuple:
+def device_sampling_row(sp: SamplingParams, vocab_size: int) -> SamplingRow:
     """§6 normalization of one request's device sampling arguments (``_SAMPLING_FIELDS`` order)."""
     top_k = vocab_size if sp.top_k <= 0 or sp.top_k >= vocab_size else sp.top_k
     if sp.is_greedy:
@@ -221,7 +223,7 @@ class MeshRunner:
         ``StepResult``) or ``fed_tokens``."""
         plan, rows = prepared.plan, prepared.plan.rows
         if any(r.history_token_ids is not None for r in rows) and (prev is not None or fed_tokens):
-            fed = fed_tokens if fed_tokens is not None else prev.finalize().tokens_by_row(prev.plan)
+            fed = _fed_tokens(prev, fed_tokens)
             rows = tuple(_feed_history(r, fed) for r in rows)
         self.num_dispatches += 1
         if not plan.is_decode:
@@ -238,11 +240,12 @@ class MeshRunner:
         if source is not None:
             prepared.tokens[idx, 0] = torch.as_tensor(source)[idx]
             return
-        fed = fed_tokens if fed_tokens is not None else prev.finalize().tokens_by_row(prev.plan)
+        fed = _fed_tokens(prev, fed_tokens)
         prepared.tokens[idx, 0] = torch.tensor([fed[row] for row in idx.tolist()], dtype=torch.int64)
 
     def _launch_decode(self, prepared: PreparedStep, rows: Sequence[RowPlan]) -> PendingStep:
         use_device = prepared.use_device
+        assert prepared.decode_kwargs is not None  # prepare() fills them for every decode step
         out = self.model.decode_forward(
             tokens=prepared.tokens,
             kv_cache=self.kv_cache,
@@ -294,8 +297,8 @@ class MeshRunner:
         if use_device:
             assert isinstance(out, SampledOutput)
             all_ids = out.token_ids.tolist()
-            ids = tuple(int(all_ids[j]) if r.samples else NO_TOKEN for r, j in zip(rows, out_index))
-            return StepResult(ids, None, True)
+            device_ids = tuple(int(all_ids[j]) if r.samples else NO_TOKEN for r, j in zip(rows, out_index))
+            return StepResult(device_ids, None, True)
         logits = torch.as_tensor(out)
         sampling_rows = [i for i, r in enumerate(rows) if r.samples]
         ids = [NO_TOKEN] * len(rows)
@@ -334,6 +337,15 @@ class MeshRunner:
                 self._page_table[r.row].zero_()
                 self._page_table[r.row, : len(r.block_ids)] = torch.tensor(r.block_ids, dtype=torch.int32)
                 self._row_blocks[r.row] = r.block_ids
+
+
+def _fed_tokens(prev: PendingStep | None, fed_tokens: Mapping[int, int] | None) -> Mapping[int, int]:
+    """Row -> token that resolves a ``PENDING_TOKEN``: ``fed_tokens``, else the tokens of ``prev``
+    (the in-flight step that samples them; waits for it)."""
+    if fed_tokens is not None:
+        return fed_tokens
+    assert prev is not None, "a PENDING_TOKEN input needs the step that samples it"
+    return prev.finalize().tokens_by_row(prev.plan)
 
 
 def _feed_history(r: RowPlan, fed: Mapping[int, int]) -> RowPlan:

@@ -29,7 +29,10 @@ class SamplingPolicy:
     sample_on_device_mode: str | None
     always_compat_sampling: bool
     model_capabilities: Mapping[str, Any]
-    _reasons: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    # id(SamplingParams) -> (that object, its host reason); see params_host_reason.
+    _reasons: dict[int, tuple[SamplingParams, str | None]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def use_device(self, plan: StepPlan) -> bool:
         """True when the whole batch of ``plan`` may be sampled on the device."""

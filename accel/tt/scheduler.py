@@ -191,6 +191,7 @@ class LaneScheduler:
         return True
 
     def _prefill_row(self, r: RequestState, chunk: int) -> RowPlan:
+        assert r.slot is not None  # running: it holds a slot
         start, end = r.num_computed, r.num_computed + chunk
         samples = end == r.num_tokens
         row = RowPlan(
@@ -236,11 +237,13 @@ class LaneScheduler:
                 continue
             token = r.token_ids[pos] if pos < num_known else PENDING_TOKEN
             history = _history(r)
+            slot = r.slot
+            assert slot is not None  # running: it holds a slot
             rows.append(
                 RowPlan(
                     r.req_id,
                     lane,
-                    r.slot,
+                    slot,
                     pos,
                     pos + 1,
                     (token,),

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -195,6 +195,6 @@ def model_slug(model: str) -> str:
     return f"{tail}-{hashlib.sha256(model.encode()).hexdigest()[:8]}"
 
 
-def _check(name: str, value: Any, ok, expected: str) -> None:
+def _check(name: str, value: Any, ok: Callable[[Any], bool], expected: str) -> None:
     if value is not None and not ok(value):
         raise ConfigError(f"{name}: expected {expected}, got {value!r}")

@@ -62,7 +62,7 @@ def to_finish_reason(vllm_reason: str | None) -> FinishReason:
 
 
 def to_token_logprobs(
-    token_ids: Sequence[int], logprobs: Sequence[Mapping[int, Any]] | None, num_top: int
+    token_ids: Sequence[int], logprobs: Sequence[Mapping[int, Any] | None] | None, num_top: int
 ) -> list[TokenLogprob] | None:
     """vLLM's per-token ``{token_id: Logprob(logprob, rank, decoded_token)}`` -> ``TokenLogprob``.
 
@@ -73,6 +73,7 @@ def to_token_logprobs(
         return None
     out = []
     for token_id, entries in zip(token_ids, logprobs):
+        assert entries is not None  # (vLLM's FlatLogprobs types positions optional; sampled ones have entries)
         sampled = entries[token_id]
         best = sorted(
             (lp.rank, tid, lp.logprob) for tid, lp in entries.items() if lp.rank is not None and lp.rank <= num_top

@@ -21,7 +21,7 @@ import os
 import sys
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accel.contract import (
     EngineStats,
@@ -44,6 +44,9 @@ from accel.vllm.conversion import (
 from accel.vllm.platform import PlatformChoice, choose_platform, effective_tensor_parallel_size
 from accel.vllm.stats import SchedulerStatsSink, sink_stat_logger_factory
 from accel.vllm.tpu.topology import SliceTopology
+
+if TYPE_CHECKING:
+    from vllm.inputs import TokensPrompt
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +128,7 @@ class VllmEngine:
         self.max_model_len: int = vllm_config.model_config.max_model_len
         self.block_size: int = vllm_config.cache_config.block_size
         self.vocab_size: int = vllm_config.model_config.get_vocab_size()
+        self._is_shut_down = False
         self._abort_requested: set[str] = set()
         self._active: set[str] = set()
         logger.info(
@@ -172,7 +176,10 @@ class VllmEngine:
         sampling_params = to_vllm_sampling_params(request.sampling)
         if request.kv_transfer is not None:  # read by the engine's KV connector (scheduler side)
             sampling_params.extra_args = {"kv_transfer_params": to_vllm_kv_params(request.kv_transfer)}
-        stream = self._llm.generate({"prompt_token_ids": list(request.prompt_token_ids)}, sampling_params, rid)
+        # (vLLM declares the other keys NotRequired through typing.NotRequired, which mypy's 3.10
+        # target does not know, so it takes them for required.)
+        prompt: TokensPrompt = {"prompt_token_ids": list(request.prompt_token_ids)}  # type: ignore[typeddict-item]
+        stream = self._llm.generate(prompt, sampling_params, rid)
         self._active.add(rid)
         try:
             async for out in stream:
@@ -244,10 +251,12 @@ class VllmEngine:
         return None
 
     async def check_health(self) -> None:
+        if self._is_shut_down:
+            raise RuntimeError("the vLLM engine is shut down")
         await self._llm.check_health()
 
     async def shutdown(self) -> None:
         """Stop the engine core and its workers. Idempotent."""
-        llm, self._llm = self._llm, None
-        if llm is not None:
-            llm.shutdown()
+        if not self._is_shut_down:
+            self._is_shut_down = True
+            self._llm.shutdown()

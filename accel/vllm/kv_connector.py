@@ -148,7 +148,8 @@ class MeshServeConnector(KVConnectorBase_V1):
         # worker side
         self._kv_caches: dict[str, torch.Tensor] = {}
         self._layout: VllmCpuBlockLayout | None = None
-        self._fingerprint, self._kv_dtype = "", None  # set by register_kv_caches (worker side)
+        self._fingerprint = ""  # set by register_kv_caches, with the KV dtype (worker side)
+        self._kv_dtype: torch.dtype | None = None
         self._recv_done: set[str] = set()
         self._recv_failed: set[str] = set()
 
@@ -164,7 +165,7 @@ class MeshServeConnector(KVConnectorBase_V1):
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         p = kv_params.from_dict(request.kv_transfer_params)
-        if p is None or not p.do_remote_prefill:  # (do_remote_prefill implies a transfer_id)
+        if p is None or not p.do_remote_prefill or p.transfer_id is None:  # (prefill implies an id)
             return 0, False
         rid = request.request_id
         if rid not in self._promised:
@@ -186,6 +187,8 @@ class MeshServeConnector(KVConnectorBase_V1):
         if num_external_tokens <= 0:
             return
         p = kv_params.from_dict(request.kv_transfer_params)
+        # Only a request get_num_new_matched_tokens promised tokens to gets here.
+        assert p is not None and p.transfer_id is not None
         local, _ = self._promised[request.request_id]
         self._pending_loads.append(
             LoadSpec(
@@ -194,7 +197,7 @@ class MeshServeConnector(KVConnectorBase_V1):
                 tuple(blocks.get_block_ids()[0]),
                 local,
                 local + num_external_tokens,
-                tuple(request.prompt_token_ids),
+                _prompt_token_ids(request),
             )
         )
 
@@ -209,8 +212,9 @@ class MeshServeConnector(KVConnectorBase_V1):
             if request.num_computed_tokens + num_new < request.num_prompt_tokens:
                 continue  # an earlier chunk of a chunked prefill
             del self._producers[rid]
+            assert self._kv_cache_manager is not None  # bound by the scheduler before it schedules
             block_ids = self._kv_cache_manager.get_block_ids(rid)[0]
-            meta.saves.append(SaveSpec(rid, transfer_id, tuple(block_ids), tuple(request.prompt_token_ids)))
+            meta.saves.append(SaveSpec(rid, transfer_id, tuple(block_ids), _prompt_token_ids(request)))
             self._exported[rid] = (transfer_id, request.num_prompt_tokens)
         return meta
 
@@ -259,7 +263,7 @@ class MeshServeConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         if not self.has_connector_metadata():
             return
-        for spec in self._get_connector_metadata().loads:
+        for spec in self._metadata().loads:
             self._load(spec)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -271,7 +275,7 @@ class MeshServeConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         if not self.has_connector_metadata():
             return
-        for spec in self._get_connector_metadata().saves:
+        for spec in self._metadata().saves:
             self._save(spec)
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
@@ -286,13 +290,25 @@ class MeshServeConnector(KVConnectorBase_V1):
 
     # ---- helpers ------------------------------------------------------------------------
 
+    def _metadata(self) -> MeshServeConnectorMetadata:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, MeshServeConnectorMetadata)  # what build_connector_meta makes
+        return meta
+
+    def _worker_kv(self) -> tuple[VllmCpuBlockLayout, torch.dtype]:
+        """The KV layout and dtype ``register_kv_caches`` found (worker side)."""
+        if self._layout is None or self._kv_dtype is None:
+            raise RuntimeError("MeshServeConnector: no KV caches registered yet")
+        return self._layout, self._kv_dtype
+
     def _save(self, spec: SaveSpec) -> None:
         num_tokens = len(spec.prompt_token_ids)
         try:
-            kv = gather_vllm(self._kv_caches, self._layout, spec.block_ids, num_tokens)
+            layout, _ = self._worker_kv()
+            kv = gather_vllm(self._kv_caches, layout, spec.block_ids, num_tokens)
             L, _, _, H, D = kv.shape
             desc = KVDescriptor.for_prompt(
-                self._fingerprint, kv.dtype, L, H, D, spec.prompt_token_ids, self._layout.block_size
+                self._fingerprint, kv.dtype, L, H, D, spec.prompt_token_ids, layout.block_size
             )
             self._transport().put(spec.transfer_id, KVPayload(desc, kv), self._settings.put_timeout_s)
         except Exception:  # the decode side finds no transfer and recomputes
@@ -301,20 +317,17 @@ class MeshServeConnector(KVConnectorBase_V1):
     def _load(self, spec: LoadSpec) -> None:
         transport = self._transport()
         try:
+            layout, kv_dtype = self._worker_kv()
             payload = transport.fetch(spec.transfer_id, self._settings.fetch_timeout_s)
             payload.descriptor.check_compatible(
-                self._fingerprint,
-                self._kv_dtype,
-                len(self._kv_caches),
-                self._layout.num_kv_heads,
-                self._layout.head_dim,
+                self._fingerprint, kv_dtype, len(self._kv_caches), layout.num_kv_heads, layout.head_dim
             )
             payload.descriptor.check_prompt(spec.prompt_token_ids)
             if payload.descriptor.num_tokens < spec.end_token:
                 raise ValueError(f"payload holds {payload.descriptor.num_tokens} tokens, {spec.end_token} promised")
             scatter_vllm(
                 self._kv_caches,
-                self._layout,
+                layout,
                 spec.block_ids,
                 payload.kv[:, :, spec.start_token : spec.end_token],
                 start_token=spec.start_token,
@@ -332,6 +345,12 @@ class MeshServeConnector(KVConnectorBase_V1):
                 self._settings.transport, app_name=self._settings.app_name, address=self._settings.ray_address
             )
         return self._transport_instance
+
+
+def _prompt_token_ids(request: Request) -> tuple[int, ...]:
+    # vLLM types them optional (prompt-embeds requests); ours always come as token ids.
+    assert request.prompt_token_ids is not None
+    return tuple(request.prompt_token_ids)
 
 
 def _cpu_layout(

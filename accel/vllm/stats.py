@@ -16,9 +16,12 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accel.contract import EngineStats
+
+if TYPE_CHECKING:
+    from vllm.v1.metrics.loggers import StatLoggerBase
 
 logger = logging.getLogger(__name__)
 
@@ -68,16 +71,18 @@ class SchedulerStatsSink:
             )
 
 
-def sink_stat_logger_factory(sink: SchedulerStatsSink):
+def sink_stat_logger_factory(sink: SchedulerStatsSink) -> type[StatLoggerBase]:
     """A vLLM per-engine stat-logger factory feeding ``sink``. Imports vLLM when called."""
     from vllm.v1.metrics.loggers import StatLoggerBase  # deferred: importing this module must not import vLLM
 
     class _SinkStatLogger(StatLoggerBase):
-        def __init__(self, vllm_config: Any, engine_index: int = 0):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             self._vllm_config = vllm_config
             self._engine_index = engine_index
 
-        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        ) -> None:
             if scheduler_stats is not None:
                 sink.record(scheduler_stats)
 

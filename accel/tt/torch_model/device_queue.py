@@ -50,7 +50,7 @@ class DeviceQueue:
 
 @dataclass(frozen=True)
 class FutureEvent:
-    future: Future
+    future: Future[Any]
 
     def synchronize(self) -> None:
         self.future.result()
@@ -62,7 +62,7 @@ class PendingDecode:
 
     ``future`` resolves to host logits ``[B_wire, vocab]`` or a ``SampledOutput``."""
 
-    future: Future
+    future: Future[Any]
     is_sampled: bool
 
     def result(self) -> Any:

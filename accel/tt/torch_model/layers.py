@@ -10,7 +10,9 @@ kv heads, ``D`` = head_dim.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +45,7 @@ def rope_inv_freq(config: DecoderConfig) -> torch.Tensor:
     raise ValueError(f"rope_type {rope_type!r} is not implemented by the torch mesh model")
 
 
-def _llama3_scale(inv_freq: torch.Tensor, params) -> torch.Tensor:
+def _llama3_scale(inv_freq: torch.Tensor, params: Mapping[str, Any]) -> torch.Tensor:
     factor = float(params["factor"])
     low_freq_factor = float(params["low_freq_factor"])
     high_freq_factor = float(params["high_freq_factor"])
@@ -128,6 +130,7 @@ def project_qkv(
     qkv = F.linear(h, layer.qkv, layer.qkv_bias).view(-1, num_heads + 2 * num_kv_heads, head_dim)
     v = qkv[:, num_heads + num_kv_heads :]
     if layer.q_norm is not None:
+        assert layer.k_norm is not None  # q/k norm checkpoints (Qwen3) carry both
         q = rms_norm(qkv[:, :num_heads], layer.q_norm, config.rms_norm_eps)
         k = rms_norm(qkv[:, num_heads : num_heads + num_kv_heads], layer.k_norm, config.rms_norm_eps)
         return apply_rotary_rolled(q, *cos_sin), apply_rotary_rolled(k, *cos_sin), v

@@ -33,7 +33,7 @@ from accel.tt.torch_model.config import DecoderConfig
 from accel.tt.torch_model.device_queue import DeviceQueue, FutureEvent, PendingDecode
 from accel.tt.torch_model.layers import RotaryTables, project_qkv, rms_norm, swiglu_mlp
 from accel.tt.torch_model.paged_attention import AttentionMetadata, PagedKVStore, paged_attention, write_kv
-from accel.tt.torch_model.sampler import DecodeSamplingCache, prepare_sampling, sample
+from accel.tt.torch_model.sampler import DecodeSamplingCache, PreparedSampling, prepare_sampling, sample
 from accel.tt.torch_model.weights import ModelWeights, load_weights
 
 logger = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ class TorchMeshModel:
     ) -> list[list[list[torch.Tensor]]]:
         """``[lane][layer] = [K, V]`` zeroed ``(num_blocks, Hkv, block_size, D)`` lane-local views.
         A torch float ``dtype`` is honoured; anything else (e.g. a ttnn dtype) means the model's."""
-        _, num_kv_heads, _, head_dim = kv_cache_shape
+        num_blocks, num_kv_heads, block_size, head_dim = kv_cache_shape
         cfg = self.config
         if (num_kv_heads, head_dim, num_layers) != (cfg.num_kv_heads, cfg.head_dim, cfg.num_layers):
             raise ValueError(
@@ -168,7 +168,9 @@ class TorchMeshModel:
                 f"the model (Hkv {cfg.num_kv_heads}, head_dim {cfg.head_dim}, {cfg.num_layers} layers)"
             )
         kv_dtype = dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else self.dtype
-        self._store = PagedKVStore.allocate(self.num_lanes, num_layers, tuple(kv_cache_shape), self.device, kv_dtype)
+        self._store = PagedKVStore.allocate(
+            self.num_lanes, num_layers, (num_blocks, num_kv_heads, block_size, head_dim), self.device, kv_dtype
+        )
         return self._store.lane_views()
 
     def _store_for(self, kv_cache: Any) -> PagedKVStore:
@@ -483,7 +485,7 @@ def _to_host(out: SampledOutput) -> SampledOutput:
     )
 
 
-def _warmup_sampling(rows: int, variant: str, vocab_size: int, device: torch.device):
+def _warmup_sampling(rows: int, variant: str, vocab_size: int, device: torch.device) -> PreparedSampling:
     greedy = variant == "greedy"
     params = TTSamplingParams(
         temperature=[0.0 if greedy else 0.8] * rows,

@@ -13,6 +13,7 @@ write a fixed-shape scatter (what a captured program needs).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +56,7 @@ class PagedKVStore:
             [[view(k, lane), view(v, lane)] for k, v in zip(self.keys, self.values)] for lane in range(self.num_lanes)
         ]
 
-    def is_backing(self, kv_cache) -> bool:
+    def is_backing(self, kv_cache: Any) -> bool:
         """True if ``kv_cache`` (``[lane][layer] = [K, V]``) is a view of this store."""
         try:
             first = kv_cache[0][0][0]
@@ -154,7 +155,7 @@ def paged_attention(
     """``q`` ``[n, L, H, D]`` over each row's pages -> ``[n, L, H * D]`` (GQA: head h reads kv h // G)."""
     n, length, num_heads, head_dim = q.shape
     if meta.decode_groups is not None:
-        return _grouped_decode_attention(store, layer, meta, q, scale)
+        return _grouped_decode_attention(store, layer, meta, meta.decode_groups, q, scale)
     k = _gather(store.keys[layer], meta.ctx_blocks, n)[:, :, : meta.num_ctx_tokens]  # [n, Hkv, C, D]
     v = _gather(store.values[layer], meta.ctx_blocks, n)[:, :, : meta.num_ctx_tokens]
     num_kv = k.shape[1]
@@ -169,7 +170,12 @@ def paged_attention(
 
 
 def _grouped_decode_attention(
-    store: PagedKVStore, layer: int, meta: AttentionMetadata, q: torch.Tensor, scale: float
+    store: PagedKVStore,
+    layer: int,
+    meta: AttentionMetadata,
+    groups: tuple[tuple[torch.Tensor, int], ...],
+    q: torch.Tensor,
+    scale: float,
 ) -> torch.Tensor:
     """Decode attention per ``meta.decode_groups``: each group gathers only its rows' first
     ``num_keys`` keys (``q`` ``[n, 1, H, D]`` -> ``[n, 1, H * D]``)."""
@@ -178,7 +184,7 @@ def _grouped_decode_attention(
     num_kv = store.keys[layer].shape[2]
     group = num_heads // num_kv
     out = q.new_empty(n, 1, num_heads * head_dim)
-    for rows, num_keys in meta.decode_groups:
+    for rows, num_keys in groups:
         num_blocks = -(-num_keys // store.block_size)
         blocks = table.index_select(0, rows)[:, :num_blocks].reshape(-1)
         k = _gather(store.keys[layer], blocks, len(rows))[:, :, :num_keys]

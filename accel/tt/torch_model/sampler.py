@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 
@@ -78,7 +79,7 @@ class DecodeSamplingCache:
     def __init__(self, vocab_size: int, device: torch.device) -> None:
         self.vocab_size = vocab_size
         self.device = device
-        self._key: tuple[tuple, ...] | None = None
+        self._key: tuple[tuple[Any, ...], ...] | None = None
         self._prep: PreparedSampling | None = None
 
     def prepare(self, params: TTSamplingParams, positions: Sequence[int]) -> PreparedSampling:

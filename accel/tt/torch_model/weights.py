@@ -66,7 +66,7 @@ def load_weights(
             LayerWeights(
                 input_norm=get(p + "input_layernorm.weight"),
                 qkv=_as_matmul_weight(torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"], dim=0)),
-                qkv_bias=torch.cat(biases).contiguous() if all(b is not None for b in biases) else None,
+                qkv_bias=_qkv_bias(biases),
                 o_proj=_as_matmul_weight(get(p + "self_attn.o_proj.weight")),
                 q_norm=maybe(p + "self_attn.q_norm.weight") if config.has_qk_norm else None,
                 k_norm=maybe(p + "self_attn.k_norm.weight") if config.has_qk_norm else None,
@@ -90,3 +90,9 @@ def _as_matmul_weight(w: torch.Tensor) -> torch.Tensor:
     ``[in, out]``): ``F.linear`` then runs a plain ``x @ W`` GEMM, ~25% faster on CPU for the
     skinny decode batches than the transposed-B GEMM a row-major ``[out, in]`` weight gets."""
     return w.t().contiguous().t()
+
+
+def _qkv_bias(biases: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """The fused q/k/v bias when the checkpoint has all three (Qwen2-style), else None."""
+    present = [b for b in biases if b is not None]
+    return torch.cat(present).contiguous() if len(present) == len(biases) else None

@@ -147,8 +147,11 @@ def create_slice_placement_group(
         head_reservation_timeout_s=head_reservation_timeout_s,
         bundle_label_selector=user_selectors,
     )
+    group = handle.placement_group
     logger.info(
-        "slice placement group %s: bundles pinned by %s", handle.placement_group.id.hex(), handle.bundle_label_selector
+        "slice placement group %s: bundles pinned by %s",
+        None if group is None else group.id.hex(),
+        handle.bundle_label_selector,
     )
     return handle
 
