@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
 from accel.contract import Engine, EngineStats, FinishReason, GenerateRequest, OutputDelta, PrefixCacheChange
@@ -99,7 +99,7 @@ class EngineReplica:
         # router's poll (Serve runs this sync method on a thread pool).
         self._routing_lock = threading.Lock()
         self._num_inflight = 0
-        self._stats_task: asyncio.Task | None = None
+        self._stats_task: asyncio.Task[None] | None = None
         self._metrics = self._make_metrics(emit_vllm_metrics)
         self._is_shut_down = False
 
@@ -124,17 +124,19 @@ class EngineReplica:
         self._ensure_stats_task()
         self._num_inflight += 1
         start = time.monotonic()
-        pending: asyncio.Queue = asyncio.Queue()
+        pending: asyncio.Queue[OutputDelta | Exception] = asyncio.Queue()
         pump = asyncio.get_running_loop().create_task(self._pump(request, pending, start))
         finished: OutputDelta | None = None
         try:
             while finished is None:
-                batch = [await pending.get()]
+                items = [await pending.get()]
                 while not pending.empty():
-                    batch.append(pending.get_nowait())
-                for item in batch:
-                    if isinstance(item, BaseException):
+                    items.append(pending.get_nowait())
+                batch: list[OutputDelta] = []
+                for item in items:
+                    if isinstance(item, Exception):
                         raise item
+                    batch.append(item)
                 delta = merge_deltas(batch) if len(batch) > 1 else batch[0]
                 if delta.finished:
                     finished = delta
@@ -146,7 +148,7 @@ class EngineReplica:
                 await self._abort_quietly(request.request_id)
             await asyncio.gather(pump, return_exceptions=True)
 
-    async def _pump(self, request: GenerateRequest, out: asyncio.Queue, start: float) -> None:
+    async def _pump(self, request: GenerateRequest, out: asyncio.Queue[OutputDelta | Exception], start: float) -> None:
         """Engine deltas -> ``out`` (an exception is put there too); records the metrics."""
         last = start
         ttft = None
@@ -223,7 +225,7 @@ class EngineReplica:
             head = self._kv_log.append(events)
             cursor = (cursors or {}).get(self.replica_id)
             since = self._kv_log.read(cursor)
-            if since is None:
+            if cursor is None or since is None:
                 return dataclasses.replace(
                     snap, publishes_kv_events=True, kv_blocks=self.kv_block_snapshot() or (), kv_cursor=head
                 )
@@ -274,7 +276,7 @@ class EngineReplica:
             self._stats_task.cancel()
         await self._engine.shutdown()
 
-    def __del__(self):
+    def __del__(self) -> Coroutine[Any, Any, None] | None:
         """Serve calls ``__del__`` when it stops the replica and awaits a coroutine it returns:
         the graceful engine shutdown. Sync on purpose: the garbage collector calls it too (after
         Serve did, or on replicas tests built), and an ``async def`` would then leave a coroutine
@@ -287,14 +289,14 @@ class EngineReplica:
         if self._stats_task is not None or self._metrics is None:
             return
         try:
-            self._stats_task = asyncio.get_running_loop().create_task(self._publish_stats())
+            self._stats_task = asyncio.get_running_loop().create_task(self._publish_stats(self._metrics))
         except RuntimeError:
             pass
 
-    async def _publish_stats(self) -> None:
+    async def _publish_stats(self, metrics: EngineMetrics) -> None:
         while True:
             try:
-                self._metrics.observe_stats(self._engine.stats(), self._engine.extra_stats())
+                metrics.observe_stats(self._engine.stats(), self._engine.extra_stats())
             except Exception:
                 logger.debug("stats publish failed", exc_info=True)
             await asyncio.sleep(STATS_PERIOD_S)
