@@ -135,8 +135,8 @@ class TTMeshEngine:
         self._inbox: deque[InboxMessage] = deque()
         self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[OutboxMessage]]] = {}
         self._kv_events: deque[PrefixCacheChange] = deque()
-        self._stats = self._snapshot()
-        self._extra_stats = self._extra_snapshot()
+        self._stats = self.core.stats(self.platform)
+        self._extra_stats = self.core.step_stats()
         self._stopped = False
         # Step-loop host cost: CPU time of this engine's thread in iterations that ran a step
         # (blocking on the mesh, waiting for the GIL or for a core costs none).
@@ -266,8 +266,8 @@ class TTMeshEngine:
                     with self._cv:  # nothing could run (waiting on nothing): avoid spinning
                         self._cv.wait(0.001)
             self._kv_events.extend(self.core.take_kv_events())
-            self._stats = self._snapshot()  # before delivering: a finished stream sees its blocks freed
-            self._extra_stats = self._extra_snapshot()
+            self._stats = self.core.stats(self.platform)  # before delivering: a finished stream sees its blocks freed
+            self._extra_stats = self.core.step_stats()
             self._deliver(outputs)
             if ran_step:
                 self.num_busy_iterations += 1
@@ -338,31 +338,6 @@ class TTMeshEngine:
                 loop.call_soon_threadsafe(_put_all, batch)
             except RuntimeError:  # that event loop is closed; its requests are gone
                 pass
-
-    def _snapshot(self) -> EngineStats:
-        coordinator = self.core.coordinator
-        lanes = coordinator.lanes
-        return EngineStats(
-            num_waiting=coordinator.num_waiting,
-            num_running=coordinator.num_running,
-            num_kv_blocks_total=self.num_blocks_per_lane * self.config.num_lanes,
-            num_kv_blocks_free=sum(lane.pool.num_free_blocks for lane in lanes),
-            prefix_cache_queries=sum(lane.pool.prefix_cache_queries for lane in lanes),
-            prefix_cache_hits=sum(lane.pool.prefix_cache_hits for lane in lanes),
-            platform=self.platform,
-        )
-
-    def _extra_snapshot(self) -> TTEngineStats:
-        core = self.core
-        num_decode = core.num_decode_steps
-        return TTEngineStats(
-            num_prefill_steps=core.num_prefill_steps,
-            num_decode_steps=num_decode,
-            num_device_sampled_tokens=core.num_device_sampled_tokens,
-            num_host_sampled_tokens=core.num_host_sampled_tokens,
-            lane_occupancy=tuple(len(lane.running) / lane.per_lane for lane in core.coordinator.lanes),
-            async_overlap_fraction=core.queue.num_overlapped_steps / num_decode if num_decode else 0.0,
-        )
 
     # ---- validation ----------------------------------------------------------------------
     def _validate(self, request: GenerateRequest) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from accel.contract import GenerateRequest, KVTransferParams, PrefixCacheChange
+from accel.contract import EngineStats, GenerateRequest, KVTransferParams, PrefixCacheChange, TTEngineStats
 from accel.text.stop_tokens import check_token_stop
 from accel.tt.async_decode import AsyncDecodeQueue
 from accel.tt.block_pool import BlockPool
@@ -178,6 +178,32 @@ class EngineCore:
         r.status = RequestStatus.FINISHED
 
     # ---- observability -----------------------------------------------------------------
+    def stats(self, platform: str) -> EngineStats:
+        """Load and cache snapshot over every lane."""
+        coordinator = self.coordinator
+        pools = [lane.pool for lane in coordinator.lanes]
+        return EngineStats(
+            num_waiting=coordinator.num_waiting,
+            num_running=coordinator.num_running,
+            num_kv_blocks_total=sum(pool.num_blocks for pool in pools),
+            num_kv_blocks_free=sum(pool.num_free_blocks for pool in pools),
+            prefix_cache_queries=sum(pool.prefix_cache_queries for pool in pools),
+            prefix_cache_hits=sum(pool.prefix_cache_hits for pool in pools),
+            platform=platform,
+        )
+
+    def step_stats(self) -> TTEngineStats:
+        """How the steps ran so far (``TTMeshEngine.extra_stats``)."""
+        num_decode = self.num_decode_steps
+        return TTEngineStats(
+            num_prefill_steps=self.num_prefill_steps,
+            num_decode_steps=num_decode,
+            num_device_sampled_tokens=self.num_device_sampled_tokens,
+            num_host_sampled_tokens=self.num_host_sampled_tokens,
+            lane_occupancy=tuple(len(lane.running) / lane.per_lane for lane in self.coordinator.lanes),
+            async_overlap_fraction=self.queue.num_overlapped_steps / num_decode if num_decode else 0.0,
+        )
+
     def take_kv_events(self) -> list[PrefixCacheChange]:
         """Replica-level cache changes: a hash is ``stored`` when the first lane caches it and
         ``removed`` when the last lane holding it evicts it (``lane`` = the lane that changed)."""
