@@ -1,4 +1,4 @@
-"""Routing policies: a small abstract base plus a registry by config name.
+"""Routing policies: the small abstract base every policy implements, and what they share.
 
 A policy sees one ``RoutingContext`` (the candidate replicas of one pool with their prefix
 matches, loads and the session binding) and returns a ``Choice``. It holds no state about
@@ -8,6 +8,9 @@ Load score (``load_score``), in requests: ``in_flight + foreign_in_flight + w_qu
 w_kv_usage * kv_usage``, the last three only from fresh stats (foreign = other router replicas').
 In-flight is always present (tracked locally), so the score never freezes when stats are stale or
 missing.
+
+The policies by config name live in ``policies`` (the registry imports the implementations,
+which import this module: one direction, no cycle).
 
 Ties are broken deterministically by rendezvous hashing of (request tie key, replica): equal
 candidates spread over replicas by the prompt's first block (or the session key), yet every router
@@ -130,32 +133,3 @@ def without(candidates: tuple[str, ...], replica_id: str) -> tuple[str, ...]:
     somewhere to go; with one replica it queues where it is)."""
     others = tuple(r for r in candidates if r != replica_id)
     return others or candidates
-
-
-_POLICIES: dict[str, type[RoutingPolicy]] = {}
-
-
-def register_policy(cls: type[RoutingPolicy]) -> type[RoutingPolicy]:
-    if cls.name in _POLICIES:
-        raise ValueError(f"routing policy {cls.name!r} registered twice")
-    _POLICIES[cls.name] = cls
-    return cls
-
-
-def policy_names() -> tuple[str, ...]:
-    _load_builtin_policies()
-    return tuple(sorted(_POLICIES))
-
-
-def make_policy(name: str, weights: CostWeights | None = None) -> RoutingPolicy:
-    """The policy registered as ``name``; unknown names raise ``ConfigError`` listing the known."""
-    _load_builtin_policies()
-    cls = _POLICIES.get(name)
-    if cls is None:
-        raise ConfigError(f"router.policy: unknown policy {name!r}; known: {', '.join(policy_names())}")
-    return cls(weights or CostWeights())
-
-
-def _load_builtin_policies() -> None:
-    # The built-ins register themselves on import; imported here to avoid an import cycle.
-    from . import cost_policy, simple_policies  # noqa: F401

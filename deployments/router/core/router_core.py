@@ -50,7 +50,8 @@ from accel.contract import ConfigError, EngineStats
 from deployments.router.kv_events import KVEvent
 
 from .load import LoadConfig, LoadTracker, ReplicaLoad
-from .policy import CostWeights, RoutingContext, make_policy
+from .policies import make_policy
+from .policy import CostWeights, RoutingContext
 from .prefix_index import make_prefix_index
 from .sessions import SessionConfig, SessionTable
 
