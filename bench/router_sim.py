@@ -42,9 +42,9 @@ from router_sim_workload import TraceRequest, WorkloadConfig, make_trace  # noqa
 from accel.block_hash import hash_prompt_blocks  # noqa: E402
 from accel.contract import EngineStats  # noqa: E402
 from deployments.router.core.load import PEER_LOAD_PERIOD_S  # noqa: E402
-from deployments.router.core.policy import CostWeights  # noqa: E402
-from deployments.router.core.router_core import ReplicaInfo, RequestInfo, RouterConfig, RouterCore  # noqa: E402
+from deployments.router.core.router_core import ReplicaInfo, RequestInfo, RouterCore  # noqa: E402
 from deployments.router.kv_events import BlockStored, KVEvent  # noqa: E402
+from serve_app.config.router import CostWeights, ModelRouting, RouterConfig  # noqa: E402
 
 MODEL = "sim-model"
 
@@ -62,8 +62,8 @@ class CoreSimRouter:
         weights: CostWeights,
     ) -> None:
         self.now_s = 0.0
-        config = RouterConfig(policy=policy, index_mode=index_mode, block_size=block_size, weights=weights)
-        self.core = RouterCore(config, clock=lambda: self.now_s)
+        config = RouterConfig(policy=policy, index_mode=index_mode, weights=weights)
+        self.core = RouterCore(config, {MODEL: ModelRouting(block_size)}, clock=lambda: self.now_s)
         for r in replica_ids:
             self.core.add_replica(ReplicaInfo(r, (MODEL,), num_kv_blocks))
 

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from accel.contract import ConfigError
-from serve_app.config import AppConfig, PoolConfig, load_app_config
+from serve_app.config.app import AppConfig, PoolConfig
+from serve_app.config.load import load_app_config
 
 logger = logging.getLogger(__name__)
 
@@ -22,25 +23,6 @@ PINNED_ROUTER = "deployments.router.pinned_request_router:PinnedReplicaRouter"
 RENDEZVOUS_ROUTER = "deployments.router.rendezvous_request_router:RendezvousRouter"
 ROUTER_NAME = "Router"
 INGRESS_NAME = "OpenAIIngress"
-
-
-def validate_engine_args(config: AppConfig) -> None:
-    """Each pool's engine_args through its engine's ``from_engine_args``, when that engine's
-    config module is importable here (it is not, e.g., for the TT engine on a machine without
-    it installed); the replica validates again when it starts."""
-    for i, pool in enumerate(config.pools):
-        try:
-            if pool.engine == "tt":
-                from accel.tt.config import TTEngineConfig as cfg_cls
-            else:
-                from accel.vllm.config import VllmEngineConfig as cfg_cls
-        except ImportError:
-            logger.info("engine config for %s not importable; engine_args checked at replica start", pool.engine)
-            continue
-        try:
-            cfg_cls.from_engine_args(pool.engine_args_for_engine())
-        except (ConfigError, ValueError, TypeError) as exc:
-            raise ConfigError(f"{config.config_file}: pools[{i}].engine_args: {exc}") from None
 
 
 def engine_deployment_options(pool: PoolConfig) -> dict[str, Any]:
@@ -83,7 +65,7 @@ def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | N
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
-    from deployments.ingress.openai_ingress import make_ingress_class, pool_infos
+    from deployments.ingress.openai_ingress import make_ingress_class
     from deployments.replicas.tt_replica import TTMeshReplica
     from deployments.replicas.vllm_replica import VllmReplica
     from deployments.router.deployment import RouterDeployment
@@ -113,14 +95,7 @@ def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | N
                 request_router_class=RENDEZVOUS_ROUTER, request_routing_stats_period_s=10
             ),
         )
-        .bind(
-            pool_infos(config),
-            pool_apps,
-            config.router.stats_period_s,
-            pd_threshold_tokens=config.pd.threshold_tokens,
-            core_config=config.router.core_config(min(p.block_size for p in config.pools), config.pd.threshold_tokens),
-            num_router_replicas=config.router.replicas,
-        )
+        .bind(config, pool_apps)
     )
     ingress = (
         serve.deployment(make_ingress_class())
@@ -139,7 +114,6 @@ def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | N
 
 def build_app(args: dict[str, Any]):
     """Serve builder: YAML ``args`` -> ``Application``. Raises ``ConfigError`` naming the file
-    (``args.config_file``) and the key."""
-    config = load_app_config(args)
-    validate_engine_args(config)
-    return build_from_config(config)
+    (``args.config_file``) and the key (``engine_args`` included: the loader parses them into each
+    pool's engine config, which the pool's replicas are built from)."""
+    return build_from_config(load_app_config(args))

@@ -29,7 +29,8 @@ from typing import Any
 
 from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta
 from deployments.pd.orchestrator import PDOrchestrator
-from deployments.router.messages import PoolInfo, RouteDecision, RouteRequest, RoutingError, eligible_pools
+from deployments.router.messages import RouteDecision, RouteRequest, RoutingError, eligible_pools
+from serve_app.config.app import AppConfig
 from serve_app.protocol.errors import APIError
 
 logger = logging.getLogger(__name__)
@@ -55,20 +56,12 @@ def dead_replica_actor(exc: BaseException) -> tuple[bool, str | None]:
 
 
 class EngineClient:
-    def __init__(
-        self,
-        pools: Sequence[PoolInfo],
-        router_handle: Any,
-        pool_handles: Mapping[str, Any],
-        decision_timeout_s: float,
-        retry_after_s: int,
-        metrics: Any = None,
-    ):
-        self._pools = tuple(pools)
+    def __init__(self, config: AppConfig, router_handle: Any, pool_handles: Mapping[str, Any], metrics: Any = None):
+        self._pools = config.pools
         self._router = router_handle
         self._streams = {name: h.options(stream=True) for name, h in pool_handles.items()}
-        self._timeout_s = decision_timeout_s
-        self._retry_after_s = retry_after_s
+        self._timeout_s = config.router.decision_timeout_s
+        self._retry_after_s = config.ingress.retry_after_s
         self._metrics = metrics
         self._local_inflight = {p.name: 0 for p in self._pools}
         self._pd = PDOrchestrator()

@@ -27,8 +27,8 @@ from accel.contract import InvalidRequestError
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
 from deployments.ingress.engine_client import EngineClient, merge_streams
 from deployments.router.core.sessions import session_key_from
-from deployments.router.messages import PoolInfo, RouteRequest, routing_block_size
-from serve_app.config import AppConfig, ModelConfig
+from deployments.router.messages import RouteRequest
+from serve_app.config.app import AppConfig, ModelConfig
 from serve_app.protocol import conversion as conv
 from serve_app.protocol import responses as rsp
 from serve_app.protocol.chat import ChatCompletionRequest
@@ -41,12 +41,6 @@ POOL_HEADER = "x-meshserve-pool"
 app = FastAPI(title="meshserve")
 
 
-def pool_infos(config: AppConfig) -> tuple[PoolInfo, ...]:
-    return tuple(
-        PoolInfo(p.name, p.model, p.engine, p.accelerator, p.role, p.block_size, p.kv_connector) for p in config.pools
-    )
-
-
 def error_response(err: APIError) -> JSONResponse:
     return JSONResponse(err.to_response().model_dump(), status_code=err.status, headers=err.headers())
 
@@ -57,16 +51,8 @@ class OpenAIIngress:
         self._models: dict[str, ModelConfig] = {m.name: m for m in config.models}
         self._tokenizers: dict[str, TextTokenizer] = {m.name: load_tokenizer(str(m.path)) for m in config.models}
         self._metrics = _ingress_metrics()
-        pools = pool_infos(config)
-        self._block_sizes = {m.name: routing_block_size(pools, m.name) for m in config.models}
-        self._client = EngineClient(
-            pools,
-            router_handle,
-            pool_handles,
-            config.router.decision_timeout_s,
-            config.ingress.retry_after_s,
-            self._metrics,
-        )
+        self._block_sizes = {m.name: m.routing_block_size for m in config.models}
+        self._client = EngineClient(config, router_handle, pool_handles, self._metrics)
         self._num_inflight = 0
 
     # -- endpoints ----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """What an engine replica of a prefill or decode pool needs for KV transfer.
 
 Pools with ``role: prefill`` or ``role: decode`` get the application's KV-connector actor
-(created on first use, one per Serve application) and, by KV path (``deployments.pd.pairing``):
+(created on first use, one per Serve application) and, by KV path (``serve_app.config.pd``):
 - TT engines: ``accel.tt.kv_hooks.KVTransferHooks`` over ``RayKVTransport`` (path ``meshserve``);
 - vLLM engines whose engine_args set no ``kv_transfer_config`` (off TPU): one loading
   ``MeshServeConnector`` (``accel.vllm.kv_connector``) in vLLM's child processes, which join the
@@ -19,8 +19,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from deployments.pd.pairing import PD_ROLES, is_native
-from serve_app.config import PoolConfig
+from accel.vllm.config import VllmEngineConfig
+from serve_app.config.app import PoolConfig
+from serve_app.config.pd import PD_ROLES, is_native
 
 logger = logging.getLogger(__name__)
 
@@ -47,15 +48,15 @@ def tt_kv_hooks(pool: PoolConfig) -> Any:
     name = app_name()
     get_or_create_kv_connector(name)
     logger.info("pool %s (%s): KV transfer through the %r KV connector", pool.name, pool.role, name)
-    return KVTransferHooks(RayKVTransport(name), pool.engine_args_for_engine()["model"])
+    return KVTransferHooks(RayKVTransport(name), pool.engine_config.model)
 
 
 def vllm_kv_transfer_config(pool: PoolConfig) -> dict[str, Any] | None:
     """The ``kv_transfer_config`` the pool's engine loads; None = none (not a PD pool, or a TPU
     pool the config builder already refused)."""
-    if pool.role not in PD_ROLES:
+    if pool.role not in PD_ROLES or not isinstance(pool.engine_config, VllmEngineConfig):
         return None
-    own = pool.engine_args.get("kv_transfer_config")
+    own = pool.engine_config.kv_transfer_config
     if own:
         return _filled_in(dict(own)) if own.get("kv_connector") == MESHSERVE_CONNECTOR else dict(own)
     if pool.accelerator == "tpu":

@@ -22,7 +22,7 @@ from accel.contract import Engine, EngineStats, FinishReason, GenerateRequest, O
 from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS, KVCursor, KVEventLog
 from deployments.router.kv_events import BlockRemoved, BlockStored, KVEvent
 from deployments.router.messages import ReplicaSnapshot
-from serve_app.config import PoolConfig
+from serve_app.config.app import PoolConfig
 
 logger = logging.getLogger(__name__)
 

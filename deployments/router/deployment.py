@@ -52,7 +52,6 @@ polls and Serve's pushes say about the engine replicas is kept and applied to th
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -60,51 +59,36 @@ from typing import Any
 
 from deployments.replicas.engine_replica import current_replica_id
 from deployments.router.core.load import PEER_LOAD_PERIOD_S
-from deployments.router.core.router_core import NoReplicaError, RequestInfo, RouterConfig, RouterCore
+from deployments.router.core.router_core import NoReplicaError, RequestInfo, RouterCore
 from deployments.router.engine_view import EngineView
 from deployments.router.messages import (
     IndexView,
-    PoolInfo,
     ReplicaView,
     RouteDecision,
     RouteRequest,
     RouterSnapshot,
     eligible_pools,
 )
+from serve_app.config.app import AppConfig
 
 logger = logging.getLogger(__name__)
 
-NO_PD = 1 << 62  # pd_min_prompt_tokens when disaggregation is off
 PREFILL_SUFFIX = "#prefill"
+TICKET_TTL_S = 3600.0  # a ticket never released (its ingress crashed) expires after this
 UNSEEN_POOL_WAIT_S = 0.1  # how long a decision waits for an on-demand poll of an unseen pool
 
 
 class RouterDeployment:
-    def __init__(
-        self,
-        pools: Sequence[PoolInfo],
-        pool_handles: Mapping[str, Any],
-        stats_period_s: float = 0.5,
-        ticket_ttl_s: float = 3600.0,
-        pd_threshold_tokens: int | None = None,
-        core_config: RouterConfig | None = None,
-        num_router_replicas: int = 1,
-    ):
+    def __init__(self, config: AppConfig, pool_handles: Mapping[str, Any], ticket_ttl_s: float = TICKET_TTL_S):
+        """``pool_handles``: pool name -> the pool's engine deployment handle (bound by the builder)."""
         self.replica_id = current_replica_id()
-        self._num_router_replicas = num_router_replicas
-        self._pools = tuple(pools)
+        self._num_router_replicas = config.router.replicas
+        self._pools = config.pools
         self._handles = dict(pool_handles)
-        self._period_s = stats_period_s
+        self._period_s = config.router.stats_period_s
         self._ticket_ttl_s = ticket_ttl_s
-        base = core_config or RouterConfig()
-        self._core = RouterCore(
-            dataclasses.replace(
-                base,
-                block_size=min((p.block_size for p in self._pools), default=base.block_size),
-                pd_min_prompt_tokens=NO_PD if pd_threshold_tokens is None else pd_threshold_tokens,
-            )
-        )
-        self.engines = EngineView(self._core, self._pools, pd_threshold_tokens)
+        self._core = RouterCore(config.router, {m.name: m.routing for m in config.models})
+        self.engines = EngineView(self._core, config.models)
         # ticket -> (request id, replica id or None, is prefill ticket, issue time)
         self._tickets: dict[str, tuple[str, str | None, bool, float]] = {}
         self._poller: asyncio.Task | None = None
@@ -151,7 +135,6 @@ class RouterDeployment:
             block_hashes=tuple(request.prompt_block_hashes),
             num_prompt_tokens_hint=request.num_prompt_tokens,
             allowed_replicas=allowed,
-            block_size=self.engines.block_sizes[request.model],
         )
         try:
             decision = self._core.route(info)

@@ -12,34 +12,33 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-from deployments.pd.pairing import pairing_problem
 from deployments.replicas.kv_event_log import KVCursor
 from deployments.router.core.router_core import ReplicaInfo, ReplicaRole, RouterCore
-from deployments.router.messages import PoolInfo, ReplicaSnapshot, routing_block_size
+from deployments.router.messages import ReplicaSnapshot
+from serve_app.config.app import ModelConfig, PoolConfig
 
 
-def core_role(pool: PoolInfo, pools: Sequence[PoolInfo], pd_threshold_tokens: int | None) -> ReplicaRole | None:
+def core_role(pool: PoolConfig, model: ModelConfig) -> ReplicaRole | None:
     """The role the core gives a pool's replicas; None = not routed by the core.
 
-    Prefill pools take part only with PD on, when every prefill and decode pool of their model
-    shares one KV path (``deployments.pd.pairing``: TPU engines hand KV only to TPU engines that
-    load the same connector); otherwise their model's requests run whole on the decode pool."""
+    Prefill pools take part only when their model is disaggregated (``ModelConfig.pd_threshold_tokens``:
+    every prefill and decode pool of the model shares one KV path; TPU engines hand KV only to TPU
+    engines that load the same connector); otherwise the model's requests run whole on the decode
+    pool."""
     if pool.role == "both":
         return ReplicaRole.BOTH
     if pool.role == "decode":
         return ReplicaRole.DECODE
-    if pd_threshold_tokens is None or pairing_problem(pool, pools) is not None:
-        return None
-    return ReplicaRole.PREFILL
+    return None if model.pd_threshold_tokens is None else ReplicaRole.PREFILL
 
 
 class EngineView:
-    def __init__(self, core: RouterCore, pools: Sequence[PoolInfo], pd_threshold_tokens: int | None):
+    def __init__(self, core: RouterCore, models: Sequence[ModelConfig]):
         self._core = core
-        self._pool_by_name = {p.name: p for p in pools}
-        self.roles = {p.name: core_role(p, pools, pd_threshold_tokens) for p in pools}
+        self._pool_by_name = {p.name: p for m in models for p in m.pools}
+        self.roles = {p.name: core_role(p, m) for m in models for p in m.pools}
         # model -> block size of its prefix hashes (what the ingress hashes prompts at)
-        self.block_sizes = {p.model: routing_block_size(pools, p.model) for p in pools}
+        self._block_sizes = {m.name: m.routing_block_size for m in models}
         self.replica_pool: dict[str, str] = {}  # replica id -> pool name (known to the core)
         # replica id -> this router's cursor into its KV event log (precise replicas only)
         self.cursors: dict[str, KVCursor] = {}
@@ -79,9 +78,9 @@ class EngineView:
         if pool is None or role is None:
             return
         rid = snap.replica_id
-        model_bs = self.block_sizes[pool.model]
+        model_bs = self._block_sizes[pool.model]
         is_precise = snap.publishes_kv_events and snap.block_size == model_bs
-        engine_bs = snap.block_size or self._core.config.block_size
+        engine_bs = snap.block_size or model_bs
         num_blocks = max(1, snap.stats.num_kv_blocks_total * engine_bs // model_bs)
         if rid not in self.replica_pool or self._core.index.capacity(rid) != num_blocks:
             # new, or its KV capacity became known / changed

@@ -14,28 +14,7 @@ from accel.contract import EngineStats
 from deployments.replicas.kv_event_log import KVCursor
 from deployments.router.core.load import ReplicaLoad
 from deployments.router.kv_events import KVEvent
-
-
-@dataclass(frozen=True)
-class PoolInfo:
-    """What the router needs to know about a pool (from the app config)."""
-
-    name: str
-    model: str
-    engine: str  # "tt" | "vllm"
-    accelerator: str  # "tt" | "tpu" | "cuda" | "cpu"
-    role: str  # "both" | "prefill" | "decode"
-    block_size: int = 16  # engine KV block size in tokens
-    # The engine's own vLLM KV connector (engine_args.kv_transfer_config.kv_connector), if the pool
-    # configures one; decides which prefill and decode pools pair (deployments/pd/pairing.py).
-    kv_connector: str | None = None
-
-
-def routing_block_size(pools: Sequence[PoolInfo], model: str) -> int:
-    """The block size of the router's prefix hashes for ``model``: the smallest engine block size
-    among its pools. The ingress hashes prompts at it; replicas whose engine blocks differ are
-    learned from routing (their KV events would be in another hash space)."""
-    return min((p.block_size for p in pools if p.model == model), default=16)
+from serve_app.config.app import PoolConfig
 
 
 @dataclass(frozen=True)
@@ -48,7 +27,7 @@ class RouteRequest:
     pool: str | None = None
     session_id: str | None = None
     # Chained block hashes of the prompt's full blocks (accel.block_hash.hash_prompt_blocks at
-    # routing_block_size(pools, model)); may be empty.
+    # the model's ModelConfig.routing_block_size); may be empty.
     prompt_block_hashes: tuple[int, ...] = ()
     # Engine replicas not to choose (a retry after the first choice died).
     excluded_replicas: tuple[str, ...] = ()
@@ -148,7 +127,7 @@ class IndexView:
 WHOLE_REQUEST_ROLES = ("both", "decode")
 
 
-def eligible_pools(request: RouteRequest, pools: Sequence[PoolInfo]) -> list[PoolInfo]:
+def eligible_pools(request: RouteRequest, pools: Sequence[PoolConfig]) -> list[PoolConfig]:
     """Pools that may run the whole request: the pinned one, else every pool of the model whose
     role can (``both``, or ``decode``, which prefills locally when no PD plan is made).
     Raises ``RoutingError`` for an unknown pin, a pin to another model, or an unserved model."""

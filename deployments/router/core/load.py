@@ -25,20 +25,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from accel.contract import EngineStats
+from serve_app.config.router import LoadConfig
 
 PEER_LOAD_PERIOD_S = 0.1  # how often each router replica publishes its in-flight counts
-
-
-@dataclass(frozen=True)
-class LoadConfig:
-    stats_max_age_s: float = 5.0  # engine stats older than this are ignored
-    peer_max_age_s: float = 1.0  # a peer router's in-flight counts older than this are ignored
-
-    def __post_init__(self) -> None:
-        if not self.stats_max_age_s > 0:
-            raise ValueError(f"stats_max_age_s must be positive, got {self.stats_max_age_s}")
-        if not self.peer_max_age_s > 0:
-            raise ValueError(f"peer_max_age_s must be positive, got {self.peer_max_age_s}")
 
 
 @dataclass(frozen=True)

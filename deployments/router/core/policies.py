@@ -6,9 +6,10 @@ Adding a policy: subclass ``policy.RoutingPolicy`` with a unique ``name`` and li
 from __future__ import annotations
 
 from accel.contract import ConfigError
+from serve_app.config.router import CostWeights
 
 from .cost_policy import PrefixSessionLoadPolicy
-from .policy import CostWeights, RoutingPolicy
+from .policy import RoutingPolicy
 from .simple_policies import LeastLoadedPolicy, PrefixPolicy, RoundRobinPolicy, SessionPolicy
 
 POLICIES: dict[str, type[RoutingPolicy]] = {

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from accel.contract import ConfigError
+from serve_app.config.router import CostWeights
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN64 = 0x9E3779B97F4A7C15
@@ -34,29 +34,6 @@ def tie_rank(tie_key: int, replica_hash: int) -> int:
     """Rendezvous rank of a replica for a request: smaller wins among equal candidates."""
     x = ((tie_key ^ replica_hash) * _GOLDEN64) & _MASK64
     return x ^ (x >> 29)
-
-
-@dataclass(frozen=True)
-class CostWeights:
-    """Weights of ``prefix+session+load`` (and the load score every policy uses).
-
-    ``cost = w_prefill * uncached_prompt_blocks + w_load_blocks * load_score`` over the replicas
-    whose load score is within ``min_score + max(window_abs, window_rel * min_score)``; replicas
-    outside that window are overloaded (never chosen, and a session bound to one moves).
-    Defaults chosen on ``bench/router_sim.py``.
-    """
-
-    w_prefill: float = 1.0  # per uncached prompt block
-    w_load_blocks: float = 4.0  # blocks of prefill one unit of load score is worth
-    w_queue: float = 1.0  # load score per engine-waiting request (fresh stats only)
-    w_kv_usage: float = 4.0  # load score at 100% KV usage (fresh stats only)
-    window_abs: float = 8.0  # acceptable load-score excess over the least-loaded replica ...
-    window_rel: float = 0.25  # ... or this fraction of the least-loaded score, whichever is larger
-
-    def __post_init__(self) -> None:
-        for name in ("w_prefill", "w_load_blocks", "w_queue", "w_kv_usage", "window_abs", "window_rel"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"router.weights.{name}: must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)

@@ -43,17 +43,18 @@ import enum
 import hashlib
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from accel.block_hash import BlockHash, hash_prompt_blocks
-from accel.contract import ConfigError, EngineStats
+from accel.contract import EngineStats
 from deployments.router.kv_events import KVEvent
+from serve_app.config.router import ModelRouting, RouterConfig
 
-from .load import LoadConfig, LoadTracker, ReplicaLoad
+from .load import LoadTracker, ReplicaLoad
 from .policies import make_policy
-from .policy import CostWeights, RoutingContext
-from .prefix_index import make_prefix_index
-from .sessions import SessionConfig, SessionTable
+from .policy import RoutingContext
+from .prefix_index import PrefixIndex, make_prefix_index
+from .sessions import SessionTable
 
 
 class NoReplicaError(LookupError):
@@ -70,7 +71,7 @@ class ReplicaRole(enum.Enum):
 class ReplicaInfo:
     replica_id: str
     model_ids: tuple[str, ...]
-    num_kv_blocks: int  # engine KV capacity in blocks of RouterConfig.block_size
+    num_kv_blocks: int  # engine KV capacity in blocks of the model's routing block size
     role: ReplicaRole = ReplicaRole.BOTH
     # False: the engine publishes no KV events (at the router's block size), so even in
     # ``precise`` mode this replica's index entries are learned from routing (approximate).
@@ -78,31 +79,10 @@ class ReplicaInfo:
 
 
 @dataclass(frozen=True)
-class RouterConfig:
-    policy: str = "prefix+session+load"
-    index_mode: str = "approximate"  # "precise" where engines publish KV events
-    block_size: int = 16  # tokens per block; must equal the engines' block size
-    # Prompts whose uncached part on the chosen decode replica is at least this long go prefill
-    # pool -> decode pool when both pools exist (a mostly cached prompt prefills where it decodes).
-    pd_min_prompt_tokens: int = 1024
-    weights: CostWeights = field(default_factory=CostWeights)
-    sessions: SessionConfig = field(default_factory=SessionConfig)
-    load: LoadConfig = field(default_factory=LoadConfig)
-
-    def __post_init__(self) -> None:
-        if self.block_size < 1:
-            raise ConfigError(f"router.block_size: must be >= 1, got {self.block_size}")
-        if self.pd_min_prompt_tokens < 0:
-            raise ConfigError(f"router.pd_min_prompt_tokens: must be >= 0, got {self.pd_min_prompt_tokens}")
-        make_policy(self.policy, self.weights)  # unknown names fail here, at construction
-        make_prefix_index(self.index_mode)
-
-
-@dataclass(frozen=True)
 class RequestInfo:
     """What the router needs of a request. ``block_hashes`` (chained hashes of the prompt's full
-    blocks at the router's block size) may be given by the caller; otherwise it is computed from
-    ``prompt_token_ids``."""
+    blocks at the model's routing block size) may be given by the caller; otherwise it is
+    computed from ``prompt_token_ids``."""
 
     request_id: str
     model: str
@@ -112,8 +92,6 @@ class RequestInfo:
     num_prompt_tokens_hint: int | None = None  # when only hashes are sent
     # Restrict the choice to these replicas (a client-pinned pool); None = every replica.
     allowed_replicas: frozenset[str] | None = None
-    # Tokens per block of ``block_hashes`` (the model's routing block size); None = the config's.
-    block_size: int | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -156,8 +134,15 @@ def stable_hash64(text: str) -> int:
 class RouterCore:
     """Router state plus decisions. Not thread-safe: the deployment calls it from one loop."""
 
-    def __init__(self, config: RouterConfig | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.config = config or RouterConfig()
+    def __init__(
+        self,
+        config: RouterConfig,
+        models: Mapping[str, ModelRouting],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``models``: the served models' routing settings (block size, PD threshold), by name."""
+        self.config = config
+        self._models = dict(models)
         self._clock = clock
         self._policy = make_policy(self.config.policy, self.config.weights)
         self._index = make_prefix_index(self.config.index_mode)
@@ -172,7 +157,11 @@ class RouterCore:
 
     # ----- replicas -------------------------------------------------------------------------
     def add_replica(self, info: ReplicaInfo) -> None:
-        """Start routing to a replica (re-adding updates its models, role and capacity)."""
+        """Start routing to a replica (re-adding updates its models, role and capacity).
+        Raises ``KeyError`` for a model the core was not configured with."""
+        unknown = [m for m in info.model_ids if m not in self._models]
+        if unknown:
+            raise KeyError(f"replica {info.replica_id!r} serves unknown model(s) {unknown}")
         if info.replica_id in self._replicas:
             self._drop_from_pools(info.replica_id)
         self._replicas[info.replica_id] = info
@@ -224,7 +213,11 @@ class RouterCore:
 
         Raises ``NoReplicaError`` when no replica serves ``request.model``."""
         model = request.model
-        hashes = self._block_hashes(request)
+        routing = self._models.get(model)
+        if routing is None:
+            raise NoReplicaError(f"no replica serves model {model!r}")
+        hashes = self._block_hashes(request, routing)
+        threshold = routing.pd_threshold_tokens
         prefill_pool = self._pools.get((model, ReplicaRole.PREFILL))
         decode_pool = self._pools.get((model, ReplicaRole.DECODE))
         both_pool = self._pools.get((model, ReplicaRole.BOTH))
@@ -235,11 +228,10 @@ class RouterCore:
             both_pool = tuple(r for r in both_pool or () if r in allowed)
         session = request.session_key
         decode = None
-        if prefill_pool and decode_pool and request.num_prompt_tokens >= self.config.pd_min_prompt_tokens:
+        if threshold is not None and prefill_pool and decode_pool and request.num_prompt_tokens >= threshold:
             decode = self._choose_in(decode_pool, (model, ReplicaRole.DECODE), hashes, session)
-            block_size = request.block_size or self.config.block_size
-            num_uncached = request.num_prompt_tokens - decode[1] * block_size
-            if num_uncached >= self.config.pd_min_prompt_tokens:
+            num_uncached = request.num_prompt_tokens - decode[1] * routing.block_size
+            if num_uncached >= threshold:
                 prefill = self._choose_in(
                     prefill_pool, (model, ReplicaRole.PREFILL), hashes, f"prefill|{session}" if session else None
                 )
@@ -295,10 +287,10 @@ class RouterCore:
         plan = _Plan(choice.replica_id, session_key, choice.rebind_session)
         return plan, matched.get(choice.replica_id, 0), choice.reason
 
-    def _block_hashes(self, request: RequestInfo) -> tuple[BlockHash, ...] | list[BlockHash]:
+    def _block_hashes(self, request: RequestInfo, routing: ModelRouting) -> tuple[BlockHash, ...] | list[BlockHash]:
         if request.block_hashes is not None:
             return request.block_hashes
-        return hash_prompt_blocks(request.prompt_token_ids, request.block_size or self.config.block_size)
+        return hash_prompt_blocks(request.prompt_token_ids, routing.block_size)
 
     # ----- dispatch and completion ------------------------------------------------------------
     def on_dispatched(self, request: RequestInfo, decision: Decision) -> None:
@@ -308,7 +300,7 @@ class RouterCore:
         if plans is None:
             raise KeyError(f"request {request.request_id!r} was not chosen (or already dispatched)")
         live = [p for p in plans if p.replica_id in self._replicas]  # a replica may have died since
-        hashes = self._block_hashes(request)
+        hashes = self._block_hashes(request, self._models[request.model])
         self._load.on_dispatched(request.request_id, (p.replica_id for p in live))
         keys = []
         for plan in live:
@@ -360,8 +352,12 @@ class RouterCore:
 
     # ----- introspection (metrics, tests) ------------------------------------------------------
     @property
-    def index(self):  # the PrefixIndex; read-only use
+    def index(self) -> PrefixIndex:
+        """The prefix index; read-only use."""
         return self._index
+
+    def model_routing(self, model: str) -> ModelRouting:
+        return self._models[model]
 
     def num_in_flight(self, replica_id: str) -> int:
         return self._load.num_in_flight(replica_id)

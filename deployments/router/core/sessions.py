@@ -19,6 +19,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from serve_app.config.router import SessionConfig
+
 SESSION_HEADER = "x-session-id"
 
 
@@ -32,18 +34,6 @@ def session_key_from(
             if name.lower() == SESSION_HEADER and value:
                 return value
     return user or prompt_cache_key or None
-
-
-@dataclass(frozen=True)
-class SessionConfig:
-    ttl_s: float = 600.0  # idle time after which a binding is forgotten
-    max_in_flight_per_session: int = 2  # more concurrent requests of one session spill
-
-    def __post_init__(self) -> None:
-        if not self.ttl_s > 0:
-            raise ValueError(f"ttl_s must be positive, got {self.ttl_s}")
-        if self.max_in_flight_per_session < 1:
-            raise ValueError(f"max_in_flight_per_session must be >= 1, got {self.max_in_flight_per_session}")
 
 
 @dataclass

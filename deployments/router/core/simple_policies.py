@@ -6,7 +6,9 @@ They exist as configurable choices and as baselines for the simulator; the defau
 
 from __future__ import annotations
 
-from .policy import Choice, CostWeights, RoutingContext, RoutingPolicy, load_view, tie_rank, without
+from serve_app.config.router import CostWeights
+
+from .policy import Choice, RoutingContext, RoutingPolicy, load_view, tie_rank, without
 
 
 class RoundRobinPolicy(RoutingPolicy):

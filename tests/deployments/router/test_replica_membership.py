@@ -62,13 +62,15 @@ def test_the_engine_request_router_publishes_what_serve_pushes(monkeypatch):
 
 def test_router_deployment_applies_membership_on_its_loop():
     from deployments.router.deployment import RouterDeployment
-    from deployments.router.messages import PoolInfo
+    from serve_app.config.router import RouterConfig
+    from tests.doubles.app_configs import app_config, pool_config
 
     class Handle:
         app_name, deployment_name = "app-m4", "tt-pool"
 
     async def run():
-        router = RouterDeployment([PoolInfo("tt", "m", "tt", "tt", "both", 16)], {"tt": Handle()}, stats_period_s=3600)
+        config = app_config([pool_config("tt", "m", "tt", "tt", "both", 16)], RouterConfig(stats_period_s=3600))
+        router = RouterDeployment(config, {"tt": Handle()})
         polls = []
 
         async def fake_refresh():

@@ -1,5 +1,5 @@
 from deployments.router.core.policies import make_policy
-from deployments.router.core.policy import CostWeights
+from serve_app.config.router import CostWeights
 
 from .policy_helpers import context
 

@@ -11,10 +11,10 @@ from deployments.router.core.router_core import (
     ReplicaInfo,
     ReplicaRole,
     RequestInfo,
-    RouterConfig,
     RouterCore,
 )
 from deployments.router.kv_events import BlockStored
+from serve_app.config.router import ModelRouting, RouterConfig
 
 BS = 4
 SYSTEM = tuple(range(100, 164))  # 16 blocks
@@ -28,8 +28,10 @@ class Clock:
         return self.now_s
 
 
-def core_with(num_replicas: int = 4, **config) -> RouterCore:
-    core = RouterCore(RouterConfig(block_size=BS, **config), clock=Clock())
+def core_with(num_replicas: int = 4, pd_threshold_tokens: int | None = None, **config) -> RouterCore:
+    models = {"m": ModelRouting(BS, pd_threshold_tokens), "m2": ModelRouting(BS)}
+    # approximate unless a test asks for precise: these tests teach the index by routing
+    core = RouterCore(RouterConfig(**{"index_mode": "approximate", **config}), models, clock=Clock())
     for i in range(num_replicas):
         core.add_replica(ReplicaInfo(f"r{i}", ("m",), 1000))
     return core
@@ -37,6 +39,17 @@ def core_with(num_replicas: int = 4, **config) -> RouterCore:
 
 def req(request_id: str, tokens: tuple[int, ...], session: str | None = None, model: str = "m") -> RequestInfo:
     return RequestInfo(request_id, model, tokens, session_key=session)
+
+
+def test_the_policy_names_of_the_config_are_the_registered_policies():
+    from typing import get_args
+
+    from deployments.router.core.policies import policy_names
+    from deployments.router.core.prefix_index import PREFIX_INDEX_MODES
+    from serve_app.config.router import IndexMode, PolicyName
+
+    assert set(policy_names()) == set(get_args(PolicyName))
+    assert set(PREFIX_INDEX_MODES) == set(get_args(IndexMode))
 
 
 def test_unknown_policy_or_mode_fails_at_construction():
@@ -148,7 +161,8 @@ def test_decisions_agree_across_processes():
     # Two router processes with different hash salts, fed the same events, decide the same.
     code = (
         "from deployments.router.core.router_core import *\n"
-        "core = RouterCore(RouterConfig(block_size=4), clock=lambda: 0.0)\n"
+        "from serve_app.config.router import ModelRouting, RouterConfig\n"
+        "core = RouterCore(RouterConfig(index_mode='approximate'), {'m': ModelRouting(4)}, clock=lambda: 0.0)\n"
         "for i in range(8): core.add_replica(ReplicaInfo(f'r{i}', ('m',), 100))\n"
         "out = []\n"
         "for i in range(30):\n"
@@ -168,8 +182,8 @@ def test_decisions_agree_across_processes():
     assert len(set(eval(outs.pop()))) > 1
 
 
-def pd_core(threshold: int) -> RouterCore:
-    core = RouterCore(RouterConfig(block_size=BS, pd_min_prompt_tokens=threshold), clock=Clock())
+def pd_core(threshold: int | None, block_size: int = BS) -> RouterCore:
+    core = RouterCore(RouterConfig(index_mode="approximate"), {"m": ModelRouting(block_size, threshold)}, clock=Clock())
     core.add_replica(ReplicaInfo("p0", ("m",), 1000, ReplicaRole.PREFILL))
     core.add_replica(ReplicaInfo("p1", ("m",), 1000, ReplicaRole.PREFILL))
     core.add_replica(ReplicaInfo("d0", ("m",), 1000, ReplicaRole.DECODE))
@@ -208,16 +222,23 @@ def test_pd_is_decided_on_the_uncached_part_of_the_prompt():
     # A long new part is disaggregated again, even with the cached prefix.
     third = core.route(req("t3", turn2 + (7,) * 64, session="conv"))
     assert third.is_disaggregated and third.replica_id == "d0"
-    # The uncached count uses the request's block size (hashes at 8 tokens per block: 9 blocks
-    # of 72 tokens cached -> 16 uncached of 88).
-    other = pd_core(threshold=64)
+    # The uncached count uses the model's routing block size (hashes at 8 tokens per block: 9
+    # blocks of 72 tokens cached -> 16 uncached of 88).
+    other = pd_core(threshold=64, block_size=8)
     hashes8 = tuple(hash_prompt_blocks(turn1, 8))
-    d = other.route(RequestInfo("a", "m", block_hashes=hashes8, num_prompt_tokens_hint=72, block_size=8))
+    d = other.route(RequestInfo("a", "m", block_hashes=hashes8, num_prompt_tokens_hint=72))
     assert d.is_disaggregated
     other.on_completed("a")
     hashes8b = tuple(hash_prompt_blocks(turn2, 8))
-    d2 = other.route(RequestInfo("b", "m", block_hashes=hashes8b, num_prompt_tokens_hint=88, block_size=8))
+    d2 = other.route(RequestInfo("b", "m", block_hashes=hashes8b, num_prompt_tokens_hint=88))
     assert not d2.is_disaggregated and d2.num_matched_blocks == 9
+
+
+def test_no_pd_for_a_model_without_a_threshold():
+    # A model whose prefill pools cannot pair (or that has none) has no PD threshold.
+    core = pd_core(threshold=None)
+    decision = core.route(req("long", SYSTEM * 4))
+    assert not decision.is_disaggregated and decision.replica_id == "d0"
 
 
 def test_pd_falls_back_to_colocated_replicas_for_short_prompts():
@@ -225,7 +246,7 @@ def test_pd_falls_back_to_colocated_replicas_for_short_prompts():
     core.add_replica(ReplicaInfo("both", ("m",), 1000))
     assert core.route(req("short", SYSTEM[:8])).replica_id == "both"
     assert core.route(req("long", SYSTEM)).prefill_replica_id is not None
-    only_prefill = RouterCore(RouterConfig(block_size=BS), clock=Clock())
+    only_prefill = RouterCore(RouterConfig(index_mode="approximate"), {"m": ModelRouting(BS, 64)}, clock=Clock())
     only_prefill.add_replica(ReplicaInfo("p", ("m",), 100, ReplicaRole.PREFILL))
     with pytest.raises(NoReplicaError):
         only_prefill.choose(req("x", SYSTEM))
@@ -246,12 +267,12 @@ def test_precise_mode_learns_replicas_without_events_from_routing():
 
 
 def test_allowed_replicas_restrict_the_choice_and_disable_pd():
-    core = core_with(3, pd_min_prompt_tokens=4)
+    core = core_with(3, pd_threshold_tokens=4)
     for i in range(6):
         d = core.route(RequestInfo(f"q{i}", "m", SYSTEM, allowed_replicas=frozenset({"r1", "r2"})))
         assert d.replica_id in {"r1", "r2"}
     assert core.load("r1").num_in_flight + core.load("r2").num_in_flight == 6
-    pd = core_with(0, pd_min_prompt_tokens=4)
+    pd = core_with(0, pd_threshold_tokens=4)
     pd.add_replica(ReplicaInfo("p", ("m",), 1000, ReplicaRole.PREFILL))
     pd.add_replica(ReplicaInfo("d", ("m",), 1000, ReplicaRole.DECODE))
     assert pd.route(RequestInfo("a", "m", SYSTEM)).prefill_replica_id == "p"

@@ -1,6 +1,7 @@
 import pytest
 
-from deployments.router.core.sessions import SessionConfig, SessionTable, session_key_from
+from deployments.router.core.sessions import SessionTable, session_key_from
+from serve_app.config.router import SessionConfig
 
 
 class Clock:
