@@ -42,11 +42,13 @@ from router_sim_workload import TraceRequest, WorkloadConfig, make_trace  # noqa
 from accel.block_hash import hash_prompt_blocks  # noqa: E402
 from accel.contract import EngineStats  # noqa: E402
 from deployments.router.core.load import PEER_LOAD_PERIOD_S  # noqa: E402
-from deployments.router.core.router_core import ReplicaInfo, RequestInfo, RouterCore  # noqa: E402
+from deployments.router.core.router_core import ReplicaInfo, RouterCore  # noqa: E402
 from deployments.router.kv_events import BlockStored, KVEvent  # noqa: E402
+from deployments.router.messages import RouteRequest  # noqa: E402
 from serve_app.config.router import CostWeights, ModelRouting, RouterConfig  # noqa: E402
 
 MODEL = "sim-model"
+POOL = "sim-pool"
 
 
 class CoreSimRouter:
@@ -65,21 +67,24 @@ class CoreSimRouter:
         config = RouterConfig(policy=policy, index_mode=index_mode, weights=weights)
         self.core = RouterCore(config, {MODEL: ModelRouting(block_size)}, clock=lambda: self.now_s)
         for r in replica_ids:
-            self.core.add_replica(ReplicaInfo(r, (MODEL,), num_kv_blocks))
+            self.core.add_replica(ReplicaInfo(r, POOL, MODEL, num_kv_blocks))
 
     @staticmethod
-    def request_info(req: TraceRequest) -> RequestInfo:
-        return RequestInfo(
+    def route_request(req: TraceRequest) -> RouteRequest:
+        """What the ingress would send the router for ``req``."""
+        return RouteRequest(
             req.request_id,
             MODEL,
-            session_key=req.session_key,
-            block_hashes=req.prompt_hashes,
-            num_prompt_tokens_hint=len(req.prompt_token_ids),
+            len(req.prompt_token_ids),
+            session_id=req.session_id,
+            prompt_block_hashes=req.prompt_hashes,
         )
 
     def choose(self, req: TraceRequest, now_s: float) -> str:
         self.now_s = now_s
-        return self.core.route(self.request_info(req)).replica_id
+        replica_id = self.core.route(self.route_request(req)).replica_id
+        assert replica_id is not None
+        return replica_id
 
     def on_completed(self, req: TraceRequest, now_s: float) -> None:
         self.now_s = now_s

@@ -54,7 +54,7 @@ class MultiCoreSimRouter:
             req.request_id,
             "sim",
             len(req.prompt_token_ids),
-            session_id=req.session_key,
+            session_id=req.session_id,
             prompt_block_hashes=tuple(req.prompt_hashes[:1]),
         ).affinity_key
         return rendezvous_order(key, self._router_ids)[0]

@@ -118,7 +118,7 @@ class EngineClient:
     def _report_dead(self, decision: RouteDecision, actor_id: str | None) -> None:
         """Tell every router replica. Under PD the failed call may have been the prefill one, so
         only the actor id (exact) names the replica there."""
-        replica_id = decision.replica_id if decision.prefill_pool is None else None
+        replica_id = decision.replica_id if not decision.is_disaggregated else None
         logger.warning(
             "engine replica %s (actor %s) of pool %s died; telling the routers", replica_id, actor_id, decision.pool
         )
@@ -140,7 +140,7 @@ class EngineClient:
                 return
             except _ReplicaDied as died:
                 self._report_dead(decision, died.actor_id)
-                if attempt or is_started or decision.prefill_pool is not None:
+                if attempt or is_started or decision.is_disaggregated:
                     raise self._died_error() from died.error
                 logger.warning("retrying %s after %s", request.request_id, type(died.error).__name__)
             # Nothing was produced: decide again without the dead replica (a new route id, so the
@@ -156,7 +156,7 @@ class EngineClient:
         """One attempt on ``decision``; a dead replica raises ``_ReplicaDied``, other failures
         their ``APIError``. Releases the decision's ticket however it ends."""
         self._local_inflight[decision.pool] += 1
-        if decision.prefill_pool is not None:  # prefill/decode disaggregation
+        if decision.is_disaggregated:  # prefill/decode disaggregation
             stream = self._pd.stream(request, self._prefill_call(decision), self._decode_call(decision))
         else:
             stream = self._replica_stream(decision.pool, decision.replica_id, request)

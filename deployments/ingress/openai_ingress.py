@@ -26,7 +26,7 @@ from accel.block_hash import hash_prompt_blocks
 from accel.contract import InvalidRequestError
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
 from deployments.ingress.engine_client import EngineClient, merge_streams
-from deployments.router.core.sessions import session_key_from
+from deployments.router.core.sessions import session_id_from
 from deployments.router.messages import RouteRequest
 from serve_app.config.app import AppConfig, ModelConfig
 from serve_app.protocol import conversion as conv
@@ -118,7 +118,7 @@ class OpenAIIngress:
         sampling = [conv.sampling_params(req, len(p), model.max_model_len) for p in prompts]
         _check_token_ids(sampling, tok.vocab_size)
         base_id = random_id("chatcmpl" if is_chat else "cmpl")
-        session = session_key_from(request.headers, req.session_id or req.user, req.prompt_cache_key)
+        session = session_id_from(request.headers, req.session_id or req.user, req.prompt_cache_key)
         pool = request.headers.get(POOL_HEADER)
         greqs = conv.generate_requests(base_id, prompts, sampling, req.n, session)
         block_size = self._block_sizes[model.name]

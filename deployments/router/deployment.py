@@ -52,6 +52,7 @@ polls and Serve's pushes say about the engine replicas is kept and applied to th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -59,7 +60,7 @@ from typing import Any
 
 from deployments.replicas.engine_replica import current_replica_id
 from deployments.router.core.load import PEER_LOAD_PERIOD_S
-from deployments.router.core.router_core import NoReplicaError, RequestInfo, RouterCore
+from deployments.router.core.router_core import NoReplicaError, RouterCore
 from deployments.router.engine_view import EngineView
 from deployments.router.messages import (
     IndexView,
@@ -68,12 +69,12 @@ from deployments.router.messages import (
     RouteRequest,
     RouterSnapshot,
     eligible_pools,
+    prefill_ticket_of,
 )
 from serve_app.config.app import AppConfig
 
 logger = logging.getLogger(__name__)
 
-PREFILL_SUFFIX = "#prefill"
 TICKET_TTL_S = 3600.0  # a ticket never released (its ingress crashed) expires after this
 UNSEEN_POOL_WAIT_S = 0.1  # how long a decision waits for an on-demand poll of an unseen pool
 
@@ -120,54 +121,20 @@ class RouterDeployment:
 
     def decide(self, request: RouteRequest) -> RouteDecision:
         allowed_pools = eligible_pools(request, self._pools)  # RoutingError -> the ingress's 400
-        replica_pool = self.engines.replica_pool
-        allowed = None
-        if request.pool is not None:
-            allowed = frozenset(self.engines.replicas_of(request.pool))
-        if request.excluded_replicas:
-            allowed = (allowed if allowed is not None else frozenset(replica_pool)) - frozenset(
-                request.excluded_replicas
-            )
-        info = RequestInfo(
-            request.request_id,
-            request.model,
-            session_key=request.session_id,
-            block_hashes=tuple(request.prompt_block_hashes),
-            num_prompt_tokens_hint=request.num_prompt_tokens,
-            allowed_replicas=allowed,
-        )
         try:
-            decision = self._core.route(info)
+            decision = self._core.route(request)
         except NoReplicaError:  # none known yet (startup): the pool's handle picks
             pool = allowed_pools[0].name
             self._count(pool, "no_replica_known")
             return RouteDecision(
                 pool=pool, replica_id=None, ticket="", reason="no_replica_known", router_replica_id=self.replica_id
             )
-        pool = replica_pool[decision.replica_id]
-        ticket = self._issue(request.request_id, decision.replica_id, is_prefill=False)
-        if decision.prefill_replica_id is None:
-            reason = "pinned" if request.pool is not None else decision.reason
-            self._count(pool, reason)
-            return RouteDecision(
-                pool=pool,
-                replica_id=decision.replica_id,
-                ticket=ticket,
-                reason=reason,
-                router_replica_id=self.replica_id,
-            )
-        prefill = decision.prefill_replica_id
-        self._count(pool, "prefill_decode")
-        return RouteDecision(
-            pool=pool,
-            replica_id=decision.replica_id,
-            ticket=ticket,
-            reason="prefill_decode",
-            prefill_pool=replica_pool[prefill],
-            prefill_replica_id=prefill,
-            prefill_ticket=self._issue(request.request_id, prefill, is_prefill=True),
-            router_replica_id=self.replica_id,
-        )
+        assert decision.replica_id is not None
+        self._issue(decision.ticket, request.request_id, decision.replica_id, is_prefill=False)
+        if decision.prefill_replica_id is not None:
+            self._issue(decision.prefill_ticket, request.request_id, decision.prefill_replica_id, is_prefill=True)
+        self._count(decision.pool, decision.reason)
+        return dataclasses.replace(decision, router_replica_id=self.replica_id)
 
     async def release(self, ticket: str, replica_hint: str | None = None) -> None:
         """The request (or its prefill phase) ended: completed, failed or cancelled. Idempotent.
@@ -189,7 +156,7 @@ class RouterDeployment:
         """Release every ticket of ``request_id``: the ingress gave up waiting for the decision
         (timeout) and routed locally, so a decision made late must not stay counted. (Sent to
         every router replica: the ingress does not know which one decided.)"""
-        self._release(request_id + PREFILL_SUFFIX)
+        self._release(prefill_ticket_of(request_id))
         self._release(request_id)
 
     async def snapshot(self) -> RouterSnapshot:
@@ -329,10 +296,8 @@ class RouterDeployment:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _issue(self, request_id: str, replica_id: str, is_prefill: bool) -> str:
-        ticket = request_id + (PREFILL_SUFFIX if is_prefill else "")
+    def _issue(self, ticket: str, request_id: str, replica_id: str, is_prefill: bool) -> None:
         self._tickets[ticket] = (request_id, replica_id, is_prefill, time.monotonic())
-        return ticket
 
     def _expire_tickets(self) -> None:
         deadline = time.monotonic() - self._ticket_ttl_s

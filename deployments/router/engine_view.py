@@ -13,23 +13,21 @@ import time
 from collections.abc import Mapping, Sequence
 
 from deployments.replicas.kv_event_log import KVCursor
-from deployments.router.core.router_core import ReplicaInfo, ReplicaRole, RouterCore
+from deployments.router.core.router_core import ReplicaInfo, RouterCore
 from deployments.router.messages import ReplicaSnapshot
-from serve_app.config.app import ModelConfig, PoolConfig
+from serve_app.config.app import ModelConfig, PoolConfig, Role
 
 
-def core_role(pool: PoolConfig, model: ModelConfig) -> ReplicaRole | None:
+def core_role(pool: PoolConfig, model: ModelConfig) -> Role | None:
     """The role the core gives a pool's replicas; None = not routed by the core.
 
     Prefill pools take part only when their model is disaggregated (``ModelConfig.pd_threshold_tokens``:
     every prefill and decode pool of the model shares one KV path; TPU engines hand KV only to TPU
     engines that load the same connector); otherwise the model's requests run whole on the decode
     pool."""
-    if pool.role == "both":
-        return ReplicaRole.BOTH
-    if pool.role == "decode":
-        return ReplicaRole.DECODE
-    return None if model.pd_threshold_tokens is None else ReplicaRole.PREFILL
+    if pool.role == "prefill" and model.pd_threshold_tokens is None:
+        return None
+    return pool.role
 
 
 class EngineView:
@@ -84,7 +82,7 @@ class EngineView:
         num_blocks = max(1, snap.stats.num_kv_blocks_total * engine_bs // model_bs)
         if rid not in self.replica_pool or self._core.index.capacity(rid) != num_blocks:
             # new, or its KV capacity became known / changed
-            self._core.add_replica(ReplicaInfo(rid, (pool.model,), num_blocks, role, publishes_kv_events=is_precise))
+            self._core.add_replica(ReplicaInfo(rid, pool.name, pool.model, num_blocks, role, is_precise))
             self.replica_pool[rid] = pool.name
         if snap.actor_id:
             self._actor_replica[snap.actor_id] = rid

@@ -111,8 +111,8 @@ def test_several_router_replicas_split_the_decisions_and_agree_on_the_index():
         replica = multi.choose(req, float(i))
         owner = multi._router_of[req.request_id]
         owners.add(owner)
-        if req.session_key:  # every request of a session is decided by the same router replica
-            assert sessions.setdefault(req.session_key, owner) == owner
+        if req.session_id:  # every request of a session is decided by the same router replica
+            assert sessions.setdefault(req.session_id, owner) == owner
         multi.on_kv_events(replica, [BlockStored(tuple(req.prompt_hashes))])
     assert len(owners) == 3  # the decisions are spread over every router replica
     # Every router follows every engine's events: identical precise indexes.

@@ -10,8 +10,9 @@ import pytest
 
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import EngineStats, GenerateRequest, SamplingParams
-from deployments.router.core.router_core import ReplicaInfo, RequestInfo, RouterCore
+from deployments.router.core.router_core import ReplicaInfo, RouterCore
 from deployments.router.kv_events import BlockStored
+from deployments.router.messages import RouteRequest
 from serve_app.config.router import ModelRouting, RouterConfig
 
 pytestmark = pytest.mark.slow
@@ -110,13 +111,14 @@ def test_reports_exactly_the_prompts_full_blocks_and_router_matches(loop, replic
 
     # A precise router core fed with the snapshot and events matches the shared prefix.
     core = RouterCore(RouterConfig(policy="prefix", index_mode="precise"), {"tiny-llama": ModelRouting(BLOCK_SIZE)})
-    core.add_replica(ReplicaInfo(replica.replica_id, ("tiny-llama",), 1000, publishes_kv_events=True))
-    core.add_replica(ReplicaInfo("other", ("tiny-llama",), 1000, publishes_kv_events=True))
+    core.add_replica(ReplicaInfo(replica.replica_id, "vllm", "tiny-llama", 1000, publishes_kv_events=True))
+    core.add_replica(ReplicaInfo("other", "vllm", "tiny-llama", 1000, publishes_kv_events=True))
     for rid in (replica.replica_id, "other"):
         core.apply_stats(rid, EngineStats(0, 0, 1000, 1000))
     core.apply_snapshot(replica.replica_id, snap.kv_blocks)
     core.apply_kv_events(replica.replica_id, events)
     follow_up = second + list(range(700, 740))
-    decision = core.route(RequestInfo("c", "tiny-llama", tuple(follow_up)))
+    hashes = tuple(hash_prompt_blocks(follow_up, BLOCK_SIZE))
+    decision = core.route(RouteRequest("c", "tiny-llama", len(follow_up), prompt_block_hashes=hashes))
     assert decision.replica_id == replica.replica_id
     assert decision.num_matched_blocks == len(second_blocks)
