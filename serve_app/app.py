@@ -1,9 +1,9 @@
 """The builder ``serve run configs/<name>.yaml`` calls: ``import_path: serve_app.app:build_app``.
 
 Graph: ``OpenAIIngress`` (HTTP) -> ``Router`` (decisions; ``router.replicas`` of them, with
-``RendezvousRouter`` on their handles so a session's requests reach the same router replica) and
+``RendezvousRequestRouter`` on their handles so a session's requests reach the same router replica) and
 -> one engine deployment per pool (``TTMeshReplica-<pool>`` / ``VllmReplica-<pool>``), each engine
-deployment with ``PinnedReplicaRouter`` on its handles so the ingress reaches the replica the
+deployment with ``PinnedReplicaRequestRouter`` on its handles so the ingress reaches the replica the
 router chose. The router also holds the pool handles (to poll replica stats and KV events).
 """
 
@@ -19,8 +19,8 @@ from serve_app.config.load import load_app_config
 
 logger = logging.getLogger(__name__)
 
-PINNED_ROUTER = "deployments.router.pinned_request_router:PinnedReplicaRouter"
-RENDEZVOUS_ROUTER = "deployments.router.rendezvous_request_router:RendezvousRouter"
+PINNED_REQUEST_ROUTER = "deployments.router.pinned_request_router:PinnedReplicaRequestRouter"
+RENDEZVOUS_REQUEST_ROUTER = "deployments.router.rendezvous_request_router:RendezvousRequestRouter"
 ROUTER_NAME = "Router"
 INGRESS_NAME = "OpenAIIngress"
 
@@ -42,7 +42,9 @@ def engine_deployment_options(pool: PoolConfig) -> dict[str, Any]:
         # Per-call access logs on the token path (and the router's stats polls) cost CPU per
         # request; the ingress keeps its HTTP access log.
         logging_config={"enable_access_log": False},
-        request_router_config=RequestRouterConfig(request_router_class=PINNED_ROUTER, request_routing_stats_period_s=2),
+        request_router_config=RequestRouterConfig(
+            request_router_class=PINNED_REQUEST_ROUTER, request_routing_stats_period_s=2
+        ),
     )
     if pool.autoscaling is not None:
         a = pool.autoscaling
@@ -92,7 +94,7 @@ def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | N
             max_ongoing_requests=100_000,
             logging_config={"enable_access_log": False},
             request_router_config=RequestRouterConfig(
-                request_router_class=RENDEZVOUS_ROUTER, request_routing_stats_period_s=10
+                request_router_class=RENDEZVOUS_REQUEST_ROUTER, request_routing_stats_period_s=10
             ),
         )
         .bind(config, pool_apps)

@@ -7,7 +7,7 @@ hint, so the pool handle's request router picks the least-loaded replica. Each s
 is counted (``meshserve_router_fallbacks``).
 
 With several router replicas: ``choose`` goes to the router replica that owns the request's
-affinity key (the router handle's ``RendezvousRouter``), ``release`` to the one that issued the
+affinity key (the router handle's ``RendezvousRequestRouter``), ``release`` to the one that issued the
 ticket (``replica_hint``), and ``forget`` / ``report_dead`` to all of them (broadcast, fire and
 forget: control messages that must not delay the request).
 
@@ -36,7 +36,7 @@ from serve_app.protocol.errors import APIError
 logger = logging.getLogger(__name__)
 
 _DONE = object()
-RETRY_SUFFIX = "#retry"
+RETRY_REQUEST_ID_SUFFIX = "#retry"
 CONTROL_TIMEOUT_S = 10.0  # a broadcast control message to the routers gives up after this
 
 
@@ -146,7 +146,9 @@ class EngineClient:
             # Nothing was produced: decide again without the dead replica (a new route id, so the
             # first decision's release cannot end the second) and retry once.
             excluded = route.excluded_replicas + ((decision.replica_id,) if decision.replica_id else ())
-            route = dataclasses.replace(route, request_id=route.request_id + RETRY_SUFFIX, excluded_replicas=excluded)
+            route = dataclasses.replace(
+                route, request_id=route.request_id + RETRY_REQUEST_ID_SUFFIX, excluded_replicas=excluded
+            )
             decision = await self.decide(route)
 
     def _died_error(self) -> APIError:

@@ -34,7 +34,7 @@ from accel.kv_transfer.params import new_transfer_id
 logger = logging.getLogger(__name__)
 
 Call = Callable[[GenerateRequest], AsyncIterator[OutputDelta]]
-PREFILL_SUFFIX = "-prefill"
+PREFILL_REQUEST_ID_SUFFIX = "-prefill"
 
 
 def prefill_request(request: GenerateRequest, transfer_id: str) -> GenerateRequest:
@@ -50,7 +50,7 @@ def prefill_request(request: GenerateRequest, transfer_id: str) -> GenerateReque
     )
     return dataclasses.replace(
         request,
-        request_id=request.request_id + PREFILL_SUFFIX,
+        request_id=request.request_id + PREFILL_REQUEST_ID_SUFFIX,
         sampling=sampling,
         kv_transfer=KVTransferParams(do_remote_decode=True, transfer_id=transfer_id),
     )

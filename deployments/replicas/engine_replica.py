@@ -116,7 +116,7 @@ class EngineReplica:
 
     async def generate(self, request: GenerateRequest, replica_hint: str | None = None) -> AsyncIterator[OutputDelta]:
         """Stream the request's deltas. ``replica_hint`` is read by the handle's request router
-        (``PinnedReplicaRouter``), not here. If the caller goes away (Serve cancels this
+        (``PinnedReplicaRequestRouter``), not here. If the caller goes away (Serve cancels this
         generator) the engine request is aborted, which frees its KV blocks.
 
         Deltas that pile up while the previous one is still being sent are merged into one

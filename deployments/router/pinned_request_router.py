@@ -23,7 +23,7 @@ def replica_hint(pending_request: PendingRequest | None) -> str | None:
     return hint if isinstance(hint, str) else None
 
 
-class PinnedReplicaRouter(FIFOMixin, RequestRouter):
+class PinnedReplicaRequestRouter(FIFOMixin, RequestRouter):
     def initialize_state(self, **kwargs) -> None:
         pass
 

@@ -48,7 +48,7 @@ def affinity_key(pending_request: PendingRequest | None) -> str | None:
     return None
 
 
-class RendezvousRouter(FIFOMixin, RequestRouter):
+class RendezvousRequestRouter(FIFOMixin, RequestRouter):
     def initialize_state(self, **kwargs) -> None:
         pass
 

@@ -7,7 +7,7 @@ import threading
 from types import SimpleNamespace
 
 from deployments.router import replica_membership
-from deployments.router.pinned_request_router import PinnedReplicaRouter
+from deployments.router.pinned_request_router import PinnedReplicaRequestRouter
 
 
 def test_subscribers_get_the_latest_set_then_each_change_once():
@@ -41,7 +41,7 @@ def test_the_engine_request_router_publishes_what_serve_pushes(monkeypatch):
 
     deployment = DeploymentID(name="tt-pool", app_name="app-m3")
     ids = {name: ReplicaID(name, deployment) for name in ("r1", "r2")}
-    router = PinnedReplicaRouter.__new__(PinnedReplicaRouter)
+    router = PinnedReplicaRequestRouter.__new__(PinnedReplicaRequestRouter)
     router._deployment_id = deployment
     router._replicas = {}
 
