@@ -29,6 +29,8 @@ from typing import Any
 
 from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta
 from deployments.pd.orchestrator import PDOrchestrator
+from deployments.replicas.client import EnginePoolClient
+from deployments.router.client import RouterClient
 from deployments.router.messages import RouteDecision, RouteRequest, RoutingError, eligible_pools
 from serve_app.config.app import AppConfig
 from serve_app.protocol.errors import APIError
@@ -37,7 +39,6 @@ logger = logging.getLogger(__name__)
 
 _DONE = object()
 RETRY_REQUEST_ID_SUFFIX = "#retry"
-CONTROL_TIMEOUT_S = 10.0  # a broadcast control message to the routers gives up after this
 
 
 def dead_replica_actor(exc: BaseException) -> tuple[bool, str | None]:
@@ -58,14 +59,13 @@ def dead_replica_actor(exc: BaseException) -> tuple[bool, str | None]:
 class EngineClient:
     def __init__(self, config: AppConfig, router_handle: Any, pool_handles: Mapping[str, Any], metrics: Any = None):
         self._pools = config.pools
-        self._router = router_handle
-        self._streams = {name: h.options(stream=True) for name, h in pool_handles.items()}
+        self._router = RouterClient(router_handle)
+        self._engines = {name: EnginePoolClient(handle) for name, handle in pool_handles.items()}
         self._timeout_s = config.router.decision_timeout_s
         self._retry_after_s = config.ingress.retry_after_s
         self._metrics = metrics
         self._local_inflight = {p.name: 0 for p in self._pools}
         self._pd = PDOrchestrator()
-        self._control_tasks: set[asyncio.Task] = set()  # fire-and-forget broadcasts in flight
 
     def check_routable(self, route: RouteRequest) -> None:
         """400 for a pinned pool that does not exist or serves another model (no RPC)."""
@@ -76,7 +76,7 @@ class EngineClient:
 
     async def decide(self, route: RouteRequest) -> RouteDecision:
         try:
-            return await asyncio.wait_for(self._router.choose.remote(route), self._timeout_s)
+            return await self._router.choose(route, self._timeout_s)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -84,36 +84,11 @@ class EngineClient:
             logger.warning("router unavailable (%s); choosing locally", reason)
             if self._metrics is not None:
                 self._metrics.fallback(reason)
-            self._forget_late_decision(route.request_id)
+            # A decision that arrives after the timeout was counted by the router: release it.
+            self._router.forget(route.request_id)
             pools = eligible_pools(route, self._pools)
             pool = min(pools, key=lambda p: self._local_inflight[p.name])
             return RouteDecision(pool=pool.name, replica_id=None, ticket="", reason=f"fallback:{reason}")
-
-    def _forget_late_decision(self, request_id: str) -> None:
-        """A decision that arrives after the timeout was counted by the router: release it
-        (on every router replica: which one decided is unknown)."""
-        self._broadcast_to_routers("forget", request_id)
-
-    def _release(self, decision: RouteDecision, ticket: str) -> None:
-        try:
-            self._router.release.remote(ticket, replica_hint=decision.router_replica_id)
-        except Exception:  # the router is down: its tickets expire there
-            logger.debug("release of %s failed", ticket, exc_info=True)
-
-    def _broadcast_to_routers(self, method: str, *args: Any) -> None:
-        """Call ``method`` on every router replica without waiting for it."""
-
-        async def send() -> None:
-            try:
-                await asyncio.wait_for(
-                    self._router.broadcast(method, *args).results_async(return_exceptions=True), CONTROL_TIMEOUT_S
-                )
-            except Exception as exc:  # a router down or gone: nothing of ours is counted there
-                logger.debug("router broadcast %s failed: %r", method, exc)
-
-        task = asyncio.get_running_loop().create_task(send())
-        self._control_tasks.add(task)
-        task.add_done_callback(self._control_tasks.discard)
 
     def _report_dead(self, decision: RouteDecision, actor_id: str | None) -> None:
         """Tell every router replica. Under PD the failed call may have been the prefill one, so
@@ -123,7 +98,7 @@ class EngineClient:
             "engine replica %s (actor %s) of pool %s died; telling the routers", replica_id, actor_id, decision.pool
         )
         if replica_id is not None or actor_id is not None:
-            self._broadcast_to_routers("report_dead", replica_id, actor_id)
+            self._router.report_dead(replica_id, actor_id)
 
     async def stream(self, request: GenerateRequest, route: RouteRequest) -> AsyncIterator[OutputDelta]:
         """Deltas of one engine request. Closing or cancelling this generator early cancels the
@@ -176,7 +151,7 @@ class EngineClient:
         finally:
             self._local_inflight[decision.pool] -= 1
             if decision.ticket:
-                self._release(decision, decision.ticket)
+                self._router.release(decision, decision.ticket)
 
     # -- prefill/decode disaggregation (deployments/pd/orchestrator.py) ---------------------------
 
@@ -187,7 +162,7 @@ class EngineClient:
                     yield delta
             finally:
                 if decision.prefill_ticket:
-                    self._release(decision, decision.prefill_ticket)
+                    self._router.release(decision, decision.prefill_ticket)
 
         return call
 
@@ -197,7 +172,7 @@ class EngineClient:
     async def _replica_stream(
         self, pool: str, replica_id: str | None, request: GenerateRequest
     ) -> AsyncIterator[OutputDelta]:
-        gen = self._streams[pool].generate.remote(request, replica_hint=replica_id)
+        gen = self._engines[pool].generate(request, replica_id)
         finished = False
         try:
             async for delta in gen:

@@ -27,7 +27,8 @@ node's shared-memory store (its spare, reusable files included).
 Addressing: a named detached actor ``kv_connector`` in namespace ``meshserve-kv-<app>``, so any
 process of the cluster — a Serve replica, or a vLLM engine-core/worker child that joined the
 cluster with ``ray.init(address="auto")`` — finds it by name. Created idempotently by
-``get_or_create_kv_connector``; ``kill_kv_connector`` removes it with the application.
+``get_or_create_kv_connector``; ``kill_kv_connector`` removes it with the application. Callers
+talk to it through ``connector_client.KVConnectorClient`` (what both lookups return).
 """
 
 from __future__ import annotations
@@ -48,9 +49,12 @@ from accel.envs import ENVS
 from accel.kv_transfer.payload import KVDescriptor
 from accel.kv_transfer.shm_store import ShmKVStore, ShmStoreConfig, store_path
 from accel.kv_transfer.transport import KVTransferNotFound
+from deployments.kv.connector_client import KVConnectorClient
+from deployments.kv.messages import InNodeStore, InObjectStore, KVLocation
 from deployments.kv.metrics import RayKVMetrics, make_metrics
 from deployments.kv.prefix_tier import KVPrefixTier
 from deployments.kv.registry import KVRegistry
+from deployments.kv.shm_remote import destroy_on_nodes
 
 logger = logging.getLogger(__name__)
 
@@ -123,13 +127,13 @@ class KVConnectorActor:
     async def complete(self, transfer_id: str) -> None:
         self._registry.complete(transfer_id)
 
-    async def contains(self, transfer_id: str, searched: tuple[str, str] | None = None) -> bool:
+    async def contains(self, transfer_id: str, searched: InNodeStore | None = None) -> bool:
         """Committed and unexpired, in the object store or some node's shared-memory store other
-        than ``searched`` ((node id, store path) the caller already looked in)."""
+        than ``searched`` (the store the caller already looked in)."""
         if self._registry.contains(transfer_id):
             return True
         where = self._shm.where(transfer_id) if self._shm is not None else None
-        return where is not None and tuple(where) != tuple(searched or ())
+        return where is not None and where != searched
 
     async def put_params(self, transfer_id: str, params: dict[str, Any]) -> float:
         """An engine-native connector's ``kv_transfer_params`` (TPU PD: this actor is only the
@@ -165,18 +169,18 @@ class KVConnectorActor:
         if self._shm is not None:
             self._shm.note(node_id, store, transfer_ids)
 
-    async def locate(self, transfer_id: str) -> tuple:
-        """For a consumer that did not find ``transfer_id`` in its node's store:
-        ``("object", descriptor, [ref])`` (claimed, as ``claim``) or ``("shm", node_id, store)``;
-        ``KVTransferNotFound`` if neither."""
+    async def locate(self, transfer_id: str) -> KVLocation:
+        """For a consumer that did not find ``transfer_id`` in its node's store: the object-store
+        payload (claimed, as ``claim``) or the node store holding it; ``KVTransferNotFound`` if
+        neither."""
         try:
             descriptor, refs = await self.claim(transfer_id)
-            return "object", descriptor, refs
+            return InObjectStore(descriptor, tuple(refs))
         except KVTransferNotFound:
             where = self._shm.where(transfer_id) if self._shm is not None else None
             if where is None:
                 raise
-            return ("shm", *where)
+            return where
 
     async def destroy_shm(self) -> list[str]:
         """Remove this node's store (the application is going away); returns the other nodes
@@ -242,12 +246,12 @@ class _ShmSide:
             for tid in transfer_ids:
                 self._remote[tid] = (node_id, store, now + self.lease_s)
 
-    def where(self, transfer_id: str) -> tuple[str, str] | None:
+    def where(self, transfer_id: str) -> InNodeStore | None:
         with self._lock:
             entry = self._remote.get(transfer_id)
         if entry is None or entry[2] <= time.monotonic():
             return None
-        return entry[0], entry[1]
+        return InNodeStore(entry[0], entry[1])
 
     def stats(self) -> dict[str, int]:
         s, b = asdict(self.store.snapshot()), asdict(self.baseline)
@@ -301,8 +305,8 @@ def _remove_orphan_stores(root: Path) -> None:
             continue  # unreachable for another reason: leave it
 
 
-def get_or_create_kv_connector(app_name: str, config: KVConnectorConfig = KVConnectorConfig()):
-    """The application's actor handle, creating it on first use (idempotent across processes)."""
+def get_or_create_kv_connector(app_name: str, config: KVConnectorConfig = KVConnectorConfig()) -> KVConnectorClient:
+    """The application's actor, creating it on first use (idempotent across processes)."""
     import ray
 
     remote_cls = ray.remote(KVConnectorActor)
@@ -314,34 +318,33 @@ def get_or_create_kv_connector(app_name: str, config: KVConnectorConfig = KVConn
         num_cpus=0,
         max_restarts=0,
     ).remote(config, app_name)
-    ray.get(handle.shm_config.remote(), timeout=60)  # started: its node's store exists from here on
-    return handle
+    client = KVConnectorClient(handle)
+    client.shm_config(timeout_s=60)  # started: its node's store exists from here on
+    return client
 
 
-def get_kv_connector(app_name: str):
-    """The existing actor's handle; raises ``ValueError`` if there is none."""
+def get_kv_connector(app_name: str) -> KVConnectorClient:
+    """The existing actor; raises ``ValueError`` if there is none."""
     import ray
 
-    return ray.get_actor(ACTOR_NAME, namespace=actor_namespace(app_name))
+    return KVConnectorClient(ray.get_actor(ACTOR_NAME, namespace=actor_namespace(app_name)))
 
 
 def kill_kv_connector(app_name: str) -> None:
     """Remove the application's actor and its shared-memory stores (best effort on other nodes)."""
     import ray
 
-    from deployments.kv.shm_remote import destroy_on_nodes
-
     try:
-        handle = get_kv_connector(app_name)
+        client: KVConnectorClient | None = get_kv_connector(app_name)
     except ValueError:
-        handle = None
+        client = None
     other_nodes: list[str] = []
-    if handle is not None:
+    if client is not None:
         try:
-            other_nodes = ray.get(handle.destroy_shm.remote(), timeout=10)
+            other_nodes = client.destroy_shm(timeout_s=10)
         except Exception:  # a dead actor: its node's store is removed below if it is this node
             logger.warning("KV connector of %r did not remove its store", app_name, exc_info=True)
-        ray.kill(handle)
+        ray.kill(client.handle)
     path = shm_store_path(app_name)
     shutil.rmtree(path, ignore_errors=True)  # this node's, whether or not the actor lived here
     destroy_on_nodes(other_nodes, str(path))

@@ -58,6 +58,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from deployments.replicas.client import EnginePoolClient
 from deployments.replicas.engine_replica import current_replica_id
 from deployments.router.core.load import PEER_LOAD_PERIOD_S
 from deployments.router.core.router_core import NoReplicaError, RouterCore
@@ -85,7 +86,7 @@ class RouterDeployment:
         self.replica_id = current_replica_id()
         self._num_router_replicas = config.router.replicas
         self._pools = config.pools
-        self._handles = dict(pool_handles)
+        self._pool_clients = {name: EnginePoolClient(handle) for name, handle in pool_handles.items()}
         self._period_s = config.router.stats_period_s
         self._ticket_ttl_s = ticket_ttl_s
         self._core = RouterCore(config.router, {m.name: m.routing for m in config.models})
@@ -198,13 +199,12 @@ class RouterDeployment:
         seen: set[str] = set()
         started_s = time.monotonic()
         for pool in self._pools:
-            handle = self._handles.get(pool.name)
-            if handle is None or not engines.is_routed(pool.name):
+            client = self._pool_clients.get(pool.name)
+            if client is None or not engines.is_routed(pool.name):
                 continue
             try:
                 results = await asyncio.wait_for(
-                    handle.broadcast("routing_snapshot", dict(engines.cursors)).results_async(return_exceptions=True),
-                    timeout=max(1.0, 4 * self._period_s),
+                    client.routing_snapshots(engines.cursors), timeout=max(1.0, 4 * self._period_s)
                 )
             except Exception as exc:  # a pool still deploying or gone: keep the others
                 logger.debug("router: polling pool %s failed: %r", pool.name, exc)
@@ -243,7 +243,8 @@ class RouterDeployment:
 
     async def _publish_load_once(self, handle: Any, counts: dict[str, int]) -> None:
         try:
-            await handle.broadcast("peer_load", self.replica_id, counts).results_async(return_exceptions=True)
+            response = handle.broadcast(RouterDeployment.peer_load.__name__, self.replica_id, counts)
+            await response.results_async(return_exceptions=True)
         except Exception:  # a peer starting or gone: the next round tries again
             logger.debug("router: publishing in-flight counts failed", exc_info=True)
 
@@ -274,10 +275,11 @@ class RouterDeployment:
         from deployments.router import replica_membership
 
         for pool in self._pools:
-            handle = self._handles.get(pool.name)
-            app_name, name = getattr(handle, "app_name", None), getattr(handle, "deployment_name", None)
-            if not self.engines.is_routed(pool.name) or not isinstance(name, str) or not isinstance(app_name, str):
+            client = self._pool_clients.get(pool.name)
+            deployment = client.deployment if client is not None else None
+            if deployment is None or not self.engines.is_routed(pool.name):
                 continue
+            app_name, name = deployment
 
             def listener(ids: frozenset[str], pool_name: str = pool.name) -> None:
                 # called on Serve's router thread: hand over to this replica's loop

@@ -67,7 +67,7 @@ def _actor_stats():
 
     from deployments.kv.connector_actor import get_kv_connector
 
-    return ray.get(get_kv_connector(APP).stats.remote())["registry"]
+    return get_kv_connector(APP).stats()["registry"]
 
 
 def _prompt(n, seed):

@@ -89,7 +89,7 @@ def replicas(loop, actor, pools):
 def _stats():
     from deployments.kv.connector_actor import get_kv_connector
 
-    return ray.get(get_kv_connector(APP).stats.remote())["registry"]
+    return get_kv_connector(APP).stats()["registry"]
 
 
 def _request(rid, n, seed, max_tokens=12):
