@@ -63,7 +63,6 @@ def client(serve_session, tiny_llama):
 
 
 def _actor_stats():
-    import ray
 
     from deployments.kv.connector_actor import get_kv_connector
 

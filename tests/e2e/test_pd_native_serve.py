@@ -83,7 +83,6 @@ def client(serve_session, tiny_llama):
 
 
 def _stats():
-    import ray
 
     from deployments.kv.connector_actor import get_kv_connector
 
