@@ -13,7 +13,16 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+from ray.serve.deployment import Application
+
 from accel.contract import ConfigError
+from deployments.ingress.openai_ingress import make_ingress_class
+from deployments.replicas import tt_replica, vllm_replica
+from deployments.replicas.tt_replica import TTMeshReplica
+from deployments.replicas.vllm_replica import VllmReplica
+from deployments.router.deployment import RouterDeployment
 from serve_app.config.app import AppConfig, PoolConfig
 from serve_app.config.load import load_app_config
 
@@ -25,14 +34,19 @@ ROUTER_NAME = "Router"
 INGRESS_NAME = "OpenAIIngress"
 
 
-def engine_deployment_options(pool: PoolConfig) -> dict[str, Any]:
-    from ray.serve.config import RequestRouterConfig
+def _request_router(path: str, stats_period_s: float) -> RequestRouterConfig:
+    return RequestRouterConfig.model_validate(
+        {"request_router_class": path, "request_routing_stats_period_s": stats_period_s}
+    )
 
+
+def engine_deployment_options(pool: PoolConfig) -> dict[str, Any]:
+    """Serve deployment options of a pool's engine deployment (resources and placement from the
+    engine's replica module)."""
     if pool.engine == "tt":
-        from deployments.replicas.tt_replica import deployment_options
+        opts = tt_replica.deployment_options(pool)
     else:
-        from deployments.replicas.vllm_replica import deployment_options
-    opts = deployment_options(pool)
+        opts = vllm_replica.deployment_options(pool)
     opts.update(
         name=pool.deployment_name,
         max_ongoing_requests=pool.max_ongoing_requests,
@@ -42,9 +56,7 @@ def engine_deployment_options(pool: PoolConfig) -> dict[str, Any]:
         # Per-call access logs on the token path (and the router's stats polls) cost CPU per
         # request; the ingress keeps its HTTP access log.
         logging_config={"enable_access_log": False},
-        request_router_config=RequestRouterConfig(
-            request_router_class=PINNED_REQUEST_ROUTER, request_routing_stats_period_s=2
-        ),
+        request_router_config=_request_router(PINNED_REQUEST_ROUTER, stats_period_s=2),
     )
     if pool.autoscaling is not None:
         a = pool.autoscaling
@@ -61,19 +73,11 @@ def engine_deployment_options(pool: PoolConfig) -> dict[str, Any]:
     return opts
 
 
-def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | None = None):
+def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | None = None) -> Application:
     """The application graph of a validated config. ``engine_factories`` (engine kind ->
     ``callable(PoolConfig) -> Engine``) replaces the real engines, for tests."""
-    from ray import serve
-    from ray.serve.config import RequestRouterConfig
-
-    from deployments.ingress.openai_ingress import make_ingress_class
-    from deployments.replicas.tt_replica import TTMeshReplica
-    from deployments.replicas.vllm_replica import VllmReplica
-    from deployments.router.deployment import RouterDeployment
-
     factories = dict(engine_factories or {})
-    pool_apps = {}
+    pool_apps: dict[str, Application] = {}
     for i, pool in enumerate(config.pools):
         cls = TTMeshReplica if pool.engine == "tt" else VllmReplica
         try:
@@ -81,40 +85,29 @@ def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | N
         except ConfigError as exc:  # placement: TPU topology, MESH_DEVICE name
             section = "tpu" if pool.accelerator == "tpu" else "tt"
             raise ConfigError(f"{config.config_file}: pools[{i}].{section}: {exc}") from None
-        deployment = serve.deployment(cls).options(**options)
-        pool_apps[pool.name] = deployment.bind(
+        pool_apps[pool.name] = serve.deployment(**options)(cls).bind(
             pool, factories.get(pool.engine), kv_event_log_size=config.router.kv_event_log_size
         )
-    router = (
-        serve.deployment(RouterDeployment)
-        .options(
-            name=ROUTER_NAME,
-            num_replicas=config.router.replicas,
-            ray_actor_options={"num_cpus": config.router.num_cpus},
-            max_ongoing_requests=100_000,
-            logging_config={"enable_access_log": False},
-            request_router_config=RequestRouterConfig(
-                request_router_class=RENDEZVOUS_REQUEST_ROUTER, request_routing_stats_period_s=10
-            ),
-        )
-        .bind(config, pool_apps)
-    )
-    ingress = (
-        serve.deployment(make_ingress_class())
-        .options(
-            name=INGRESS_NAME,
-            num_replicas=config.ingress.replicas,
-            ray_actor_options={"num_cpus": config.ingress.num_cpus},
-            # Our own bound (max_concurrent_requests -> 429) decides; Serve's must not be lower.
-            max_ongoing_requests=config.ingress.max_concurrent_requests + 16,
-            logging_config={"enable_access_log": config.ingress.access_log},
-        )
-        .bind(config, router, pool_apps)
-    )
+    router = serve.deployment(
+        name=ROUTER_NAME,
+        num_replicas=config.router.replicas,
+        ray_actor_options={"num_cpus": config.router.num_cpus},
+        max_ongoing_requests=100_000,
+        logging_config={"enable_access_log": False},
+        request_router_config=_request_router(RENDEZVOUS_REQUEST_ROUTER, stats_period_s=10),
+    )(RouterDeployment).bind(config, pool_apps)
+    ingress = serve.deployment(
+        name=INGRESS_NAME,
+        num_replicas=config.ingress.replicas,
+        ray_actor_options={"num_cpus": config.ingress.num_cpus},
+        # Our own bound (max_concurrent_requests -> 429) decides; Serve's must not be lower.
+        max_ongoing_requests=config.ingress.max_concurrent_requests + 16,
+        logging_config={"enable_access_log": config.ingress.access_log},
+    )(make_ingress_class()).bind(config, router, pool_apps)
     return ingress
 
 
-def build_app(args: dict[str, Any]):
+def build_app(args: dict[str, Any]) -> Application:
     """Serve builder: YAML ``args`` -> ``Application``. Raises ``ConfigError`` naming the file
     (``args.config_file``) and the key (``engine_args`` included: the loader parses them into each
     pool's engine config, which the pool's replicas are built from)."""

@@ -191,7 +191,7 @@ class EngineMetrics:
 class IngressMetrics:
     """Ingress-side counters: router fallbacks and rejected requests."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.router_fallbacks = Counter(
             "meshserve_router_fallbacks", "Requests routed locally because the router did not answer.", ("reason",)
         )
@@ -208,7 +208,7 @@ class IngressMetrics:
 
 
 class RouterMetrics:
-    def __init__(self):
+    def __init__(self) -> None:
         self.decisions = Counter(
             "meshserve_router_decisions", "Routing decisions by pool and reason.", ("pool", "reason")
         )

@@ -24,11 +24,14 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 
+from ray.exceptions import RayActorError, RayTaskError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
+
 from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta
-from deployments.pd.orchestrator import PDOrchestrator
+from deployments.pd.orchestrator import Call, PDOrchestrator
 from deployments.replicas.client import EnginePoolClient
 from deployments.router.client import RouterClient
 from deployments.router.messages import RouteDecision, RouteRequest, RoutingError, eligible_pools
@@ -37,7 +40,11 @@ from serve_app.protocol.errors import APIError
 
 logger = logging.getLogger(__name__)
 
-_DONE = object()
+class _Done:
+    """A stream of ``merge_streams`` ended."""
+
+
+_DONE = _Done()
 RETRY_REQUEST_ID_SUFFIX = "#retry"
 
 
@@ -46,9 +53,6 @@ def dead_replica_actor(exc: BaseException) -> tuple[bool, str | None]:
 
     Only the replica's own death counts: a ``RayTaskError`` raised inside a live replica (e.g.
     an actor it depends on died) is that replica's answer, not its death."""
-    from ray.exceptions import RayActorError, RayTaskError
-    from ray.serve.exceptions import ReplicaUnavailableError
-
     if isinstance(exc, RayTaskError):
         return False, None
     if isinstance(exc, RayActorError):
@@ -100,7 +104,7 @@ class EngineClient:
         if replica_id is not None or actor_id is not None:
             self._router.report_dead(replica_id, actor_id)
 
-    async def stream(self, request: GenerateRequest, route: RouteRequest) -> AsyncIterator[OutputDelta]:
+    async def stream(self, request: GenerateRequest, route: RouteRequest) -> AsyncGenerator[OutputDelta, None]:
         """Deltas of one engine request. Closing or cancelling this generator early cancels the
         replica call, which aborts the engine request there."""
         decision = await self.decide(route)
@@ -129,10 +133,13 @@ class EngineClient:
     def _died_error(self) -> APIError:
         return APIError(503, "The engine replica serving this request died; retry.", None, self._retry_after_s)
 
-    async def _stream_once(self, request: GenerateRequest, decision: RouteDecision) -> AsyncIterator[OutputDelta]:
+    async def _stream_once(
+        self, request: GenerateRequest, decision: RouteDecision
+    ) -> AsyncGenerator[OutputDelta, None]:
         """One attempt on ``decision``; a dead replica raises ``_ReplicaDied``, other failures
         their ``APIError``. Releases the decision's ticket however it ends."""
         self._local_inflight[decision.pool] += 1
+        stream: AsyncGenerator[OutputDelta, None]
         if decision.is_disaggregated:  # prefill/decode disaggregation
             stream = self._pd.stream(request, self._prefill_call(decision), self._decode_call(decision))
         else:
@@ -155,10 +162,13 @@ class EngineClient:
 
     # -- prefill/decode disaggregation (deployments/pd/orchestrator.py) ---------------------------
 
-    def _prefill_call(self, decision: RouteDecision):
-        async def call(request: GenerateRequest) -> AsyncIterator[OutputDelta]:
+    def _prefill_call(self, decision: RouteDecision) -> Call:
+        pool = decision.prefill_pool
+        assert pool is not None  # a disaggregated decision
+
+        async def call(request: GenerateRequest) -> AsyncGenerator[OutputDelta, None]:
             try:
-                async for delta in self._replica_stream(decision.prefill_pool, decision.prefill_replica_id, request):
+                async for delta in self._replica_stream(pool, decision.prefill_replica_id, request):
                     yield delta
             finally:
                 if decision.prefill_ticket:
@@ -166,12 +176,12 @@ class EngineClient:
 
         return call
 
-    def _decode_call(self, decision: RouteDecision):
+    def _decode_call(self, decision: RouteDecision) -> Call:
         return lambda request: self._replica_stream(decision.pool, decision.replica_id, request)
 
     async def _replica_stream(
         self, pool: str, replica_id: str | None, request: GenerateRequest
-    ) -> AsyncIterator[OutputDelta]:
+    ) -> AsyncGenerator[OutputDelta, None]:
         gen = self._engines[pool].generate(request, replica_id)
         finished = False
         try:
@@ -192,12 +202,10 @@ class _ReplicaDied(Exception):
 
 
 def _as_api_error(exc: Exception, retry_after_s: int) -> APIError:
-    from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
-
-    cause = getattr(exc, "cause", None) or exc
-    if isinstance(exc, InvalidRequestError) or isinstance(cause, InvalidRequestError):
-        err = cause if isinstance(cause, InvalidRequestError) else exc
-        return APIError(400, err.message, err.field)
+    cause = getattr(exc, "cause", None) or exc  # a RayTaskError's cause: what the replica raised
+    invalid = exc if isinstance(exc, InvalidRequestError) else cause
+    if isinstance(invalid, InvalidRequestError):
+        return APIError(400, invalid.message, invalid.field)
     if isinstance(exc, BackPressureError):
         status = int(getattr(exc, "args", (0, 0, 503))[2] or 503)
         return APIError(status, "The engines are at capacity; retry later.", None, retry_after_s)
@@ -207,14 +215,16 @@ def _as_api_error(exc: Exception, retry_after_s: int) -> APIError:
     return APIError(500, f"engine error: {type(cause).__name__}: {cause}")
 
 
-async def merge_streams(streams: Sequence[AsyncIterator[OutputDelta]]) -> AsyncIterator[tuple[int, OutputDelta]]:
+async def merge_streams(
+    streams: Sequence[AsyncIterator[OutputDelta]],
+) -> AsyncGenerator[tuple[int, OutputDelta], None]:
     """Interleave several delta streams as they produce; (stream index, delta). An error in any
     stream ends the merge with that error; leaving early cancels every stream."""
     if len(streams) == 1:
         async for delta in streams[0]:
             yield 0, delta
         return
-    queue: asyncio.Queue = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, OutputDelta | Exception | _Done]] = asyncio.Queue()
 
     async def pump(i: int, s: AsyncIterator[OutputDelta]) -> None:
         try:
@@ -230,7 +240,7 @@ async def merge_streams(streams: Sequence[AsyncIterator[OutputDelta]]) -> AsyncI
         remaining = len(tasks)
         while remaining:
             i, item = await queue.get()
-            if item is _DONE:
+            if isinstance(item, _Done):
                 remaining -= 1
             elif isinstance(item, Exception):
                 raise item

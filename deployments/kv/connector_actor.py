@@ -107,10 +107,12 @@ class KVConnectorActor:
         metrics = make_metrics()
         self._registry = KVRegistry(config.capacity_bytes, config.lease_s, metrics=metrics)
         self._tier = KVPrefixTier(config.prefix_tier_bytes) if config.prefix_tier_bytes else None
-        self._sweeper: asyncio.Task | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self._shm = _ShmSide(config, app_name, metrics) if config.shm_max_payload_bytes else None
 
-    async def store(self, transfer_id: str, descriptor: KVDescriptor, payload_refs: list, timeout_s: float) -> float:
+    async def store(
+        self, transfer_id: str, descriptor: KVDescriptor, payload_refs: list[Any], timeout_s: float
+    ) -> float:
         """Reserve + commit in one round trip (the payload is already in the object store; if it
         does not fit in time the put fails and the producer's reference frees it)."""
         self._ensure_sweeper()
@@ -120,7 +122,7 @@ class KVConnectorActor:
     async def cancel(self, transfer_id: str) -> None:
         self._registry.cancel(transfer_id)
 
-    async def claim(self, transfer_id: str) -> tuple[KVDescriptor, list]:
+    async def claim(self, transfer_id: str) -> tuple[KVDescriptor, list[Any]]:
         descriptor, ref = self._registry.claim(transfer_id)
         return descriptor, [ref]
 
@@ -148,13 +150,18 @@ class KVConnectorActor:
         self._registry.report_recompute(reason)
 
     async def offer_prefix(
-        self, fingerprint: str, block_size: int, hashes: list[BlockHash], block_refs: list, num_bytes_per_block: int
+        self,
+        fingerprint: str,
+        block_size: int,
+        hashes: list[BlockHash],
+        block_refs: list[Any],
+        num_bytes_per_block: int,
     ) -> int:
         if self._tier is None:
             return 0
         return self._tier.offer(fingerprint, block_size, hashes, block_refs, num_bytes_per_block)
 
-    async def match_prefix(self, fingerprint: str, block_size: int, hashes: list[BlockHash]) -> list:
+    async def match_prefix(self, fingerprint: str, block_size: int, hashes: list[BlockHash]) -> list[Any]:
         return [] if self._tier is None else self._tier.match(fingerprint, block_size, hashes)
 
     # -- the shared-memory path (see the module docstring) ----------------------------------

@@ -4,6 +4,7 @@ more than one value: where a transfer's payload is (``locate``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from accel.kv_transfer.payload import KVDescriptor
 
@@ -14,7 +15,7 @@ class InObjectStore:
     ``ObjectRef`` to the wire payload (a tuple, so Ray passes the reference instead of resolving it)."""
 
     descriptor: KVDescriptor
-    payload_refs: tuple[object, ...]
+    payload_refs: tuple[Any, ...]  # ObjectRefs
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+import ray
 import torch
 
 from accel.kv_transfer.payload import KVPayload, tensor_from_wire, tensor_to_wire
@@ -41,8 +42,6 @@ def connect_to_cluster(app_name: str, address: str | None = None) -> None:
     """Join the running Ray cluster from a process Ray did not start (idempotent). Pass the GCS
     address the replica saw (``ray.get_runtime_context().gcs_address``): "auto" picks whatever
     cluster this machine started last, which is wrong when several run side by side."""
-    import ray
-
     if not ray.is_initialized():
         ray.init(
             address=address or "auto", namespace=actor_namespace(app_name), log_to_driver=False, configure_logging=False
@@ -80,7 +79,7 @@ class RayKVTransport:
             except OSError as e:  # the store vanished (application deleted) or tmpfs trouble
                 self._store_checked_s = -float("inf")
                 raise KVTransferError(f"KV store failed to take {transfer_id!r}: {e}") from e
-            self._note(transfer_id)
+            self._note(transfer_id, store)
             return
         self._put_object(transfer_id, payload, timeout_s)
 
@@ -88,8 +87,6 @@ class RayKVTransport:
         """One copy into the object store, then one RPC that waits for capacity and commits.
         We own the object; once the actor holds its borrowed reference we drop ours, so the
         actor's reference alone keeps the payload alive (freed on completion or expiry)."""
-        import ray
-
         self._actor()  # joins the cluster first: a bare ray.put would auto-start a private one
         ref = ray.put(payload.to_wire())
         for attempt in (0, 1):  # a handle cached before the actor was recreated fails once
@@ -109,8 +106,6 @@ class RayKVTransport:
                     raise KVTransferError(f"KV connector failed to store {transfer_id!r}: {e}") from e
 
     def fetch(self, transfer_id: str, timeout_s: float) -> KVPayload:
-        import ray
-
         store = self._shm()
         if store is not None:
             payload = store.fetch(transfer_id)
@@ -162,8 +157,6 @@ class RayKVTransport:
     def offer_prefix(self, key: str, block_size: int, hashes: list[int], blocks: list[torch.Tensor]) -> int:
         """Offer full blocks (each ``[L, 2, block_size, Hkv, D]``) under their chained hashes;
         ``key`` = model fingerprint and dtype. Returns how many the tier took; 0 if unreachable."""
-        import ray
-
         try:
             connector = self._actor()
             refs = [ray.put(tensor_to_wire(b)) for b in blocks]
@@ -178,8 +171,6 @@ class RayKVTransport:
         self, key: str, block_size: int, hashes: list[int], dtype: torch.dtype, timeout_s: float
     ) -> list[torch.Tensor]:
         """Blocks of the longest leading run of ``hashes`` the tier holds (read-only tensors)."""
-        import ray
-
         try:
             refs = self._actor().match_prefix(key, block_size, hashes, timeout_s)
             return [tensor_from_wire(a, dtype) for a in ray.get(refs, timeout=timeout_s)] if refs else []
@@ -231,8 +222,6 @@ class RayKVTransport:
         return self._store
 
     def _open_store(self) -> ShmKVStore | None:
-        import ray
-
         try:
             connect_to_cluster(self.app_name, self.address)
             self._node_id = ray.get_runtime_context().get_node_id()
@@ -248,36 +237,38 @@ class RayKVTransport:
             )
             return None
 
-    def _note(self, transfer_id: str) -> None:
-        """Tell the actor, off the caller's path, that this node's store holds ``transfer_id``."""
-        if self._notes is None:
+    def _note(self, transfer_id: str, store: ShmKVStore) -> None:
+        """Tell the actor, off the caller's path, that this node's ``store`` holds ``transfer_id``."""
+        notes = self._notes
+        if notes is None:
             with self._lock:
-                if self._notes is None:
+                if self._notes is None and self._node_id is not None:
                     self._notes = queue.SimpleQueue()
-                    threading.Thread(target=self._send_notes, name="kv-shm-notes", daemon=True).start()
-        if self._note_transfers or (self._note_transfers is None and self._is_multi_node):
-            self._notes.put(transfer_id)
+                    args = (self._notes, self._node_id, str(store.path))
+                    threading.Thread(target=self._send_notes, args=args, name="kv-shm-notes", daemon=True).start()
+                notes = self._notes
+        if notes is not None and (self._note_transfers or (self._note_transfers is None and self._is_multi_node)):
+            notes.put(transfer_id)
 
-    def _send_notes(self) -> None:
-        import ray
-
+    def _send_notes(self, notes: queue.SimpleQueue[str], node_id: str, store_path: str) -> None:
         next_check_s = 0.0
         while True:
             if self._note_transfers is None and time.monotonic() >= next_check_s:
                 try:
-                    self._is_multi_node = sum(1 for n in ray.nodes() if n.get("Alive")) > 1
+                    nodes = ray.nodes()  # type: ignore[no-untyped-call]  # ray.nodes has no annotations upstream
+                    self._is_multi_node = len([n for n in nodes if n.get("Alive")]) > 1
                 except Exception:
                     self._is_multi_node = True
                 next_check_s = time.monotonic() + NODE_CHECK_S
             try:
-                batch = [self._notes.get(timeout=NODE_CHECK_S)]
+                batch = [notes.get(timeout=NODE_CHECK_S)]
             except queue.Empty:
                 continue
             time.sleep(NOTE_BATCH_S)  # one RPC per batch, not per transfer: keeps it off the CPU
-            while not self._notes.empty():
-                batch.append(self._notes.get())
+            while not notes.empty():
+                batch.append(notes.get())
             try:
-                self._actor().note_shm_transfers(self._node_id, str(self._store.path), batch)
+                self._actor().note_shm_transfers(node_id, store_path, batch)
             except Exception:  # only cross-node consumers miss it (they recompute)
                 self._connector = None
                 logger.debug("KV connector not told of %d transfer(s)", len(batch), exc_info=True)

@@ -80,7 +80,7 @@ class NativeKVHandoff:
                 ),
             )
         if kv.do_remote_prefill:
-            params = await self._store.claim(kv.transfer_id)
+            params = await self._store.claim(kv.transfer_id) if kv.transfer_id else None
             if params is None:
                 logger.warning(
                     "KV params %s not held by the KV connector (expired or unknown): %s recomputes its prompt",
@@ -98,7 +98,8 @@ class NativeKVHandoff:
         kv = engine_request.kv_transfer
         returned = delta.kv_transfer.connector_params if delta.kv_transfer is not None else None
         ticket = None
-        if kv is not None and kv.do_remote_decode and delta.finish_reason is not FinishReason.ABORT:
+        # (engine_request always names the transfer of a do_remote_decode request)
+        if kv is not None and kv.do_remote_decode and kv.transfer_id and delta.finish_reason is not FinishReason.ABORT:
             if not returned:
                 logger.warning(
                     "prefill %s: the engine's KV connector returned no kv_transfer_params", engine_request.request_id

@@ -19,7 +19,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import ray
+from ray import serve
+
+from accel.tt.kv_hooks import KVTransferHooks
 from accel.vllm.config import VllmEngineConfig
+from deployments.kv.connector_actor import get_or_create_kv_connector
+from deployments.kv.ray_transport import RayKVTransport
+from deployments.pd.native_handoff import ActorParamsStore, NativeKVHandoff
 from serve_app.config.app import PoolConfig
 from serve_app.config.pd import PD_ROLES, is_native
 
@@ -31,8 +38,6 @@ MESHSERVE_CONNECTOR = "MeshServeConnector"
 def app_name() -> str:
     """The Serve application this replica belongs to (names the KV-connector actor)."""
     try:
-        from ray import serve
-
         return serve.get_replica_context().app_name or "default"
     except Exception:
         return "default"
@@ -41,10 +46,6 @@ def app_name() -> str:
 def tt_kv_hooks(pool: PoolConfig) -> Any:
     if pool.role not in PD_ROLES:
         return None
-    from accel.tt.kv_hooks import KVTransferHooks
-    from deployments.kv.connector_actor import get_or_create_kv_connector
-    from deployments.kv.ray_transport import RayKVTransport
-
     name = app_name()
     get_or_create_kv_connector(name)
     logger.info("pool %s (%s): KV transfer through the %r KV connector", pool.name, pool.role, name)
@@ -74,10 +75,6 @@ def vllm_kv_transfer_config(pool: PoolConfig) -> dict[str, Any] | None:
 def _filled_in(config: dict[str, Any]) -> dict[str, Any]:
     """``MeshServeConnector``'s extra config with this application's actor (created now) and
     cluster address, unless given."""
-    import ray
-
-    from deployments.kv.connector_actor import get_or_create_kv_connector
-
     extra = dict(config.get("kv_connector_extra_config") or {})
     extra.setdefault("app_name", app_name())
     extra.setdefault("ray_address", ray.get_runtime_context().gcs_address)
@@ -90,8 +87,6 @@ def native_kv_handoff(pool: PoolConfig) -> Any:
     connector moves the KV; None otherwise."""
     if not is_native(pool):
         return None
-    from deployments.pd.native_handoff import ActorParamsStore, NativeKVHandoff
-
     name = app_name()
     logger.info(
         "pool %s (%s): %s moves the KV; params through the %r KV connector",

@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any
 
 from accel.contract import Engine, EngineStats, FinishReason, GenerateRequest, OutputDelta
@@ -23,6 +23,7 @@ from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS, KVCursor,
 from deployments.router.kv_events import BlockRemoved, BlockStored, KVEvent
 from deployments.router.messages import ReplicaSnapshot
 from serve_app.config.app import PoolConfig
+from serve_app.metrics import EngineMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -99,14 +100,12 @@ class EngineReplica:
         # router's poll (Serve runs this sync method on a thread pool).
         self._routing_lock = threading.Lock()
         self._num_inflight = 0
-        self._stats_task: asyncio.Task | None = None
+        self._stats_task: asyncio.Task[None] | None = None
         self._metrics = self._make_metrics(emit_vllm_metrics)
         self._is_shut_down = False
 
-    def _make_metrics(self, emit_vllm_metrics: bool):
+    def _make_metrics(self, emit_vllm_metrics: bool) -> EngineMetrics | None:
         try:
-            from serve_app.metrics import EngineMetrics
-
             return EngineMetrics(self.pool.model, self.pool.name, self.replica_id, emit_vllm_metrics=emit_vllm_metrics)
         except Exception:
             logger.warning("metrics unavailable in this process", exc_info=True)
@@ -126,7 +125,7 @@ class EngineReplica:
         self._ensure_stats_task()
         self._num_inflight += 1
         start = time.monotonic()
-        pending: asyncio.Queue = asyncio.Queue()
+        pending: asyncio.Queue[OutputDelta | BaseException] = asyncio.Queue()
         pump = asyncio.get_running_loop().create_task(self._pump(request, pending, start))
         finished: OutputDelta | None = None
         try:
@@ -134,10 +133,12 @@ class EngineReplica:
                 batch = [await pending.get()]
                 while not pending.empty():
                     batch.append(pending.get_nowait())
+                deltas: list[OutputDelta] = []
                 for item in batch:
                     if isinstance(item, BaseException):
                         raise item
-                delta = merge_deltas(batch) if len(batch) > 1 else batch[0]
+                    deltas.append(item)
+                delta = merge_deltas(deltas) if len(deltas) > 1 else deltas[0]
                 if delta.finished:
                     finished = delta
                 yield delta
@@ -148,7 +149,9 @@ class EngineReplica:
                 await self._abort_quietly(request.request_id)
             await asyncio.gather(pump, return_exceptions=True)
 
-    async def _pump(self, request: GenerateRequest, out: asyncio.Queue, start: float) -> None:
+    async def _pump(
+        self, request: GenerateRequest, out: asyncio.Queue[OutputDelta | BaseException], start: float
+    ) -> None:
         """Engine deltas -> ``out`` (an exception is put there too); records the metrics."""
         last = start
         ttft = None
@@ -225,7 +228,7 @@ class EngineReplica:
             head = self._kv_log.append(events)
             cursor = (cursors or {}).get(self.replica_id)
             since = self._kv_log.read(cursor)
-            if since is None:
+            if since is None or cursor is None:  # (read answers None without a cursor)
                 return dataclasses.replace(
                     snap, publishes_kv_events=True, kv_blocks=self.kv_block_snapshot() or (), kv_cursor=head
                 )
@@ -282,7 +285,7 @@ class EngineReplica:
             self._stats_task.cancel()
         await self._engine.shutdown()
 
-    def __del__(self):
+    def __del__(self) -> Coroutine[Any, Any, None] | None:
         """Serve calls ``__del__`` when it stops the replica and awaits a coroutine it returns:
         the graceful engine shutdown. Sync on purpose: the garbage collector calls it too (after
         Serve did, or on replicas tests built), and an ``async def`` would then leave a coroutine
@@ -301,6 +304,7 @@ class EngineReplica:
 
     async def _publish_stats(self) -> None:
         extra_fn = getattr(self._engine, "extra_stats", None)
+        assert self._metrics is not None  # (the task starts only with metrics)
         while True:
             try:
                 extra = extra_fn() if extra_fn is not None else None

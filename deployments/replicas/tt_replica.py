@@ -12,6 +12,9 @@ import re
 from typing import Any
 
 from accel.contract import ConfigError, Engine
+from accel.tt.config import TTEngineConfig
+from accel.tt.engine import TTMeshEngine
+from deployments.pd.wiring import tt_kv_hooks
 from deployments.replicas.engine_replica import EngineFactory, EngineReplica
 from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS
 from serve_app.config.app import PoolConfig
@@ -46,10 +49,6 @@ def mesh_chip_count(mesh_device: str) -> int:
 
 def make_tt_engine(pool: PoolConfig) -> Engine:
     """The pool's ``TTMeshEngine``, built from the engine config the config loader parsed."""
-    from accel.tt.config import TTEngineConfig
-    from accel.tt.engine import TTMeshEngine
-    from deployments.pd.wiring import tt_kv_hooks
-
     if not isinstance(pool.engine_config, TTEngineConfig):
         raise ConfigError(f"pool {pool.name!r}: a TT replica needs a TT engine config")
     return TTMeshEngine(pool.engine_config, kv_hooks=tt_kv_hooks(pool))

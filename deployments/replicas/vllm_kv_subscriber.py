@@ -150,7 +150,7 @@ class VllmKVEventSubscriber:
         try:
             sock.connect(self._replay_endpoint)
             sock.send_multipart((b"", start_seq.to_bytes(8, "big")))
-            out = []
+            out: list[tuple[int, bytes]] = []
             while sock.poll(REPLAY_TIMEOUT_MS):
                 _empty, _topic, seq_bytes, payload = sock.recv_multipart()
                 seq = int.from_bytes(seq_bytes, "big", signed=True)

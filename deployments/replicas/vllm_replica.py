@@ -29,29 +29,34 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import ray.util
+
 from accel.contract import ConfigError, Engine, GenerateRequest, OutputDelta
 from accel.vllm.config import VllmEngineConfig
+from accel.vllm.engine import VllmEngine
+from accel.vllm.tpu.placement import SlicePlacement, create_slice_placement_group
+from accel.vllm.tpu.topology import parse_slice
+from deployments.pd.wiring import native_kv_handoff, vllm_kv_transfer_config
 from deployments.replicas.engine_replica import EngineFactory, EngineReplica
 from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS
+from deployments.replicas.vllm_kv_subscriber import (
+    VllmKVEventSubscriber,
+    kv_events_config,
+    new_ipc_endpoint,
+)
 from deployments.router.kv_events import KVEvent
 from serve_app.config.app import PoolConfig
 
 logger = logging.getLogger(__name__)
 
 
-def slice_placement(pool: PoolConfig):
-    from accel.vllm.tpu.placement import SlicePlacement
-    from accel.vllm.tpu.topology import parse_slice
-
+def slice_placement(pool: PoolConfig) -> SlicePlacement:
     assert pool.tpu_type is not None and pool.tpu_topology is not None
     return SlicePlacement(slice=parse_slice(pool.tpu_type, pool.tpu_topology), replica_num_cpus=pool.num_cpus)
 
 
 def make_vllm_engine(pool: PoolConfig, kv_events_endpoint: str | None = None) -> Engine:
     """The pool's ``VllmEngine``; ``kv_events_endpoint``: publish KV cache events there."""
-    from accel.vllm.engine import VllmEngine
-    from deployments.pd.wiring import vllm_kv_transfer_config
-
     # The engine config the loader parsed, plus what only this process knows: the KV connector of
     # a prefill/decode pool (the app's actor, the cluster address) and where KV events go.
     config = vllm_engine_config(pool)
@@ -59,15 +64,9 @@ def make_vllm_engine(pool: PoolConfig, kv_events_endpoint: str | None = None) ->
     if kv_transfer_config is not None:
         config = dataclasses.replace(config, kv_transfer_config=kv_transfer_config)
     if kv_events_endpoint is not None:
-        from deployments.replicas.vllm_kv_subscriber import kv_events_config
-
         config = dataclasses.replace(config, kv_events_config=kv_events_config(kv_events_endpoint))
     if pool.accelerator != "tpu":
         return VllmEngine(config)  # vLLM metrics via Ray when Ray is up (always, in a replica)
-    import ray.util
-
-    from accel.vllm.tpu.placement import create_slice_placement_group
-
     placement = slice_placement(pool)
     if placement.is_deferred:
         group = create_slice_placement_group(placement, name=f"{pool.name}-slice").placement_group
@@ -113,17 +112,16 @@ class VllmReplica(EngineReplica):
         engine_factory: EngineFactory | None = None,
         kv_event_log_size: int = DEFAULT_CAPACITY_EVENTS,
     ):
-        from deployments.replicas.vllm_kv_subscriber import VllmKVEventSubscriber, new_ipc_endpoint
-
         endpoint = new_ipc_endpoint() if engine_factory is None and publishes_kv_events(pool) else None
         factory = engine_factory or functools.partial(make_vllm_engine, kv_events_endpoint=endpoint)
         super().__init__(
             pool, factory, emit_vllm_metrics=engine_factory is not None, kv_event_log_size=kv_event_log_size
         )
         # Connected once the engine is up and before any request (missed batches are replayed).
-        self._kv_subscriber = VllmKVEventSubscriber(endpoint, self._engine.block_size) if endpoint is not None else None
-        from deployments.pd.wiring import native_kv_handoff
-
+        self._kv_subscriber = None
+        if endpoint is not None:
+            assert isinstance(self._engine, VllmEngine)  # (an endpoint only for the real engine)
+            self._kv_subscriber = VllmKVEventSubscriber(endpoint, self._engine.block_size)
         self._kv_handoff = native_kv_handoff(pool)  # None unless the engine's own connector moves KV
 
     async def generate(self, request: GenerateRequest, replica_hint: str | None = None) -> AsyncIterator[OutputDelta]:

@@ -58,8 +58,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ray import serve
+
 from deployments.replicas.client import EnginePoolClient
 from deployments.replicas.engine_replica import current_replica_id
+from deployments.router import replica_membership
 from deployments.router.core.load import PEER_LOAD_PERIOD_S
 from deployments.router.core.router_core import NoReplicaError, RouterCore
 from deployments.router.engine_view import EngineView
@@ -73,6 +76,7 @@ from deployments.router.messages import (
     prefill_ticket_of,
 )
 from serve_app.config.app import AppConfig
+from serve_app.metrics import RouterMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -91,13 +95,13 @@ class RouterDeployment:
         self._ticket_ttl_s = ticket_ttl_s
         self._core = RouterCore(config.router, {m.name: m.routing for m in config.models})
         self.engines = EngineView(self._core, config.models)
-        # ticket -> (request id, replica id or None, is prefill ticket, issue time)
-        self._tickets: dict[str, tuple[str, str | None, bool, float]] = {}
-        self._poller: asyncio.Task | None = None
-        self._pending_refresh: asyncio.Task | None = None  # an on-demand poll (unseen pool)
+        # ticket -> (request id, replica id, is prefill ticket, issue time)
+        self._tickets: dict[str, tuple[str, str, bool, float]] = {}
+        self._poller: asyncio.Task[None] | None = None
+        self._pending_refresh: asyncio.Task[None] | None = None  # an on-demand poll (unseen pool)
         self._unsubscribe: list[Any] = []  # replica_membership subscriptions
-        self._gossip: asyncio.Task | None = None  # publishes our in-flight counts to peer routers
-        self._metrics = None
+        self._gossip: asyncio.Task[None] | None = None  # publishes our in-flight counts to peer routers
+        self._metrics: RouterMetrics | None = None
 
     # -- decision API -------------------------------------------------------------------------
 
@@ -115,7 +119,7 @@ class RouterDeployment:
         known = set(self.engines.replica_pool.values())
         return any(p.model == model and self.engines.is_routed(p.name) and p.name not in known for p in self._pools)
 
-    def _refresh_task(self) -> asyncio.Task:
+    def _refresh_task(self) -> asyncio.Task[None]:
         if self._pending_refresh is None or self._pending_refresh.done():
             self._pending_refresh = asyncio.get_running_loop().create_task(self.refresh())
         return self._pending_refresh
@@ -230,8 +234,6 @@ class RouterDeployment:
     async def _publish_load_forever(self) -> None:
         """Several router replicas: tell the others what this one has in flight, so each sees the
         whole load between engine polls (fire and forget; a lost round is replaced by the next)."""
-        from ray import serve
-
         context = serve.get_replica_context()
         handle = serve.get_deployment_handle(context.deployment, context.app_name)
         pending = None
@@ -272,8 +274,6 @@ class RouterDeployment:
             self._refresh_task()
 
     def _subscribe_membership(self, loop: asyncio.AbstractEventLoop) -> None:
-        from deployments.router import replica_membership
-
         for pool in self._pools:
             client = self._pool_clients.get(pool.name)
             deployment = client.deployment if client is not None else None
@@ -320,8 +320,6 @@ class RouterDeployment:
             return
         if self._metrics is None:
             try:
-                from serve_app.metrics import RouterMetrics
-
                 self._metrics = RouterMetrics()
             except Exception:  # outside a Ray worker (unit tests)
                 self._metrics = None

@@ -90,19 +90,21 @@ class EngineView:
         # replica's own in-flight count minus what this router has dispatched there.
         self._core.apply_stats(rid, snap.stats, snap.num_inflight)
         if is_precise and snap.kv_cursor is not None:
-            self._apply_kv_state(rid, snap)
+            self._apply_kv_state(rid, snap, snap.kv_cursor)
 
-    def _apply_kv_state(self, rid: str, snap: ReplicaSnapshot) -> None:
-        """Follow the replica's KV event log from this router's cursor. An answer to an older
-        cursor (two polls in flight at once) is ignored; the next poll reads from the cursor."""
-        cursor, new = self.cursors.get(rid), snap.kv_cursor
-        is_same_log = cursor is not None and cursor.log_id == new.log_id
+    def _apply_kv_state(self, rid: str, snap: ReplicaSnapshot, new: KVCursor) -> None:
+        """Follow the replica's KV event log from this router's cursor to ``new`` (the answer's).
+        An answer to an older cursor (two polls in flight at once) is ignored; the next poll reads
+        from the cursor."""
+        cursor = self.cursors.get(rid)
+        if cursor is not None and cursor.log_id != new.log_id:
+            cursor = None  # another log (a restarted replica): only its snapshot applies
         if snap.kv_blocks is not None:
-            if is_same_log and cursor.seq >= new.seq:
+            if cursor is not None and cursor.seq >= new.seq:
                 return  # this router is already past that snapshot
             self._core.apply_snapshot(rid, snap.kv_blocks)
             self.cursors[rid] = new
-        elif is_same_log and cursor.seq == snap.kv_from_seq:
+        elif cursor is not None and cursor.seq == snap.kv_from_seq:
             if snap.kv_events:
                 self._core.apply_kv_events(rid, snap.kv_events)
             self.cursors[rid] = new
