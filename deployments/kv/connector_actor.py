@@ -11,7 +11,7 @@ Two data paths, chosen by the producer's ``RayKVTransport`` and invisible to eng
   in the directory, so a restarted actor picks it up), turns the ledger's counters into metrics,
   and removes the directory with the application (``kill_kv_connector``). While the cluster has
   several nodes, producers notify it in the background (``note_shm_transfers``), so a consumer
-  on another node can ``locate`` a payload and pull it through a task pinned to the producer's node (``kv_shm_remote``).
+  on another node can ``locate`` a payload and pull it through a task pinned to the producer's node (``shm_remote``).
 - Larger payloads, or no usable store: the producer ``ray.put``s the canonical payload (one copy
   into the node's shared object store) and hands the actor the ``ObjectRef``; the producer then
   drops its own reference, so the actor's borrowed reference alone keeps the payload alive and

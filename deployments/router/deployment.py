@@ -1,6 +1,6 @@
 """The router deployment: routing state shared by every ingress replica.
 
-A thin async wrapper around ``deployments.router.RouterCore`` (prefix index, sessions, load,
+A thin async wrapper around ``deployments.router.core.router_core.RouterCore`` (prefix index, sessions, load,
 policy by config name). It may run as several replicas (``router.replicas``); they agree:
 
 - **Same engine view.** Every router replica polls every engine replica itself. Membership, load
@@ -175,8 +175,8 @@ class RouterDeployment:
             peer_router_ids=self._core.peer_router_ids(),
         )
 
-    async def session_replica(self, session_key: str) -> str | None:
-        return self._core.session_replica(session_key)
+    async def session_replica(self, session_id: str) -> str | None:
+        return self._core.session_replica(session_id)
 
     async def prefix_index_view(self, probe_hashes: Sequence[int]) -> IndexView:
         """Which of ``probe_hashes`` this router's prefix index holds per engine replica, and how

@@ -1,8 +1,9 @@
 """The typed messages between the ingress, the router deployment and the engine replicas.
 
 The router's decision API is deliberately small: ``RouteRequest`` in, ``RouteDecision`` out,
-``release(ticket)`` when the request ends (completed, failed or cancelled). The decision itself
-is ``deployments.router.RouterCore``'s; these types are its Serve-facing edge (pools by name).
+``release(ticket)`` when the request ends (completed, failed or cancelled). The router core
+(``deployments.router.core.router_core.RouterCore``) takes and returns these same types, so a
+request has one shape from the ingress to the decision (pools by name).
 """
 
 from __future__ import annotations

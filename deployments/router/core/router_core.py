@@ -357,5 +357,6 @@ class RouterCore:
         """The replica's load as the router sees it (in-flight count plus fresh engine stats)."""
         return self._load.load(replica_id)
 
-    def session_replica(self, session_key: str) -> str | None:
-        return self._sessions.bound_replica(session_key)
+    def session_replica(self, session_id: str) -> str | None:
+        """The replica ``session_id``'s requests are bound to (None: unbound or expired)."""
+        return self._sessions.bound_replica(session_id)
