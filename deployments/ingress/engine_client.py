@@ -40,6 +40,7 @@ from serve_app.protocol.errors import APIError
 
 logger = logging.getLogger(__name__)
 
+
 class _Done:
     """A stream of ``merge_streams`` ended."""
 
