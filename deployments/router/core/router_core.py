@@ -78,21 +78,15 @@ class ReplicaInfo:
 
 
 @dataclass(frozen=True)
-class _Plan:
-    """One phase's choice inside a decision, kept until dispatch."""
+class _Pick:
+    """One phase's choice inside a decision (the policy's ``Choice`` and what the core adds to it),
+    kept until the request is dispatched."""
 
     replica_id: str
-    session_key: str | None
-    rebind_session: bool
-
-
-@dataclass(frozen=True)
-class _Choice:
-    """One pool's pick: its plan, the prompt blocks cached there, the policy's reason."""
-
-    plan: _Plan
-    num_matched_blocks: int
-    reason: str
+    session_key: str | None  # the session-table key the dispatch binds (None: no session)
+    rebind_session: bool  # the bound replica was overloaded: move the binding here
+    num_matched_blocks: int  # leading prompt blocks cached on the replica
+    reason: str  # the policy's (``policy.Choice.reason``)
 
 
 def stable_hash64(text: str) -> int:
@@ -120,7 +114,7 @@ class RouterCore:
         self._replica_hashes: dict[str, int] = {}
         self._pools: dict[tuple[str, Role], tuple[str, ...]] = {}  # (model, role) -> sorted replica ids
         self._pool_sets: dict[tuple[str, Role], frozenset[str]] = {}
-        self._plans: dict[str, tuple[_Plan, ...]] = {}  # decided, awaiting dispatch
+        self._plans: dict[str, tuple[_Pick, ...]] = {}  # decided, awaiting dispatch
         self._session_keys_of_request: dict[str, tuple[str, ...]] = {}
 
     # ----- replicas -------------------------------------------------------------------------
@@ -202,7 +196,7 @@ class RouterCore:
                 prefill = self._choose_in(
                     prefill_pool, (model, "prefill"), hashes, f"prefill|{session}" if session else None
                 )
-                self._plans[request.request_id] = (decode.plan, prefill.plan)
+                self._plans[request.request_id] = (decode, prefill)
                 return self._decision(request, decode, prefill)
         # Short or mostly cached prompts (or no PD pools) run where they decode: colocated
         # replicas, else the decode pool prefills locally — on the replica holding the cache.
@@ -212,7 +206,7 @@ class RouterCore:
             if not pool:
                 raise NoReplicaError(f"no replica serves model {model!r}")
             decode = self._choose_in(pool, (model, role), hashes, session, allowed)
-        self._plans[request.request_id] = (decode.plan,)
+        self._plans[request.request_id] = (decode,)
         return self._decision(request, decode, None)
 
     def _allowed(self, request: RouteRequest) -> frozenset[str] | None:
@@ -222,9 +216,9 @@ class RouterCore:
         replicas = (r for r, info in self._replicas.items() if request.pool is None or info.pool == request.pool)
         return frozenset(replicas) - frozenset(request.excluded_replicas)
 
-    def _decision(self, request: RouteRequest, serve: _Choice, prefill: _Choice | None) -> RouteDecision:
+    def _decision(self, request: RouteRequest, serve: _Pick, prefill: _Pick | None) -> RouteDecision:
         """``serve`` runs the request (the colocated replica, or the decode side under PD)."""
-        replica_id = serve.plan.replica_id
+        replica_id = serve.replica_id
         pool = self._replicas[replica_id].pool
         num_prompt_blocks = len(request.prompt_block_hashes)
         if prefill is None:
@@ -237,7 +231,7 @@ class RouterCore:
                 num_matched_blocks=serve.num_matched_blocks,
                 num_prompt_blocks=num_prompt_blocks,
             )
-        prefill_id = prefill.plan.replica_id
+        prefill_id = prefill.replica_id
         return RouteDecision(
             pool,
             replica_id,
@@ -257,7 +251,7 @@ class RouterCore:
         hashes: Sequence[BlockHash],
         session_key: str | None,
         allowed: frozenset[str] | None = None,
-    ) -> _Choice:
+    ) -> _Pick:
         pool_set = self._pool_sets[pool_key] if allowed is None else self._pool_sets[pool_key] & allowed
         matched = self._index.match(hashes, pool_set)
         bound = self._sessions.bound_replica(session_key) if session_key else None
@@ -280,8 +274,9 @@ class RouterCore:
             can_stick=self._sessions.can_stick(session_key) if session_key else True,
         )
         choice = self._policy.choose(ctx)
-        plan = _Plan(choice.replica_id, session_key, choice.rebind_session)
-        return _Choice(plan, matched.get(choice.replica_id, 0), choice.reason)
+        return _Pick(
+            choice.replica_id, session_key, choice.rebind_session, matched.get(choice.replica_id, 0), choice.reason
+        )
 
     # ----- dispatch and completion ------------------------------------------------------------
     def on_dispatched(self, request: RouteRequest, decision: RouteDecision) -> None:
