@@ -1,7 +1,9 @@
 """RouterCore: the router's state and decisions, as pure logic (no Ray, no torch).
 
 Composes a prefix index (``prefix_index``), a session table (``sessions``), a load tracker
-(``load``) and a routing policy chosen by name (``policy``) over per-model replica pools.
+(``load``) and a routing policy chosen by name (``policies``) over per-model replica pools. Its
+settings are the app config's: ``serve_app.config.router.RouterConfig`` and, per served model,
+``ModelRouting`` (routing block size, PD threshold), derived once from the model's pools.
 
 How the Router deployment drives it
 -----------------------------------
