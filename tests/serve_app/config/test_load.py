@@ -240,3 +240,30 @@ def test_tt_prefill_to_tpu_decode_is_refused_too():
     )
     with pytest.raises(ConfigError, match=r"pools\[0\].role: prefill pool 'v6e-prefill' .*its KV path \(meshserve\)"):
         load_app_config(args)
+
+
+def test_one_default_per_setting_the_schema_reads_the_dataclasses():
+    from serve_app.config.ingress import IngressConfig
+    from serve_app.config.pd import PDConfig
+    from serve_app.config.router import RouterConfig
+
+    args = _args()
+    for section in ("router", "pd", "ingress"):
+        args.pop(section, None)
+    cfg = load_app_config(args)
+    assert (cfg.router, cfg.pd, cfg.ingress) == (RouterConfig(), PDConfig(), IngressConfig())
+    assert cfg.router.index_mode == "precise" and cfg.pd.threshold_tokens == 512
+
+
+def test_routing_block_size_and_pd_threshold_are_derived_once_per_model():
+    # No prefill pool: no PD threshold; the routing block size is the smallest pool block size.
+    args = _args()
+    args["pools"][0]["engine_args"]["block_size"] = 64
+    model = load_app_config(args).models[0]
+    assert [p.block_size for p in model.pools] == [64, 32]
+    assert model.routing == ModelRouting(block_size=32, pd_threshold_tokens=None)
+    # TPU prefill + decode through their own connector: disaggregated at pd.threshold_tokens.
+    (tpu,) = load_app_config(_tpu_pd_args()).models
+    assert tpu.pd_threshold_tokens == 2048 and tpu.routing.pd_threshold_tokens == 2048
+    hetero = load_app_config(_args("hetero_pd")).models[0]
+    assert hetero.pd_threshold_tokens == 2048  # the TT colocated pool takes no part in PD
