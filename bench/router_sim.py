@@ -242,11 +242,11 @@ def measure_latency(
                             num_kv_blocks_free=kv_blocks // (1 + n % 4),
                         ),
                     )
-            info = router.request_info(req)
+            route = router.route_request(req)
             c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
-            decision = router.core.choose(info)
+            decision = router.core.choose(route)
             t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
-            router.core.on_dispatched(info, decision)
+            router.core.on_dispatched(route, decision)
             if router.core.config.index_mode == "precise":  # the engine's report of the prompt
                 router.core.apply_kv_events(decision.replica_id, [BlockStored(req.prompt_hashes)])
             t2 = time.perf_counter_ns()

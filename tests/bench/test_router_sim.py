@@ -55,6 +55,18 @@ def test_small_run_prints_one_coherent_json_object(capsys):
         assert entries[name]["max_over_mean_load"] < entries["prefix"]["max_over_mean_load"]
 
 
+def test_the_decision_latency_path_drives_the_core_with_route_requests(capsys):
+    """The latency measurement (not its figures): every timed decision goes through
+    ``RouterCore.choose``/``on_dispatched`` on a preloaded index."""
+    small = ["--sessions", "8", "--turns", "2", "--groups", "2", "--shared-requests", "40", "--duration-s", "10"]
+    latency = ["--latency-replicas", "4", "--latency-cached-blocks", "200", "--latency-decisions", "30"]
+    policies = ["--policies", "prefix+session+load,prefix+session+load@precise"]
+    router_sim.main(["--json", "--replicas", "4", "--kv-blocks", "128", *small, *latency, *policies])
+    entries = json.loads(capsys.readouterr().out)["policies"]
+    for entry in entries.values():
+        assert entry["latency_num_timed"] == 30 and entry["latency_preloaded_blocks"] >= 200
+
+
 def test_engine_cache_reports_stores_and_evictions_in_order():
     cache = EngineCache(3)
     assert [type(e).__name__ for e in cache.store([1, 2])] == ["BlockStored"]
