@@ -42,11 +42,13 @@ from router_sim_workload import TraceRequest, WorkloadConfig, make_trace  # noqa
 from accel.block_hash import hash_prompt_blocks  # noqa: E402
 from accel.contract import EngineStats  # noqa: E402
 from deployments.router.core.load import PEER_LOAD_PERIOD_S  # noqa: E402
-from deployments.router.core.policy import CostWeights  # noqa: E402
-from deployments.router.core.router_core import ReplicaInfo, RequestInfo, RouterConfig, RouterCore  # noqa: E402
+from deployments.router.core.router_core import ReplicaInfo, RouterCore  # noqa: E402
 from deployments.router.kv_events import BlockStored, KVEvent  # noqa: E402
+from deployments.router.messages import RouteRequest  # noqa: E402
+from serve_app.config.router import CostWeights, ModelRouting, RouterConfig  # noqa: E402
 
 MODEL = "sim-model"
+POOL = "sim-pool"
 
 
 class CoreSimRouter:
@@ -62,24 +64,27 @@ class CoreSimRouter:
         weights: CostWeights,
     ) -> None:
         self.now_s = 0.0
-        config = RouterConfig(policy=policy, index_mode=index_mode, block_size=block_size, weights=weights)
-        self.core = RouterCore(config, clock=lambda: self.now_s)
+        config = RouterConfig(policy=policy, index_mode=index_mode, weights=weights)
+        self.core = RouterCore(config, {MODEL: ModelRouting(block_size)}, clock=lambda: self.now_s)
         for r in replica_ids:
-            self.core.add_replica(ReplicaInfo(r, (MODEL,), num_kv_blocks))
+            self.core.add_replica(ReplicaInfo(r, POOL, MODEL, num_kv_blocks))
 
     @staticmethod
-    def request_info(req: TraceRequest) -> RequestInfo:
-        return RequestInfo(
+    def route_request(req: TraceRequest) -> RouteRequest:
+        """What the ingress would send the router for ``req``."""
+        return RouteRequest(
             req.request_id,
             MODEL,
-            session_key=req.session_key,
-            block_hashes=req.prompt_hashes,
-            num_prompt_tokens_hint=len(req.prompt_token_ids),
+            len(req.prompt_token_ids),
+            session_id=req.session_id,
+            prompt_block_hashes=req.prompt_hashes,
         )
 
     def choose(self, req: TraceRequest, now_s: float) -> str:
         self.now_s = now_s
-        return self.core.route(self.request_info(req)).replica_id
+        replica_id = self.core.route(self.route_request(req)).replica_id
+        assert replica_id is not None
+        return replica_id
 
     def on_completed(self, req: TraceRequest, now_s: float) -> None:
         self.now_s = now_s
@@ -237,11 +242,11 @@ def measure_latency(
                             num_kv_blocks_free=kv_blocks // (1 + n % 4),
                         ),
                     )
-            info = router.request_info(req)
+            route = router.route_request(req)
             c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
-            decision = router.core.choose(info)
+            decision = router.core.choose(route)
             t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
-            router.core.on_dispatched(info, decision)
+            router.core.on_dispatched(route, decision)
             if router.core.config.index_mode == "precise":  # the engine's report of the prompt
                 router.core.apply_kv_events(decision.replica_id, [BlockStored(req.prompt_hashes)])
             t2 = time.perf_counter_ns()

@@ -20,10 +20,10 @@ from router_sim_workload import TraceRequest
 
 from accel.contract import EngineStats
 from deployments.router.core.load import PEER_LOAD_PERIOD_S
-from deployments.router.core.policy import CostWeights
 from deployments.router.kv_events import KVEvent
 from deployments.router.messages import RouteRequest
 from deployments.router.rendezvous_request_router import rendezvous_order
+from serve_app.config.router import CostWeights
 
 
 class MultiCoreSimRouter:
@@ -54,7 +54,7 @@ class MultiCoreSimRouter:
             req.request_id,
             "sim",
             len(req.prompt_token_ids),
-            session_id=req.session_key,
+            session_id=req.session_id,
             prompt_block_hashes=tuple(req.prompt_hashes[:1]),
         ).affinity_key
         return rendezvous_order(key, self._router_ids)[0]

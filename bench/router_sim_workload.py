@@ -45,7 +45,7 @@ class WorkloadConfig:
 class TraceRequest:
     arrival_s: float
     request_id: str
-    session_key: str | None
+    session_id: str | None
     prompt_token_ids: tuple[int, ...]
     num_output_tokens: int
     prompt_hashes: tuple[int, ...]  # full blocks of the prompt

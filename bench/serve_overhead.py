@@ -123,10 +123,12 @@ def _wait_healthy(url: str, proc: subprocess.Popen | None, timeout_s: float = 30
 @contextlib.contextmanager
 def peer_server(opts):
     """vLLM's own OpenAI server with the pool's engine args; yields its URL."""
-    from serve_app.config import load_app_config
+    from accel.vllm.config import VllmEngineConfig
+    from serve_app.config.load import load_app_config
 
-    pool = load_app_config(_args_of_config()).pools[0]
-    args = pool.engine_args_for_engine()
+    config = load_app_config(_args_of_config()).pools[0].engine_config
+    assert isinstance(config, VllmEngineConfig)
+    args = {k: getattr(config, k) for k in ("model", "max_model_len", "max_num_seqs", "dtype")}
     port = _free_port()
     cmd = [
         sys.executable,

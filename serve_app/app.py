@@ -1,9 +1,9 @@
 """The builder ``serve run configs/<name>.yaml`` calls: ``import_path: serve_app.app:build_app``.
 
 Graph: ``OpenAIIngress`` (HTTP) -> ``Router`` (decisions; ``router.replicas`` of them, with
-``RendezvousRouter`` on their handles so a session's requests reach the same router replica) and
+``RendezvousRequestRouter`` on their handles so a session's requests reach the same router replica) and
 -> one engine deployment per pool (``TTMeshReplica-<pool>`` / ``VllmReplica-<pool>``), each engine
-deployment with ``PinnedReplicaRouter`` on its handles so the ingress reaches the replica the
+deployment with ``PinnedReplicaRequestRouter`` on its handles so the ingress reaches the replica the
 router chose. The router also holds the pool handles (to poll replica stats and KV events).
 """
 
@@ -13,44 +13,40 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+from ray.serve.deployment import Application
+
 from accel.contract import ConfigError
-from serve_app.config import AppConfig, PoolConfig, load_app_config
+from deployments.ingress.openai_ingress import make_ingress_class
+from deployments.replicas import tt_replica, vllm_replica
+from deployments.replicas.tt_replica import TTMeshReplica
+from deployments.replicas.vllm_replica import VllmReplica
+from deployments.router.deployment import RouterDeployment
+from serve_app.config.app import AppConfig, PoolConfig
+from serve_app.config.load import load_app_config
 
 logger = logging.getLogger(__name__)
 
-PINNED_ROUTER = "deployments.router.pinned_request_router:PinnedReplicaRouter"
-RENDEZVOUS_ROUTER = "deployments.router.rendezvous_request_router:RendezvousRouter"
+PINNED_REQUEST_ROUTER = "deployments.router.pinned_request_router:PinnedReplicaRequestRouter"
+RENDEZVOUS_REQUEST_ROUTER = "deployments.router.rendezvous_request_router:RendezvousRequestRouter"
 ROUTER_NAME = "Router"
 INGRESS_NAME = "OpenAIIngress"
 
 
-def validate_engine_args(config: AppConfig) -> None:
-    """Each pool's engine_args through its engine's ``from_engine_args``, when that engine's
-    config module is importable here (it is not, e.g., for the TT engine on a machine without
-    it installed); the replica validates again when it starts."""
-    for i, pool in enumerate(config.pools):
-        try:
-            if pool.engine == "tt":
-                from accel.tt.config import TTEngineConfig as cfg_cls
-            else:
-                from accel.vllm.config import VllmEngineConfig as cfg_cls
-        except ImportError:
-            logger.info("engine config for %s not importable; engine_args checked at replica start", pool.engine)
-            continue
-        try:
-            cfg_cls.from_engine_args(pool.engine_args_for_engine())
-        except (ConfigError, ValueError, TypeError) as exc:
-            raise ConfigError(f"{config.config_file}: pools[{i}].engine_args: {exc}") from None
+def _request_router(path: str, stats_period_s: float) -> RequestRouterConfig:
+    return RequestRouterConfig.model_validate(
+        {"request_router_class": path, "request_routing_stats_period_s": stats_period_s}
+    )
 
 
 def engine_deployment_options(pool: PoolConfig) -> dict[str, Any]:
-    from ray.serve.config import RequestRouterConfig
-
+    """Serve deployment options of a pool's engine deployment (resources and placement from the
+    engine's replica module)."""
     if pool.engine == "tt":
-        from deployments.replicas.tt_replica import deployment_options
+        opts = tt_replica.deployment_options(pool)
     else:
-        from deployments.replicas.vllm_replica import deployment_options
-    opts = deployment_options(pool)
+        opts = vllm_replica.deployment_options(pool)
     opts.update(
         name=pool.deployment_name,
         max_ongoing_requests=pool.max_ongoing_requests,
@@ -60,7 +56,7 @@ def engine_deployment_options(pool: PoolConfig) -> dict[str, Any]:
         # Per-call access logs on the token path (and the router's stats polls) cost CPU per
         # request; the ingress keeps its HTTP access log.
         logging_config={"enable_access_log": False},
-        request_router_config=RequestRouterConfig(request_router_class=PINNED_ROUTER, request_routing_stats_period_s=2),
+        request_router_config=_request_router(PINNED_REQUEST_ROUTER, stats_period_s=2),
     )
     if pool.autoscaling is not None:
         a = pool.autoscaling
@@ -77,19 +73,11 @@ def engine_deployment_options(pool: PoolConfig) -> dict[str, Any]:
     return opts
 
 
-def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | None = None):
+def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | None = None) -> Application:
     """The application graph of a validated config. ``engine_factories`` (engine kind ->
     ``callable(PoolConfig) -> Engine``) replaces the real engines, for tests."""
-    from ray import serve
-    from ray.serve.config import RequestRouterConfig
-
-    from deployments.ingress.openai_ingress import make_ingress_class, pool_infos
-    from deployments.replicas.tt_replica import TTMeshReplica
-    from deployments.replicas.vllm_replica import VllmReplica
-    from deployments.router.deployment import RouterDeployment
-
     factories = dict(engine_factories or {})
-    pool_apps = {}
+    pool_apps: dict[str, Application] = {}
     for i, pool in enumerate(config.pools):
         cls = TTMeshReplica if pool.engine == "tt" else VllmReplica
         try:
@@ -97,49 +85,30 @@ def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | N
         except ConfigError as exc:  # placement: TPU topology, MESH_DEVICE name
             section = "tpu" if pool.accelerator == "tpu" else "tt"
             raise ConfigError(f"{config.config_file}: pools[{i}].{section}: {exc}") from None
-        deployment = serve.deployment(cls).options(**options)
-        pool_apps[pool.name] = deployment.bind(
+        pool_apps[pool.name] = serve.deployment(**options)(cls).bind(
             pool, factories.get(pool.engine), kv_event_log_size=config.router.kv_event_log_size
         )
-    router = (
-        serve.deployment(RouterDeployment)
-        .options(
-            name=ROUTER_NAME,
-            num_replicas=config.router.replicas,
-            ray_actor_options={"num_cpus": config.router.num_cpus},
-            max_ongoing_requests=100_000,
-            logging_config={"enable_access_log": False},
-            request_router_config=RequestRouterConfig(
-                request_router_class=RENDEZVOUS_ROUTER, request_routing_stats_period_s=10
-            ),
-        )
-        .bind(
-            pool_infos(config),
-            pool_apps,
-            config.router.stats_period_s,
-            pd_threshold_tokens=config.pd.threshold_tokens,
-            core_config=config.router.core_config(min(p.block_size for p in config.pools), config.pd.threshold_tokens),
-            num_router_replicas=config.router.replicas,
-        )
-    )
-    ingress = (
-        serve.deployment(make_ingress_class())
-        .options(
-            name=INGRESS_NAME,
-            num_replicas=config.ingress.replicas,
-            ray_actor_options={"num_cpus": config.ingress.num_cpus},
-            # Our own bound (max_concurrent_requests -> 429) decides; Serve's must not be lower.
-            max_ongoing_requests=config.ingress.max_concurrent_requests + 16,
-            logging_config={"enable_access_log": config.ingress.access_log},
-        )
-        .bind(config, router, pool_apps)
-    )
+    router = serve.deployment(
+        name=ROUTER_NAME,
+        num_replicas=config.router.replicas,
+        ray_actor_options={"num_cpus": config.router.num_cpus},
+        max_ongoing_requests=100_000,
+        logging_config={"enable_access_log": False},
+        request_router_config=_request_router(RENDEZVOUS_REQUEST_ROUTER, stats_period_s=10),
+    )(RouterDeployment).bind(config, pool_apps)
+    ingress = serve.deployment(
+        name=INGRESS_NAME,
+        num_replicas=config.ingress.replicas,
+        ray_actor_options={"num_cpus": config.ingress.num_cpus},
+        # Our own bound (max_concurrent_requests -> 429) decides; Serve's must not be lower.
+        max_ongoing_requests=config.ingress.max_concurrent_requests + 16,
+        logging_config={"enable_access_log": config.ingress.access_log},
+    )(make_ingress_class()).bind(config, router, pool_apps)
     return ingress
 
 
-def build_app(args: dict[str, Any]):
+def build_app(args: dict[str, Any]) -> Application:
     """Serve builder: YAML ``args`` -> ``Application``. Raises ``ConfigError`` naming the file
-    (``args.config_file``) and the key."""
-    config = load_app_config(args)
-    validate_engine_args(config)
-    return build_from_config(config)
+    (``args.config_file``) and the key (``engine_args`` included: the loader parses them into each
+    pool's engine config, which the pool's replicas are built from)."""
+    return build_from_config(load_app_config(args))

@@ -46,10 +46,10 @@ remote_port}``, the replica registers that dict with the actor under our transfe
 (``put_params``, leased), and the decode replica claims it and passes it to its engine
 unchanged; expired or missing -> the decode side recomputes. TPU <-> TT hand-offs have no KV
 path (no connector both sides load) and are refused by the config builder
-(``deployments/pd/pairing.py``).
+(``serve_app/config/pd.py``).
 
 This class also serves as the CPU stand-in for ``TPUConnector`` in that mode (named in a pool's
-own ``kv_transfer_config``; ``pd_wiring`` fills in ``app_name``/``ray_address``): a
+own ``kv_transfer_config``; ``deployments.pd.wiring`` fills in ``app_name``/``ray_address``): a
 ``do_remote_decode`` request without a ``transfer_id`` gets an id made here, as NIXL's and TPU's
 connectors make theirs, and the dict ``request_finished`` returns is carried back unchanged.
 """

@@ -7,7 +7,7 @@ hint, so the pool handle's request router picks the least-loaded replica. Each s
 is counted (``meshserve_router_fallbacks``).
 
 With several router replicas: ``choose`` goes to the router replica that owns the request's
-affinity key (the router handle's ``RendezvousRouter``), ``release`` to the one that issued the
+affinity key (the router handle's ``RendezvousRequestRouter``), ``release`` to the one that issued the
 ticket (``replica_hint``), and ``forget`` / ``report_dead`` to all of them (broadcast, fire and
 forget: control messages that must not delay the request).
 
@@ -24,19 +24,29 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 
+from ray.exceptions import RayActorError, RayTaskError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
+
 from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta
-from deployments.pd.orchestrator import PDOrchestrator
-from deployments.router.messages import PoolInfo, RouteDecision, RouteRequest, RoutingError, eligible_pools
+from deployments.pd.orchestrator import Call, PDOrchestrator
+from deployments.replicas.client import EnginePoolClient
+from deployments.router.client import RouterClient
+from deployments.router.messages import RouteDecision, RouteRequest, RoutingError, eligible_pools
+from serve_app.config.app import AppConfig
 from serve_app.protocol.errors import APIError
 
 logger = logging.getLogger(__name__)
 
-_DONE = object()
-RETRY_SUFFIX = "#retry"
-CONTROL_TIMEOUT_S = 10.0  # a broadcast control message to the routers gives up after this
+
+class _Done:
+    """A stream of ``merge_streams`` ended."""
+
+
+_DONE = _Done()
+RETRY_REQUEST_ID_SUFFIX = "#retry"
 
 
 def dead_replica_actor(exc: BaseException) -> tuple[bool, str | None]:
@@ -44,9 +54,6 @@ def dead_replica_actor(exc: BaseException) -> tuple[bool, str | None]:
 
     Only the replica's own death counts: a ``RayTaskError`` raised inside a live replica (e.g.
     an actor it depends on died) is that replica's answer, not its death."""
-    from ray.exceptions import RayActorError, RayTaskError
-    from ray.serve.exceptions import ReplicaUnavailableError
-
     if isinstance(exc, RayTaskError):
         return False, None
     if isinstance(exc, RayActorError):
@@ -55,24 +62,15 @@ def dead_replica_actor(exc: BaseException) -> tuple[bool, str | None]:
 
 
 class EngineClient:
-    def __init__(
-        self,
-        pools: Sequence[PoolInfo],
-        router_handle: Any,
-        pool_handles: Mapping[str, Any],
-        decision_timeout_s: float,
-        retry_after_s: int,
-        metrics: Any = None,
-    ):
-        self._pools = tuple(pools)
-        self._router = router_handle
-        self._streams = {name: h.options(stream=True) for name, h in pool_handles.items()}
-        self._timeout_s = decision_timeout_s
-        self._retry_after_s = retry_after_s
+    def __init__(self, config: AppConfig, router_handle: Any, pool_handles: Mapping[str, Any], metrics: Any = None):
+        self._pools = config.pools
+        self._router = RouterClient(router_handle)
+        self._engines = {name: EnginePoolClient(handle) for name, handle in pool_handles.items()}
+        self._timeout_s = config.router.decision_timeout_s
+        self._retry_after_s = config.ingress.retry_after_s
         self._metrics = metrics
         self._local_inflight = {p.name: 0 for p in self._pools}
         self._pd = PDOrchestrator()
-        self._control_tasks: set[asyncio.Task] = set()  # fire-and-forget broadcasts in flight
 
     def check_routable(self, route: RouteRequest) -> None:
         """400 for a pinned pool that does not exist or serves another model (no RPC)."""
@@ -83,7 +81,7 @@ class EngineClient:
 
     async def decide(self, route: RouteRequest) -> RouteDecision:
         try:
-            return await asyncio.wait_for(self._router.choose.remote(route), self._timeout_s)
+            return await self._router.choose(route, self._timeout_s)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -91,48 +89,23 @@ class EngineClient:
             logger.warning("router unavailable (%s); choosing locally", reason)
             if self._metrics is not None:
                 self._metrics.fallback(reason)
-            self._forget_late_decision(route.request_id)
+            # A decision that arrives after the timeout was counted by the router: release it.
+            self._router.forget(route.request_id)
             pools = eligible_pools(route, self._pools)
             pool = min(pools, key=lambda p: self._local_inflight[p.name])
             return RouteDecision(pool=pool.name, replica_id=None, ticket="", reason=f"fallback:{reason}")
 
-    def _forget_late_decision(self, request_id: str) -> None:
-        """A decision that arrives after the timeout was counted by the router: release it
-        (on every router replica: which one decided is unknown)."""
-        self._broadcast_to_routers("forget", request_id)
-
-    def _release(self, decision: RouteDecision, ticket: str) -> None:
-        try:
-            self._router.release.remote(ticket, replica_hint=decision.router_replica_id)
-        except Exception:  # the router is down: its tickets expire there
-            logger.debug("release of %s failed", ticket, exc_info=True)
-
-    def _broadcast_to_routers(self, method: str, *args: Any) -> None:
-        """Call ``method`` on every router replica without waiting for it."""
-
-        async def send() -> None:
-            try:
-                await asyncio.wait_for(
-                    self._router.broadcast(method, *args).results_async(return_exceptions=True), CONTROL_TIMEOUT_S
-                )
-            except Exception as exc:  # a router down or gone: nothing of ours is counted there
-                logger.debug("router broadcast %s failed: %r", method, exc)
-
-        task = asyncio.get_running_loop().create_task(send())
-        self._control_tasks.add(task)
-        task.add_done_callback(self._control_tasks.discard)
-
     def _report_dead(self, decision: RouteDecision, actor_id: str | None) -> None:
         """Tell every router replica. Under PD the failed call may have been the prefill one, so
         only the actor id (exact) names the replica there."""
-        replica_id = decision.replica_id if decision.prefill_pool is None else None
+        replica_id = decision.replica_id if not decision.is_disaggregated else None
         logger.warning(
             "engine replica %s (actor %s) of pool %s died; telling the routers", replica_id, actor_id, decision.pool
         )
         if replica_id is not None or actor_id is not None:
-            self._broadcast_to_routers("report_dead", replica_id, actor_id)
+            self._router.report_dead(replica_id, actor_id)
 
-    async def stream(self, request: GenerateRequest, route: RouteRequest) -> AsyncIterator[OutputDelta]:
+    async def stream(self, request: GenerateRequest, route: RouteRequest) -> AsyncGenerator[OutputDelta, None]:
         """Deltas of one engine request. Closing or cancelling this generator early cancels the
         replica call, which aborts the engine request there."""
         decision = await self.decide(route)
@@ -147,23 +120,28 @@ class EngineClient:
                 return
             except _ReplicaDied as died:
                 self._report_dead(decision, died.actor_id)
-                if attempt or is_started or decision.prefill_pool is not None:
+                if attempt or is_started or decision.is_disaggregated:
                     raise self._died_error() from died.error
                 logger.warning("retrying %s after %s", request.request_id, type(died.error).__name__)
             # Nothing was produced: decide again without the dead replica (a new route id, so the
             # first decision's release cannot end the second) and retry once.
             excluded = route.excluded_replicas + ((decision.replica_id,) if decision.replica_id else ())
-            route = dataclasses.replace(route, request_id=route.request_id + RETRY_SUFFIX, excluded_replicas=excluded)
+            route = dataclasses.replace(
+                route, request_id=route.request_id + RETRY_REQUEST_ID_SUFFIX, excluded_replicas=excluded
+            )
             decision = await self.decide(route)
 
     def _died_error(self) -> APIError:
         return APIError(503, "The engine replica serving this request died; retry.", None, self._retry_after_s)
 
-    async def _stream_once(self, request: GenerateRequest, decision: RouteDecision) -> AsyncIterator[OutputDelta]:
+    async def _stream_once(
+        self, request: GenerateRequest, decision: RouteDecision
+    ) -> AsyncGenerator[OutputDelta, None]:
         """One attempt on ``decision``; a dead replica raises ``_ReplicaDied``, other failures
         their ``APIError``. Releases the decision's ticket however it ends."""
         self._local_inflight[decision.pool] += 1
-        if decision.prefill_pool is not None:  # prefill/decode disaggregation
+        stream: AsyncGenerator[OutputDelta, None]
+        if decision.is_disaggregated:  # prefill/decode disaggregation
             stream = self._pd.stream(request, self._prefill_call(decision), self._decode_call(decision))
         else:
             stream = self._replica_stream(decision.pool, decision.replica_id, request)
@@ -181,28 +159,31 @@ class EngineClient:
         finally:
             self._local_inflight[decision.pool] -= 1
             if decision.ticket:
-                self._release(decision, decision.ticket)
+                self._router.release(decision, decision.ticket)
 
     # -- prefill/decode disaggregation (deployments/pd/orchestrator.py) ---------------------------
 
-    def _prefill_call(self, decision: RouteDecision):
-        async def call(request: GenerateRequest) -> AsyncIterator[OutputDelta]:
+    def _prefill_call(self, decision: RouteDecision) -> Call:
+        pool = decision.prefill_pool
+        assert pool is not None  # a disaggregated decision
+
+        async def call(request: GenerateRequest) -> AsyncGenerator[OutputDelta, None]:
             try:
-                async for delta in self._replica_stream(decision.prefill_pool, decision.prefill_replica_id, request):
+                async for delta in self._replica_stream(pool, decision.prefill_replica_id, request):
                     yield delta
             finally:
                 if decision.prefill_ticket:
-                    self._release(decision, decision.prefill_ticket)
+                    self._router.release(decision, decision.prefill_ticket)
 
         return call
 
-    def _decode_call(self, decision: RouteDecision):
+    def _decode_call(self, decision: RouteDecision) -> Call:
         return lambda request: self._replica_stream(decision.pool, decision.replica_id, request)
 
     async def _replica_stream(
         self, pool: str, replica_id: str | None, request: GenerateRequest
-    ) -> AsyncIterator[OutputDelta]:
-        gen = self._streams[pool].generate.remote(request, replica_hint=replica_id)
+    ) -> AsyncGenerator[OutputDelta, None]:
+        gen = self._engines[pool].generate(request, replica_id)
         finished = False
         try:
             async for delta in gen:
@@ -222,12 +203,10 @@ class _ReplicaDied(Exception):
 
 
 def _as_api_error(exc: Exception, retry_after_s: int) -> APIError:
-    from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
-
-    cause = getattr(exc, "cause", None) or exc
-    if isinstance(exc, InvalidRequestError) or isinstance(cause, InvalidRequestError):
-        err = cause if isinstance(cause, InvalidRequestError) else exc
-        return APIError(400, err.message, err.field)
+    cause = getattr(exc, "cause", None) or exc  # a RayTaskError's cause: what the replica raised
+    invalid = exc if isinstance(exc, InvalidRequestError) else cause
+    if isinstance(invalid, InvalidRequestError):
+        return APIError(400, invalid.message, invalid.field)
     if isinstance(exc, BackPressureError):
         status = int(getattr(exc, "args", (0, 0, 503))[2] or 503)
         return APIError(status, "The engines are at capacity; retry later.", None, retry_after_s)
@@ -237,14 +216,16 @@ def _as_api_error(exc: Exception, retry_after_s: int) -> APIError:
     return APIError(500, f"engine error: {type(cause).__name__}: {cause}")
 
 
-async def merge_streams(streams: Sequence[AsyncIterator[OutputDelta]]) -> AsyncIterator[tuple[int, OutputDelta]]:
+async def merge_streams(
+    streams: Sequence[AsyncIterator[OutputDelta]],
+) -> AsyncGenerator[tuple[int, OutputDelta], None]:
     """Interleave several delta streams as they produce; (stream index, delta). An error in any
     stream ends the merge with that error; leaving early cancels every stream."""
     if len(streams) == 1:
         async for delta in streams[0]:
             yield 0, delta
         return
-    queue: asyncio.Queue = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, OutputDelta | Exception | _Done]] = asyncio.Queue()
 
     async def pump(i: int, s: AsyncIterator[OutputDelta]) -> None:
         try:
@@ -260,7 +241,7 @@ async def merge_streams(streams: Sequence[AsyncIterator[OutputDelta]]) -> AsyncI
         remaining = len(tasks)
         while remaining:
             i, item = await queue.get()
-            if item is _DONE:
+            if isinstance(item, _Done):
                 remaining -= 1
             elif isinstance(item, Exception):
                 raise item

@@ -16,19 +16,22 @@ the model's routing block size, so hashing stays off the router's single thread)
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
+from ray import serve
 
 from accel.block_hash import hash_prompt_blocks
-from accel.contract import InvalidRequestError
+from accel.contract import InvalidRequestError, OutputDelta, SamplingParams
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
 from deployments.ingress.engine_client import EngineClient, merge_streams
-from deployments.router.core.sessions import session_key_from
-from deployments.router.messages import PoolInfo, RouteRequest, routing_block_size
-from serve_app.config import AppConfig, ModelConfig
+from deployments.router.core.sessions import session_id_from
+from deployments.router.messages import RouteRequest
+from serve_app.config.app import AppConfig, ModelConfig
+from serve_app.metrics import IngressMetrics
 from serve_app.protocol import conversion as conv
 from serve_app.protocol import responses as rsp
 from serve_app.protocol.chat import ChatCompletionRequest
@@ -37,14 +40,9 @@ from serve_app.protocol.completions import CompletionRequest
 from serve_app.protocol.errors import APIError, model_not_found
 
 POOL_HEADER = "x-meshserve-pool"
+Merged = AsyncGenerator[tuple[int, OutputDelta], None]  # merge_streams: (choice index, delta)
 
 app = FastAPI(title="meshserve")
-
-
-def pool_infos(config: AppConfig) -> tuple[PoolInfo, ...]:
-    return tuple(
-        PoolInfo(p.name, p.model, p.engine, p.accelerator, p.role, p.block_size, p.kv_connector) for p in config.pools
-    )
 
 
 def error_response(err: APIError) -> JSONResponse:
@@ -57,16 +55,8 @@ class OpenAIIngress:
         self._models: dict[str, ModelConfig] = {m.name: m for m in config.models}
         self._tokenizers: dict[str, TextTokenizer] = {m.name: load_tokenizer(str(m.path)) for m in config.models}
         self._metrics = _ingress_metrics()
-        pools = pool_infos(config)
-        self._block_sizes = {m.name: routing_block_size(pools, m.name) for m in config.models}
-        self._client = EngineClient(
-            pools,
-            router_handle,
-            pool_handles,
-            config.router.decision_timeout_s,
-            config.ingress.retry_after_s,
-            self._metrics,
-        )
+        self._block_sizes = {m.name: m.routing_block_size for m in config.models}
+        self._client = EngineClient(config, router_handle, pool_handles, self._metrics)
         self._num_inflight = 0
 
     # -- endpoints ----------------------------------------------------------------------------
@@ -120,7 +110,9 @@ class OpenAIIngress:
             body = await request.json()
         except Exception:
             raise APIError(400, "the request body is not valid JSON") from None
-        req = conv.parse_body(ChatCompletionRequest if is_chat else CompletionRequest, body)
+        req: ChatCompletionRequest | CompletionRequest = (
+            conv.parse_body(ChatCompletionRequest, body) if is_chat else conv.parse_body(CompletionRequest, body)
+        )
         # No "model": the only served model, as vLLM's server does.
         name = req.model if req.model is not None or len(self._models) != 1 else next(iter(self._models))
         model = self._models.get(name or "")
@@ -128,11 +120,14 @@ class OpenAIIngress:
             raise model_not_found(req.model)
         label["model"] = model.name
         tok = self._tokenizers[model.name]
-        prompts = [conv.chat_prompt(req, tok)] if is_chat else conv.completion_prompts(req, tok)
+        if isinstance(req, ChatCompletionRequest):
+            prompts = [conv.chat_prompt(req, tok)]
+        else:
+            prompts = conv.completion_prompts(req, tok)
         sampling = [conv.sampling_params(req, len(p), model.max_model_len) for p in prompts]
         _check_token_ids(sampling, tok.vocab_size)
         base_id = random_id("chatcmpl" if is_chat else "cmpl")
-        session = session_key_from(request.headers, req.session_id or req.user, req.prompt_cache_key)
+        session = session_id_from(request.headers, req.session_id or req.user, req.prompt_cache_key)
         pool = request.headers.get(POOL_HEADER)
         greqs = conv.generate_requests(base_id, prompts, sampling, req.n, session)
         block_size = self._block_sizes[model.name]
@@ -156,6 +151,7 @@ class OpenAIIngress:
         if not req.stream:
             return await self._collect(merged, choices, opts, tok, prompts, is_chat)
         # Wait for the first delta before answering 200, so early failures keep their status.
+        first: tuple[int, OutputDelta] | None
         try:
             first = await merged.__anext__()
         except StopAsyncIteration:
@@ -166,30 +162,46 @@ class OpenAIIngress:
         body_gen = (self._chat_sse if is_chat else self._completion_sse)(merged, first, choices, opts, tok)
         return StreamingResponse(self._leave_after(body_gen), media_type="text/event-stream")
 
-    async def _collect(self, merged, choices, opts, tok, prompts, is_chat) -> JSONResponse:
+    async def _collect(
+        self,
+        merged: Merged,
+        choices: list[rsp.ChoiceState],
+        opts: rsp.RenderOptions,
+        tok: TextTokenizer,
+        prompts: list[tuple[int, ...]],
+        is_chat: bool,
+    ) -> JSONResponse:
         try:
             async for i, delta in merged:
                 choices[i].add(delta)
         finally:
             await merged.aclose()
+        body: BaseModel
         if is_chat:
             body = rsp.chat_response(opts, tok, choices, prompts[0])
         else:
             body = rsp.completion_response(opts, tok, choices, prompts)
         return JSONResponse(body.model_dump(exclude_none=True))
 
-    async def _completion_sse(self, merged, first, choices, opts, tok) -> AsyncIterator[str]:
+    async def _completion_sse(
+        self,
+        merged: Merged,
+        first: tuple[int, OutputDelta] | None,
+        choices: list[rsp.ChoiceState],
+        opts: rsp.RenderOptions,
+        tok: TextTokenizer,
+    ) -> AsyncGenerator[str, None]:
         offsets = [0] * len(choices)
 
-        def render(i, delta):
+        def render(i: int, delta: OutputDelta) -> str | None:
             if opts.is_text_only:
                 chunk = rsp.fast_text_chunk_sse(opts, choices[i].index, delta, is_chat=False)
                 choices[i].add(delta)
                 return chunk
-            chunk = rsp.completion_chunk(opts, tok, choices[i], delta, offsets[i])
+            completion = rsp.completion_chunk(opts, tok, choices[i], delta, offsets[i])
             choices[i].add(delta)
             offsets[i] += len(delta.text)
-            return rsp.sse(chunk)
+            return rsp.sse(completion)
 
         async for line in _sse_body(merged, first, render):
             yield line
@@ -197,11 +209,18 @@ class OpenAIIngress:
             yield rsp.sse(rsp.completion_usage_chunk(opts, choices))
         yield rsp.SSE_DONE
 
-    async def _chat_sse(self, merged, first, choices, opts, tok) -> AsyncIterator[str]:
+    async def _chat_sse(
+        self,
+        merged: Merged,
+        first: tuple[int, OutputDelta] | None,
+        choices: list[rsp.ChoiceState],
+        opts: rsp.RenderOptions,
+        tok: TextTokenizer,
+    ) -> AsyncGenerator[str, None]:
         for c in choices:
             yield rsp.sse(rsp.chat_role_chunk(opts, c.index))
 
-        def render(i, delta):
+        def render(i: int, delta: OutputDelta) -> str | None:
             choices[i].add(delta)
             if not delta.text and not delta.finished and not opts.return_token_ids:
                 return None
@@ -237,7 +256,9 @@ class OpenAIIngress:
             self._metrics.reject(model, status)
 
 
-async def _sse_body(merged, first, render) -> AsyncIterator[str]:
+async def _sse_body(
+    merged: Merged, first: tuple[int, OutputDelta] | None, render: Callable[[int, OutputDelta], str | None]
+) -> AsyncGenerator[str, None]:
     """Render the first delta and the rest; an error mid-stream becomes an error event (the
     200 status is already sent), as vLLM does."""
     try:
@@ -255,7 +276,7 @@ async def _sse_body(merged, first, render) -> AsyncIterator[str]:
         await merged.aclose()
 
 
-def _check_token_ids(sampling: Sequence[Any], vocab_size: int) -> None:
+def _check_token_ids(sampling: Sequence[SamplingParams], vocab_size: int) -> None:
     for sp in sampling:
         for tid, _ in sp.logit_bias:
             if tid >= vocab_size:
@@ -265,17 +286,13 @@ def _check_token_ids(sampling: Sequence[Any], vocab_size: int) -> None:
                 raise APIError(400, f"stop token id {tid} is out of vocabulary (size {vocab_size})", "stop_token_ids")
 
 
-def _ingress_metrics():
+def _ingress_metrics() -> IngressMetrics | None:
     try:
-        from serve_app.metrics import IngressMetrics
-
         return IngressMetrics()
-    except Exception:
+    except Exception:  # outside a Ray worker (unit tests)
         return None
 
 
-def make_ingress_class():
+def make_ingress_class() -> Any:
     """``OpenAIIngress`` with its FastAPI app attached (``@serve.ingress``)."""
-    from ray import serve
-
     return serve.ingress(app)(OpenAIIngress)

@@ -11,7 +11,7 @@ Two data paths, chosen by the producer's ``RayKVTransport`` and invisible to eng
   in the directory, so a restarted actor picks it up), turns the ledger's counters into metrics,
   and removes the directory with the application (``kill_kv_connector``). While the cluster has
   several nodes, producers notify it in the background (``note_shm_transfers``), so a consumer
-  on another node can ``locate`` a payload and pull it through a task pinned to the producer's node (``kv_shm_remote``).
+  on another node can ``locate`` a payload and pull it through a task pinned to the producer's node (``shm_remote``).
 - Larger payloads, or no usable store: the producer ``ray.put``s the canonical payload (one copy
   into the node's shared object store) and hands the actor the ``ObjectRef``; the producer then
   drops its own reference, so the actor's borrowed reference alone keeps the payload alive and
@@ -27,7 +27,8 @@ node's shared-memory store (its spare, reusable files included).
 Addressing: a named detached actor ``kv_connector`` in namespace ``meshserve-kv-<app>``, so any
 process of the cluster — a Serve replica, or a vLLM engine-core/worker child that joined the
 cluster with ``ray.init(address="auto")`` — finds it by name. Created idempotently by
-``get_or_create_kv_connector``; ``kill_kv_connector`` removes it with the application.
+``get_or_create_kv_connector``; ``kill_kv_connector`` removes it with the application. Callers
+talk to it through ``connector_client.KVConnectorClient`` (what both lookups return).
 """
 
 from __future__ import annotations
@@ -48,9 +49,12 @@ from accel.envs import ENVS
 from accel.kv_transfer.payload import KVDescriptor
 from accel.kv_transfer.shm_store import ShmKVStore, ShmStoreConfig, store_path
 from accel.kv_transfer.transport import KVTransferNotFound
+from deployments.kv.connector_client import KVConnectorClient
+from deployments.kv.messages import InNodeStore, InObjectStore, KVLocation
 from deployments.kv.metrics import RayKVMetrics, make_metrics
 from deployments.kv.prefix_tier import KVPrefixTier
 from deployments.kv.registry import KVRegistry
+from deployments.kv.shm_remote import destroy_on_nodes
 
 logger = logging.getLogger(__name__)
 
@@ -103,10 +107,12 @@ class KVConnectorActor:
         metrics = make_metrics()
         self._registry = KVRegistry(config.capacity_bytes, config.lease_s, metrics=metrics)
         self._tier = KVPrefixTier(config.prefix_tier_bytes) if config.prefix_tier_bytes else None
-        self._sweeper: asyncio.Task | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self._shm = _ShmSide(config, app_name, metrics) if config.shm_max_payload_bytes else None
 
-    async def store(self, transfer_id: str, descriptor: KVDescriptor, payload_refs: list, timeout_s: float) -> float:
+    async def store(
+        self, transfer_id: str, descriptor: KVDescriptor, payload_refs: list[Any], timeout_s: float
+    ) -> float:
         """Reserve + commit in one round trip (the payload is already in the object store; if it
         does not fit in time the put fails and the producer's reference frees it)."""
         self._ensure_sweeper()
@@ -116,20 +122,20 @@ class KVConnectorActor:
     async def cancel(self, transfer_id: str) -> None:
         self._registry.cancel(transfer_id)
 
-    async def claim(self, transfer_id: str) -> tuple[KVDescriptor, list]:
+    async def claim(self, transfer_id: str) -> tuple[KVDescriptor, list[Any]]:
         descriptor, ref = self._registry.claim(transfer_id)
         return descriptor, [ref]
 
     async def complete(self, transfer_id: str) -> None:
         self._registry.complete(transfer_id)
 
-    async def contains(self, transfer_id: str, searched: tuple[str, str] | None = None) -> bool:
+    async def contains(self, transfer_id: str, searched: InNodeStore | None = None) -> bool:
         """Committed and unexpired, in the object store or some node's shared-memory store other
-        than ``searched`` ((node id, store path) the caller already looked in)."""
+        than ``searched`` (the store the caller already looked in)."""
         if self._registry.contains(transfer_id):
             return True
         where = self._shm.where(transfer_id) if self._shm is not None else None
-        return where is not None and tuple(where) != tuple(searched or ())
+        return where is not None and where != searched
 
     async def put_params(self, transfer_id: str, params: dict[str, Any]) -> float:
         """An engine-native connector's ``kv_transfer_params`` (TPU PD: this actor is only the
@@ -144,13 +150,18 @@ class KVConnectorActor:
         self._registry.report_recompute(reason)
 
     async def offer_prefix(
-        self, fingerprint: str, block_size: int, hashes: list[BlockHash], block_refs: list, num_bytes_per_block: int
+        self,
+        fingerprint: str,
+        block_size: int,
+        hashes: list[BlockHash],
+        block_refs: list[Any],
+        num_bytes_per_block: int,
     ) -> int:
         if self._tier is None:
             return 0
         return self._tier.offer(fingerprint, block_size, hashes, block_refs, num_bytes_per_block)
 
-    async def match_prefix(self, fingerprint: str, block_size: int, hashes: list[BlockHash]) -> list:
+    async def match_prefix(self, fingerprint: str, block_size: int, hashes: list[BlockHash]) -> list[Any]:
         return [] if self._tier is None else self._tier.match(fingerprint, block_size, hashes)
 
     # -- the shared-memory path (see the module docstring) ----------------------------------
@@ -165,18 +176,18 @@ class KVConnectorActor:
         if self._shm is not None:
             self._shm.note(node_id, store, transfer_ids)
 
-    async def locate(self, transfer_id: str) -> tuple:
-        """For a consumer that did not find ``transfer_id`` in its node's store:
-        ``("object", descriptor, [ref])`` (claimed, as ``claim``) or ``("shm", node_id, store)``;
-        ``KVTransferNotFound`` if neither."""
+    async def locate(self, transfer_id: str) -> KVLocation:
+        """For a consumer that did not find ``transfer_id`` in its node's store: the object-store
+        payload (claimed, as ``claim``) or the node store holding it; ``KVTransferNotFound`` if
+        neither."""
         try:
             descriptor, refs = await self.claim(transfer_id)
-            return "object", descriptor, refs
+            return InObjectStore(descriptor, tuple(refs))
         except KVTransferNotFound:
             where = self._shm.where(transfer_id) if self._shm is not None else None
             if where is None:
                 raise
-            return ("shm", *where)
+            return where
 
     async def destroy_shm(self) -> list[str]:
         """Remove this node's store (the application is going away); returns the other nodes
@@ -242,12 +253,12 @@ class _ShmSide:
             for tid in transfer_ids:
                 self._remote[tid] = (node_id, store, now + self.lease_s)
 
-    def where(self, transfer_id: str) -> tuple[str, str] | None:
+    def where(self, transfer_id: str) -> InNodeStore | None:
         with self._lock:
             entry = self._remote.get(transfer_id)
         if entry is None or entry[2] <= time.monotonic():
             return None
-        return entry[0], entry[1]
+        return InNodeStore(entry[0], entry[1])
 
     def stats(self) -> dict[str, int]:
         s, b = asdict(self.store.snapshot()), asdict(self.baseline)
@@ -301,8 +312,8 @@ def _remove_orphan_stores(root: Path) -> None:
             continue  # unreachable for another reason: leave it
 
 
-def get_or_create_kv_connector(app_name: str, config: KVConnectorConfig = KVConnectorConfig()):
-    """The application's actor handle, creating it on first use (idempotent across processes)."""
+def get_or_create_kv_connector(app_name: str, config: KVConnectorConfig = KVConnectorConfig()) -> KVConnectorClient:
+    """The application's actor, creating it on first use (idempotent across processes)."""
     import ray
 
     remote_cls = ray.remote(KVConnectorActor)
@@ -314,34 +325,33 @@ def get_or_create_kv_connector(app_name: str, config: KVConnectorConfig = KVConn
         num_cpus=0,
         max_restarts=0,
     ).remote(config, app_name)
-    ray.get(handle.shm_config.remote(), timeout=60)  # started: its node's store exists from here on
-    return handle
+    client = KVConnectorClient(handle)
+    client.shm_config(timeout_s=60)  # started: its node's store exists from here on
+    return client
 
 
-def get_kv_connector(app_name: str):
-    """The existing actor's handle; raises ``ValueError`` if there is none."""
+def get_kv_connector(app_name: str) -> KVConnectorClient:
+    """The existing actor; raises ``ValueError`` if there is none."""
     import ray
 
-    return ray.get_actor(ACTOR_NAME, namespace=actor_namespace(app_name))
+    return KVConnectorClient(ray.get_actor(ACTOR_NAME, namespace=actor_namespace(app_name)))
 
 
 def kill_kv_connector(app_name: str) -> None:
     """Remove the application's actor and its shared-memory stores (best effort on other nodes)."""
     import ray
 
-    from deployments.kv.shm_remote import destroy_on_nodes
-
     try:
-        handle = get_kv_connector(app_name)
+        client: KVConnectorClient | None = get_kv_connector(app_name)
     except ValueError:
-        handle = None
+        client = None
     other_nodes: list[str] = []
-    if handle is not None:
+    if client is not None:
         try:
-            other_nodes = ray.get(handle.destroy_shm.remote(), timeout=10)
+            other_nodes = client.destroy_shm(timeout_s=10)
         except Exception:  # a dead actor: its node's store is removed below if it is this node
             logger.warning("KV connector of %r did not remove its store", app_name, exc_info=True)
-        ray.kill(handle)
+        ray.kill(client.handle)
     path = shm_store_path(app_name)
     shutil.rmtree(path, ignore_errors=True)  # this node's, whether or not the actor lived here
     destroy_on_nodes(other_nodes, str(path))

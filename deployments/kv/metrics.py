@@ -4,28 +4,29 @@ the actor's sweeper turns into the same series."""
 
 from __future__ import annotations
 
+from ray.util.metrics import Counter, Gauge, Histogram
+
 from accel.kv_transfer.shm_ledger import LedgerState
+from deployments.kv.registry import KVMetricsSink, NullMetrics
 
 
 class RayKVMetrics:
     """``KVMetricsSink`` over ``ray.util.metrics`` (exported as ``ray_meshserve_kv_*``)."""
 
     def __init__(self) -> None:
-        from ray.util import metrics
-
-        self._bytes = metrics.Counter("meshserve_kv_transfer_bytes", "Bytes of KV committed to the connector")
-        self._transfers = metrics.Counter("meshserve_kv_transfers", "KV transfers by outcome", tag_keys=("outcome",))
-        self._latency = metrics.Histogram(
+        self._bytes = Counter("meshserve_kv_transfer_bytes", "Bytes of KV committed to the connector")
+        self._transfers = Counter("meshserve_kv_transfers", "KV transfers by outcome", tag_keys=("outcome",))
+        self._latency = Histogram(
             "meshserve_kv_transfer_latency_seconds",
             "Reserve-to-complete time of a KV transfer",
             boundaries=[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30],
         )
-        self._expired = metrics.Counter("meshserve_kv_transfer_expired", "KV transfers freed by lease expiry")
-        self._recomputes = metrics.Counter(
+        self._expired = Counter("meshserve_kv_transfer_expired", "KV transfers freed by lease expiry")
+        self._recomputes = Counter(
             "meshserve_kv_transfer_recomputes", "Prompts recomputed because a KV transfer failed", tag_keys=("reason",)
         )
-        self._bytes_used = metrics.Gauge("meshserve_kv_connector_bytes_used", "Bytes held by the KV connector")
-        self._num_held = metrics.Gauge("meshserve_kv_connector_transfers", "Transfers held by the KV connector")
+        self._bytes_used = Gauge("meshserve_kv_connector_bytes_used", "Bytes held by the KV connector")
+        self._num_held = Gauge("meshserve_kv_connector_transfers", "Transfers held by the KV connector")
         self._registry_usage = self._shm_usage = (0, 0)  # (bytes, transfers) of each data path
 
     def on_commit(self, num_bytes: int) -> None:
@@ -79,11 +80,9 @@ class RayKVMetrics:
             self._latency.observe(latency_s)
 
 
-def make_metrics():
+def make_metrics() -> KVMetricsSink:
     """``RayKVMetrics`` inside Ray; a no-op sink elsewhere."""
     try:
         return RayKVMetrics()
     except Exception:  # outside a Ray worker (unit tests construct the class directly)
-        from deployments.kv.registry import NullMetrics
-
         return NullMetrics()

@@ -20,16 +20,19 @@ import threading
 import time
 from pathlib import Path
 
+import ray
 import torch
 
 from accel.kv_transfer.payload import KVPayload, tensor_from_wire, tensor_to_wire
 from accel.kv_transfer.shm_store import ShmKVStore
 from accel.kv_transfer.transport import KVTransferError, KVTransferNotFound
 from deployments.kv.connector_actor import actor_namespace, get_kv_connector, shm_store_path
+from deployments.kv.connector_client import KVConnectorClient
+from deployments.kv.messages import InNodeStore, InObjectStore
+from deployments.kv.shm_remote import complete_on_node, read_on_node
 
 logger = logging.getLogger(__name__)
 
-RPC_GRACE_S = 5.0  # on top of a call's own deadline, for the round trip
 STORE_RETRY_S = 10.0  # a node without a usable store asks again after this long
 NOTE_BATCH_S = 0.005  # how long transfer notes gather before one RPC carries them
 NODE_CHECK_S = 10.0  # how often the notes thread asks whether the cluster has several nodes
@@ -39,8 +42,6 @@ def connect_to_cluster(app_name: str, address: str | None = None) -> None:
     """Join the running Ray cluster from a process Ray did not start (idempotent). Pass the GCS
     address the replica saw (``ray.get_runtime_context().gcs_address``): "auto" picks whatever
     cluster this machine started last, which is wrong when several run side by side."""
-    import ray
-
     if not ray.is_initialized():
         ray.init(
             address=address or "auto", namespace=actor_namespace(app_name), log_to_driver=False, configure_logging=False
@@ -60,12 +61,12 @@ class RayKVTransport:
         self.app_name = app_name
         self.address = address
         self.shm_root = Path(shm_root) if shm_root else None
-        self._handle = None
+        self._connector: KVConnectorClient | None = None
         self._store: ShmKVStore | None = None
         self._store_checked_s = -float("inf")
         self._node_id: str | None = None
         self._lock = threading.Lock()
-        self._remote_reads: dict[str, tuple[str, str]] = {}  # transfer id -> (node, store) it came from
+        self._remote_reads: dict[str, InNodeStore] = {}  # transfer id -> the other node's store it came from
         self._notes: queue.SimpleQueue[str] | None = None
         self._note_transfers = note_transfers
         self._is_multi_node = True  # until the notes thread has asked the cluster
@@ -78,7 +79,7 @@ class RayKVTransport:
             except OSError as e:  # the store vanished (application deleted) or tmpfs trouble
                 self._store_checked_s = -float("inf")
                 raise KVTransferError(f"KV store failed to take {transfer_id!r}: {e}") from e
-            self._note(transfer_id)
+            self._note(transfer_id, store)
             return
         self._put_object(transfer_id, payload, timeout_s)
 
@@ -86,78 +87,68 @@ class RayKVTransport:
         """One copy into the object store, then one RPC that waits for capacity and commits.
         We own the object; once the actor holds its borrowed reference we drop ours, so the
         actor's reference alone keeps the payload alive (freed on completion or expiry)."""
-        import ray
-
         self._actor()  # joins the cluster first: a bare ray.put would auto-start a private one
         ref = ray.put(payload.to_wire())
         for attempt in (0, 1):  # a handle cached before the actor was recreated fails once
-            handle = self._actor()
+            connector = self._actor()
             try:
-                ray.get(
-                    handle.store.remote(transfer_id, payload.descriptor, [ref], timeout_s),
-                    timeout=timeout_s + RPC_GRACE_S,
-                )
+                connector.store(transfer_id, payload.descriptor, ref, timeout_s)
                 return
             except KVTransferError:
                 raise
             except Exception as e:
-                self._handle = None
+                self._connector = None
                 if attempt == 1 or not isinstance(e, ray.exceptions.RayActorError):
                     try:
-                        handle.cancel.remote(transfer_id)
+                        connector.cancel(transfer_id)
                     except Exception:
                         pass
                     raise KVTransferError(f"KV connector failed to store {transfer_id!r}: {e}") from e
 
     def fetch(self, transfer_id: str, timeout_s: float) -> KVPayload:
-        import ray
-
         store = self._shm()
         if store is not None:
             payload = store.fetch(transfer_id)
             if payload is not None:
                 return payload
         try:
-            where = ray.get(self._actor().locate.remote(transfer_id), timeout=timeout_s)
-            if where[0] == "object":
-                descriptor, refs = where[1], where[2]
-                return KVPayload.from_wire(descriptor, ray.get(refs[0], timeout=timeout_s))
-            payload = self._fetch_other_store(transfer_id, where[1], where[2], store, timeout_s)
+            where = self._actor().locate(transfer_id, timeout_s)
+            if isinstance(where, InObjectStore):
+                return KVPayload.from_wire(where.descriptor, ray.get(where.payload_refs[0], timeout=timeout_s))
+            payload = self._fetch_other_store(transfer_id, where, store, timeout_s)
         except KVTransferError:
             raise
         except Exception as e:
-            self._handle = None
+            self._connector = None
             raise KVTransferError(f"KV transfer {transfer_id!r} unreadable: {e}") from e
         with self._lock:
-            self._remote_reads[transfer_id] = (where[1], where[2])
+            self._remote_reads[transfer_id] = where
         return payload
 
     def _fetch_other_store(
-        self, transfer_id: str, node_id: str, path: str, store: ShmKVStore | None, timeout_s: float
+        self, transfer_id: str, where: InNodeStore, store: ShmKVStore | None, timeout_s: float
     ) -> KVPayload:
-        from deployments.kv.shm_remote import read_on_node
-
-        if store is not None and path == str(store.path) and node_id == self._node_id:
+        if store is not None and where.store_path == str(store.path) and where.node_id == self._node_id:
             raise KVTransferNotFound(f"no KV transfer {transfer_id!r} (completed or lease expired)")
-        payload = read_on_node(node_id, path, transfer_id, timeout_s)
+        payload = read_on_node(where.node_id, where.store_path, transfer_id, timeout_s)
         if payload is None:
-            raise KVTransferNotFound(f"no KV transfer {transfer_id!r} on node {node_id} (completed or lease expired)")
+            raise KVTransferNotFound(
+                f"no KV transfer {transfer_id!r} on node {where.node_id} (completed or lease expired)"
+            )
         return payload
 
     def contains(self, transfer_id: str, timeout_s: float) -> bool:
         """Whether ``transfer_id`` is committed and unexpired (False if unknown or unreachable).
         Another node's transfer counts as held on the actor's word (its lease is checked there
         when read)."""
-        import ray
-
         store = self._shm()
         if store is not None and store.contains(transfer_id):
             return True
         try:
-            searched = (self._node_id, str(store.path)) if store is not None else None
-            return bool(ray.get(self._actor().contains.remote(transfer_id, searched), timeout=timeout_s))
+            searched = InNodeStore(self._node_id, str(store.path)) if store is not None and self._node_id else None
+            return self._actor().contains(transfer_id, searched, timeout_s)
         except Exception:
-            self._handle = None
+            self._connector = None
             logger.warning("KV connector unreachable while looking up %s", transfer_id, exc_info=True)
             return False
 
@@ -166,17 +157,13 @@ class RayKVTransport:
     def offer_prefix(self, key: str, block_size: int, hashes: list[int], blocks: list[torch.Tensor]) -> int:
         """Offer full blocks (each ``[L, 2, block_size, Hkv, D]``) under their chained hashes;
         ``key`` = model fingerprint and dtype. Returns how many the tier took; 0 if unreachable."""
-        import ray
-
         try:
-            self._actor()
+            connector = self._actor()
             refs = [ray.put(tensor_to_wire(b)) for b in blocks]
             nbytes = blocks[0].numel() * blocks[0].element_size() if blocks else 0
-            return int(
-                ray.get(self._actor().offer_prefix.remote(key, block_size, hashes, refs, nbytes), timeout=RPC_GRACE_S)
-            )
+            return connector.offer_prefix(key, block_size, hashes, refs, nbytes)
         except Exception:
-            self._handle = None
+            self._connector = None
             logger.warning("prefix tier: offer failed", exc_info=True)
             return 0
 
@@ -184,13 +171,11 @@ class RayKVTransport:
         self, key: str, block_size: int, hashes: list[int], dtype: torch.dtype, timeout_s: float
     ) -> list[torch.Tensor]:
         """Blocks of the longest leading run of ``hashes`` the tier holds (read-only tensors)."""
-        import ray
-
         try:
-            refs = ray.get(self._actor().match_prefix.remote(key, block_size, hashes), timeout=timeout_s)
+            refs = self._actor().match_prefix(key, block_size, hashes, timeout_s)
             return [tensor_from_wire(a, dtype) for a in ray.get(refs, timeout=timeout_s)] if refs else []
         except Exception:
-            self._handle = None
+            self._connector = None
             logger.warning("prefix tier: lookup failed", exc_info=True)
             return []
 
@@ -199,31 +184,29 @@ class RayKVTransport:
             remote = self._remote_reads.pop(transfer_id, None)
         try:
             if remote is not None:
-                from deployments.kv.shm_remote import complete_on_node
-
-                complete_on_node(remote[0], remote[1], transfer_id)
+                complete_on_node(remote.node_id, remote.store_path, transfer_id)
                 return
             store = self._shm()
             if store is not None and store.complete(transfer_id):
                 return
-            self._actor().complete.remote(transfer_id)
+            self._actor().complete(transfer_id)
         except Exception:  # the lease frees it anyway
             logger.debug("complete(%s) not delivered", transfer_id, exc_info=True)
 
     def report_recompute(self, reason: str) -> None:
         try:
-            self._actor().report_recompute.remote(reason)
+            self._actor().report_recompute(reason)
         except Exception:
             logger.warning("KV connector unreachable; recompute (%s) not counted", reason)
 
-    def _actor(self):
-        if self._handle is None:
+    def _actor(self) -> KVConnectorClient:
+        if self._connector is None:
             try:
                 connect_to_cluster(self.app_name, self.address)
-                self._handle = get_kv_connector(self.app_name)
+                self._connector = get_kv_connector(self.app_name)
             except Exception as e:
                 raise KVTransferError(f"no KV connector for application {self.app_name!r}: {e}") from e
-        return self._handle
+        return self._connector
 
     # -- this node's shared-memory store ----------------------------------------------------
 
@@ -239,15 +222,13 @@ class RayKVTransport:
         return self._store
 
     def _open_store(self) -> ShmKVStore | None:
-        import ray
-
         try:
             connect_to_cluster(self.app_name, self.address)
             self._node_id = ray.get_runtime_context().get_node_id()
             path = shm_store_path(self.app_name, self.shm_root)
             store = ShmKVStore.open(path)
             if store is None:
-                config = ray.get(self._actor().shm_config.remote(), timeout=RPC_GRACE_S)
+                config = self._actor().shm_config()
                 store = ShmKVStore.create(path, config) if config is not None else None
             return store
         except Exception:
@@ -256,36 +237,38 @@ class RayKVTransport:
             )
             return None
 
-    def _note(self, transfer_id: str) -> None:
-        """Tell the actor, off the caller's path, that this node's store holds ``transfer_id``."""
-        if self._notes is None:
+    def _note(self, transfer_id: str, store: ShmKVStore) -> None:
+        """Tell the actor, off the caller's path, that this node's ``store`` holds ``transfer_id``."""
+        notes = self._notes
+        if notes is None:
             with self._lock:
-                if self._notes is None:
+                if self._notes is None and self._node_id is not None:
                     self._notes = queue.SimpleQueue()
-                    threading.Thread(target=self._send_notes, name="kv-shm-notes", daemon=True).start()
-        if self._note_transfers or (self._note_transfers is None and self._is_multi_node):
-            self._notes.put(transfer_id)
+                    args = (self._notes, self._node_id, str(store.path))
+                    threading.Thread(target=self._send_notes, args=args, name="kv-shm-notes", daemon=True).start()
+                notes = self._notes
+        if notes is not None and (self._note_transfers or (self._note_transfers is None and self._is_multi_node)):
+            notes.put(transfer_id)
 
-    def _send_notes(self) -> None:
-        import ray
-
+    def _send_notes(self, notes: queue.SimpleQueue[str], node_id: str, store_path: str) -> None:
         next_check_s = 0.0
         while True:
             if self._note_transfers is None and time.monotonic() >= next_check_s:
                 try:
-                    self._is_multi_node = sum(1 for n in ray.nodes() if n.get("Alive")) > 1
+                    nodes = ray.nodes()  # type: ignore[no-untyped-call]  # ray.nodes has no annotations upstream
+                    self._is_multi_node = len([n for n in nodes if n.get("Alive")]) > 1
                 except Exception:
                     self._is_multi_node = True
                 next_check_s = time.monotonic() + NODE_CHECK_S
             try:
-                batch = [self._notes.get(timeout=NODE_CHECK_S)]
+                batch = [notes.get(timeout=NODE_CHECK_S)]
             except queue.Empty:
                 continue
             time.sleep(NOTE_BATCH_S)  # one RPC per batch, not per transfer: keeps it off the CPU
-            while not self._notes.empty():
-                batch.append(self._notes.get())
+            while not notes.empty():
+                batch.append(notes.get())
             try:
-                self._actor().note_shm_transfers.remote(self._node_id, str(self._store.path), batch)
+                self._actor().note_shm_transfers(node_id, store_path, batch)
             except Exception:  # only cross-node consumers miss it (they recompute)
-                self._handle = None
+                self._connector = None
                 logger.debug("KV connector not told of %d transfer(s)", len(batch), exc_info=True)

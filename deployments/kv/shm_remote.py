@@ -11,7 +11,12 @@ from __future__ import annotations
 import functools
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from accel.kv_transfer.payload import KVDescriptor, KVPayload
 from accel.kv_transfer.shm_store import ShmKVStore
@@ -35,22 +40,18 @@ def _destroy(store_path: str) -> None:
 
 
 @functools.cache
-def _remote(fn):
-    import ray
-
+def _remote(fn: Callable[..., Any]) -> Any:
+    """``fn`` as a Ray task that needs no CPU (made once per function)."""
     return ray.remote(num_cpus=0, max_retries=0)(fn)
 
 
-def _on(node_id: str, fn):
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
+def _on(node_id: str, fn: Callable[..., Any]) -> Any:
+    """``fn``'s task pinned to ``node_id``."""
     return _remote(fn).options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
 
 
 def read_on_node(node_id: str, store_path: str, transfer_id: str, timeout_s: float) -> KVPayload | None:
     """The payload from ``node_id``'s store (None if it no longer holds it)."""
-    import ray
-
     out = ray.get(_on(node_id, _read).remote(store_path, transfer_id), timeout=timeout_s)
     return None if out is None else KVPayload.from_wire(*out)
 
@@ -62,8 +63,6 @@ def complete_on_node(node_id: str, store_path: str, transfer_id: str) -> None:
 
 def destroy_on_nodes(node_ids: list[str], store_path: str, timeout_s: float = 10.0) -> None:
     """Remove the store from each node (best effort: a dead node's tmpfs is gone anyway)."""
-    import ray
-
     if not node_ids:
         return
     refs = [_on(node, _destroy).remote(store_path) for node in node_ids]

@@ -25,7 +25,6 @@ the replica's event loop), or anything with the same three coroutines in tests.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 from collections.abc import Mapping
@@ -34,6 +33,8 @@ from typing import Any, Protocol
 from accel.contract import FinishReason, GenerateRequest, KVTransferParams, OutputDelta
 from accel.kv_transfer.params import exported, new_transfer_id
 from accel.kv_transfer.transport import KVTransferNotFound
+from deployments.kv.connector_actor import get_or_create_kv_connector
+from deployments.kv.connector_client import KVConnectorClient
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class NativeKVHandoff:
                 ),
             )
         if kv.do_remote_prefill:
-            params = await self._store.claim(kv.transfer_id)
+            params = await self._store.claim(kv.transfer_id) if kv.transfer_id else None
             if params is None:
                 logger.warning(
                     "KV params %s not held by the KV connector (expired or unknown): %s recomputes its prompt",
@@ -97,7 +98,8 @@ class NativeKVHandoff:
         kv = engine_request.kv_transfer
         returned = delta.kv_transfer.connector_params if delta.kv_transfer is not None else None
         ticket = None
-        if kv is not None and kv.do_remote_decode and delta.finish_reason is not FinishReason.ABORT:
+        # (engine_request always names the transfer of a do_remote_decode request)
+        if kv is not None and kv.do_remote_decode and kv.transfer_id and delta.finish_reason is not FinishReason.ABORT:
             if not returned:
                 logger.warning(
                     "prefill %s: the engine's KV connector returned no kv_transfer_params", engine_request.request_id
@@ -113,36 +115,34 @@ class ActorParamsStore:
     def __init__(self, app_name: str, timeout_s: float = 5.0):
         self.app_name = app_name
         self.timeout_s = timeout_s
-        self._handle = None
+        self._connector: KVConnectorClient | None = None
 
     async def put(self, transfer_id: str, params: Mapping[str, Any]) -> bool:
         try:
-            await asyncio.wait_for(self._actor().put_params.remote(transfer_id, dict(params)), self.timeout_s)
+            await self._actor().put_params(transfer_id, params, self.timeout_s)
             return True
         except Exception:
-            self._handle = None
+            self._connector = None
             logger.warning("KV connector did not take the params of %s", transfer_id, exc_info=True)
             return False
 
     async def claim(self, transfer_id: str) -> Mapping[str, Any] | None:
         try:
-            return await asyncio.wait_for(self._actor().claim_params.remote(transfer_id), self.timeout_s)
+            return await self._actor().claim_params(transfer_id, self.timeout_s)
         except Exception as exc:
             if not isinstance(exc, KVTransferNotFound):  # Ray re-raises the actor's error as a subclass
-                self._handle = None
+                self._connector = None
             logger.info("KV params %s not claimed: %s", transfer_id, exc)
             return None
 
     async def report_recompute(self, reason: str) -> None:
         try:
-            self._actor().report_recompute.remote(reason)
+            self._actor().report_recompute(reason)
         except Exception:
-            self._handle = None
+            self._connector = None
             logger.warning("KV connector unreachable; recompute (%s) not counted", reason)
 
-    def _actor(self):
-        if self._handle is None:
-            from deployments.kv.connector_actor import get_or_create_kv_connector
-
-            self._handle = get_or_create_kv_connector(self.app_name)
-        return self._handle
+    def _actor(self) -> KVConnectorClient:
+        if self._connector is None:
+            self._connector = get_or_create_kv_connector(self.app_name)
+        return self._connector

@@ -25,8 +25,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
+
+from ray.util.metrics import Counter
 
 from accel.contract import GenerateRequest, KVTransferParams, OutputDelta
 from accel.kv_transfer.params import new_transfer_id
@@ -34,7 +36,7 @@ from accel.kv_transfer.params import new_transfer_id
 logger = logging.getLogger(__name__)
 
 Call = Callable[[GenerateRequest], AsyncIterator[OutputDelta]]
-PREFILL_SUFFIX = "-prefill"
+PREFILL_REQUEST_ID_SUFFIX = "-prefill"
 
 
 def prefill_request(request: GenerateRequest, transfer_id: str) -> GenerateRequest:
@@ -50,7 +52,7 @@ def prefill_request(request: GenerateRequest, transfer_id: str) -> GenerateReque
     )
     return dataclasses.replace(
         request,
-        request_id=request.request_id + PREFILL_SUFFIX,
+        request_id=request.request_id + PREFILL_REQUEST_ID_SUFFIX,
         sampling=sampling,
         kv_transfer=KVTransferParams(do_remote_decode=True, transfer_id=transfer_id),
     )
@@ -63,7 +65,7 @@ class PDOrchestrator:
         self._metrics = (metrics or None) if metrics is not None else _make_metrics()
         self.num_recomputes: dict[str, int] = {}
 
-    async def stream(self, request: GenerateRequest, prefill: Call, decode: Call) -> AsyncIterator[OutputDelta]:
+    async def stream(self, request: GenerateRequest, prefill: Call, decode: Call) -> AsyncGenerator[OutputDelta, None]:
         ticket = await self._prefill(request, prefill)
         decode_request = dataclasses.replace(request, kv_transfer=ticket)
         async for delta in decode(decode_request):
@@ -100,11 +102,9 @@ async def _last(stream: AsyncIterator[OutputDelta]) -> OutputDelta | None:
     return last
 
 
-def _make_metrics():
+def _make_metrics() -> Counter | None:
     try:
-        from ray.util import metrics
-
-        return metrics.Counter(
+        return Counter(
             "meshserve_pd_recomputes",
             "Disaggregated requests whose decode side recomputed the prompt because the prefill/transfer failed",
             tag_keys=("reason",),

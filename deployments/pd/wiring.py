@@ -1,7 +1,7 @@
 """What an engine replica of a prefill or decode pool needs for KV transfer.
 
 Pools with ``role: prefill`` or ``role: decode`` get the application's KV-connector actor
-(created on first use, one per Serve application) and, by KV path (``deployments.pd.pairing``):
+(created on first use, one per Serve application) and, by KV path (``serve_app.config.pd``):
 - TT engines: ``accel.tt.kv_hooks.KVTransferHooks`` over ``RayKVTransport`` (path ``meshserve``);
 - vLLM engines whose engine_args set no ``kv_transfer_config`` (off TPU): one loading
   ``MeshServeConnector`` (``accel.vllm.kv_connector``) in vLLM's child processes, which join the
@@ -19,8 +19,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from deployments.pd.pairing import PD_ROLES, is_native
-from serve_app.config import PoolConfig
+import ray
+from ray import serve
+
+from accel.tt.kv_hooks import KVTransferHooks
+from accel.vllm.config import VllmEngineConfig
+from deployments.kv.connector_actor import get_or_create_kv_connector
+from deployments.kv.ray_transport import RayKVTransport
+from deployments.pd.native_handoff import ActorParamsStore, NativeKVHandoff
+from serve_app.config.app import PoolConfig
+from serve_app.config.pd import PD_ROLES, is_native
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +38,6 @@ MESHSERVE_CONNECTOR = "MeshServeConnector"
 def app_name() -> str:
     """The Serve application this replica belongs to (names the KV-connector actor)."""
     try:
-        from ray import serve
-
         return serve.get_replica_context().app_name or "default"
     except Exception:
         return "default"
@@ -40,22 +46,18 @@ def app_name() -> str:
 def tt_kv_hooks(pool: PoolConfig) -> Any:
     if pool.role not in PD_ROLES:
         return None
-    from accel.tt.kv_hooks import KVTransferHooks
-    from deployments.kv.connector_actor import get_or_create_kv_connector
-    from deployments.kv.ray_transport import RayKVTransport
-
     name = app_name()
     get_or_create_kv_connector(name)
     logger.info("pool %s (%s): KV transfer through the %r KV connector", pool.name, pool.role, name)
-    return KVTransferHooks(RayKVTransport(name), pool.engine_args_for_engine()["model"])
+    return KVTransferHooks(RayKVTransport(name), pool.engine_config.model)
 
 
 def vllm_kv_transfer_config(pool: PoolConfig) -> dict[str, Any] | None:
     """The ``kv_transfer_config`` the pool's engine loads; None = none (not a PD pool, or a TPU
     pool the config builder already refused)."""
-    if pool.role not in PD_ROLES:
+    if pool.role not in PD_ROLES or not isinstance(pool.engine_config, VllmEngineConfig):
         return None
-    own = pool.engine_args.get("kv_transfer_config")
+    own = pool.engine_config.kv_transfer_config
     if own:
         return _filled_in(dict(own)) if own.get("kv_connector") == MESHSERVE_CONNECTOR else dict(own)
     if pool.accelerator == "tpu":
@@ -73,10 +75,6 @@ def vllm_kv_transfer_config(pool: PoolConfig) -> dict[str, Any] | None:
 def _filled_in(config: dict[str, Any]) -> dict[str, Any]:
     """``MeshServeConnector``'s extra config with this application's actor (created now) and
     cluster address, unless given."""
-    import ray
-
-    from deployments.kv.connector_actor import get_or_create_kv_connector
-
     extra = dict(config.get("kv_connector_extra_config") or {})
     extra.setdefault("app_name", app_name())
     extra.setdefault("ray_address", ray.get_runtime_context().gcs_address)
@@ -89,8 +87,6 @@ def native_kv_handoff(pool: PoolConfig) -> Any:
     connector moves the KV; None otherwise."""
     if not is_native(pool):
         return None
-    from deployments.pd.native_handoff import ActorParamsStore, NativeKVHandoff
-
     name = app_name()
     logger.info(
         "pool %s (%s): %s moves the KV; params through the %r KV connector",

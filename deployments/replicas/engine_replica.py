@@ -21,7 +21,7 @@ from accel.contract import Engine, EngineStats, FinishReason, GenerateRequest, O
 from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS, KVCursor, KVEventLog
 from deployments.router.kv_events import BlockRemoved, BlockStored, KVEvent
 from deployments.router.messages import ReplicaSnapshot
-from serve_app.config import PoolConfig
+from serve_app.config.app import PoolConfig
 from serve_app.metrics import EngineMetrics
 
 logger = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class EngineReplica:
 
     async def generate(self, request: GenerateRequest, replica_hint: str | None = None) -> AsyncIterator[OutputDelta]:
         """Stream the request's deltas. ``replica_hint`` is read by the handle's request router
-        (``PinnedReplicaRouter``), not here. If the caller goes away (Serve cancels this
+        (``PinnedReplicaRequestRouter``), not here. If the caller goes away (Serve cancels this
         generator) the engine request is aborted, which frees its KV blocks.
 
         Deltas that pile up while the previous one is still being sent are merged into one

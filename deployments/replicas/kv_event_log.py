@@ -26,8 +26,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from deployments.router.kv_events import KVEvent
+from serve_app.config.router import RouterConfig
 
-DEFAULT_CAPACITY_EVENTS = 8192
+DEFAULT_CAPACITY_EVENTS = RouterConfig.kv_event_log_size  # the one default of router.kv_event_log_size
 
 
 @dataclass(frozen=True)

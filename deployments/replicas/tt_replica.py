@@ -17,7 +17,7 @@ from accel.tt.engine import TTMeshEngine
 from deployments.pd.wiring import tt_kv_hooks
 from deployments.replicas.engine_replica import EngineFactory, EngineReplica
 from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS
-from serve_app.config import PoolConfig
+from serve_app.config.app import PoolConfig
 
 # tt-metal's MESH_DEVICE presets (utils/dp_discovery.py) -> chips in the mesh.
 MESH_DEVICE_CHIPS = {
@@ -48,7 +48,10 @@ def mesh_chip_count(mesh_device: str) -> int:
 
 
 def make_tt_engine(pool: PoolConfig) -> Engine:
-    return TTMeshEngine(TTEngineConfig.from_engine_args(pool.engine_args_for_engine()), kv_hooks=tt_kv_hooks(pool))
+    """The pool's ``TTMeshEngine``, built from the engine config the config loader parsed."""
+    if not isinstance(pool.engine_config, TTEngineConfig):
+        raise ConfigError(f"pool {pool.name!r}: a TT replica needs a TT engine config")
+    return TTMeshEngine(pool.engine_config, kv_hooks=tt_kv_hooks(pool))
 
 
 def deployment_options(pool: PoolConfig) -> dict[str, Any]:

@@ -23,6 +23,7 @@ meshserve's connector (``deployments.pd.wiring``) and need no translation here.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator
@@ -30,7 +31,7 @@ from typing import Any
 
 import ray.util
 
-from accel.contract import Engine, GenerateRequest, OutputDelta
+from accel.contract import ConfigError, Engine, GenerateRequest, OutputDelta
 from accel.vllm.config import VllmEngineConfig
 from accel.vllm.engine import VllmEngine
 from accel.vllm.tpu.placement import SlicePlacement, create_slice_placement_group
@@ -40,7 +41,7 @@ from deployments.replicas.engine_replica import EngineFactory, EngineReplica
 from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS
 from deployments.replicas.vllm_kv_subscriber import VllmKVEventSubscriber, kv_events_config, new_ipc_endpoint
 from deployments.router.kv_events import KVEvent
-from serve_app.config import PoolConfig
+from serve_app.config.app import PoolConfig
 
 logger = logging.getLogger(__name__)
 
@@ -52,13 +53,14 @@ def slice_placement(pool: PoolConfig) -> SlicePlacement:
 
 def make_vllm_engine(pool: PoolConfig, kv_events_endpoint: str | None = None) -> Engine:
     """The pool's ``VllmEngine``; ``kv_events_endpoint``: publish KV cache events there."""
-    args = pool.engine_args_for_engine()
+    # The engine config the loader parsed, plus what only this process knows: the KV connector of
+    # a prefill/decode pool (the app's actor, the cluster address) and where KV events go.
+    config = vllm_engine_config(pool)
     kv_transfer_config = vllm_kv_transfer_config(pool)  # prefill/decode pools: our KV connector
     if kv_transfer_config is not None:
-        args["kv_transfer_config"] = kv_transfer_config
+        config = dataclasses.replace(config, kv_transfer_config=kv_transfer_config)
     if kv_events_endpoint is not None:
-        args["kv_events_config"] = kv_events_config(kv_events_endpoint)
-    config = VllmEngineConfig.from_engine_args(args)
+        config = dataclasses.replace(config, kv_events_config=kv_events_config(kv_events_endpoint))
     if pool.accelerator != "tpu":
         return VllmEngine(config)  # vLLM metrics via Ray when Ray is up (always, in a replica)
     placement = slice_placement(pool)
@@ -81,16 +83,22 @@ def deployment_options(pool: PoolConfig) -> dict[str, Any]:
     if pool.memory_bytes:
         actor["memory"] = pool.memory_bytes
     if pool.accelerator == "cuda":
-        args = pool.engine_args
-        actor["num_gpus"] = int(args.get("tensor_parallel_size", 1)) * int(args.get("pipeline_parallel_size", 1))
+        config = vllm_engine_config(pool)
+        actor["num_gpus"] = (config.tensor_parallel_size or 1) * (config.pipeline_parallel_size or 1)
     return options
+
+
+def vllm_engine_config(pool: PoolConfig) -> VllmEngineConfig:
+    if not isinstance(pool.engine_config, VllmEngineConfig):
+        raise ConfigError(f"pool {pool.name!r}: a vLLM replica needs a vLLM engine config")
+    return pool.engine_config
 
 
 def publishes_kv_events(pool: PoolConfig) -> bool:
     """Whether the replica turns vLLM's KV events on: prefix caching not off (vLLM's default is
     on) and no ``kv_events_config`` of the user's own (left as given; we do not follow it)."""
-    args = pool.engine_args
-    return args.get("enable_prefix_caching") is not False and not args.get("kv_events_config")
+    config = vllm_engine_config(pool)
+    return config.enable_prefix_caching is not False and not config.kv_events_config
 
 
 class VllmReplica(EngineReplica):
@@ -106,7 +114,10 @@ class VllmReplica(EngineReplica):
             pool, factory, emit_vllm_metrics=engine_factory is not None, kv_event_log_size=kv_event_log_size
         )
         # Connected once the engine is up and before any request (missed batches are replayed).
-        self._kv_subscriber = VllmKVEventSubscriber(endpoint, self._engine.block_size) if endpoint is not None else None
+        self._kv_subscriber = None
+        if endpoint is not None:
+            assert isinstance(self._engine, VllmEngine)  # (an endpoint only for the real engine)
+            self._kv_subscriber = VllmKVEventSubscriber(endpoint, self._engine.block_size)
         self._kv_handoff = native_kv_handoff(pool)  # None unless the engine's own connector moves KV
 
     async def generate(self, request: GenerateRequest, replica_hint: str | None = None) -> AsyncIterator[OutputDelta]:

@@ -1,6 +1,6 @@
 """The router deployment: routing state shared by every ingress replica.
 
-A thin async wrapper around ``deployments.router.RouterCore`` (prefix index, sessions, load,
+A thin async wrapper around ``deployments.router.core.router_core.RouterCore`` (prefix index, sessions, load,
 policy by config name). It may run as several replicas (``router.replicas``); they agree:
 
 - **Same engine view.** Every router replica polls every engine replica itself. Membership, load
@@ -58,60 +58,50 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ray import serve
+
+from deployments.replicas.client import EnginePoolClient
 from deployments.replicas.engine_replica import current_replica_id
+from deployments.router import replica_membership
 from deployments.router.core.load import PEER_LOAD_PERIOD_S
-from deployments.router.core.router_core import NoReplicaError, RequestInfo, RouterConfig, RouterCore
+from deployments.router.core.router_core import NoReplicaError, RouterCore
 from deployments.router.engine_view import EngineView
 from deployments.router.messages import (
     IndexView,
-    PoolInfo,
     ReplicaView,
     RouteDecision,
     RouteRequest,
     RouterSnapshot,
     eligible_pools,
+    prefill_ticket_of,
 )
+from serve_app.config.app import AppConfig
+from serve_app.metrics import RouterMetrics
 
 logger = logging.getLogger(__name__)
 
-NO_PD = 1 << 62  # pd_min_prompt_tokens when disaggregation is off
-PREFILL_SUFFIX = "#prefill"
+TICKET_TTL_S = 3600.0  # a ticket never released (its ingress crashed) expires after this
 UNSEEN_POOL_WAIT_S = 0.1  # how long a decision waits for an on-demand poll of an unseen pool
 
 
 class RouterDeployment:
-    def __init__(
-        self,
-        pools: Sequence[PoolInfo],
-        pool_handles: Mapping[str, Any],
-        stats_period_s: float = 0.5,
-        ticket_ttl_s: float = 3600.0,
-        pd_threshold_tokens: int | None = None,
-        core_config: RouterConfig | None = None,
-        num_router_replicas: int = 1,
-    ):
+    def __init__(self, config: AppConfig, pool_handles: Mapping[str, Any], ticket_ttl_s: float = TICKET_TTL_S):
+        """``pool_handles``: pool name -> the pool's engine deployment handle (bound by the builder)."""
         self.replica_id = current_replica_id()
-        self._num_router_replicas = num_router_replicas
-        self._pools = tuple(pools)
-        self._handles = dict(pool_handles)
-        self._period_s = stats_period_s
+        self._num_router_replicas = config.router.replicas
+        self._pools = config.pools
+        self._pool_clients = {name: EnginePoolClient(handle) for name, handle in pool_handles.items()}
+        self._period_s = config.router.stats_period_s
         self._ticket_ttl_s = ticket_ttl_s
-        base = core_config or RouterConfig()
-        self._core = RouterCore(
-            dataclasses.replace(
-                base,
-                block_size=min((p.block_size for p in self._pools), default=base.block_size),
-                pd_min_prompt_tokens=NO_PD if pd_threshold_tokens is None else pd_threshold_tokens,
-            )
-        )
-        self.engines = EngineView(self._core, self._pools, pd_threshold_tokens)
-        # ticket -> (request id, replica id or None, is prefill ticket, issue time)
-        self._tickets: dict[str, tuple[str, str | None, bool, float]] = {}
-        self._poller: asyncio.Task | None = None
-        self._pending_refresh: asyncio.Task | None = None  # an on-demand poll (unseen pool)
+        self._core = RouterCore(config.router, {m.name: m.routing for m in config.models})
+        self.engines = EngineView(self._core, config.models)
+        # ticket -> (request id, replica id, is prefill ticket, issue time)
+        self._tickets: dict[str, tuple[str, str, bool, float]] = {}
+        self._poller: asyncio.Task[None] | None = None
+        self._pending_refresh: asyncio.Task[None] | None = None  # an on-demand poll (unseen pool)
         self._unsubscribe: list[Any] = []  # replica_membership subscriptions
-        self._gossip: asyncio.Task | None = None  # publishes our in-flight counts to peer routers
-        self._metrics = None
+        self._gossip: asyncio.Task[None] | None = None  # publishes our in-flight counts to peer routers
+        self._metrics: RouterMetrics | None = None
 
     # -- decision API -------------------------------------------------------------------------
 
@@ -129,62 +119,27 @@ class RouterDeployment:
         known = set(self.engines.replica_pool.values())
         return any(p.model == model and self.engines.is_routed(p.name) and p.name not in known for p in self._pools)
 
-    def _refresh_task(self) -> asyncio.Task:
+    def _refresh_task(self) -> asyncio.Task[None]:
         if self._pending_refresh is None or self._pending_refresh.done():
             self._pending_refresh = asyncio.get_running_loop().create_task(self.refresh())
         return self._pending_refresh
 
     def decide(self, request: RouteRequest) -> RouteDecision:
         allowed_pools = eligible_pools(request, self._pools)  # RoutingError -> the ingress's 400
-        replica_pool = self.engines.replica_pool
-        allowed = None
-        if request.pool is not None:
-            allowed = frozenset(self.engines.replicas_of(request.pool))
-        if request.excluded_replicas:
-            allowed = (allowed if allowed is not None else frozenset(replica_pool)) - frozenset(
-                request.excluded_replicas
-            )
-        info = RequestInfo(
-            request.request_id,
-            request.model,
-            session_key=request.session_id,
-            block_hashes=tuple(request.prompt_block_hashes),
-            num_prompt_tokens_hint=request.num_prompt_tokens,
-            allowed_replicas=allowed,
-            block_size=self.engines.block_sizes[request.model],
-        )
         try:
-            decision = self._core.route(info)
+            decision = self._core.route(request)
         except NoReplicaError:  # none known yet (startup): the pool's handle picks
             pool = allowed_pools[0].name
             self._count(pool, "no_replica_known")
             return RouteDecision(
                 pool=pool, replica_id=None, ticket="", reason="no_replica_known", router_replica_id=self.replica_id
             )
-        pool = replica_pool[decision.replica_id]
-        ticket = self._issue(request.request_id, decision.replica_id, is_prefill=False)
-        if decision.prefill_replica_id is None:
-            reason = "pinned" if request.pool is not None else decision.reason
-            self._count(pool, reason)
-            return RouteDecision(
-                pool=pool,
-                replica_id=decision.replica_id,
-                ticket=ticket,
-                reason=reason,
-                router_replica_id=self.replica_id,
-            )
-        prefill = decision.prefill_replica_id
-        self._count(pool, "prefill_decode")
-        return RouteDecision(
-            pool=pool,
-            replica_id=decision.replica_id,
-            ticket=ticket,
-            reason="prefill_decode",
-            prefill_pool=replica_pool[prefill],
-            prefill_replica_id=prefill,
-            prefill_ticket=self._issue(request.request_id, prefill, is_prefill=True),
-            router_replica_id=self.replica_id,
-        )
+        assert decision.replica_id is not None
+        self._issue(decision.ticket, request.request_id, decision.replica_id, is_prefill=False)
+        if decision.prefill_replica_id is not None:
+            self._issue(decision.prefill_ticket, request.request_id, decision.prefill_replica_id, is_prefill=True)
+        self._count(decision.pool, decision.reason)
+        return dataclasses.replace(decision, router_replica_id=self.replica_id)
 
     async def release(self, ticket: str, replica_hint: str | None = None) -> None:
         """The request (or its prefill phase) ended: completed, failed or cancelled. Idempotent.
@@ -206,7 +161,7 @@ class RouterDeployment:
         """Release every ticket of ``request_id``: the ingress gave up waiting for the decision
         (timeout) and routed locally, so a decision made late must not stay counted. (Sent to
         every router replica: the ingress does not know which one decided.)"""
-        self._release(request_id + PREFILL_SUFFIX)
+        self._release(prefill_ticket_of(request_id))
         self._release(request_id)
 
     async def snapshot(self) -> RouterSnapshot:
@@ -220,8 +175,8 @@ class RouterDeployment:
             peer_router_ids=self._core.peer_router_ids(),
         )
 
-    async def session_replica(self, session_key: str) -> str | None:
-        return self._core.session_replica(session_key)
+    async def session_replica(self, session_id: str) -> str | None:
+        return self._core.session_replica(session_id)
 
     async def prefix_index_view(self, probe_hashes: Sequence[int]) -> IndexView:
         """Which of ``probe_hashes`` this router's prefix index holds per engine replica, and how
@@ -248,13 +203,12 @@ class RouterDeployment:
         seen: set[str] = set()
         started_s = time.monotonic()
         for pool in self._pools:
-            handle = self._handles.get(pool.name)
-            if handle is None or not engines.is_routed(pool.name):
+            client = self._pool_clients.get(pool.name)
+            if client is None or not engines.is_routed(pool.name):
                 continue
             try:
                 results = await asyncio.wait_for(
-                    handle.broadcast("routing_snapshot", dict(engines.cursors)).results_async(return_exceptions=True),
-                    timeout=max(1.0, 4 * self._period_s),
+                    client.routing_snapshots(engines.cursors), timeout=max(1.0, 4 * self._period_s)
                 )
             except Exception as exc:  # a pool still deploying or gone: keep the others
                 logger.debug("router: polling pool %s failed: %r", pool.name, exc)
@@ -280,8 +234,6 @@ class RouterDeployment:
     async def _publish_load_forever(self) -> None:
         """Several router replicas: tell the others what this one has in flight, so each sees the
         whole load between engine polls (fire and forget; a lost round is replaced by the next)."""
-        from ray import serve
-
         context = serve.get_replica_context()
         handle = serve.get_deployment_handle(context.deployment, context.app_name)
         pending = None
@@ -293,7 +245,8 @@ class RouterDeployment:
 
     async def _publish_load_once(self, handle: Any, counts: dict[str, int]) -> None:
         try:
-            await handle.broadcast("peer_load", self.replica_id, counts).results_async(return_exceptions=True)
+            response = handle.broadcast(RouterDeployment.peer_load.__name__, self.replica_id, counts)
+            await response.results_async(return_exceptions=True)
         except Exception:  # a peer starting or gone: the next round tries again
             logger.debug("router: publishing in-flight counts failed", exc_info=True)
 
@@ -321,13 +274,12 @@ class RouterDeployment:
             self._refresh_task()
 
     def _subscribe_membership(self, loop: asyncio.AbstractEventLoop) -> None:
-        from deployments.router import replica_membership
-
         for pool in self._pools:
-            handle = self._handles.get(pool.name)
-            app_name, name = getattr(handle, "app_name", None), getattr(handle, "deployment_name", None)
-            if not self.engines.is_routed(pool.name) or not isinstance(name, str) or not isinstance(app_name, str):
+            client = self._pool_clients.get(pool.name)
+            deployment = client.deployment if client is not None else None
+            if deployment is None or not self.engines.is_routed(pool.name):
                 continue
+            app_name, name = deployment
 
             def listener(ids: frozenset[str], pool_name: str = pool.name) -> None:
                 # called on Serve's router thread: hand over to this replica's loop
@@ -346,10 +298,8 @@ class RouterDeployment:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _issue(self, request_id: str, replica_id: str, is_prefill: bool) -> str:
-        ticket = request_id + (PREFILL_SUFFIX if is_prefill else "")
+    def _issue(self, ticket: str, request_id: str, replica_id: str, is_prefill: bool) -> None:
         self._tickets[ticket] = (request_id, replica_id, is_prefill, time.monotonic())
-        return ticket
 
     def _expire_tickets(self) -> None:
         deadline = time.monotonic() - self._ticket_ttl_s
@@ -370,8 +320,6 @@ class RouterDeployment:
             return
         if self._metrics is None:
             try:
-                from serve_app.metrics import RouterMetrics
-
                 self._metrics = RouterMetrics()
             except Exception:  # outside a Ray worker (unit tests)
                 self._metrics = None

@@ -12,34 +12,31 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-from deployments.pd.pairing import pairing_problem
 from deployments.replicas.kv_event_log import KVCursor
-from deployments.router.core.router_core import ReplicaInfo, ReplicaRole, RouterCore
-from deployments.router.messages import PoolInfo, ReplicaSnapshot, routing_block_size
+from deployments.router.core.router_core import ReplicaInfo, RouterCore
+from deployments.router.messages import ReplicaSnapshot
+from serve_app.config.app import ModelConfig, PoolConfig, Role
 
 
-def core_role(pool: PoolInfo, pools: Sequence[PoolInfo], pd_threshold_tokens: int | None) -> ReplicaRole | None:
+def core_role(pool: PoolConfig, model: ModelConfig) -> Role | None:
     """The role the core gives a pool's replicas; None = not routed by the core.
 
-    Prefill pools take part only with PD on, when every prefill and decode pool of their model
-    shares one KV path (``deployments.pd.pairing``: TPU engines hand KV only to TPU engines that
-    load the same connector); otherwise their model's requests run whole on the decode pool."""
-    if pool.role == "both":
-        return ReplicaRole.BOTH
-    if pool.role == "decode":
-        return ReplicaRole.DECODE
-    if pd_threshold_tokens is None or pairing_problem(pool, pools) is not None:
+    Prefill pools take part only when their model is disaggregated (``ModelConfig.pd_threshold_tokens``:
+    every prefill and decode pool of the model shares one KV path; TPU engines hand KV only to TPU
+    engines that load the same connector); otherwise the model's requests run whole on the decode
+    pool."""
+    if pool.role == "prefill" and model.pd_threshold_tokens is None:
         return None
-    return ReplicaRole.PREFILL
+    return pool.role
 
 
 class EngineView:
-    def __init__(self, core: RouterCore, pools: Sequence[PoolInfo], pd_threshold_tokens: int | None):
+    def __init__(self, core: RouterCore, models: Sequence[ModelConfig]):
         self._core = core
-        self._pool_by_name = {p.name: p for p in pools}
-        self.roles = {p.name: core_role(p, pools, pd_threshold_tokens) for p in pools}
+        self._pool_by_name = {p.name: p for m in models for p in m.pools}
+        self.roles = {p.name: core_role(p, m) for m in models for p in m.pools}
         # model -> block size of its prefix hashes (what the ingress hashes prompts at)
-        self.block_sizes = {p.model: routing_block_size(pools, p.model) for p in pools}
+        self._block_sizes = {m.name: m.routing_block_size for m in models}
         self.replica_pool: dict[str, str] = {}  # replica id -> pool name (known to the core)
         # replica id -> this router's cursor into its KV event log (precise replicas only)
         self.cursors: dict[str, KVCursor] = {}
@@ -79,13 +76,13 @@ class EngineView:
         if pool is None or role is None:
             return
         rid = snap.replica_id
-        model_bs = self.block_sizes[pool.model]
+        model_bs = self._block_sizes[pool.model]
         is_precise = snap.publishes_kv_events and snap.block_size == model_bs
-        engine_bs = snap.block_size or self._core.config.block_size
+        engine_bs = snap.block_size or model_bs
         num_blocks = max(1, snap.stats.num_kv_blocks_total * engine_bs // model_bs)
         if rid not in self.replica_pool or self._core.index.capacity(rid) != num_blocks:
             # new, or its KV capacity became known / changed
-            self._core.add_replica(ReplicaInfo(rid, (pool.model,), num_blocks, role, publishes_kv_events=is_precise))
+            self._core.add_replica(ReplicaInfo(rid, pool.name, pool.model, num_blocks, role, is_precise))
             self.replica_pool[rid] = pool.name
         if snap.actor_id:
             self._actor_replica[snap.actor_id] = rid
@@ -93,19 +90,21 @@ class EngineView:
         # replica's own in-flight count minus what this router has dispatched there.
         self._core.apply_stats(rid, snap.stats, snap.num_inflight)
         if is_precise and snap.kv_cursor is not None:
-            self._apply_kv_state(rid, snap)
+            self._apply_kv_state(rid, snap, snap.kv_cursor)
 
-    def _apply_kv_state(self, rid: str, snap: ReplicaSnapshot) -> None:
-        """Follow the replica's KV event log from this router's cursor. An answer to an older
-        cursor (two polls in flight at once) is ignored; the next poll reads from the cursor."""
-        cursor, new = self.cursors.get(rid), snap.kv_cursor
-        is_same_log = cursor is not None and cursor.log_id == new.log_id
+    def _apply_kv_state(self, rid: str, snap: ReplicaSnapshot, new: KVCursor) -> None:
+        """Follow the replica's KV event log from this router's cursor to ``new`` (the answer's).
+        An answer to an older cursor (two polls in flight at once) is ignored; the next poll reads
+        from the cursor."""
+        cursor = self.cursors.get(rid)
+        if cursor is not None and cursor.log_id != new.log_id:
+            cursor = None  # another log (a restarted replica): only its snapshot applies
         if snap.kv_blocks is not None:
-            if is_same_log and cursor.seq >= new.seq:
+            if cursor is not None and cursor.seq >= new.seq:
                 return  # this router is already past that snapshot
             self._core.apply_snapshot(rid, snap.kv_blocks)
             self.cursors[rid] = new
-        elif is_same_log and cursor.seq == snap.kv_from_seq:
+        elif cursor is not None and cursor.seq == snap.kv_from_seq:
             if snap.kv_events:
                 self._core.apply_kv_events(rid, snap.kv_events)
             self.cursors[rid] = new

@@ -1,8 +1,9 @@
 """The typed messages between the ingress, the router deployment and the engine replicas.
 
 The router's decision API is deliberately small: ``RouteRequest`` in, ``RouteDecision`` out,
-``release(ticket)`` when the request ends (completed, failed or cancelled). The decision itself
-is ``deployments.router.RouterCore``'s; these types are its Serve-facing edge (pools by name).
+``release(ticket)`` when the request ends (completed, failed or cancelled). The router core
+(``deployments.router.core.router_core.RouterCore``) takes and returns these same types, so a
+request has one shape from the ingress to the decision (pools by name).
 """
 
 from __future__ import annotations
@@ -10,53 +11,34 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from accel.block_hash import BlockHash
 from accel.contract import EngineStats
 from deployments.replicas.kv_event_log import KVCursor
 from deployments.router.core.load import ReplicaLoad
 from deployments.router.kv_events import KVEvent
-
-
-@dataclass(frozen=True)
-class PoolInfo:
-    """What the router needs to know about a pool (from the app config)."""
-
-    name: str
-    model: str
-    engine: str  # "tt" | "vllm"
-    accelerator: str  # "tt" | "tpu" | "cuda" | "cpu"
-    role: str  # "both" | "prefill" | "decode"
-    block_size: int = 16  # engine KV block size in tokens
-    # The engine's own vLLM KV connector (engine_args.kv_transfer_config.kv_connector), if the pool
-    # configures one; decides which prefill and decode pools pair (deployments/pd/pairing.py).
-    kv_connector: str | None = None
-
-
-def routing_block_size(pools: Sequence[PoolInfo], model: str) -> int:
-    """The block size of the router's prefix hashes for ``model``: the smallest engine block size
-    among its pools. The ingress hashes prompts at it; replicas whose engine blocks differ are
-    learned from routing (their KV events would be in another hash space)."""
-    return min((p.block_size for p in pools if p.model == model), default=16)
+from serve_app.config.app import PoolConfig
 
 
 @dataclass(frozen=True)
 class RouteRequest:
-    """One engine request to place. ``pool`` set = the client pinned a pool (x-meshserve-pool)."""
+    """One engine request to place (what ``RouterCore.route`` takes). ``pool`` set = the client
+    pinned a pool (x-meshserve-pool)."""
 
     request_id: str
     model: str
     num_prompt_tokens: int
     pool: str | None = None
-    session_id: str | None = None
+    session_id: str | None = None  # GenerateRequest.session_id: binds the request's session
     # Chained block hashes of the prompt's full blocks (accel.block_hash.hash_prompt_blocks at
-    # routing_block_size(pools, model)); may be empty.
-    prompt_block_hashes: tuple[int, ...] = ()
+    # the model's ModelConfig.routing_block_size); may be empty.
+    prompt_block_hashes: tuple[BlockHash, ...] = ()
     # Engine replicas not to choose (a retry after the first choice died).
     excluded_replicas: tuple[str, ...] = ()
 
     @property
     def affinity_key(self) -> str:
-        """Which router replica decides this request (``deployments.router.rendezvous_request_router``): every
-        request of a session, else of a prompt head, goes to the same one, so its session
+        """Which router replica decides this request (``deployments.router.rendezvous_request_router``):
+        every request of a session, else of a prompt head, goes to the same one, so its session
         binding and in-flight counts live in one place."""
         if self.session_id:
             return "s:" + self.session_id
@@ -65,22 +47,36 @@ class RouteRequest:
         return "r:" + self.request_id
 
 
+PREFILL_TICKET_SUFFIX = "#prefill"  # a disaggregated decision's prefill ticket: request id + this
+
+
+def prefill_ticket_of(request_id: str) -> str:
+    return request_id + PREFILL_TICKET_SUFFIX
+
+
 @dataclass(frozen=True)
 class RouteDecision:
-    """Where to send it. ``replica_id`` None = the router knows no replica of ``pool`` yet; the
-    engine handle then picks the least-loaded one itself. ``ticket`` goes back in ``release``, to
-    ``router_replica_id`` (the router replica that issued it and counts the request)."""
+    """Where to send it (what ``RouterCore.route`` returns). ``replica_id`` None = the router knows
+    no replica of ``pool`` yet; the engine handle then picks the least-loaded one itself.
+    ``ticket`` (the request id) goes back in ``release``, to ``router_replica_id`` (the router
+    replica that issued it and counts the request); "" = nothing to release."""
 
     pool: str
     replica_id: str | None
     ticket: str
-    reason: str
+    reason: str  # "pinned", "prefill_decode", a policy's reason (``policy.Choice``), or a fallback's
     # Prefill/decode disaggregation (deployments/pd/orchestrator.py): set when the prompt is prefilled on
     # ``prefill_pool`` and decoded on ``pool``; ``prefill_ticket`` is released when prefill ends.
     prefill_pool: str | None = None
     prefill_replica_id: str | None = None
     prefill_ticket: str = ""
     router_replica_id: str | None = None
+    num_matched_blocks: int = 0  # leading prompt blocks cached on the replica doing the prefill
+    num_prompt_blocks: int = 0  # full blocks of the prompt
+
+    @property
+    def is_disaggregated(self) -> bool:
+        return self.prefill_pool is not None
 
 
 @dataclass(frozen=True)
@@ -148,7 +144,7 @@ class IndexView:
 WHOLE_REQUEST_ROLES = ("both", "decode")
 
 
-def eligible_pools(request: RouteRequest, pools: Sequence[PoolInfo]) -> list[PoolInfo]:
+def eligible_pools(request: RouteRequest, pools: Sequence[PoolConfig]) -> list[PoolConfig]:
     """Pools that may run the whole request: the pinned one, else every pool of the model whose
     role can (``both``, or ``decode``, which prefills locally when no PD plan is made).
     Raises ``RoutingError`` for an unknown pin, a pin to another model, or an unserved model."""

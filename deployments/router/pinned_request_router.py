@@ -9,7 +9,9 @@ a trap. Without a usable hint every candidate is in one rank: a local least-load
 
 from __future__ import annotations
 
-from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
+from typing import Any
+
+from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from deployments.router import replica_membership
 
@@ -23,8 +25,8 @@ def replica_hint(pending_request: PendingRequest | None) -> str | None:
     return hint if isinstance(hint, str) else None
 
 
-class PinnedReplicaRouter(FIFOMixin, RequestRouter):
-    def initialize_state(self, **kwargs) -> None:
+class PinnedReplicaRequestRouter(FIFOMixin, RequestRouter):
+    def initialize_state(self, **kwargs: Any) -> None:
         pass
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
@@ -32,7 +34,7 @@ class PinnedReplicaRouter(FIFOMixin, RequestRouter):
         super().update_replicas(replicas)
         self._publish_membership()
 
-    def on_replica_actor_died(self, replica_id) -> None:
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self._publish_membership()
 

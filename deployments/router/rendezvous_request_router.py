@@ -20,6 +20,7 @@ Ranks are single replicas in rendezvous order, so when the first choice cannot t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
 
@@ -48,8 +49,8 @@ def affinity_key(pending_request: PendingRequest | None) -> str | None:
     return None
 
 
-class RendezvousRouter(FIFOMixin, RequestRouter):
-    def initialize_state(self, **kwargs) -> None:
+class RendezvousRequestRouter(FIFOMixin, RequestRouter):
+    def initialize_state(self, **kwargs: Any) -> None:
         pass
 
     async def choose_replicas(

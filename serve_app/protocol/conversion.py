@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from accel.contract import GenerateRequest, SamplingParams
+from accel.contract import GenerateRequest, InvalidRequestError, SamplingParams
 from accel.text.tokenizer import TextTokenizer
 from serve_app.protocol.chat import ChatCompletionRequest
 from serve_app.protocol.completions import CompletionRequest
@@ -158,7 +158,7 @@ def sampling_params(
         seed=req.seed,
         max_tokens=max_tokens,
         min_tokens=req.min_tokens,
-        stop=req.stop,
+        stop=(req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ()),
         stop_token_ids=tuple(req.stop_token_ids or ()),
         include_stop_str_in_output=req.include_stop_str_in_output,
         ignore_eos=req.ignore_eos,
@@ -166,9 +166,20 @@ def sampling_params(
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-        logit_bias=req.logit_bias,
+        logit_bias=_logit_bias(req.logit_bias),
         skip_special_tokens=req.skip_special_tokens,
     )
+
+
+def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``{"<token id>": bias}`` as (token id, bias) pairs (ranges: ``SamplingParams``)."""
+    pairs = []
+    for key, value in (bias or {}).items():
+        try:
+            pairs.append((int(key), value))
+        except ValueError:
+            raise InvalidRequestError("logit_bias", f"key {key!r} is not a token id") from None
+    return tuple(pairs)
 
 
 def generate_requests(

@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
 
 from accel.contract import OutputDelta, TokenLogprob
 from accel.text.tokenizer import TextTokenizer
@@ -198,7 +201,7 @@ def chat_usage_chunk(opts: RenderOptions, choices: Sequence[ChoiceState]) -> Cha
     )
 
 
-def sse(payload) -> str:
+def sse(payload: BaseModel) -> str:
     return f"data: {payload.model_dump_json(exclude_none=True)}\n\n"
 
 
@@ -206,7 +209,7 @@ def fast_text_chunk_sse(opts: RenderOptions, index: int, delta: OutputDelta, is_
     """The common streaming chunk (text only: no logprobs, no token ids) without building
     pydantic models: the per-token hot path. Same JSON as ``sse(completion_chunk(...))`` /
     ``sse(chat_chunk(...))`` for such a delta."""
-    choice: dict = {"index": index}
+    choice: dict[str, Any] = {"index": index}
     if is_chat:
         choice["delta"] = {"content": delta.text}
     else:

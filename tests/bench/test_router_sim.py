@@ -55,6 +55,18 @@ def test_small_run_prints_one_coherent_json_object(capsys):
         assert entries[name]["max_over_mean_load"] < entries["prefix"]["max_over_mean_load"]
 
 
+def test_the_decision_latency_path_drives_the_core_with_route_requests(capsys):
+    """The latency measurement (not its figures): every timed decision goes through
+    ``RouterCore.choose``/``on_dispatched`` on a preloaded index."""
+    small = ["--sessions", "8", "--turns", "2", "--groups", "2", "--shared-requests", "40", "--duration-s", "10"]
+    latency = ["--latency-replicas", "4", "--latency-cached-blocks", "200", "--latency-decisions", "30"]
+    policies = ["--policies", "prefix+session+load,prefix+session+load@precise"]
+    router_sim.main(["--json", "--replicas", "4", "--kv-blocks", "128", *small, *latency, *policies])
+    entries = json.loads(capsys.readouterr().out)["policies"]
+    for entry in entries.values():
+        assert entry["latency_num_timed"] == 30 and entry["latency_preloaded_blocks"] >= 200
+
+
 def test_engine_cache_reports_stores_and_evictions_in_order():
     cache = EngineCache(3)
     assert [type(e).__name__ for e in cache.store([1, 2])] == ["BlockStored"]
@@ -89,8 +101,8 @@ def test_several_router_replicas_split_the_decisions_and_agree_on_the_index():
     from router_sim_workload import WorkloadConfig, make_trace
 
     from accel.contract import EngineStats
-    from deployments.router.core.policy import CostWeights
     from deployments.router.kv_events import BlockStored
+    from serve_app.config.router import CostWeights
 
     ids = ["a", "b", "c"]
     multi = MultiCoreSimRouter(3, "prefix+session+load", "precise", ids, 256, 16, CostWeights())
@@ -111,8 +123,8 @@ def test_several_router_replicas_split_the_decisions_and_agree_on_the_index():
         replica = multi.choose(req, float(i))
         owner = multi._router_of[req.request_id]
         owners.add(owner)
-        if req.session_key:  # every request of a session is decided by the same router replica
-            assert sessions.setdefault(req.session_key, owner) == owner
+        if req.session_id:  # every request of a session is decided by the same router replica
+            assert sessions.setdefault(req.session_id, owner) == owner
         multi.on_kv_events(replica, [BlockStored(tuple(req.prompt_hashes))])
     assert len(owners) == 3  # the decisions are spread over every router replica
     # Every router follows every engine's events: identical precise indexes.

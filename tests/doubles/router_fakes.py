@@ -6,12 +6,13 @@ from __future__ import annotations
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import EngineStats
 from deployments.replicas.kv_event_log import KVEventLog
-from deployments.router.core.router_core import RouterConfig
 from deployments.router.deployment import RouterDeployment
-from deployments.router.messages import PoolInfo, ReplicaSnapshot, RouteRequest
+from deployments.router.messages import ReplicaSnapshot, RouteRequest
+from serve_app.config.router import RouterConfig
+from tests.doubles.app_configs import app_config, pool_config
 
 BS = 4
-POOLS = (PoolInfo("tt", "m", "tt", "cpu", "both", BS), PoolInfo("vllm", "m", "vllm", "cpu", "both", BS))
+POOLS = (pool_config("tt", "m", "tt", "cpu", "both", BS), pool_config("vllm", "m", "vllm", "cpu", "both", BS))
 
 
 class Broadcast:
@@ -88,9 +89,8 @@ def make_router(policy="prefix+session+load", tt=None, vllm=None, **kw):
         "tt": FakePoolHandle(tt if tt is not None else [make_snap("t1", "tt"), make_snap("t2", "tt")]),
         "vllm": FakePoolHandle(vllm if vllm is not None else [make_snap("v1", "vllm", running=3)]),
     }
-    return RouterDeployment(
-        POOLS, handles, stats_period_s=60, core_config=RouterConfig(policy=policy, index_mode="precise"), **kw
-    ), handles
+    config = app_config(POOLS, RouterConfig(policy=policy, index_mode="precise", stats_period_s=60))
+    return RouterDeployment(config, handles, **kw), handles
 
 
 async def in_flight_counts(router):

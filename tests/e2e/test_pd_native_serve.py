@@ -83,11 +83,10 @@ def client(serve_session, tiny_llama):
 
 
 def _stats():
-    import ray
 
     from deployments.kv.connector_actor import get_kv_connector
 
-    return ray.get(get_kv_connector(APP).stats.remote())["registry"]
+    return get_kv_connector(APP).stats()["registry"]
 
 
 def _prompt(n, seed):

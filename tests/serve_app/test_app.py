@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from accel.contract import ConfigError
-from serve_app.app import INGRESS_NAME, PINNED_ROUTER, ROUTER_NAME, build_app
+from serve_app.app import INGRESS_NAME, PINNED_REQUEST_ROUTER, ROUTER_NAME, build_app
 
 CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
 
@@ -56,19 +56,19 @@ def test_every_config_builds(path):
         kind = "TTMeshReplica" if pool["engine"] == "tt" else "VllmReplica"
         d = graph[f"{kind}-{pool['name']}"]
         router_cfg = d._deployment_config.request_router_config
-        assert router_cfg.request_router_class == PINNED_ROUTER
+        assert router_cfg.request_router_class == PINNED_REQUEST_ROUTER
         assert d.max_ongoing_requests == pool.get("max_ongoing_requests", 64)
 
 
 def test_several_router_replicas_get_the_rendezvous_router():
-    from serve_app.app import RENDEZVOUS_ROUTER
+    from serve_app.app import RENDEZVOUS_REQUEST_ROUTER
 
     args = _args(CONFIGS[[p.stem for p in CONFIGS].index("local")])
     args["router"] = dict(args.get("router") or {}, replicas=3, kv_event_log_size=100)
     graph = _graph(build_app(args))
     router = graph[ROUTER_NAME]
     assert router.num_replicas == 3
-    assert router._deployment_config.request_router_config.request_router_class == RENDEZVOUS_ROUTER
+    assert router._deployment_config.request_router_config.request_router_class == RENDEZVOUS_REQUEST_ROUTER
 
 
 def test_local_graph_is_cpu_only():

@@ -17,10 +17,9 @@ Per decision, over one pool:
 
 from __future__ import annotations
 
-from .policy import Choice, RoutingContext, RoutingPolicy, load_view, register_policy, tie_rank
+from .policy import Choice, RoutingContext, RoutingPolicy, load_view, tie_rank
 
 
-@register_policy
 class PrefixSessionLoadPolicy(RoutingPolicy):
     name = "prefix+session+load"
 

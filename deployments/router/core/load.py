@@ -25,20 +25,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from accel.contract import EngineStats
+from serve_app.config.router import LoadConfig
 
 PEER_LOAD_PERIOD_S = 0.1  # how often each router replica publishes its in-flight counts
-
-
-@dataclass(frozen=True)
-class LoadConfig:
-    stats_max_age_s: float = 5.0  # engine stats older than this are ignored
-    peer_max_age_s: float = 1.0  # a peer router's in-flight counts older than this are ignored
-
-    def __post_init__(self) -> None:
-        if not self.stats_max_age_s > 0:
-            raise ValueError(f"stats_max_age_s must be positive, got {self.stats_max_age_s}")
-        if not self.peer_max_age_s > 0:
-            raise ValueError(f"peer_max_age_s must be positive, got {self.peer_max_age_s}")
 
 
 @dataclass(frozen=True)
@@ -180,18 +169,19 @@ class LoadTracker:
             self._peer_until_s = (
                 min(t for _, t in self._peers.values()) + self._config.peer_max_age_s if self._peers else math.inf
             )
-        if self._peers:
+        if self._peers and self._peer_foreign is not None:  # (the block above just computed it)
             return self._peer_foreign
         self.fresh_stats()
         return self._fresh_foreign
 
     def load(self, replica_id: str) -> ReplicaLoad:
         snap = self._stats.get(replica_id)
-        is_fresh = snap is not None and snap.received_s >= self._clock() - self._config.stats_max_age_s
+        if snap is not None and snap.received_s < self._clock() - self._config.stats_max_age_s:
+            snap = None  # stale
         return ReplicaLoad(
             num_in_flight=self._in_flight[replica_id],
-            num_waiting=snap.num_waiting if is_fresh else 0,
-            kv_usage=snap.kv_usage if is_fresh else 0.0,
-            is_stats_fresh=is_fresh,
+            num_waiting=snap.num_waiting if snap is not None else 0,
+            kv_usage=snap.kv_usage if snap is not None else 0.0,
+            is_stats_fresh=snap is not None,
             num_foreign_in_flight=self.foreign_in_flight().get(replica_id, 0),
         )

@@ -1,4 +1,4 @@
-"""Routing policies: a small abstract base plus a registry by config name.
+"""Routing policies: the small abstract base every policy implements, and what they share.
 
 A policy sees one ``RoutingContext`` (the candidate replicas of one pool with their prefix
 matches, loads and the session binding) and returns a ``Choice``. It holds no state about
@@ -8,6 +8,9 @@ Load score (``load_score``), in requests: ``in_flight + foreign_in_flight + w_qu
 w_kv_usage * kv_usage``, the last three only from fresh stats (foreign = other router replicas').
 In-flight is always present (tracked locally), so the score never freezes when stats are stale or
 missing.
+
+The policies by config name live in ``policies`` (the registry imports the implementations,
+which import this module: one direction, no cycle).
 
 Ties are broken deterministically by rendezvous hashing of (request tie key, replica): equal
 candidates spread over replicas by the prompt's first block (or the session key), yet every router
@@ -21,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from accel.contract import ConfigError
+from serve_app.config.router import CostWeights
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN64 = 0x9E3779B97F4A7C15
@@ -31,29 +34,6 @@ def tie_rank(tie_key: int, replica_hash: int) -> int:
     """Rendezvous rank of a replica for a request: smaller wins among equal candidates."""
     x = ((tie_key ^ replica_hash) * _GOLDEN64) & _MASK64
     return x ^ (x >> 29)
-
-
-@dataclass(frozen=True)
-class CostWeights:
-    """Weights of ``prefix+session+load`` (and the load score every policy uses).
-
-    ``cost = w_prefill * uncached_prompt_blocks + w_load_blocks * load_score`` over the replicas
-    whose load score is within ``min_score + max(window_abs, window_rel * min_score)``; replicas
-    outside that window are overloaded (never chosen, and a session bound to one moves).
-    Defaults chosen on ``bench/router_sim.py``.
-    """
-
-    w_prefill: float = 1.0  # per uncached prompt block
-    w_load_blocks: float = 4.0  # blocks of prefill one unit of load score is worth
-    w_queue: float = 1.0  # load score per engine-waiting request (fresh stats only)
-    w_kv_usage: float = 4.0  # load score at 100% KV usage (fresh stats only)
-    window_abs: float = 8.0  # acceptable load-score excess over the least-loaded replica ...
-    window_rel: float = 0.25  # ... or this fraction of the least-loaded score, whichever is larger
-
-    def __post_init__(self) -> None:
-        for name in ("w_prefill", "w_load_blocks", "w_queue", "w_kv_usage", "window_abs", "window_rel"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"router.weights.{name}: must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -130,32 +110,3 @@ def without(candidates: tuple[str, ...], replica_id: str) -> tuple[str, ...]:
     somewhere to go; with one replica it queues where it is)."""
     others = tuple(r for r in candidates if r != replica_id)
     return others or candidates
-
-
-_POLICIES: dict[str, type[RoutingPolicy]] = {}
-
-
-def register_policy(cls: type[RoutingPolicy]) -> type[RoutingPolicy]:
-    if cls.name in _POLICIES:
-        raise ValueError(f"routing policy {cls.name!r} registered twice")
-    _POLICIES[cls.name] = cls
-    return cls
-
-
-def policy_names() -> tuple[str, ...]:
-    _load_builtin_policies()
-    return tuple(sorted(_POLICIES))
-
-
-def make_policy(name: str, weights: CostWeights | None = None) -> RoutingPolicy:
-    """The policy registered as ``name``; unknown names raise ``ConfigError`` listing the known."""
-    _load_builtin_policies()
-    cls = _POLICIES.get(name)
-    if cls is None:
-        raise ConfigError(f"router.policy: unknown policy {name!r}; known: {', '.join(policy_names())}")
-    return cls(weights or CostWeights())
-
-
-def _load_builtin_policies() -> None:
-    # The built-ins register themselves on import; imported here to avoid an import cycle.
-    from . import cost_policy, simple_policies  # noqa: F401

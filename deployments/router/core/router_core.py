@@ -1,7 +1,9 @@
 """RouterCore: the router's state and decisions, as pure logic (no Ray, no torch).
 
 Composes a prefix index (``prefix_index``), a session table (``sessions``), a load tracker
-(``load``) and a routing policy chosen by name (``policy``) over per-model replica pools.
+(``load``) and a routing policy chosen by name (``policies``) over per-model replica pools. Its
+settings are the app config's: ``serve_app.config.router.RouterConfig`` and, per served model,
+``ModelRouting`` (routing block size, PD threshold), derived once from the model's pools.
 
 How the Router deployment drives it
 -----------------------------------
@@ -13,15 +15,18 @@ session's requests always reach the same router replica (``deployments/router/de
 The deployment is a thin async wrapper whose methods never block (no RPCs inside; all methods
 below are O(prompt blocks + replicas)):
 
-- ``route(RequestInfo) -> Decision``: choose and count the request at once, *before* the ingress
+- ``route(RouteRequest) -> RouteDecision`` (the deployment's own messages,
+  ``deployments.router.messages``): choose and count the request at once, *before* the ingress
   dispatches it (so a burst cannot pile onto one replica). The ingress computes
-  ``RequestInfo.block_hashes`` with ``accel.block_hash.hash_prompt_blocks(ids, block_size)``
-  itself, which keeps hashing off the router's single thread.
+  ``RouteRequest.prompt_block_hashes`` with ``accel.block_hash.hash_prompt_blocks`` at the model's
+  routing block size itself, which keeps hashing off the router's single thread. A request pinned
+  to a pool (``pool``) or retried without some replicas (``excluded_replicas``) is chosen among the
+  rest and never disaggregated. The decision carries its tickets (``ticket`` / ``prefill_ticket``).
 - ``on_completed(request_id)`` when the response ends — completion, error and client cancel alike
   (idempotent); ``on_prefill_done(request_id)`` when a disaggregated prefill returns.
-- ``add_replica(ReplicaInfo)`` / ``remove_replica(id)`` from the deployment's view of the engine
-  replicas (e.g. polling the engine deployment handles, or ``on_replica_actor_died``); removal
-  drops the replica's index entries, sessions and load at once.
+- ``add_replica(ReplicaInfo)`` (pool, model, role, capacity) / ``remove_replica(id)`` from the
+  deployment's view of the engine replicas (its polls, Serve's membership pushes, replicas
+  reported dead); removal drops the replica's index entries, sessions and load at once.
 - ``apply_stats(id, EngineStats, num_reported_in_flight)`` from the router's periodic poll;
   ``apply_kv_events(id, events)`` from engines that publish KV events (``precise`` mode; the TT
   engine publishes ``kv_events`` directly, vLLM replicas go through one
@@ -39,113 +44,51 @@ its history is cached.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from accel.block_hash import BlockHash, hash_prompt_blocks
-from accel.contract import ConfigError, EngineStats
+from accel.block_hash import BlockHash
+from accel.contract import EngineStats
 from deployments.router.kv_events import KVEvent
+from deployments.router.messages import RouteDecision, RouteRequest, prefill_ticket_of
+from serve_app.config.app import Role
+from serve_app.config.router import ModelRouting, RouterConfig
 
-from .load import LoadConfig, LoadTracker, ReplicaLoad
-from .policy import CostWeights, RoutingContext, make_policy
-from .prefix_index import make_prefix_index
-from .sessions import SessionConfig, SessionTable
+from .load import LoadTracker, ReplicaLoad
+from .policies import make_policy
+from .policy import RoutingContext
+from .prefix_index import PrefixIndex, make_prefix_index
+from .sessions import SessionTable
 
 
 class NoReplicaError(LookupError):
     """No replica serves the requested model (or the pool it needs is empty)."""
 
 
-class ReplicaRole(enum.Enum):
-    BOTH = "both"  # prefill and decode on the same replica
-    PREFILL = "prefill"
-    DECODE = "decode"
-
-
 @dataclass(frozen=True)
 class ReplicaInfo:
     replica_id: str
-    model_ids: tuple[str, ...]
-    num_kv_blocks: int  # engine KV capacity in blocks of RouterConfig.block_size
-    role: ReplicaRole = ReplicaRole.BOTH
+    pool: str  # the pool it belongs to (what a decision names)
+    model: str
+    num_kv_blocks: int  # engine KV capacity in blocks of the model's routing block size
+    role: Role = "both"  # "both": prefill and decode on the same replica
     # False: the engine publishes no KV events (at the router's block size), so even in
     # ``precise`` mode this replica's index entries are learned from routing (approximate).
     publishes_kv_events: bool = True
 
 
 @dataclass(frozen=True)
-class RouterConfig:
-    policy: str = "prefix+session+load"
-    index_mode: str = "approximate"  # "precise" where engines publish KV events
-    block_size: int = 16  # tokens per block; must equal the engines' block size
-    # Prompts whose uncached part on the chosen decode replica is at least this long go prefill
-    # pool -> decode pool when both pools exist (a mostly cached prompt prefills where it decodes).
-    pd_min_prompt_tokens: int = 1024
-    weights: CostWeights = field(default_factory=CostWeights)
-    sessions: SessionConfig = field(default_factory=SessionConfig)
-    load: LoadConfig = field(default_factory=LoadConfig)
-
-    def __post_init__(self) -> None:
-        if self.block_size < 1:
-            raise ConfigError(f"router.block_size: must be >= 1, got {self.block_size}")
-        if self.pd_min_prompt_tokens < 0:
-            raise ConfigError(f"router.pd_min_prompt_tokens: must be >= 0, got {self.pd_min_prompt_tokens}")
-        make_policy(self.policy, self.weights)  # unknown names fail here, at construction
-        make_prefix_index(self.index_mode)
-
-
-@dataclass(frozen=True)
-class RequestInfo:
-    """What the router needs of a request. ``block_hashes`` (chained hashes of the prompt's full
-    blocks at the router's block size) may be given by the caller; otherwise it is computed from
-    ``prompt_token_ids``."""
-
-    request_id: str
-    model: str
-    prompt_token_ids: tuple[int, ...] = ()
-    session_key: str | None = None
-    block_hashes: tuple[BlockHash, ...] | None = None
-    num_prompt_tokens_hint: int | None = None  # when only hashes are sent
-    # Restrict the choice to these replicas (a client-pinned pool); None = every replica.
-    allowed_replicas: frozenset[str] | None = None
-    # Tokens per block of ``block_hashes`` (the model's routing block size); None = the config's.
-    block_size: int | None = None
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        if self.num_prompt_tokens_hint is not None:
-            return self.num_prompt_tokens_hint
-        return len(self.prompt_token_ids)
-
-
-@dataclass(frozen=True)
-class Decision:
-    request_id: str
-    replica_id: str  # serves the request: the colocated replica, or the decode replica under PD
-    prefill_replica_id: str | None  # set only for a disaggregated request
-    num_matched_blocks: int  # cached leading blocks on the replica doing the prefill
-    num_prompt_blocks: int
-    reason: str  # the policy's reason for the prefill-side choice (see policy.Choice)
-
-    @property
-    def is_disaggregated(self) -> bool:
-        return self.prefill_replica_id is not None
-
-    @property
-    def decode_replica_id(self) -> str | None:
-        return self.replica_id if self.prefill_replica_id is not None else None
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """One phase's choice inside a decision, kept until dispatch."""
+class _Pick:
+    """One phase's choice inside a decision (the policy's ``Choice`` and what the core adds to it),
+    kept until the request is dispatched."""
 
     replica_id: str
-    session_key: str | None
-    rebind_session: bool
+    session_key: str | None  # the session-table key the dispatch binds (None: no session)
+    rebind_session: bool  # the bound replica was overloaded: move the binding here
+    num_matched_blocks: int  # leading prompt blocks cached on the replica
+    reason: str  # the policy's (``policy.Choice.reason``)
 
 
 def stable_hash64(text: str) -> int:
@@ -155,8 +98,15 @@ def stable_hash64(text: str) -> int:
 class RouterCore:
     """Router state plus decisions. Not thread-safe: the deployment calls it from one loop."""
 
-    def __init__(self, config: RouterConfig | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.config = config or RouterConfig()
+    def __init__(
+        self,
+        config: RouterConfig,
+        models: Mapping[str, ModelRouting],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``models``: the served models' routing settings (block size, PD threshold), by name."""
+        self.config = config
+        self._models = dict(models)
         self._clock = clock
         self._policy = make_policy(self.config.policy, self.config.weights)
         self._index = make_prefix_index(self.config.index_mode)
@@ -164,14 +114,17 @@ class RouterCore:
         self._load = LoadTracker(self.config.load, clock)
         self._replicas: dict[str, ReplicaInfo] = {}
         self._replica_hashes: dict[str, int] = {}
-        self._pools: dict[tuple[str, ReplicaRole], tuple[str, ...]] = {}
-        self._pool_sets: dict[tuple[str, ReplicaRole], frozenset[str]] = {}
-        self._plans: dict[str, tuple[_Plan, ...]] = {}  # decided, awaiting dispatch
+        self._pools: dict[tuple[str, Role], tuple[str, ...]] = {}  # (model, role) -> sorted replica ids
+        self._pool_sets: dict[tuple[str, Role], frozenset[str]] = {}
+        self._plans: dict[str, tuple[_Pick, ...]] = {}  # decided, awaiting dispatch
         self._session_keys_of_request: dict[str, tuple[str, ...]] = {}
 
     # ----- replicas -------------------------------------------------------------------------
     def add_replica(self, info: ReplicaInfo) -> None:
-        """Start routing to a replica (re-adding updates its models, role and capacity)."""
+        """Start routing to a replica (re-adding updates its pool, role and capacity).
+        Raises ``KeyError`` for a model the core was not configured with."""
+        if info.model not in self._models:
+            raise KeyError(f"replica {info.replica_id!r} serves unknown model {info.model!r}")
         if info.replica_id in self._replicas:
             self._drop_from_pools(info.replica_id)
         self._replicas[info.replica_id] = info
@@ -179,8 +132,8 @@ class RouterCore:
         self._index.add_replica(info.replica_id, info.num_kv_blocks)
         self._index.set_event_driven(info.replica_id, info.publishes_kv_events)
         self._load.add_replica(info.replica_id)
-        for model in info.model_ids:
-            self._set_pool((model, info.role), self._pools.get((model, info.role), ()) + (info.replica_id,))
+        key = (info.model, info.role)
+        self._set_pool(key, self._pools.get(key, ()) + (info.replica_id,))
 
     def remove_replica(self, replica_id: str) -> None:
         """The replica is dead or drained: no more routing to it; its cached blocks, session
@@ -197,78 +150,110 @@ class RouterCore:
     def replicas(self) -> tuple[ReplicaInfo, ...]:
         return tuple(self._replicas[r] for r in sorted(self._replicas))
 
-    def _set_pool(self, pool_key: tuple[str, ReplicaRole], members: Iterable[str]) -> None:
-        members = tuple(sorted(members))
-        if members:
-            self._pools[pool_key], self._pool_sets[pool_key] = members, frozenset(members)
+    def _set_pool(self, pool_key: tuple[str, Role], members: Iterable[str]) -> None:
+        ordered = tuple(sorted(members))
+        if ordered:
+            self._pools[pool_key], self._pool_sets[pool_key] = ordered, frozenset(ordered)
         else:
             self._pools.pop(pool_key, None)
             self._pool_sets.pop(pool_key, None)
 
     def _drop_from_pools(self, replica_id: str) -> None:
         info = self._replicas[replica_id]
-        for model in info.model_ids:
-            key = (model, info.role)
-            self._set_pool(key, (r for r in self._pools.get(key, ()) if r != replica_id))
+        key = (info.model, info.role)
+        self._set_pool(key, (r for r in self._pools.get(key, ()) if r != replica_id))
 
     # ----- decisions ------------------------------------------------------------------------
-    def route(self, request: RequestInfo) -> Decision:
+    def route(self, request: RouteRequest) -> RouteDecision:
         """``choose`` and ``on_dispatched`` in one step (what the deployment calls)."""
         decision = self.choose(request)
         self.on_dispatched(request, decision)
         return decision
 
-    def choose(self, request: RequestInfo) -> Decision:
+    def choose(self, request: RouteRequest) -> RouteDecision:
         """Pick the replica(s) for ``request`` without changing load or the index.
 
-        Raises ``NoReplicaError`` when no replica serves ``request.model``."""
+        Raises ``NoReplicaError`` when no replica may serve ``request`` (none of its model, or
+        none left of its pinned pool)."""
         model = request.model
-        hashes = self._block_hashes(request)
-        prefill_pool = self._pools.get((model, ReplicaRole.PREFILL))
-        decode_pool = self._pools.get((model, ReplicaRole.DECODE))
-        both_pool = self._pools.get((model, ReplicaRole.BOTH))
-        allowed = request.allowed_replicas
-        if allowed is not None:  # a pinned pool: no disaggregation, only its replicas
+        routing = self._models.get(model)
+        if routing is None:
+            raise NoReplicaError(f"no replica serves model {model!r}")
+        hashes = request.prompt_block_hashes
+        threshold = routing.pd_threshold_tokens
+        prefill_pool = self._pools.get((model, "prefill"))
+        decode_pool = self._pools.get((model, "decode"))
+        both_pool = self._pools.get((model, "both"))
+        allowed = self._allowed(request)
+        if allowed is not None:  # a pinned pool or a retry: no disaggregation, only those replicas
             prefill_pool = None
             decode_pool = tuple(r for r in decode_pool or () if r in allowed)
             both_pool = tuple(r for r in both_pool or () if r in allowed)
-        session = request.session_key
+        session = request.session_id
         decode = None
-        if prefill_pool and decode_pool and request.num_prompt_tokens >= self.config.pd_min_prompt_tokens:
-            decode = self._choose_in(decode_pool, (model, ReplicaRole.DECODE), hashes, session)
-            block_size = request.block_size or self.config.block_size
-            num_uncached = request.num_prompt_tokens - decode[1] * block_size
-            if num_uncached >= self.config.pd_min_prompt_tokens:
+        if threshold is not None and prefill_pool and decode_pool and request.num_prompt_tokens >= threshold:
+            decode = self._choose_in(decode_pool, (model, "decode"), hashes, session)
+            num_uncached = request.num_prompt_tokens - decode.num_matched_blocks * routing.block_size
+            if num_uncached >= threshold:
                 prefill = self._choose_in(
-                    prefill_pool, (model, ReplicaRole.PREFILL), hashes, f"prefill|{session}" if session else None
+                    prefill_pool, (model, "prefill"), hashes, f"prefill|{session}" if session else None
                 )
-                self._plans[request.request_id] = (decode[0], prefill[0])
-                return Decision(
-                    request.request_id, decode[0].replica_id, prefill[0].replica_id, prefill[1], len(hashes), prefill[2]
-                )
+                self._plans[request.request_id] = (decode, prefill)
+                return self._decision(request, decode, prefill)
         # Short or mostly cached prompts (or no PD pools) run where they decode: colocated
         # replicas, else the decode pool prefills locally — on the replica holding the cache.
-        if decode is not None and not both_pool:
-            plan, num_matched, reason = decode
-        else:
-            role = ReplicaRole.BOTH if both_pool else ReplicaRole.DECODE
+        if decode is None or both_pool:
+            role: Role = "both" if both_pool else "decode"
             pool = both_pool or decode_pool
             if not pool:
                 raise NoReplicaError(f"no replica serves model {model!r}")
-            plan, num_matched, reason = self._choose_in(pool, (model, role), hashes, session, allowed)
-        plans = (plan,)
-        decision = Decision(request.request_id, plan.replica_id, None, num_matched, len(hashes), reason)
-        self._plans[request.request_id] = plans
-        return decision
+            decode = self._choose_in(pool, (model, role), hashes, session, allowed)
+        self._plans[request.request_id] = (decode,)
+        return self._decision(request, decode, None)
+
+    def _allowed(self, request: RouteRequest) -> frozenset[str] | None:
+        """The replicas a pinned or retried request may use; None = every replica of its model."""
+        if request.pool is None and not request.excluded_replicas:
+            return None
+        replicas = (r for r, info in self._replicas.items() if request.pool is None or info.pool == request.pool)
+        return frozenset(replicas) - frozenset(request.excluded_replicas)
+
+    def _decision(self, request: RouteRequest, serve: _Pick, prefill: _Pick | None) -> RouteDecision:
+        """``serve`` runs the request (the colocated replica, or the decode side under PD)."""
+        replica_id = serve.replica_id
+        pool = self._replicas[replica_id].pool
+        num_prompt_blocks = len(request.prompt_block_hashes)
+        if prefill is None:
+            reason = "pinned" if request.pool is not None else serve.reason
+            return RouteDecision(
+                pool,
+                replica_id,
+                request.request_id,
+                reason,
+                num_matched_blocks=serve.num_matched_blocks,
+                num_prompt_blocks=num_prompt_blocks,
+            )
+        prefill_id = prefill.replica_id
+        return RouteDecision(
+            pool,
+            replica_id,
+            request.request_id,
+            "prefill_decode",
+            prefill_pool=self._replicas[prefill_id].pool,
+            prefill_replica_id=prefill_id,
+            prefill_ticket=prefill_ticket_of(request.request_id),
+            num_matched_blocks=prefill.num_matched_blocks,
+            num_prompt_blocks=num_prompt_blocks,
+        )
 
     def _choose_in(
         self,
         pool: tuple[str, ...],
-        pool_key: tuple[str, ReplicaRole],
+        pool_key: tuple[str, Role],
         hashes: Sequence[BlockHash],
         session_key: str | None,
         allowed: frozenset[str] | None = None,
-    ) -> tuple[_Plan, int, str]:
+    ) -> _Pick:
         pool_set = self._pool_sets[pool_key] if allowed is None else self._pool_sets[pool_key] & allowed
         matched = self._index.match(hashes, pool_set)
         bound = self._sessions.bound_replica(session_key) if session_key else None
@@ -291,23 +276,19 @@ class RouterCore:
             can_stick=self._sessions.can_stick(session_key) if session_key else True,
         )
         choice = self._policy.choose(ctx)
-        plan = _Plan(choice.replica_id, session_key, choice.rebind_session)
-        return plan, matched.get(choice.replica_id, 0), choice.reason
-
-    def _block_hashes(self, request: RequestInfo) -> tuple[BlockHash, ...] | list[BlockHash]:
-        if request.block_hashes is not None:
-            return request.block_hashes
-        return hash_prompt_blocks(request.prompt_token_ids, request.block_size or self.config.block_size)
+        return _Pick(
+            choice.replica_id, session_key, choice.rebind_session, matched.get(choice.replica_id, 0), choice.reason
+        )
 
     # ----- dispatch and completion ------------------------------------------------------------
-    def on_dispatched(self, request: RequestInfo, decision: Decision) -> None:
+    def on_dispatched(self, request: RouteRequest, decision: RouteDecision) -> None:
         """The request was (about to be) sent as decided: count it, bind its session and, in
         approximate mode, record its blocks on the replicas that will hold them."""
         plans = self._plans.pop(request.request_id, None)
         if plans is None:
             raise KeyError(f"request {request.request_id!r} was not chosen (or already dispatched)")
         live = [p for p in plans if p.replica_id in self._replicas]  # a replica may have died since
-        hashes = self._block_hashes(request)
+        hashes = request.prompt_block_hashes
         self._load.on_dispatched(request.request_id, (p.replica_id for p in live))
         keys = []
         for plan in live:
@@ -359,8 +340,12 @@ class RouterCore:
 
     # ----- introspection (metrics, tests) ------------------------------------------------------
     @property
-    def index(self):  # the PrefixIndex; read-only use
+    def index(self) -> PrefixIndex:
+        """The prefix index; read-only use."""
         return self._index
+
+    def model_routing(self, model: str) -> ModelRouting:
+        return self._models[model]
 
     def num_in_flight(self, replica_id: str) -> int:
         return self._load.num_in_flight(replica_id)
@@ -369,5 +354,6 @@ class RouterCore:
         """The replica's load as the router sees it (in-flight count plus fresh engine stats)."""
         return self._load.load(replica_id)
 
-    def session_replica(self, session_key: str) -> str | None:
-        return self._sessions.bound_replica(session_key)
+    def session_replica(self, session_id: str) -> str | None:
+        """The replica ``session_id``'s requests are bound to (None: unbound or expired)."""
+        return self._sessions.bound_replica(session_id)

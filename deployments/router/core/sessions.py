@@ -1,7 +1,7 @@
 """Session table: which replica a conversation is bound to, with an idle TTL and an in-flight cap.
 
 A session key comes from the ``x-session-id`` header, else the OpenAI ``user`` field, else
-``prompt_cache_key`` (``session_key_from``). A binding is sticky: the policy keeps routing the
+``prompt_cache_key`` (``session_id_from``). A binding is sticky: the policy keeps routing the
 session to its replica unless that replica is gone or overloaded, or the session already has
 ``max_in_flight_per_session`` requests there (then the extra request spills without moving the
 binding — parallel calls of one agent should not pile onto one replica).
@@ -19,10 +19,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from serve_app.config.router import SessionConfig
+
 SESSION_HEADER = "x-session-id"
 
 
-def session_key_from(
+def session_id_from(
     headers: Mapping[str, str] | None = None, user: str | None = None, prompt_cache_key: str | None = None
 ) -> str | None:
     """The request's session key: ``x-session-id`` header (any case), else ``user``, else
@@ -32,18 +34,6 @@ def session_key_from(
             if name.lower() == SESSION_HEADER and value:
                 return value
     return user or prompt_cache_key or None
-
-
-@dataclass(frozen=True)
-class SessionConfig:
-    ttl_s: float = 600.0  # idle time after which a binding is forgotten
-    max_in_flight_per_session: int = 2  # more concurrent requests of one session spill
-
-    def __post_init__(self) -> None:
-        if not self.ttl_s > 0:
-            raise ValueError(f"ttl_s must be positive, got {self.ttl_s}")
-        if self.max_in_flight_per_session < 1:
-            raise ValueError(f"max_in_flight_per_session must be >= 1, got {self.max_in_flight_per_session}")
 
 
 @dataclass

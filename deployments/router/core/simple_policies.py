@@ -6,10 +6,11 @@ They exist as configurable choices and as baselines for the simulator; the defau
 
 from __future__ import annotations
 
-from .policy import Choice, CostWeights, RoutingContext, RoutingPolicy, load_view, register_policy, tie_rank, without
+from serve_app.config.router import CostWeights
+
+from .policy import Choice, RoutingContext, RoutingPolicy, load_view, tie_rank, without
 
 
-@register_policy
 class RoundRobinPolicy(RoutingPolicy):
     """Candidates in turn, ignoring cache and load."""
 
@@ -25,7 +26,6 @@ class RoundRobinPolicy(RoutingPolicy):
         return Choice(replica_id, "round_robin")
 
 
-@register_policy
 class LeastLoadedPolicy(RoutingPolicy):
     """Lowest load score (in-flight, plus queue and KV usage when fresh)."""
 
@@ -35,7 +35,6 @@ class LeastLoadedPolicy(RoutingPolicy):
         return Choice(self.least_loaded(ctx, load_view(ctx, self.weights)), "load")
 
 
-@register_policy
 class PrefixPolicy(RoutingPolicy):
     """Longest cached prefix, load-blind (ties: fewer in flight); no match: least loaded."""
 
@@ -51,7 +50,6 @@ class PrefixPolicy(RoutingPolicy):
         return Choice(best[0], "prefix")
 
 
-@register_policy
 class SessionPolicy(RoutingPolicy):
     """The session's replica unless it is overloaded or the session is at its cap; otherwise,
     and for requests without a session, least loaded."""

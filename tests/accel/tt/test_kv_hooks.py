@@ -70,7 +70,7 @@ def _prompt(seed, n):
 def _stats():
     from deployments.kv.connector_actor import get_kv_connector
 
-    return ray.get(get_kv_connector(APP).stats.remote())["registry"]
+    return get_kv_connector(APP).stats()["registry"]
 
 
 def _pd(prefill, decode, rid, prompt, max_tokens=10):
@@ -194,7 +194,7 @@ def test_actor_killed_mid_transfer_request_completes(engines, tiny_llama):
 
     prefill, decode = engines
     prompt = _prompt(78, 90)
-    ray.kill(get_kv_connector(APP))
+    ray.kill(get_kv_connector(APP).handle)
     orch, out = _orchestrated(prefill, decode, "o2", prompt)
     assert join_token_ids(out) == hf_greedy(tiny_llama, prompt, 10)
     assert orch.num_recomputes == {} and out[-1].num_cached_tokens == 89

@@ -107,7 +107,7 @@ def _decode(loop, engine, rid, prompt, ticket, max_tokens=12):
 def _stats():
     from deployments.kv.connector_actor import get_kv_connector
 
-    return ray.get(get_kv_connector(APP).stats.remote())["registry"]
+    return get_kv_connector(APP).stats()["registry"]
 
 
 @pytest.mark.parametrize("num_tokens", [45, 96, 150])
@@ -255,7 +255,7 @@ def test_actor_killed_mid_transfer_recomputes(loop, engine, tiny_llama):
 
     prompt = _prompt(19, 100)
     ticket = _prefill(loop, engine, "pk", prompt)
-    ray.kill(get_kv_connector(APP))
+    ray.kill(get_kv_connector(APP).handle)
     time.sleep(0.5)
     assert _decode(loop, engine, "dk", prompt, ticket) == hf_greedy(tiny_llama, prompt, 12)
     # A new actor comes up under the same name and transfers work again.

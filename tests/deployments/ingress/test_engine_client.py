@@ -9,10 +9,13 @@ import pytest
 
 from accel.contract import FinishReason, GenerateRequest, InvalidRequestError, OutputDelta
 from deployments.ingress.engine_client import EngineClient, merge_streams
-from deployments.router.messages import PoolInfo, RouteDecision, RouteRequest
+from deployments.router.messages import RouteDecision, RouteRequest
+from serve_app.config.ingress import IngressConfig
+from serve_app.config.router import RouterConfig
 from serve_app.protocol.errors import APIError
+from tests.doubles.app_configs import app_config, pool_config
 
-POOLS = (PoolInfo("tt", "m", "tt", "cpu", "both"), PoolInfo("vllm", "m", "vllm", "cpu", "both"))
+POOLS = (pool_config("tt", "m", "tt", "cpu", "both"), pool_config("vllm", "m", "vllm", "cpu", "both"))
 
 
 def _delta(rid, n, done=False):
@@ -111,7 +114,8 @@ def _client(router, pools=None, metrics=None):
         "tt": FakePoolHandle(lambda r: FakeStream([_delta(r.request_id, 1), _delta(r.request_id, 2, True)])),
         "vllm": FakePoolHandle(lambda r: FakeStream([_delta(r.request_id, 1, True)])),
     }
-    return EngineClient(POOLS, router, pools, decision_timeout_s=0.05, retry_after_s=2, metrics=metrics), pools
+    config = app_config(POOLS, RouterConfig(decision_timeout_s=0.05), ingress=IngressConfig(retry_after_s=2))
+    return EngineClient(config, router, pools, metrics=metrics), pools
 
 
 REQ = GenerateRequest("r", (1, 2))

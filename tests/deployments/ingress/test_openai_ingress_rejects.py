@@ -8,7 +8,7 @@ import json
 from starlette.requests import Request
 
 from deployments.ingress.openai_ingress import OpenAIIngress
-from serve_app.config import load_app_config
+from serve_app.config.load import load_app_config
 
 
 class Gauge:

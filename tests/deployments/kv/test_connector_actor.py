@@ -53,7 +53,7 @@ def _config(data_path, **kwargs):
 
 
 def _stats(app_name):
-    return ray.get(get_kv_connector(app_name).stats.remote())["registry"]
+    return get_kv_connector(app_name).stats()["registry"]
 
 
 def test_put_fetch_complete_round_trip(app, data_path):
@@ -122,7 +122,7 @@ def test_actor_killed_mid_transfer_fails_cleanly(app):
     get_or_create_kv_connector(app, _config("object"))
     transport = RayKVTransport(app)
     transport.put("t1", _payload(), timeout_s=5)
-    ray.kill(get_kv_connector(app))
+    ray.kill(get_kv_connector(app).handle)
     time.sleep(0.5)
     with pytest.raises(KVTransferError):
         transport.fetch("t1", timeout_s=5)
@@ -136,7 +136,7 @@ def test_shared_memory_transfer_survives_the_actor(app):
     payload = _payload(seed=5)
     RayKVTransport(app).put("t1", payload, timeout_s=5)
     RayKVTransport(app).put("t2", payload, timeout_s=5)
-    ray.kill(get_kv_connector(app))
+    ray.kill(get_kv_connector(app).handle)
     time.sleep(0.5)
     transport = RayKVTransport(app)  # a fresh consumer, as after a replica restart
     assert torch.equal(transport.fetch("t1", timeout_s=5).kv, payload.kv)
@@ -182,13 +182,13 @@ def test_kill_removes_the_shared_memory_store(ray_cluster):
 
 
 def test_prefix_tier_shares_blocks_between_clients(app):
-    handle = get_or_create_kv_connector(app, KVConnectorConfig(prefix_tier_bytes=4 * MIB))
+    connector = get_or_create_kv_connector(app, KVConnectorConfig(prefix_tier_bytes=4 * MIB))
     block = torch.arange(16.0)
     refs = [ray.put(block.numpy())]
-    assert ray.get(handle.offer_prefix.remote("fp", 16, [7], refs, 64)) == 1
-    found = ray.get(handle.match_prefix.remote("fp", 16, [7, 8]))
+    assert connector.offer_prefix("fp", 16, [7], refs, 64) == 1
+    found = connector.match_prefix("fp", 16, [7, 8], timeout_s=30)
     assert len(found) == 1 and torch.equal(torch.from_numpy(ray.get(found[0])), block)
-    assert ray.get(handle.stats.remote())["prefix_tier"]["num_hits"] == 1
+    assert connector.stats()["prefix_tier"]["num_hits"] == 1
 
 
 def test_stores_of_stopped_clusters_are_removed(ray_cluster):

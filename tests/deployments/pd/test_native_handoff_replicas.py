@@ -38,7 +38,7 @@ def actor(serve_session):
 
 @pytest.fixture(scope="module")
 def pools(tiny_llama):
-    from serve_app.config import load_app_config
+    from serve_app.config.load import load_app_config
 
     connector = {
         "kv_connector": "MeshServeConnector",
@@ -89,7 +89,7 @@ def replicas(loop, actor, pools):
 def _stats():
     from deployments.kv.connector_actor import get_kv_connector
 
-    return ray.get(get_kv_connector(APP).stats.remote())["registry"]
+    return get_kv_connector(APP).stats()["registry"]
 
 
 def _request(rid, n, seed, max_tokens=12):

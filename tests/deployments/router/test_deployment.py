@@ -10,7 +10,9 @@ import dataclasses
 import pytest
 
 from deployments.router.deployment import RouterDeployment
-from deployments.router.messages import PoolInfo, RoutingError, eligible_pools
+from deployments.router.messages import RoutingError, eligible_pools
+from serve_app.config.router import RouterConfig
+from tests.doubles.app_configs import app_config, pool_config
 from tests.doubles.router_fakes import (
     POOLS,
     in_flight_counts,
@@ -95,7 +97,7 @@ def test_pinned_pool_restricts_the_choice():
 
 def test_no_replica_known_yet_means_pool_only_decision():
     async def run():
-        router = RouterDeployment(POOLS, {}, stats_period_s=60)
+        router = RouterDeployment(app_config(POOLS, RouterConfig(stats_period_s=60)), {})
         d = await router.choose(route_request("r", pool="vllm"))
         assert (d.pool, d.replica_id, d.reason, d.ticket) == ("vllm", None, "no_replica_known", "")
 
@@ -124,7 +126,7 @@ def test_stale_tickets_expire():
 
 
 def test_eligible_pools_and_bad_pins():
-    pools = POOLS + (PoolInfo("pre", "m", "vllm", "tpu", "prefill"), PoolInfo("other", "m2", "tt", "cpu", "both"))
+    pools = POOLS + (pool_config("pre", "m", "vllm", "tpu", "prefill"), pool_config("other", "m2", "tt", "cpu", "both"))
     assert [p.name for p in eligible_pools(route_request("r"), pools)] == ["tt", "vllm"]
     assert [p.name for p in eligible_pools(route_request("r", pool="pre"), pools)] == ["pre"]
     for pool, model in (("nope", "m"), ("other", "m")):

@@ -1,4 +1,4 @@
-"""What a router replica learns from its polls (``router_engine_view.EngineView`` inside the
+"""What a router replica learns from its polls (``deployments.router.engine_view.EngineView`` inside the
 deployment): precise index from engine snapshots and KV events followed by cursor, resync after a
 lost poll, a restarted engine or an overflowed log, stale answers ignored, capacity, replicas
 reported dead."""

@@ -16,14 +16,17 @@ from accel.contract import (
 )
 from deployments.ingress.engine_client import EngineClient
 from deployments.router.deployment import RouterDeployment
-from deployments.router.messages import PoolInfo, ReplicaSnapshot, RouteRequest
+from deployments.router.messages import ReplicaSnapshot, RouteRequest
+from serve_app.config.pd import PDConfig
+from serve_app.config.router import RouterConfig
 from tests.deployments.ingress.test_engine_client import FakePoolHandle, FakeRouterHandle, FakeStream
+from tests.doubles.app_configs import app_config, pool_config
 from tests.doubles.router_fakes import FakePoolHandle as FakePolledPool
 
 POOLS = (
-    PoolInfo("pre", "m", "tt", "cpu", "prefill"),
-    PoolInfo("dec", "m", "vllm", "cpu", "decode"),
-    PoolInfo("other", "m2", "tt", "cpu", "both"),
+    pool_config("pre", "m", "tt", "cpu", "prefill"),
+    pool_config("dec", "m", "vllm", "cpu", "decode"),
+    pool_config("other", "m2", "tt", "cpu", "both"),
 )
 
 
@@ -33,7 +36,7 @@ def make_snap(rid, pool):
 
 async def _pd_router(pools, threshold=64):
     handles = {p.name: FakePolledPool([make_snap(f"{p.name}1", p.name)]) for p in pools}
-    router = RouterDeployment(pools, handles, stats_period_s=60, pd_threshold_tokens=threshold)
+    router = RouterDeployment(app_config(pools, RouterConfig(stats_period_s=60), PDConfig(threshold)), handles)
     await router.refresh()
     return router
 
@@ -66,15 +69,14 @@ def test_router_deployment_decides_pd_and_counts_both_replicas():
     asyncio.run(run())
 
 
-def test_no_pd_without_threshold_or_through_tpu():
+def test_no_pd_through_tpu():
     async def run():
-        no_threshold = await _pd_router(POOLS, threshold=None)
-        assert (await no_threshold.choose(RouteRequest("a", "m", 500))).prefill_pool is None
-        tpu_prefill = await _pd_router((PoolInfo("pre", "m", "vllm", "tpu", "prefill"), POOLS[1]))
+        # (A model without a PD threshold is a core case now: ModelRouting.pd_threshold_tokens None.)
+        tpu_prefill = await _pd_router((pool_config("pre", "m", "vllm", "tpu", "prefill"), POOLS[1]))
         assert (await tpu_prefill.choose(RouteRequest("a", "m", 500))).prefill_pool is None  # no KV path out of TPU
-        tpu_decode = await _pd_router((POOLS[0], PoolInfo("dec", "m", "vllm", "tpu", "decode")))
+        tpu_decode = await _pd_router((POOLS[0], pool_config("dec", "m", "vllm", "tpu", "decode")))
         assert (await tpu_decode.choose(RouteRequest("a", "m", 500))).prefill_pool is None  # nor into TPU
-        tpu_to_tt = await _pd_router((PoolInfo("pre", "m", "vllm", "tpu", "prefill", 16, "TPUConnector"), POOLS[1]))
+        tpu_to_tt = await _pd_router((pool_config("pre", "m", "vllm", "tpu", "prefill", 16, "TPUConnector"), POOLS[1]))
         assert (await tpu_to_tt.choose(RouteRequest("a", "m", 500))).prefill_pool is None  # TPUConnector ends at TPU
 
     asyncio.run(run())
@@ -83,15 +85,15 @@ def test_no_pd_without_threshold_or_through_tpu():
 def test_tpu_to_tpu_pd_through_their_own_connector():
     async def run():
         pools = (
-            PoolInfo("pre", "m", "vllm", "tpu", "prefill", 16, "TPUConnector"),
-            PoolInfo("dec", "m", "vllm", "tpu", "decode", 16, "TPUConnector"),
+            pool_config("pre", "m", "vllm", "tpu", "prefill", 16, "TPUConnector"),
+            pool_config("dec", "m", "vllm", "tpu", "decode", 16, "TPUConnector"),
         )
         router = await _pd_router(pools)
         long = await router.choose(RouteRequest("a", "m", 500))
         assert (long.prefill_pool, long.pool, long.reason) == ("pre", "dec", "prefill_decode")
         assert (await router.choose(RouteRequest("b", "m", 10))).prefill_pool is None
         # a TT decode pool next to them: one model's PD pools must share one path, so no PD at all
-        mixed = await _pd_router(pools + (PoolInfo("tt", "m", "tt", "tt", "decode"),))
+        mixed = await _pd_router(pools + (pool_config("tt", "m", "tt", "tt", "decode"),))
         assert (await mixed.choose(RouteRequest("c", "m", 500))).prefill_pool is None
 
     asyncio.run(run())
@@ -122,7 +124,7 @@ def test_engine_client_runs_prefill_then_decode_with_the_ticket():
     )
     router = FakeRouterHandle(decision)
     pools = {"pre": FakePoolHandle(prefill_stream), "dec": FakePoolHandle(decode_stream)}
-    client = EngineClient(POOLS, router, pools, decision_timeout_s=1, retry_after_s=1)
+    client = EngineClient(app_config(POOLS, RouterConfig(decision_timeout_s=1)), router, pools)
     request = GenerateRequest("r1", (5, 6, 7), SamplingParams(temperature=0, max_tokens=2))
 
     async def run():

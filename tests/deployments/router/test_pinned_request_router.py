@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from deployments.router.pinned_request_router import PinnedReplicaRouter, replica_hint
+from deployments.router.pinned_request_router import PinnedReplicaRequestRouter, replica_hint
 from tests.doubles.request_router_fakes import FakePending, fake_replicas
 
 
 def _choose(replicas, pending):
-    router = PinnedReplicaRouter.__new__(PinnedReplicaRouter)  # the ranking needs no router state
+    router = PinnedReplicaRequestRouter.__new__(PinnedReplicaRequestRouter)  # the ranking needs no router state
     return asyncio.run(router.choose_replicas(replicas, pending))
 
 

@@ -9,12 +9,12 @@ import subprocess
 import sys
 
 from deployments.router.messages import RouteRequest
-from deployments.router.rendezvous_request_router import RendezvousRouter, rendezvous_order
+from deployments.router.rendezvous_request_router import RendezvousRequestRouter, rendezvous_order
 from tests.doubles.request_router_fakes import FakeMetadata, FakePending, fake_replicas
 
 
 def _ranks(replicas, pending):
-    router = RendezvousRouter.__new__(RendezvousRouter)  # the ranking needs no router state
+    router = RendezvousRequestRouter.__new__(RendezvousRequestRouter)  # the ranking needs no router state
     return [[r.replica_id.unique_id for r in rank] for rank in asyncio.run(router.choose_replicas(replicas, pending))]
 
 

@@ -7,7 +7,7 @@ import threading
 from types import SimpleNamespace
 
 from deployments.router import replica_membership
-from deployments.router.pinned_request_router import PinnedReplicaRouter
+from deployments.router.pinned_request_router import PinnedReplicaRequestRouter
 
 
 def test_subscribers_get_the_latest_set_then_each_change_once():
@@ -41,7 +41,7 @@ def test_the_engine_request_router_publishes_what_serve_pushes(monkeypatch):
 
     deployment = DeploymentID(name="tt-pool", app_name="app-m3")
     ids = {name: ReplicaID(name, deployment) for name in ("r1", "r2")}
-    router = PinnedReplicaRouter.__new__(PinnedReplicaRouter)
+    router = PinnedReplicaRequestRouter.__new__(PinnedReplicaRequestRouter)
     router._deployment_id = deployment
     router._replicas = {}
 
@@ -62,13 +62,15 @@ def test_the_engine_request_router_publishes_what_serve_pushes(monkeypatch):
 
 def test_router_deployment_applies_membership_on_its_loop():
     from deployments.router.deployment import RouterDeployment
-    from deployments.router.messages import PoolInfo
+    from serve_app.config.router import RouterConfig
+    from tests.doubles.app_configs import app_config, pool_config
 
     class Handle:
         app_name, deployment_name = "app-m4", "tt-pool"
 
     async def run():
-        router = RouterDeployment([PoolInfo("tt", "m", "tt", "tt", "both", 16)], {"tt": Handle()}, stats_period_s=3600)
+        config = app_config([pool_config("tt", "m", "tt", "tt", "both", 16)], RouterConfig(stats_period_s=3600))
+        router = RouterDeployment(config, {"tt": Handle()})
         polls = []
 
         async def fake_refresh():

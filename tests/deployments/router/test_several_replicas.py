@@ -8,8 +8,9 @@ import asyncio
 from types import SimpleNamespace
 
 from accel.contract import EngineStats, PrefixCacheChange
-from deployments.router.core.router_core import RouterConfig
 from deployments.router.deployment import RouterDeployment
+from serve_app.config.router import RouterConfig
+from tests.doubles.app_configs import app_config
 from tests.doubles.router_fakes import (
     BS,
     POOLS,
@@ -83,9 +84,8 @@ def _two_routers(replicas, **kw):
     routers = []
     for name in ("router-a", "router-b"):
         handle = _ReplicaPool(replicas)
-        router = RouterDeployment(
-            POOLS[:1], {"tt": handle}, stats_period_s=60, core_config=RouterConfig(index_mode="precise"), **kw
-        )
+        config = app_config(POOLS[:1], RouterConfig(index_mode="precise", stats_period_s=60))
+        router = RouterDeployment(config, {"tt": handle}, **kw)
         router.replica_id = name
         routers.append((router, handle))
     return routers

@@ -1,4 +1,5 @@
-from deployments.router.core.policy import CostWeights, make_policy
+from deployments.router.core.policies import make_policy
+from serve_app.config.router import CostWeights
 
 from .policy_helpers import context
 

@@ -1,5 +1,6 @@
 from accel.contract import EngineStats
-from deployments.router.core.load import LoadConfig, LoadTracker
+from deployments.router.core.load import LoadTracker
+from serve_app.config.router import LoadConfig
 
 
 class Clock:

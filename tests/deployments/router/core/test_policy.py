@@ -1,7 +1,9 @@
 import pytest
 
 from accel.contract import ConfigError
-from deployments.router.core.policy import CostWeights, load_view, make_policy, policy_names, tie_rank, without
+from deployments.router.core.policies import make_policy, policy_names
+from deployments.router.core.policy import load_view, tie_rank, without
+from serve_app.config.router import CostWeights
 
 from .policy_helpers import context
 

@@ -6,15 +6,10 @@ import pytest
 
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import ConfigError
-from deployments.router.core.router_core import (
-    NoReplicaError,
-    ReplicaInfo,
-    ReplicaRole,
-    RequestInfo,
-    RouterConfig,
-    RouterCore,
-)
+from deployments.router.core.router_core import NoReplicaError, ReplicaInfo, RouterCore
 from deployments.router.kv_events import BlockStored
+from deployments.router.messages import RouteRequest
+from serve_app.config.router import ModelRouting, RouterConfig
 
 BS = 4
 SYSTEM = tuple(range(100, 164))  # 16 blocks
@@ -28,15 +23,37 @@ class Clock:
         return self.now_s
 
 
-def core_with(num_replicas: int = 4, **config) -> RouterCore:
-    core = RouterCore(RouterConfig(block_size=BS, **config), clock=Clock())
+def core_with(num_replicas: int = 4, pd_threshold_tokens: int | None = None, **config) -> RouterCore:
+    models = {"m": ModelRouting(BS, pd_threshold_tokens), "m2": ModelRouting(BS)}
+    # approximate unless a test asks for precise: these tests teach the index by routing
+    core = RouterCore(RouterConfig(**{"index_mode": "approximate", **config}), models, clock=Clock())
     for i in range(num_replicas):
-        core.add_replica(ReplicaInfo(f"r{i}", ("m",), 1000))
+        core.add_replica(ReplicaInfo(f"r{i}", "pool", "m", 1000))
     return core
 
 
-def req(request_id: str, tokens: tuple[int, ...], session: str | None = None, model: str = "m") -> RequestInfo:
-    return RequestInfo(request_id, model, tokens, session_key=session)
+def req(
+    request_id: str,
+    tokens: tuple[int, ...],
+    session: str | None = None,
+    model: str = "m",
+    block_size: int = BS,
+    **kw,
+) -> RouteRequest:
+    """A request for ``tokens`` as the ingress sends it: prompt hashes at the routing block size."""
+    hashes = tuple(hash_prompt_blocks(tokens, block_size))
+    return RouteRequest(request_id, model, len(tokens), session_id=session, prompt_block_hashes=hashes, **kw)
+
+
+def test_the_policy_names_of_the_config_are_the_registered_policies():
+    from typing import get_args
+
+    from deployments.router.core.policies import policy_names
+    from deployments.router.core.prefix_index import PREFIX_INDEX_MODES
+    from serve_app.config.router import IndexMode, PolicyName
+
+    assert set(policy_names()) == set(get_args(PolicyName))
+    assert set(PREFIX_INDEX_MODES) == set(get_args(IndexMode))
 
 
 def test_unknown_policy_or_mode_fails_at_construction():
@@ -48,7 +65,7 @@ def test_unknown_policy_or_mode_fails_at_construction():
 
 def test_only_replicas_of_the_requested_model_are_candidates():
     core = core_with(2)
-    core.add_replica(ReplicaInfo("other", ("m2",), 1000))
+    core.add_replica(ReplicaInfo("other", "pool2", "m2", 1000))
     picks = {core.route(req(f"q{i}", (i,) * 8)).replica_id for i in range(20)}
     assert picks == {"r0", "r1"}
     assert core.route(req("x", SYSTEM, model="m2")).replica_id == "other"
@@ -148,12 +165,16 @@ def test_decisions_agree_across_processes():
     # Two router processes with different hash salts, fed the same events, decide the same.
     code = (
         "from deployments.router.core.router_core import *\n"
-        "core = RouterCore(RouterConfig(block_size=4), clock=lambda: 0.0)\n"
-        "for i in range(8): core.add_replica(ReplicaInfo(f'r{i}', ('m',), 100))\n"
+        "from accel.block_hash import hash_prompt_blocks\n"
+        "from deployments.router.messages import RouteRequest\n"
+        "from serve_app.config.router import ModelRouting, RouterConfig\n"
+        "core = RouterCore(RouterConfig(index_mode='approximate'), {'m': ModelRouting(4)}, clock=lambda: 0.0)\n"
+        "for i in range(8): core.add_replica(ReplicaInfo(f'r{i}', 'pool', 'm', 100))\n"
         "out = []\n"
         "for i in range(30):\n"
-        "    d = core.route(RequestInfo(f'q{i}', 'm', tuple(range(i % 5, i % 5 + 12)) + (i,) * 4,"
-        " session_key=f's{i % 3}' if i % 2 else None))\n"
+        "    ids = tuple(range(i % 5, i % 5 + 12)) + (i,) * 4\n"
+        "    d = core.route(RouteRequest(f'q{i}', 'm', len(ids), session_id=f's{i % 3}' if i % 2 else None,"
+        " prompt_block_hashes=tuple(hash_prompt_blocks(ids, 4))))\n"
         "    out.append(d.replica_id)\n"
         "    if i % 4 == 0: core.on_completed(f'q{i - 2}')\n"
         "print(out)\n"
@@ -168,11 +189,11 @@ def test_decisions_agree_across_processes():
     assert len(set(eval(outs.pop()))) > 1
 
 
-def pd_core(threshold: int) -> RouterCore:
-    core = RouterCore(RouterConfig(block_size=BS, pd_min_prompt_tokens=threshold), clock=Clock())
-    core.add_replica(ReplicaInfo("p0", ("m",), 1000, ReplicaRole.PREFILL))
-    core.add_replica(ReplicaInfo("p1", ("m",), 1000, ReplicaRole.PREFILL))
-    core.add_replica(ReplicaInfo("d0", ("m",), 1000, ReplicaRole.DECODE))
+def pd_core(threshold: int | None, block_size: int = BS) -> RouterCore:
+    core = RouterCore(RouterConfig(index_mode="approximate"), {"m": ModelRouting(block_size, threshold)}, clock=Clock())
+    core.add_replica(ReplicaInfo("p0", "pre", "m", 1000, "prefill"))
+    core.add_replica(ReplicaInfo("p1", "pre", "m", 1000, "prefill"))
+    core.add_replica(ReplicaInfo("d0", "dec", "m", 1000, "decode"))
     return core
 
 
@@ -180,12 +201,14 @@ def test_pd_pair_only_at_or_above_threshold():
     core = pd_core(threshold=64)
     long = core.route(req("long", SYSTEM))  # 64 tokens: at the threshold
     assert long.is_disaggregated
-    assert long.prefill_replica_id in {"p0", "p1"} and long.replica_id == long.decode_replica_id == "d0"
+    assert long.prefill_replica_id in {"p0", "p1"} and long.replica_id == "d0"  # d0 decodes
+    assert (long.pool, long.prefill_pool, long.reason) == ("dec", "pre", "prefill_decode")
+    assert (long.ticket, long.prefill_ticket) == ("long", "long#prefill")
     assert core.num_in_flight(long.prefill_replica_id) == 1 and core.num_in_flight("d0") == 1
     core.on_prefill_done("long", long.prefill_replica_id)
     assert core.num_in_flight(long.prefill_replica_id) == 0 and core.num_in_flight("d0") == 1
     short = core.route(req("short", SYSTEM[:63]))
-    assert not short.is_disaggregated and short.replica_id == "d0" and short.decode_replica_id is None
+    assert not short.is_disaggregated and short.replica_id == "d0" and short.prefill_replica_id is None
     # The prefill replica that holds the prefix is preferred next time (64 uncached tokens: PD).
     again = core.route(req("again", SYSTEM + (1,) * 64))
     assert again.prefill_replica_id == long.prefill_replica_id and again.num_matched_blocks == 16
@@ -208,57 +231,66 @@ def test_pd_is_decided_on_the_uncached_part_of_the_prompt():
     # A long new part is disaggregated again, even with the cached prefix.
     third = core.route(req("t3", turn2 + (7,) * 64, session="conv"))
     assert third.is_disaggregated and third.replica_id == "d0"
-    # The uncached count uses the request's block size (hashes at 8 tokens per block: 9 blocks
-    # of 72 tokens cached -> 16 uncached of 88).
-    other = pd_core(threshold=64)
+    # The uncached count uses the model's routing block size (hashes at 8 tokens per block: 9
+    # blocks of 72 tokens cached -> 16 uncached of 88).
+    other = pd_core(threshold=64, block_size=8)
     hashes8 = tuple(hash_prompt_blocks(turn1, 8))
-    d = other.route(RequestInfo("a", "m", block_hashes=hashes8, num_prompt_tokens_hint=72, block_size=8))
+    d = other.route(RouteRequest("a", "m", 72, prompt_block_hashes=hashes8))
     assert d.is_disaggregated
     other.on_completed("a")
     hashes8b = tuple(hash_prompt_blocks(turn2, 8))
-    d2 = other.route(RequestInfo("b", "m", block_hashes=hashes8b, num_prompt_tokens_hint=88, block_size=8))
+    d2 = other.route(RouteRequest("b", "m", 88, prompt_block_hashes=hashes8b))
     assert not d2.is_disaggregated and d2.num_matched_blocks == 9
+
+
+def test_no_pd_for_a_model_without_a_threshold():
+    # A model whose prefill pools cannot pair (or that has none) has no PD threshold.
+    core = pd_core(threshold=None)
+    decision = core.route(req("long", SYSTEM * 4))
+    assert not decision.is_disaggregated and decision.replica_id == "d0"
 
 
 def test_pd_falls_back_to_colocated_replicas_for_short_prompts():
     core = pd_core(threshold=64)
-    core.add_replica(ReplicaInfo("both", ("m",), 1000))
+    core.add_replica(ReplicaInfo("both", "both", "m", 1000))
     assert core.route(req("short", SYSTEM[:8])).replica_id == "both"
     assert core.route(req("long", SYSTEM)).prefill_replica_id is not None
-    only_prefill = RouterCore(RouterConfig(block_size=BS), clock=Clock())
-    only_prefill.add_replica(ReplicaInfo("p", ("m",), 100, ReplicaRole.PREFILL))
+    only_prefill = RouterCore(RouterConfig(index_mode="approximate"), {"m": ModelRouting(BS, 64)}, clock=Clock())
+    only_prefill.add_replica(ReplicaInfo("p", "pre", "m", 100, "prefill"))
     with pytest.raises(NoReplicaError):
         only_prefill.choose(req("x", SYSTEM))
 
 
 def test_precise_mode_learns_replicas_without_events_from_routing():
     core = core_with(0, index_mode="precise")
-    core.add_replica(ReplicaInfo("tt", ("m",), 1000))
-    core.add_replica(ReplicaInfo("vllm", ("m",), 1000, publishes_kv_events=False))
+    core.add_replica(ReplicaInfo("tt", "tt", "m", 1000))
+    core.add_replica(ReplicaInfo("vllm", "vllm", "m", 1000, publishes_kv_events=False))
     hashes = tuple(hash_prompt_blocks(SYSTEM, BS))
     first = core.route(req("q1", SYSTEM, session=None))
     learned = core.index.match(hashes, frozenset({"tt", "vllm"}))
     assert learned == ({"vllm": 16} if first.replica_id == "vllm" else {})
-    core.add_replica(ReplicaInfo("vllm", ("m",), 1000, publishes_kv_events=True))  # re-added: events now
+    core.add_replica(ReplicaInfo("vllm", "vllm", "m", 1000, publishes_kv_events=True))  # re-added: events now
     core.on_completed("q1")
     core.route(req("q2", (7,) * 64))
     assert core.index.match(tuple(hash_prompt_blocks((7,) * 64, BS)), frozenset({"vllm"})) == {}
 
 
-def test_allowed_replicas_restrict_the_choice_and_disable_pd():
-    core = core_with(3, pd_min_prompt_tokens=4)
+def test_pinned_pools_and_excluded_replicas_restrict_the_choice_and_disable_pd():
+    core = core_with(3, pd_threshold_tokens=4)
     for i in range(6):
-        d = core.route(RequestInfo(f"q{i}", "m", SYSTEM, allowed_replicas=frozenset({"r1", "r2"})))
+        d = core.route(req(f"q{i}", SYSTEM, excluded_replicas=("r0",)))  # a retry without r0
         assert d.replica_id in {"r1", "r2"}
     assert core.load("r1").num_in_flight + core.load("r2").num_in_flight == 6
-    pd = core_with(0, pd_min_prompt_tokens=4)
-    pd.add_replica(ReplicaInfo("p", ("m",), 1000, ReplicaRole.PREFILL))
-    pd.add_replica(ReplicaInfo("d", ("m",), 1000, ReplicaRole.DECODE))
-    assert pd.route(RequestInfo("a", "m", SYSTEM)).prefill_replica_id == "p"
-    pinned = pd.route(RequestInfo("b", "m", SYSTEM, allowed_replicas=frozenset({"d"})))
-    assert (pinned.replica_id, pinned.prefill_replica_id) == ("d", None)
+    pd = core_with(0, pd_threshold_tokens=4)
+    pd.add_replica(ReplicaInfo("p", "pre", "m", 1000, "prefill"))
+    pd.add_replica(ReplicaInfo("d", "dec", "m", 1000, "decode"))
+    assert pd.route(req("a", SYSTEM)).prefill_replica_id == "p"
+    pinned = pd.route(req("b", SYSTEM, pool="dec"))
+    assert (pinned.replica_id, pinned.prefill_replica_id, pinned.reason) == ("d", None, "pinned")
+    retried = pd.route(req("c", SYSTEM, excluded_replicas=("p",)))
+    assert (retried.replica_id, retried.prefill_replica_id) == ("d", None)
     with pytest.raises(NoReplicaError):
-        pd.choose(RequestInfo("x", "m", SYSTEM, allowed_replicas=frozenset({"p"})))
+        pd.choose(req("x", SYSTEM, pool="pre"))
 
 
 def test_rebalancing_keeps_as_many_sessions_in_place_as_possible():
@@ -274,7 +306,7 @@ def test_rebalancing_keeps_as_many_sessions_in_place_as_possible():
     bound = {s: core.session_replica(s) for s in sessions}
     assert set(bound.values()) == {"r0", "r1"}
 
-    core.add_replica(ReplicaInfo("r2", ("m",), 1000))  # scale out: every session stays
+    core.add_replica(ReplicaInfo("r2", "pool", "m", 1000))  # scale out: every session stays
     for s in sessions:
         assert core.route(req(f"{s}-1", history[s] + (1,) * 4, session=s)).replica_id == bound[s]
         core.on_completed(f"{s}-1")
@@ -282,7 +314,7 @@ def test_rebalancing_keeps_as_many_sessions_in_place_as_possible():
 
     # r0 becomes overloaded by other traffic (12 requests in flight, none finishing).
     for i in range(12):
-        core.route(RequestInfo(f"bg{i}", "m", (9000 + i,) * 8, allowed_replicas=frozenset({"r0"})))
+        core.route(req(f"bg{i}", (9000 + i,) * 8, excluded_replicas=("r1", "r2")))
     on_r0 = [s for s in sessions if bound[s] == "r0"]
     movers, stayers = on_r0[:2], on_r0[2:]
     assert stayers

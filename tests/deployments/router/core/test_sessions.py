@@ -1,6 +1,7 @@
 import pytest
 
-from deployments.router.core.sessions import SessionConfig, SessionTable, session_key_from
+from deployments.router.core.sessions import SessionTable, session_id_from
+from serve_app.config.router import SessionConfig
 
 
 class Clock:
@@ -12,11 +13,11 @@ class Clock:
 
 
 def test_session_key_precedence():
-    assert session_key_from({"X-Session-Id": "hdr"}, user="u", prompt_cache_key="p") == "hdr"
-    assert session_key_from({"x-session-id": ""}, user="u", prompt_cache_key="p") == "u"
-    assert session_key_from({}, user=None, prompt_cache_key="p") == "p"
-    assert session_key_from(None) is None
-    assert session_key_from({"other": "x"}, user="", prompt_cache_key="") is None
+    assert session_id_from({"X-Session-Id": "hdr"}, user="u", prompt_cache_key="p") == "hdr"
+    assert session_id_from({"x-session-id": ""}, user="u", prompt_cache_key="p") == "u"
+    assert session_id_from({}, user=None, prompt_cache_key="p") == "p"
+    assert session_id_from(None) is None
+    assert session_id_from({"other": "x"}, user="", prompt_cache_key="") is None
 
 
 def test_sessions_stick_and_expire_after_idle_ttl():

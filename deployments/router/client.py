@@ -1,0 +1,67 @@
+"""``RouterClient``: the ingress's typed calls to the router deployment, over its Serve handle.
+
+Which router replica each call reaches (several router replicas, ``router.replicas``):
+``choose`` goes to the replica that owns the request's affinity key (the handle's
+``RendezvousRequestRouter``); ``release`` to the replica that issued the ticket
+(``replica_hint``); ``forget`` and ``report_dead`` to every replica (broadcast, in the background:
+control messages that must not delay the request). Method names come from ``RouterDeployment``
+itself, so renaming a method there cannot leave a caller behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from deployments.router.deployment import RouterDeployment
+from deployments.router.messages import RouteDecision, RouteRequest
+
+logger = logging.getLogger(__name__)
+
+CONTROL_TIMEOUT_S = 10.0  # a broadcast control message to the routers gives up after this
+
+
+class RouterClient:
+    def __init__(self, handle: Any):
+        """``handle``: the router deployment's ``DeploymentHandle`` (bound by the builder)."""
+        self._handle = handle
+        self._control_tasks: set[asyncio.Task[None]] = set()  # broadcasts in flight
+
+    async def choose(self, route: RouteRequest, timeout_s: float) -> RouteDecision:
+        """``RouterDeployment.choose``; raises ``asyncio.TimeoutError`` past ``timeout_s``, and
+        whatever the call raised (``RoutingError`` for a request no pool may serve)."""
+        decision: RouteDecision = await asyncio.wait_for(self._handle.choose.remote(route), timeout_s)
+        return decision
+
+    def release(self, decision: RouteDecision, ticket: str) -> None:
+        """``RouterDeployment.release`` on the router replica that issued ``ticket`` (not awaited:
+        a router that is down expires its tickets)."""
+        try:
+            self._handle.release.remote(ticket, replica_hint=decision.router_replica_id)
+        except Exception:
+            logger.debug("release of %s failed", ticket, exc_info=True)
+
+    def forget(self, request_id: str) -> None:
+        """``RouterDeployment.forget`` on every router replica (which one decided is unknown)."""
+        self._broadcast(RouterDeployment.forget, request_id)
+
+    def report_dead(self, replica_id: str | None, actor_id: str | None) -> None:
+        """``RouterDeployment.report_dead`` on every router replica."""
+        self._broadcast(RouterDeployment.report_dead, replica_id, actor_id)
+
+    def _broadcast(self, method: Callable[..., Any], *args: Any) -> None:
+        """Call ``method`` on every router replica without waiting for it."""
+        name = method.__name__
+
+        async def send() -> None:
+            try:
+                response = self._handle.broadcast(name, *args)
+                await asyncio.wait_for(response.results_async(return_exceptions=True), CONTROL_TIMEOUT_S)
+            except Exception as exc:  # a router down or gone: nothing of ours is counted there
+                logger.debug("router broadcast %s failed: %r", name, exc)
+
+        task = asyncio.get_running_loop().create_task(send())
+        self._control_tasks.add(task)
+        task.add_done_callback(self._control_tasks.discard)

@@ -1,0 +1,249 @@
+"""The application's typed config, built once: YAML ``args`` in, frozen dataclasses out.
+
+``load_app_config(args)`` validates the raw mapping with the pydantic schema (``schema.py``,
+unknown keys refused), checks cross references (pool -> model, unique names, replicas XOR
+autoscaling, accelerator-specific sections), parses each pool's ``engine_args`` into its engine's
+typed config (``accel.tt.config.TTEngineConfig`` / ``accel.vllm.config.VllmEngineConfig``, which
+the replicas are built from as they are), checks which prefill and decode pools pair
+(``pd.py``) and returns an ``AppConfig`` (``app.py``).
+
+Naming the file in errors: a Serve builder receives only ``args`` (with ``serve run x.yaml`` it
+runs inside a controller task, so ``sys.argv`` says nothing), therefore the file is passed in
+the args themselves as ``config_file`` — every file in ``configs/`` sets it. Without it errors
+name ``<serve args>``. Every error is a ``ConfigError`` whose message reads
+``<file>: <key path>: <problem>``, e.g. ``configs/local.yaml: pools[1].engine_argz: unknown key``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from accel.checkpoint import max_position_embeddings
+from accel.contract import ConfigError
+from accel.tt.config import TTEngineConfig
+from accel.vllm.config import VllmEngineConfig
+from serve_app.config.app import AppConfig, AutoscalingConfig, EngineConfig, ModelConfig, PoolConfig
+from serve_app.config.ingress import IngressConfig
+from serve_app.config.pd import KV_ROLES, PD_ROLES, TPU_CONNECTORS, TPU_PD_CONNECTORS, PDConfig, pairing_problem
+from serve_app.config.router import CostWeights, LoadConfig, RouterConfig, SessionConfig
+from serve_app.config.schema import AppArgs, ModelArgs, PoolArgs, RouterArgs
+
+UNKNOWN_FILE = "<serve args>"
+
+
+def load_app_config(args: Mapping[str, Any] | AppArgs, config_file: str | None = None) -> AppConfig:
+    """Validate builder ``args`` into an ``AppConfig``; every problem is a ``ConfigError``
+    naming the file and the key."""
+    raw = args.model_dump() if isinstance(args, AppArgs) else dict(args)
+    file = config_file or raw.get("config_file") or UNKNOWN_FILE
+    try:
+        parsed = AppArgs.model_validate(raw)
+    except ValidationError as err:
+        raise _format_validation(file, err) from None
+
+    names = [m.name for m in parsed.models]
+    for i, name in enumerate(names):
+        if names.index(name) != i:
+            raise _fail(file, f"models[{i}].name", f"duplicate model name {name!r}")
+    pool_names = [p.name for p in parsed.pools]
+    for i, pool in enumerate(parsed.pools):
+        if pool_names.index(pool.name) != i:
+            raise _fail(file, f"pools[{i}].name", f"duplicate pool name {pool.name!r}")
+        if pool.model not in names:
+            raise _fail(file, f"pools[{i}].model", f"unknown model {pool.model!r} (models: {names})")
+        _check_pool(file, i, pool)
+
+    pd = PDConfig(parsed.pd.threshold_tokens)
+    pool_by_index: dict[int, PoolConfig] = {}
+    models = []
+    for i, m in enumerate(parsed.models):
+        path = Path(m.path).expanduser()
+        served = [(j, p) for j, p in enumerate(parsed.pools) if p.model == m.name]
+        if not served:
+            raise _fail(file, f"models[{i}]", f"model {m.name!r} is served by no pool")
+        max_model_len = _resolve_max_model_len(file, i, m, path, served)
+        for j, p in served:
+            pool_by_index[j] = _to_pool(file, j, p, path, max_model_len)
+        models.append(ModelConfig(m.name, path, max_model_len, tuple(pool_by_index[j] for j, _ in served), pd))
+    all_pools = tuple(pool_by_index[j] for j in range(len(parsed.pools)))
+    _check_pd_pools(file, all_pools)
+    ing = parsed.ingress
+    return AppConfig(
+        config_file=file,
+        models=tuple(models),
+        pools=all_pools,
+        router=_to_router(parsed.router),
+        pd=pd,
+        ingress=IngressConfig(
+            ing.replicas, ing.num_cpus, ing.max_concurrent_requests, ing.retry_after_s, ing.access_log
+        ),
+    )
+
+
+def _fail(file: str, key: str, message: str) -> ConfigError:
+    return ConfigError(f"{file}: {key}: {message}")
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<root>"
+
+
+def _format_validation(file: str, err: ValidationError) -> ConfigError:
+    lines = []
+    for e in err.errors():
+        problem = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        lines.append(f"{file}: {_loc(e['loc'])}: {problem}")
+    return ConfigError("\n".join(lines))
+
+
+def _resolve_max_model_len(
+    file: str, index: int, model: ModelArgs, path: Path, pools: list[tuple[int, PoolArgs]]
+) -> int:
+    candidates = [model.max_model_len] if model.max_model_len else []
+    for j, pool in pools:
+        value = pool.engine_args.get("max_model_len")
+        if value is not None:
+            if not isinstance(value, int) or value < 1:
+                raise _fail(file, f"pools[{j}].engine_args.max_model_len", "must be a positive integer")
+            candidates.append(value)
+    if not candidates:
+        from_ckpt = max_position_embeddings(path)
+        if from_ckpt is None:
+            raise _fail(
+                file,
+                f"models[{index}].max_model_len",
+                f"not set and {path / 'config.json'} does not give max_position_embeddings",
+            )
+        candidates.append(from_ckpt)
+    return min(candidates)
+
+
+def _check_pool(file: str, i: int, pool: PoolArgs) -> None:
+    key = f"pools[{i}]"
+    if (pool.replicas is None) == (pool.autoscaling is None):
+        raise _fail(file, key, "set exactly one of replicas and autoscaling")
+    if "model" in pool.engine_args:
+        raise _fail(file, f"{key}.engine_args.model", "the checkpoint comes from models[].path; remove it")
+    if pool.engine == "tt" and pool.accelerator not in ("tt", "cpu"):
+        raise _fail(file, f"{key}.accelerator", "a tt engine runs on accelerator tt (or cpu: torch mesh model)")
+    if pool.accelerator == "tt" and pool.tt is None:
+        raise _fail(file, f"{key}.tt", "a pool on accelerator tt needs tt.mesh_device")
+    if pool.accelerator != "tt" and pool.tt is not None and pool.engine != "tt":
+        raise _fail(file, f"{key}.tt", "only tt engine pools take a tt section")
+    if pool.accelerator == "tpu" and pool.tpu is None:
+        raise _fail(file, f"{key}.tpu", "a pool on accelerator tpu needs tpu.type and tpu.topology")
+    if pool.accelerator != "tpu" and pool.tpu is not None:
+        raise _fail(file, f"{key}.tpu", "only pools on accelerator tpu take a tpu section")
+    if pool.accelerator == "tpu" and pool.engine != "vllm":
+        raise _fail(file, f"{key}.engine", "tpu pools run the vllm engine")
+
+
+def _engine_config(file: str, i: int, pool: PoolArgs, path: Path, max_model_len: int) -> EngineConfig:
+    """The pool's engine_args (vLLM spellings) as its engine's typed config, with the model's
+    checkpoint folder and context length filled in."""
+    args = copy.deepcopy(dict(pool.engine_args))
+    args["model"] = str(path)
+    args.setdefault("max_model_len", max_model_len)
+    try:
+        if pool.engine == "tt":
+            return TTEngineConfig.from_engine_args(args)
+        return VllmEngineConfig.from_engine_args(args)
+    except (ConfigError, ValueError, TypeError) as exc:
+        raise _fail(file, f"pools[{i}].engine_args", str(exc)) from None
+
+
+def _to_pool(file: str, i: int, pool: PoolArgs, path: Path, max_model_len: int) -> PoolConfig:
+    auto = pool.autoscaling
+    return PoolConfig(
+        name=pool.name,
+        accelerator=pool.accelerator,
+        model=pool.model,
+        model_path=path,
+        max_model_len=max_model_len,
+        engine_config=_engine_config(file, i, pool, path, max_model_len),
+        role=pool.role,
+        replicas=pool.replicas,
+        autoscaling=None
+        if auto is None
+        else AutoscalingConfig(
+            auto.min_replicas,
+            auto.max_replicas,
+            auto.initial_replicas,
+            auto.target_ongoing_requests,
+            auto.upscale_delay_s,
+            auto.downscale_delay_s,
+        ),
+        max_ongoing_requests=pool.max_ongoing_requests,
+        max_queued_requests=pool.max_queued_requests,
+        num_cpus=pool.resources.num_cpus,
+        memory_bytes=pool.resources.memory,
+        extra_resources=dict(pool.resources.resources),
+        tt_mesh_device=pool.tt.mesh_device if pool.tt else None,
+        tpu_type=pool.tpu.type if pool.tpu else None,
+        tpu_topology=pool.tpu.topology if pool.tpu else None,
+        graceful_shutdown_timeout_s=pool.graceful_shutdown_timeout_s,
+    )
+
+
+def _to_router(r: RouterArgs) -> RouterConfig:
+    return RouterConfig(
+        policy=r.policy,
+        index_mode=r.index_mode,
+        weights=CostWeights(**r.weights.model_dump()),
+        sessions=SessionConfig(r.session_ttl_s, r.max_in_flight_per_session),
+        load=LoadConfig(stats_max_age_s=r.stats_max_age_s),
+        replicas=r.replicas,
+        num_cpus=r.num_cpus,
+        stats_period_s=r.stats_period_s,
+        decision_timeout_s=r.decision_timeout_s,
+        kv_event_log_size=r.kv_event_log_size,
+    )
+
+
+def _check_pd_pools(file: str, pools: tuple[PoolConfig, ...]) -> None:
+    """Prefill/decode pools must be able to hand KV to each other (``pd.py``): a TPU pool needs
+    its backend's own connector, a native connector the kv_role of its side, and a prefill pool a
+    decode pool on its KV path (else it would never get a request)."""
+    for i, pool in enumerate(pools):
+        key = f"pools[{i}].engine_args.kv_transfer_config"
+        config = pool.engine_config.kv_transfer_config if isinstance(pool.engine_config, VllmEngineConfig) else None
+        connector = pool.kv_connector
+        if connector in TPU_CONNECTORS and pool.accelerator != "tpu":
+            raise _fail(file, f"{key}.kv_connector", f"{connector} loads only on TPU backends")
+        if pool.role not in PD_ROLES:
+            continue
+        if pool.accelerator == "tpu" and connector not in TPU_PD_CONNECTORS:
+            raise _fail(
+                file,
+                key,
+                (
+                    f"a TPU pool with role {pool.role} needs its backend's own prefill/decode connector "
+                    f"(TPU backends load no other, so meshserve's cannot be wired in): {{kv_connector: "
+                    f"TPUConnector, kv_connector_module_path: tpu_inference.distributed.tpu_connector, "
+                    f"kv_role: {KV_ROLES[pool.role][0]}}}; got {connector or 'none'}"
+                ),
+            )
+        if connector is not None and config is not None and config.get("kv_role") not in KV_ROLES[pool.role]:
+            raise _fail(
+                file,
+                f"{key}.kv_role",
+                f"a {pool.role} pool's connector needs kv_role "
+                f"{' or '.join(KV_ROLES[pool.role])}, got {config.get('kv_role')!r}",
+            )
+    for i, pool in enumerate(pools):
+        if pool.role == "prefill":
+            problem = pairing_problem(pool, pools)
+            if problem is not None:
+                raise _fail(
+                    file,
+                    f"pools[{i}].role",
+                    f"prefill pool {pool.name!r} cannot take part in prefill/decode disaggregation: {problem}",
+                )

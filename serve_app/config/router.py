@@ -1,0 +1,119 @@
+"""The router's settings (``router:`` in the YAML), as the router core and its deployment read them.
+
+One default per setting, here: the pydantic schema (``schema.py``) takes its defaults from these
+dataclasses, and ``deployments.router.core.RouterCore`` takes them as they are. Defaults of the
+weights were chosen on ``bench/router_sim.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Literal, get_args
+
+from accel.contract import ConfigError
+
+# The routing policies (``deployments.router.core.policies`` registers one class per name) ...
+PolicyName = Literal["prefix+session+load", "round_robin", "least_loaded", "prefix", "session"]
+# ... and the prefix index modes (``deployments.router.core.prefix_index``): ``precise`` follows the
+# engines' KV events where they publish them (others are learned from routing), ``approximate``
+# learns every replica from routing.
+IndexMode = Literal["precise", "approximate"]
+
+
+@dataclass(frozen=True)
+class CostWeights:
+    """Weights of ``prefix+session+load`` (and the load score every policy uses).
+
+    ``cost = w_prefill * uncached_prompt_blocks + w_load_blocks * load_score`` over the replicas
+    whose load score is within ``min_score + max(window_abs, window_rel * min_score)``; replicas
+    outside that window are overloaded (never chosen, and a session bound to one moves).
+    """
+
+    w_prefill: float = 1.0  # per uncached prompt block
+    w_load_blocks: float = 4.0  # blocks of prefill one unit of load score is worth
+    w_queue: float = 1.0  # load score per engine-waiting request (fresh stats only)
+    w_kv_usage: float = 4.0  # load score at 100% KV usage (fresh stats only)
+    window_abs: float = 8.0  # acceptable load-score excess over the least-loaded replica ...
+    window_rel: float = 0.25  # ... or this fraction of the least-loaded score, whichever is larger
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if getattr(self, f.name) < 0:
+                raise ConfigError(f"router.weights.{f.name}: must be >= 0, got {getattr(self, f.name)}")
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    ttl_s: float = 600.0  # idle time after which a session binding is forgotten
+    # Concurrent requests of one session on its replica; more spill elsewhere (binding kept).
+    max_in_flight_per_session: int = 2
+
+    def __post_init__(self) -> None:
+        if not self.ttl_s > 0:
+            raise ConfigError(f"router.session_ttl_s: must be positive, got {self.ttl_s}")
+        if self.max_in_flight_per_session < 1:
+            raise ConfigError(f"router.max_in_flight_per_session: must be >= 1, got {self.max_in_flight_per_session}")
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    # Engine stats older than this are ignored (load falls back to the router's in-flight counts).
+    stats_max_age_s: float = 5.0
+    peer_max_age_s: float = 1.0  # a peer router's in-flight counts older than this are ignored
+
+    def __post_init__(self) -> None:
+        if not self.stats_max_age_s > 0:
+            raise ConfigError(f"router.stats_max_age_s: must be positive, got {self.stats_max_age_s}")
+        if not self.peer_max_age_s > 0:
+            raise ConfigError(f"router.peer_max_age_s: must be positive, got {self.peer_max_age_s}")
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    policy: PolicyName = "prefix+session+load"
+    index_mode: IndexMode = "precise"
+    weights: CostWeights = field(default_factory=CostWeights)
+    sessions: SessionConfig = field(default_factory=SessionConfig)
+    load: LoadConfig = field(default_factory=LoadConfig)
+    # Router replicas. Several agree: each follows every engine's KV event log (identical precise
+    # indexes); a session's requests go to one of them by rendezvous hashing (its binding and
+    # in-flight cap live there); each broadcasts its in-flight counts to the others every 0.1 s.
+    replicas: int = 1
+    num_cpus: float = 0.0
+    stats_period_s: float = 0.5  # how often the router polls every engine replica (membership, load, KV)
+    decision_timeout_s: float = 0.2  # the ingress waits this long for a decision, then chooses locally
+    # KV events each engine replica keeps for router polls; a router further behind resyncs from
+    # the replica's full block snapshot.
+    kv_event_log_size: int = 8192
+
+    def __post_init__(self) -> None:
+        _check_choice("router.policy", self.policy, get_args(PolicyName))
+        _check_choice("router.index_mode", self.index_mode, get_args(IndexMode))
+        for name in ("replicas", "kv_event_log_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"router.{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("stats_period_s", "decision_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"router.{name}: must be positive, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class ModelRouting:
+    """What the router core needs of one served model, derived once from its pools
+    (``ModelConfig.routing``)."""
+
+    block_size: int  # tokens per block of the prompt hashes (the model's routing block size)
+    # Prompts whose uncached part on the chosen decode replica is at least this long are prefilled
+    # on a prefill pool and decoded on a decode pool; None = no disaggregation for this model.
+    pd_threshold_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ConfigError(f"block_size: must be >= 1, got {self.block_size}")
+        if self.pd_threshold_tokens is not None and self.pd_threshold_tokens < 1:
+            raise ConfigError(f"pd.threshold_tokens: must be >= 1, got {self.pd_threshold_tokens}")
+
+
+def _check_choice(key: str, value: str, known: tuple[str, ...]) -> None:
+    if value not in known:
+        raise ConfigError(f"{key}: unknown {value!r}; known: {', '.join(sorted(known))}")
