@@ -1,7 +1,7 @@
 """How an engine hands a payload to the KV-connector actor and gets one back.
 
 Engines (the TT engine's hooks, the vLLM connector) depend on ``KVTransport`` only. The
-implementation over the Ray actor is ``deployments.kv.ray_transport.RayKVTransport`` (the
+implementation over the Ray actor is the deployment layer's ``RayKVTransport`` (the
 node's shared-memory store for same-node payloads, the object store otherwise); tests
 and single-process setups can use ``deployments.kv.registry`` directly through
 ``InProcessKVTransport`` there. Every call is blocking with a deadline: engines call it from their
@@ -62,16 +62,13 @@ class KVTransport(Protocol):
         ...
 
 
-# Transports by name, so engine-side code (e.g. the vLLM connector in vLLM's child processes)
-# builds one from config without importing the deployment layer.
-TRANSPORTS = {"ray": "deployments.kv.ray_transport:RayKVTransport"}
-
-
-def make_transport(name_or_path: str, **kwargs: Any) -> KVTransport:
-    """``name_or_path``: a key of ``TRANSPORTS`` or ``"module:Class"``."""
-    module_name, _, class_name = TRANSPORTS.get(name_or_path, name_or_path).partition(":")
-    if not class_name:
-        raise ValueError(f"unknown KV transport {name_or_path!r}: use one of {sorted(TRANSPORTS)} or 'module:Class'")
+def make_transport(path: str, **kwargs: Any) -> KVTransport:
+    """The transport class at ``path`` (``"module:Class"``), built with ``kwargs``. Engine-side code
+    (the vLLM connector in vLLM's child processes) gets the path from its config, which the
+    deployment layer fills in, so accel never names a deployment module."""
+    module_name, _, class_name = path.partition(":")
+    if not module_name or not class_name:
+        raise ValueError(f"KV transport {path!r}: expected 'module:Class'")
     transport: KVTransport = getattr(importlib.import_module(module_name), class_name)(**kwargs)
     return transport
 

@@ -4,9 +4,10 @@ actor, in the canonical transfer format (``accel.kv_transfer``).
 Load it with ``kv_transfer_config={"kv_connector": "MeshServeConnector",
 "kv_connector_module_path": "accel.vllm.kv_connector", "kv_role": "kv_both",
 "kv_load_failure_policy": "recompute", "kv_connector_extra_config": {"app_name": ...,
-"ray_address": <GCS address>}}``. A request opts in through its ``kv_transfer_params``
-(``accel.kv_transfer.params``): ``do_remote_decode`` exports, ``do_remote_prefill`` +
-``transfer_id`` imports.
+"ray_address": <GCS address>, "transport": "<module:Class of a KVTransport>"}}`` (the
+deployment layer fills the extra config in: ``deployments/pd/wiring.py``). A request opts in
+through its ``kv_transfer_params`` (``accel.kv_transfer.params``): ``do_remote_decode`` exports,
+``do_remote_prefill`` + ``transfer_id`` imports.
 
 Where each half runs (vLLM spawns both): the SCHEDULER instance lives in the engine-core process,
 the WORKER instance in the worker process. Neither is a Ray worker, so both join the running
@@ -120,7 +121,7 @@ class ConnectorSettings:
 
     app_name: str = "default"
     ray_address: str | None = None
-    transport: str = "ray"
+    transport: str = ""  # "module:Class" of the KVTransport (filled in by the deployment layer)
     put_timeout_s: float = 10.0
     fetch_timeout_s: float = 10.0
     lookup_timeout_s: float = 2.0

@@ -78,6 +78,7 @@ def _filled_in(config: dict[str, Any]) -> dict[str, Any]:
     extra = dict(config.get("kv_connector_extra_config") or {})
     extra.setdefault("app_name", app_name())
     extra.setdefault("ray_address", ray.get_runtime_context().gcs_address)
+    extra.setdefault("transport", f"{RayKVTransport.__module__}:{RayKVTransport.__qualname__}")
     get_or_create_kv_connector(extra["app_name"])
     return {**config, "kv_connector_extra_config": extra}
 

@@ -57,7 +57,11 @@ def engine(loop, tiny_llama, ray_address, actor, tmp_path_factory):
                 "kv_connector_module_path": "accel.vllm.kv_connector",
                 "kv_role": "kv_both",
                 "kv_load_failure_policy": "recompute",
-                "kv_connector_extra_config": {"app_name": APP, "ray_address": ray_address},
+                "kv_connector_extra_config": {
+                    "app_name": APP,
+                    "ray_address": ray_address,
+                    "transport": "deployments.kv.ray_transport:RayKVTransport",
+                },
             },
         },
         xla_cache_root=tmp_path_factory.mktemp("xla"),
