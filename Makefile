@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 export VLLM_TARGET_DEVICE := cpu
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 
-.PHONY: setup serve test
+.PHONY: setup serve lint test
 
 setup: $(STAMP)
 	@$(PY) -m accel.models.tiny --if-missing >/dev/null
@@ -36,5 +36,11 @@ serve: export RAY_SERVE_THROUGHPUT_OPTIMIZED := 1
 serve: setup
 	$(VENV)/bin/serve run configs/local.yaml
 
-test: setup
+# Lint and types first (seconds), then the suite (fast unit tests, then the slow end-to-end ones).
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: lint
 	$(PY) -m pytest tests
