@@ -44,7 +44,9 @@ def top_functions(collapsed: Path, n: int) -> dict[str, object]:
         if not stack or not count_s.isdigit():
             continue
         count = int(count_s)
-        frames = [_frame(f) for f in stack.split(";") if f and not f.startswith("process ") and not f.startswith("thread ")]
+        frames = [
+            _frame(f) for f in stack.split(";") if f and not f.startswith("process ") and not f.startswith("thread ")
+        ]
         if not frames:
             continue
         total += count
@@ -62,7 +64,9 @@ def top_functions(collapsed: Path, n: int) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server", choices=("bare", "rayllm", "ours"), default="ours")
-    parser.add_argument("--config", type=Path, default=Path(__file__).resolve().parents[1] / "configs" / "vllm_cpu.yaml")
+    parser.add_argument(
+        "--config", type=Path, default=Path(__file__).resolve().parents[1] / "configs" / "vllm_cpu.yaml"
+    )
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--num-prompts", type=int, default=256)
     parser.add_argument("--input-len", type=int, default=128)
@@ -79,7 +83,9 @@ def main() -> None:
     engine_args = vllm_engine_args(opts.config)
     opts.tokenizer = engine_args["model"]
     port = free_port()
-    cmd = bare_vllm_command(engine_args, port) if opts.server == "bare" else serve_command(opts.server, opts.config, port)
+    cmd = (
+        bare_vllm_command(engine_args, port) if opts.server == "bare" else serve_command(opts.server, opts.config, port)
+    )
     log = open(opts.log_dir / "client.log", "w")
     with started(opts.server, cmd, env, port, opts.log_dir) as server:
         run_client(server.url, opts, opts.concurrency, 32, 1, log)  # warm-up
@@ -90,7 +96,9 @@ def main() -> None:
                 out = opts.log_dir / f"{label}-{p.pid}.txt"
                 spy = [str(PY_SPY), "record", "--pid", str(p.pid), "--rate", str(opts.rate), "--format", "raw"]
                 spy += ["--output", str(out), "--nonblocking", "--threads"]
-                spies.append((label, p.pid, out, subprocess.Popen(spy, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+                spies.append(
+                    (label, p.pid, out, subprocess.Popen(spy, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                )
         time.sleep(2)
         sampler = CpuSampler(server)
         sampler.start()

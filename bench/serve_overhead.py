@@ -371,7 +371,11 @@ def tt_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
     for c, per in runs.items():
         summary = {name: summarize_server(r) for name, r in per.items()}
         r = ratio(summary["ours"]["output_tok_s"], summary["in_process"]["output_tok_s"])
-        result[f"c{c}"] = {"servers": summary, "ours_over_in_process": r, "meets": {"ours_over_in_process": bool(r >= 0.9)}}
+        result[f"c{c}"] = {
+            "servers": summary,
+            "ours_over_in_process": r,
+            "meets": {"ours_over_in_process": bool(r >= 0.9)},
+        }
     return result
 
 
@@ -388,7 +392,9 @@ def main() -> None:
     parser.add_argument("--ray-env", choices=("throughput", "default"), default="throughput")
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp/meshserve-bench"))
     opts = parser.parse_args()
-    opts.config = (opts.config or REPO / "configs" / ("tt_cpu.yaml" if opts.mode == "tt" else "vllm_cpu.yaml")).resolve()
+    opts.config = (
+        opts.config or REPO / "configs" / ("tt_cpu.yaml" if opts.mode == "tt" else "vllm_cpu.yaml")
+    ).resolve()
     opts.servers = [s for s in opts.servers.split(",") if s]
     opts.concurrency = [int(c) for c in opts.concurrency.split(",")]
     opts.log_dir.mkdir(parents=True, exist_ok=True)

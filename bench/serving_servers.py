@@ -124,9 +124,7 @@ def started(
 ) -> Iterator[Server]:
     log_path = log_dir / f"{name}.log"
     log = open(log_path, "w")
-    proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(env), cwd=REPO, start_new_session=True
-    )
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(env), cwd=REPO, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(url, proc, log_path, timeout_s)
@@ -184,9 +182,6 @@ def serve_until_terminated(kind: str, config: Path, port: int) -> None:
     import ray
     from ray import serve
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
     # Logical CPUs: Ray Serve LLM's engine bundle and replicas ask for 1 CPU each; ours ask for 0.
     ray.init(
         address="local",
@@ -195,6 +190,10 @@ def serve_until_terminated(kind: str, config: Path, port: int) -> None:
         include_dashboard=False,
         log_to_driver=False,
     )
+    # After ray.init, which installs a SIGTERM handler of its own that ends the process at once.
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         app = _rayllm_app(config) if kind == "rayllm" else _our_app(config)

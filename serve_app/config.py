@@ -74,6 +74,8 @@ class PoolConfig:
     tpu_topology: str | None
     graceful_shutdown_timeout_s: float
     block_size: int  # engine KV block size in tokens (engine_args.block_size, else the engine's default)
+    # The replica's streaming window under load (``deployments.replicas.delta_coalescer``), seconds.
+    stream_interval_s: float = 0.015
 
     @property
     def kv_connector(self) -> str | None:
@@ -295,6 +297,7 @@ def _to_pool(pool: PoolArgs, model: ModelConfig) -> PoolConfig:
         tpu_topology=pool.tpu.topology if pool.tpu else None,
         graceful_shutdown_timeout_s=pool.graceful_shutdown_timeout_s,
         block_size=engine_block_size(pool.engine, pool.engine_args, pool.accelerator),
+        stream_interval_s=pool.stream_interval_ms / 1000,
     )
 
 

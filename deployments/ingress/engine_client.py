@@ -11,6 +11,11 @@ affinity key (the router handle's ``RendezvousRouter``), ``release`` to the one 
 ticket (``replica_hint``), and ``forget`` / ``report_dead`` to all of them (broadcast, fire and
 forget: control messages that must not delay the request).
 
+No router round trip when it has nothing to choose: a request whose only eligible pool has one
+running replica (as Serve last told this process's pool handle) and whose model has no prefill
+pool (no PD plan to make) goes straight to that replica (reason ``single_replica``, no ticket).
+Until the pool handle has heard from Serve, and for a retry, the router decides as usual.
+
 A call to an engine replica that fails because the replica's actor died (``RayActorError``:
 died or unavailable; Serve's ``ReplicaUnavailableError``) is reported to the routers at once
 (they drop the replica before their next poll). If the consumer has seen nothing of that
@@ -29,6 +34,7 @@ from typing import Any
 
 from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta
 from deployments.pd.orchestrator import PDOrchestrator
+from deployments.router import replica_membership
 from deployments.router.messages import PoolInfo, RouteDecision, RouteRequest, RoutingError, eligible_pools
 from serve_app.protocol.errors import APIError
 
@@ -67,6 +73,12 @@ class EngineClient:
         self._pools = tuple(pools)
         self._router = router_handle
         self._streams = {name: h.options(stream=True) for name, h in pool_handles.items()}
+        # pool -> (app, deployment) of its handle, where Serve's running-replica pushes are published
+        self._deployments = {
+            name: (getattr(h, "app_name", None), getattr(h, "deployment_name", None))
+            for name, h in pool_handles.items()
+        }
+        self._models_with_prefill = {p.model for p in self._pools if p.role == "prefill"}
         self._timeout_s = decision_timeout_s
         self._retry_after_s = retry_after_s
         self._metrics = metrics
@@ -81,7 +93,28 @@ class EngineClient:
         except RoutingError as err:
             raise APIError(400, err.message, err.param) from None
 
+    def single_replica_decision(self, route: RouteRequest) -> RouteDecision | None:
+        """The decision when there is only one replica to send ``route`` to, else None."""
+        if route.excluded_replicas or route.model in self._models_with_prefill:
+            return None
+        try:
+            pools = eligible_pools(route, self._pools)
+        except RoutingError:
+            return None
+        if len(pools) != 1:
+            return None
+        app, deployment = self._deployments.get(pools[0].name, (None, None))
+        if not isinstance(app, str) or not isinstance(deployment, str):
+            return None
+        running = replica_membership.latest(app, deployment)
+        if running is None or len(running) != 1:
+            return None
+        return RouteDecision(pool=pools[0].name, replica_id=next(iter(running)), ticket="", reason="single_replica")
+
     async def decide(self, route: RouteRequest) -> RouteDecision:
+        single = self.single_replica_decision(route)
+        if single is not None:
+            return single
         try:
             return await asyncio.wait_for(self._router.choose.remote(route), self._timeout_s)
         except asyncio.CancelledError:

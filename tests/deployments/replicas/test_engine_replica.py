@@ -66,19 +66,6 @@ def test_early_close_aborts_the_engine_request(pool):
     asyncio.run(run())
 
 
-def test_merge_deltas_keeps_the_stream_meaning():
-    from accel.contract import OutputDelta, TokenLogprob
-    from deployments.replicas.engine_replica import merge_deltas
-
-    a = OutputDelta("r", (1,), "a", 3, 1, 0, (TokenLogprob(1, -0.1),))
-    b = OutputDelta("r", (2, 3), "bc", 3, 3, 2, (TokenLogprob(2, -0.2), TokenLogprob(3, -0.3)), FinishReason.STOP, "x")
-    m = merge_deltas([a, b])
-    assert (m.new_token_ids, m.text, m.num_completion_tokens, m.num_cached_tokens) == ((1, 2, 3), "abc", 3, 2)
-    assert [lp.token_id for lp in m.logprobs] == [1, 2, 3]
-    assert (m.finish_reason, m.stop_reason) == (FinishReason.STOP, "x")
-    assert merge_deltas([OutputDelta("r", (1,), "a", 3, 1)]).logprobs is None
-
-
 def test_slow_consumer_gets_merged_deltas(pool, tiny_llama):
     async def run():
         replica = _replica(pool)
