@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.serve_overhead import CpuSampler, base_env, process_label, run_client  # noqa: E402
+from bench.serve_overhead import CpuSampler, base_env, process_label, run_client, server_env  # noqa: E402
 from bench.serving_servers import bare_vllm_command, free_port, serve_command, started, vllm_engine_args  # noqa: E402
 
 PY_SPY = Path(sys.executable).with_name("py-spy")
@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--rate", type=int, default=97, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--ray-env", choices=("throughput", "default"), default="throughput")
+    parser.add_argument("--ray-env", choices=("throughput", "haproxy", "default"), default="throughput")
     parser.add_argument("--mode", default="vllm", help=argparse.SUPPRESS)
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp/meshserve-profile"))
     opts = parser.parse_args()
@@ -87,7 +87,7 @@ def main() -> None:
         bare_vllm_command(engine_args, port) if opts.server == "bare" else serve_command(opts.server, opts.config, port)
     )
     log = open(opts.log_dir / "client.log", "w")
-    with started(opts.server, cmd, env, port, opts.log_dir) as server:
+    with started(opts.server, cmd, server_env(env), port, opts.log_dir) as server:
         run_client(server.url, opts, opts.concurrency, 32, 1, log)  # warm-up
         spies = []
         for p in server.cpu_processes():

@@ -73,6 +73,16 @@ CLIENT_KEYS = (
 GOALS = {"ours_over_bare": 0.9, "ours_over_rayllm": 1.7, "added_ttft_p50_ms": 15.0, "ours_itl_p99_ms": 30.0}
 
 
+def server_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` for one Ray server: HAProxy's stats and metrics ports (fixed by default) of its own,
+    so two HAProxy-mode servers can run side by side."""
+    out = dict(env)
+    if out.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
+        out.setdefault("RAY_SERVE_HAPROXY_STATS_PORT", str(free_port()))
+        out.setdefault("RAY_SERVE_HAPROXY_METRICS_PORT", str(free_port()))
+    return out
+
+
 def base_env(opts) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
@@ -81,11 +91,15 @@ def base_env(opts) -> dict[str, str]:
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if opts.ray_env == "throughput":
+    if opts.ray_env in ("throughput", "haproxy"):
         # Ray starts workers at nice 15; the bare server runs at 0: same priority for all, or a
         # busy machine measures niceness. Serve's documented throughput mode for both Ray servers.
         env.setdefault("RAY_worker_niceness", "0")
         env.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+    if opts.ray_env == "haproxy":
+        # HAProxy in front of the ingress replicas' own HTTP servers (direct ingress), instead of
+        # Serve's Python proxy.
+        env.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")
     return env
 
 
@@ -139,6 +153,8 @@ def process_label(cmdline: Sequence[str], name: str) -> str:
         ("LLMServer", "llm_server_replica"),
         ("OpenAiIngress", "rayllm_ingress"),
         ("LLMRouter", "rayllm_ingress"),
+        ("HAProxyManager", "haproxy_manager"),
+        ("haproxy", "haproxy"),
         ("raylet", "raylet"),
         ("gcs_server", "gcs"),
         ("serving_servers.py", "driver"),
@@ -258,7 +274,7 @@ def vllm_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
                 cmd = bare_vllm_command(engine_args, port)
             else:
                 cmd = serve_command(name, opts.config, port)
-            servers[name] = stack.enter_context(started(name, cmd, env, port, opts.log_dir))
+            servers[name] = stack.enter_context(started(name, cmd, server_env(env), port, opts.log_dir))
 
         def runner(server: Server):
             def run(c: int, seed: int, warmup: bool = False) -> dict[str, Any]:
@@ -348,7 +364,8 @@ def tt_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
     loop = asyncio.new_event_loop()
     with contextlib.ExitStack() as stack:
         port = free_port()
-        server = stack.enter_context(started("ours", serve_command("ours", opts.config, port), env, port, opts.log_dir))
+        cmd = serve_command("ours", opts.config, port)
+        server = stack.enter_context(started("ours", cmd, server_env(env), port, opts.log_dir))
         engine = make_tt_engine(pool)
         stack.callback(lambda: loop.run_until_complete(engine.shutdown()))
 
@@ -389,7 +406,12 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=128)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--ray-env", choices=("throughput", "default"), default="throughput")
+    parser.add_argument(
+        "--ray-env",
+        choices=("throughput", "haproxy", "default"),
+        default="throughput",
+        help="Ray settings of both Ray servers: RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (+ HAProxy), or Ray's defaults",
+    )
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp/meshserve-bench"))
     opts = parser.parse_args()
     opts.config = (

@@ -80,15 +80,17 @@ class Server:
 
 
 def _wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
-    """Until ``GET /v1/models`` lists the model (the engine is up, routes are in place)."""
+    """Until the server completes a one-token request (routes in place and the engine up:
+    ``/v1/models`` alone can answer before the engine replica has started)."""
     deadline = time.monotonic() + timeout_s
+    body = {"model": SERVED_MODEL, "prompt": "ready?", "max_tokens": 1}
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace")[-3000:]
             raise RuntimeError(f"server exited with {proc.returncode}; log {log_path}:\n{tail}")
         try:
-            resp = httpx.get(f"{url}/v1/models", timeout=5)
-            if resp.status_code == 200 and SERVED_MODEL in resp.text:
+            resp = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+            if resp.status_code == 200 and "choices" in resp.text:
                 return
         except httpx.HTTPError:
             pass
