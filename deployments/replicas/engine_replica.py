@@ -13,6 +13,7 @@ import dataclasses
 import inspect
 import logging
 import os
+import pickle
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -29,6 +30,17 @@ logger = logging.getLogger(__name__)
 
 EngineFactory = Callable[[PoolConfig], Engine]
 STATS_PERIOD_S = 1.0
+
+
+def plainly_picklable(exc: Exception) -> Exception:
+    """``exc`` if plain ``pickle`` round-trips it (the ingress reads the token stream with plain
+    pickle: ``EngineClient``), else a ``RuntimeError`` carrying its type and message (e.g. Ray's
+    dynamically made ``RayTaskError(ValueError)`` classes, which only cloudpickle can carry)."""
+    try:
+        pickle.loads(pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
 def current_replica_id() -> str:
@@ -118,7 +130,13 @@ class EngineReplica:
         finished: OutputDelta | None = None
         try:
             while finished is None:
-                delta = await out.next()
+                try:
+                    delta = await out.next()
+                except Exception as exc:
+                    safe = plainly_picklable(exc)
+                    if safe is exc:
+                        raise
+                    raise safe from exc
                 if delta.finished:
                     finished = delta
                 yield delta

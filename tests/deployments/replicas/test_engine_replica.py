@@ -136,3 +136,17 @@ def test_serve_stop_hook_shuts_the_engine_down_once(pool):
         assert replica.__del__() is None
 
     asyncio.run(run())
+
+
+def test_errors_leave_the_replica_plainly_picklable():
+    """The ingress reads the token stream with plain pickle: an engine error must survive it."""
+    import pickle
+
+    from accel.contract import InvalidRequestError
+    from deployments.replicas.engine_replica import plainly_picklable
+
+    err = pickle.loads(pickle.dumps(plainly_picklable(InvalidRequestError("prompt", "too long"))))
+    assert isinstance(err, InvalidRequestError) and (err.field, err.message) == ("prompt", "too long")
+    dynamic = type("RayTaskError(ValueError)", (ValueError,), {})("actor failed")  # as Ray builds them
+    safe = pickle.loads(pickle.dumps(plainly_picklable(dynamic)))
+    assert isinstance(safe, RuntimeError) and "RayTaskError(ValueError): actor failed" in str(safe)
