@@ -266,6 +266,7 @@ def vllm_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
     engine_args = vllm_engine_args(opts.config)
     opts.tokenizer = engine_args["model"]
     servers: dict[str, Server] = {}
+    failed: dict[str, str] = {}
     log = open(opts.log_dir / "client.log", "w")
     with contextlib.ExitStack() as stack:
         for name in opts.servers:
@@ -274,7 +275,11 @@ def vllm_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
                 cmd = bare_vllm_command(engine_args, port)
             else:
                 cmd = serve_command(name, opts.config, port)
-            servers[name] = stack.enter_context(started(name, cmd, server_env(env), port, opts.log_dir))
+            try:
+                servers[name] = stack.enter_context(started(name, cmd, server_env(env), port, opts.log_dir))
+            except (RuntimeError, TimeoutError) as exc:  # (stopped already) measure the others
+                failed[name] = str(exc)[-2000:]
+                print(f"{name} did not start: {exc}", file=sys.stderr)
 
         def runner(server: Server):
             def run(c: int, seed: int, warmup: bool = False) -> dict[str, Any]:
@@ -285,7 +290,7 @@ def vllm_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
             return run
 
         runs = run_rounds({n: runner(s) for n, s in servers.items()}, opts, load)
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = {"failed_to_start": failed} if failed else {}
     for c, per_server in runs.items():
         summary = {name: summarize_server(r) for name, r in per_server.items()}
         entry: dict[str, Any] = {"servers": summary}
