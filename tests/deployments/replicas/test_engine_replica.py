@@ -150,3 +150,29 @@ def test_errors_leave_the_replica_plainly_picklable():
     dynamic = type("RayTaskError(ValueError)", (ValueError,), {})("actor failed")  # as Ray builds them
     safe = pickle.loads(pickle.dumps(plainly_picklable(dynamic)))
     assert isinstance(safe, RuntimeError) and "RayTaskError(ValueError): actor failed" in str(safe)
+
+
+def test_busy_replica_coalesces_streams_exactly_and_sends_first_tokens_at_once(pool, tiny_llama):
+    """Two streams on one replica with an hour-long window: each stream's first message is its
+    first token alone, the rest arrives merged (far fewer messages than tokens), and the merged
+    token ids, text, logprobs and finish reason are exactly the unmerged stream's."""
+    import dataclasses
+
+    async def collect(replica, rid, prompt, n):
+        sampling = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=0)
+        return [d async for d in replica.generate(GenerateRequest(rid, prompt, sampling))]
+
+    async def run():
+        lone = await collect(_replica(pool), "lone", (0, 5, 6), 10)
+        busy = _replica(dataclasses.replace(pool, stream_interval_s=3600.0))
+        a, b = await asyncio.gather(collect(busy, "a", (0, 5, 6), 10), collect(busy, "b", (0, 7, 8), 10))
+        for msgs, prompt in ((a, [0, 5, 6]), (b, [0, 7, 8])):
+            assert len(msgs[0].new_token_ids) == 1  # the first token was not held
+            assert [t for d in msgs for t in d.new_token_ids] == hf_greedy(tiny_llama, prompt, 10)
+            assert len(msgs) < 10 and msgs[-1].finish_reason is FinishReason.LENGTH
+            assert msgs[-1].num_completion_tokens == 10
+            assert [lp.token_id for d in msgs for lp in d.logprobs] == [t for d in msgs for t in d.new_token_ids]
+        assert "".join(d.text for d in a) == "".join(d.text for d in lone)
+        assert [lp.logprob for d in a for lp in d.logprobs] == [lp.logprob for d in lone for lp in d.logprobs]
+
+    asyncio.run(run())
