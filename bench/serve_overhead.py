@@ -317,9 +317,11 @@ def vllm_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
 async def _drive_engine(engine, concurrency: int, num_prompts: int, opts, seed: int) -> dict[str, Any]:
     """``num_prompts`` requests, ``concurrency`` at a time, straight into the engine."""
     from accel.contract import GenerateRequest, SamplingParams
+    from accel.text.tokenizer import load_tokenizer
 
     rng = random.Random(seed)
-    prompts = [tuple(rng.randrange(3, 30000) for _ in range(opts.input_len)) for _ in range(num_prompts)]
+    vocab_size = load_tokenizer(opts.tokenizer).vocab_size
+    prompts = [tuple(rng.randrange(3, vocab_size) for _ in range(opts.input_len)) for _ in range(num_prompts)]
     sampling = SamplingParams(temperature=1.0, max_tokens=opts.output_len, ignore_eos=True)
     ttfts: list[float] = []
     itls: list[float] = []
