@@ -325,6 +325,7 @@ async def _drive_engine(engine, concurrency: int, num_prompts: int, opts, seed: 
     sampling = SamplingParams(temperature=1.0, max_tokens=opts.output_len, ignore_eos=True)
     ttfts: list[float] = []
     itls: list[float] = []
+    tpots: list[float] = []  # per request: (end - first token) / (tokens - 1), as vLLM's client
     num_tokens = 0
     queue = list(enumerate(prompts))
 
@@ -334,14 +335,17 @@ async def _drive_engine(engine, concurrency: int, num_prompts: int, opts, seed: 
             i, prompt = queue.pop()
             req = GenerateRequest(request_id=f"bench-{seed}-{i}", prompt_token_ids=prompt, sampling=sampling)
             start = last = time.perf_counter()
-            first = True
+            first_at, n = None, 0
             async for delta in engine.generate(req):
                 if not delta.new_token_ids:
                     continue
                 now = time.perf_counter()
-                num_tokens += len(delta.new_token_ids)
-                (ttfts if first else itls).append(now - (start if first else last))
-                first, last = False, now
+                n += len(delta.new_token_ids)
+                (ttfts if first_at is None else itls).append(now - (start if first_at is None else last))
+                first_at, last = first_at or now, now
+            num_tokens += n
+            if first_at is not None and n > 1:
+                tpots.append((last - first_at) / (n - 1))
 
     start = time.perf_counter()
     await asyncio.gather(*[worker() for _ in range(concurrency)])
@@ -354,7 +358,7 @@ async def _drive_engine(engine, concurrency: int, num_prompts: int, opts, seed: 
         "output_throughput": num_tokens / duration,
         "median_ttft_ms": 1000 * statistics.median(ttfts),
         "p99_ttft_ms": 1000 * sorted(ttfts)[int(0.99 * (len(ttfts) - 1))],
-        "median_tpot_ms": float("nan"),
+        "median_tpot_ms": 1000 * statistics.median(tpots),
         "median_itl_ms": 1000 * statistics.median(itls),
         "p99_itl_ms": 1000 * itls[int(0.99 * (len(itls) - 1))],
     }
