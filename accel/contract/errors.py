@@ -14,6 +14,11 @@ class InvalidRequestError(ValueError):
         self.field = field_name
         self.message = message
 
+    def __reduce__(self) -> tuple[type[InvalidRequestError], tuple[str, str]]:
+        # Raised in an engine replica, it crosses a process boundary pickled; the default
+        # reduce would call __init__ with the formatted message alone.
+        return InvalidRequestError, (self.field, self.message)
+
 
 class ConfigError(ValueError):
     """A configuration value is wrong. The message names the key (and the file, when known)."""

@@ -11,6 +11,11 @@ affinity key (the router handle's ``RendezvousRequestRouter``), ``release`` to t
 ticket (``replica_hint``), and ``forget`` / ``report_dead`` to all of them (broadcast, fire and
 forget: control messages that must not delay the request).
 
+No router round trip when it has nothing to choose: a request whose only eligible pool has one
+running replica (as Serve last told this process's pool handle) and whose model has no prefill
+pool (no PD plan to make) goes straight to that replica (reason ``single_replica``, no ticket).
+Until the pool handle has heard from Serve, and for a retry, the router decides as usual.
+
 A call to an engine replica that fails because the replica's actor died (``RayActorError``:
 died or unavailable; Serve's ``ReplicaUnavailableError``) is reported to the routers at once
 (they drop the replica before their next poll). If the consumer has seen nothing of that
@@ -33,6 +38,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, 
 from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta
 from deployments.pd.orchestrator import Call, PDOrchestrator
 from deployments.replicas.client import EnginePoolClient
+from deployments.router import replica_membership
 from deployments.router.client import RouterClient
 from deployments.router.messages import RouteDecision, RouteRequest, RoutingError, eligible_pools
 from serve_app.config.app import AppConfig
@@ -66,6 +72,7 @@ class EngineClient:
         self._pools = config.pools
         self._router = RouterClient(router_handle)
         self._engines = {name: EnginePoolClient(handle) for name, handle in pool_handles.items()}
+        self._models_with_prefill = {p.model for p in self._pools if p.role == "prefill"}
         self._timeout_s = config.router.decision_timeout_s
         self._retry_after_s = config.ingress.retry_after_s
         self._metrics = metrics
@@ -79,7 +86,28 @@ class EngineClient:
         except RoutingError as err:
             raise APIError(400, err.message, err.param) from None
 
+    def single_replica_decision(self, route: RouteRequest) -> RouteDecision | None:
+        """The decision when there is only one replica to send ``route`` to, else None."""
+        if route.excluded_replicas or route.model in self._models_with_prefill:
+            return None
+        try:
+            pools = eligible_pools(route, self._pools)
+        except RoutingError:
+            return None
+        if len(pools) != 1:
+            return None
+        deployment = self._engines[pools[0].name].deployment
+        if deployment is None:
+            return None
+        running = replica_membership.latest(*deployment)
+        if running is None or len(running) != 1:
+            return None
+        return RouteDecision(pool=pools[0].name, replica_id=next(iter(running)), ticket="", reason="single_replica")
+
     async def decide(self, route: RouteRequest) -> RouteDecision:
+        single = self.single_replica_decision(route)
+        if single is not None:
+            return single
         try:
             return await self._router.choose(route, self._timeout_s)
         except asyncio.CancelledError:

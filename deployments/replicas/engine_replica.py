@@ -12,12 +12,14 @@ import asyncio
 import dataclasses
 import logging
 import os
+import pickle
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
 from accel.contract import Engine, EngineStats, FinishReason, GenerateRequest, OutputDelta, PrefixCacheChange
+from deployments.replicas.delta_coalescer import DeltaCoalescer
 from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS, KVCursor, KVEventLog
 from deployments.router.kv_events import BlockRemoved, BlockStored, KVEvent
 from deployments.router.messages import ReplicaSnapshot
@@ -30,19 +32,15 @@ EngineFactory = Callable[[PoolConfig], Engine]
 STATS_PERIOD_S = 1.0
 
 
-def merge_deltas(deltas: list[OutputDelta]) -> OutputDelta:
-    """Consecutive deltas of one request as one: tokens, text and logprobs concatenated; counts,
-    finish and stop reasons from the last (counts are cumulative)."""
-    last = deltas[-1]
-    logprobs = None
-    if any(d.logprobs is not None for d in deltas):
-        logprobs = tuple(lp for d in deltas for lp in (d.logprobs or ()))
-    return dataclasses.replace(
-        last,
-        new_token_ids=tuple(t for d in deltas for t in d.new_token_ids),
-        text="".join(d.text for d in deltas),
-        logprobs=logprobs,
-    )
+def plainly_picklable(exc: Exception) -> Exception:
+    """``exc`` if plain ``pickle`` round-trips it (the ingress reads the token stream with plain
+    pickle: ``EngineClient``), else a ``RuntimeError`` carrying its type and message (e.g. Ray's
+    dynamically made ``RayTaskError(ValueError)`` classes, which only cloudpickle can carry)."""
+    try:
+        pickle.loads(pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
 def current_replica_id() -> str:
@@ -117,27 +115,26 @@ class EngineReplica:
         (``PinnedReplicaRequestRouter``), not here. If the caller goes away (Serve cancels this
         generator) the engine request is aborted, which frees its KV blocks.
 
-        Deltas that pile up while the previous one is still being sent are merged into one
-        (``merge_deltas``): one Ray object per send instead of per engine step, so a slow
-        consumer costs fewer objects, and an idle one sees every delta at once."""
+        Messages are coalesced (``DeltaCoalescer``): while this replica streams more than one
+        request, each stream sends at most one message per ``pool.stream_interval_s`` (its first
+        at once; a finished delta or an error at once); a lone stream sends every delta as it
+        comes. Deltas that pile up behind a slow consumer are merged as well."""
         del replica_hint
         self._ensure_stats_task()
         self._num_inflight += 1
         start = time.monotonic()
-        pending: asyncio.Queue[OutputDelta | Exception] = asyncio.Queue()
-        pump = asyncio.get_running_loop().create_task(self._pump(request, pending, start))
+        out = DeltaCoalescer(self.pool.stream_interval_s, self._is_streaming_several)
+        pump = asyncio.get_running_loop().create_task(self._pump(request, out, start))
         finished: OutputDelta | None = None
         try:
             while finished is None:
-                items = [await pending.get()]
-                while not pending.empty():
-                    items.append(pending.get_nowait())
-                batch: list[OutputDelta] = []
-                for item in items:
-                    if isinstance(item, Exception):
-                        raise item
-                    batch.append(item)
-                delta = merge_deltas(batch) if len(batch) > 1 else batch[0]
+                try:
+                    delta = await out.next()
+                except Exception as exc:
+                    safe = plainly_picklable(exc)
+                    if safe is exc:
+                        raise
+                    raise safe from exc
                 if delta.finished:
                     finished = delta
                 yield delta
@@ -148,7 +145,10 @@ class EngineReplica:
                 await self._abort_quietly(request.request_id)
             await asyncio.gather(pump, return_exceptions=True)
 
-    async def _pump(self, request: GenerateRequest, out: asyncio.Queue[OutputDelta | Exception], start: float) -> None:
+    def _is_streaming_several(self) -> bool:
+        return self._num_inflight > 1
+
+    async def _pump(self, request: GenerateRequest, out: DeltaCoalescer, start: float) -> None:
         """Engine deltas -> ``out`` (an exception is put there too); records the metrics."""
         last = start
         ttft = None
@@ -162,7 +162,7 @@ class EngineReplica:
                     else:
                         self._metrics.observe_delta(now - last, len(delta.new_token_ids))
                 last = now
-                out.put_nowait(delta)
+                out.put(delta)
                 if delta.finished:
                     if self._metrics is not None:
                         self._metrics.observe_finish(
@@ -173,11 +173,11 @@ class EngineReplica:
                             ttft,
                         )
                     return
-            out.put_nowait(RuntimeError(f"engine stream of {request.request_id} ended without finishing"))
+            out.put_error(RuntimeError(f"engine stream of {request.request_id} ended without finishing"))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            out.put_nowait(exc)
+            out.put_error(exc)
 
     async def abort(self, request_id: str) -> None:
         await self._engine.abort(request_id)

@@ -44,6 +44,12 @@ def subscribe(app_name: str, deployment_name: str, listener: Listener) -> Callab
     return unsubscribe
 
 
+def latest(app_name: str, deployment_name: str) -> frozenset[str] | None:
+    """The deployment's running replicas as last published in this process (None: not yet)."""
+    with _lock:
+        return _latest.get((app_name, deployment_name))
+
+
 def publish(app_name: str, deployment_name: str, replica_ids: frozenset[str]) -> None:
     """The deployment's running replicas are now ``replica_ids``; repeated sets are not re-sent."""
     key = (app_name, deployment_name)

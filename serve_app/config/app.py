@@ -76,6 +76,10 @@ class PoolConfig:
     tpu_topology: str | None = None
     # Seconds Serve waits for in-flight requests on scale-down/shutdown before killing the replica.
     graceful_shutdown_timeout_s: float = 20.0
+    # While a replica streams several requests, each stream sends at most one message per this
+    # many seconds (deltas in between merged: deployments.replicas.delta_coalescer); the first token
+    # and the finish are never held, and a lone stream gets every token at once. 0 = every delta.
+    stream_interval_s: float = 0.015
 
     def __post_init__(self) -> None:
         if (self.replicas is None) == (self.autoscaling is None):

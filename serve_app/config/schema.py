@@ -24,6 +24,7 @@ Schema (``applications[].args`` of a Serve config file)::
       resources: {num_cpus: 0.5, memory: ..., resources: {...}}
       tt: {mesh_device: T3K}            # tt pools on accelerator tt
       tpu: {type: v6e, topology: 4x4}   # tpu pools
+      stream_interval_ms: 15            # under load, one message per stream per 15 ms (0 = per delta)
     router: {policy: prefix+session+load, index_mode: precise, weights: {w_prefill: 1, ...},
              session_ttl_s: 600, max_in_flight_per_session: 2, stats_max_age_s: 5,
              replicas: 1, stats_period_s: 0.5, decision_timeout_s: 0.2, kv_event_log_size: 8192}
@@ -95,6 +96,8 @@ class PoolArgs(_Strict):
     tt: TTArgs | None = None
     tpu: TPUArgs | None = None
     graceful_shutdown_timeout_s: float = Field(default=PoolConfig.graceful_shutdown_timeout_s, ge=0)
+    # PoolConfig.stream_interval_s, in milliseconds.
+    stream_interval_ms: float = Field(default=PoolConfig.stream_interval_s * 1000, ge=0, le=1000)
 
 
 class RouterWeightsArgs(_Strict):

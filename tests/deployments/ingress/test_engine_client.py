@@ -100,7 +100,8 @@ class FakePoolHandle:
         self._make = make_stream
         self.generate = FakeMethod(self._call)
 
-    def options(self, stream):
+    def options(self, stream, **serialization):
+        self.options_seen = dict(serialization, stream=stream)
         return self
 
     def _call(self, request, replica_hint=None):
@@ -129,6 +130,12 @@ def test_routes_to_the_chosen_replica_and_releases():
         assert len(deltas) == 1 and pools["vllm"].calls == [("r", "v1")]
         assert router.released == ["t7"] and not pools["vllm"].last.cancelled
         assert router.hints == ["R2"]  # released on the router replica that issued the ticket
+        # The token stream is read with plain pickle (cloudpickle costs ~10x per delta).
+        assert pools["vllm"].options_seen == {
+            "stream": True,
+            "request_serialization": "pickle",
+            "response_serialization": "pickle",
+        }
 
     asyncio.run(run())
 
@@ -290,3 +297,53 @@ def test_a_dependency_dying_inside_a_live_replica_is_not_a_replica_death():
         assert err.value.status == 500 and router.dead_reports == [] and len(router.routes) == 1
 
     asyncio.run(run())
+
+
+def _membership_pools(app):
+    """Pool handles that name their deployment, as Serve's handles do."""
+    pools = {
+        "tt": FakePoolHandle(lambda r: FakeStream([_delta(r.request_id, 1, True)])),
+        "vllm": FakePoolHandle(lambda r: FakeStream([_delta(r.request_id, 1), _delta(r.request_id, 2, True)])),
+    }
+    for name, handle in pools.items():
+        handle.app_name, handle.deployment_name = app, f"Replica-{name}"
+    return pools
+
+
+def test_single_running_replica_is_used_without_a_router_round_trip():
+    from deployments.router import replica_membership
+
+    async def run():
+        router = FakeRouterHandle(RouteDecision("vllm", "v1", "t1", "least_loaded"))
+        client, pools = _client(router, _membership_pools("single-app"))
+        route = RouteRequest("r", "m", 2, pool="vllm")
+        # Before Serve told this process anything about the pool: the router decides.
+        assert [d.finished for d in [d async for d in client.stream(REQ, route)]] == [False, True]
+        assert len(router.routes) == 1 and router.released == ["t1"]
+        replica_membership.publish("single-app", "Replica-vllm", frozenset({"only"}))
+        deltas = [d async for d in client.stream(REQ, route)]
+        assert [t for d in deltas for t in d.new_token_ids] == [1, 2] and deltas[-1].finished
+        assert len(router.routes) == 1 and router.released == ["t1"]  # no choose, no ticket to release
+        assert pools["vllm"].calls[-1] == ("r", "only")
+        # Unpinned, the model has two eligible pools: the router decides between them.
+        [d async for d in client.stream(REQ, RouteRequest("r", "m", 2))]
+        assert len(router.routes) == 2
+        # A second replica joined: the router decides again.
+        replica_membership.publish("single-app", "Replica-vllm", frozenset({"only", "second"}))
+        [d async for d in client.stream(REQ, route)]
+        assert len(router.routes) == 3
+
+    asyncio.run(run())
+
+
+def test_no_shortcut_for_a_retry_or_a_model_with_a_prefill_pool():
+    from deployments.router import replica_membership
+
+    replica_membership.publish("pd-app", "Replica-vllm", frozenset({"only"}))
+    pd_pools = (pool_config("vllm", engine="vllm", role="decode"), pool_config("tt", role="prefill"))
+    client = EngineClient(app_config(pd_pools), FakeRouterHandle(), _membership_pools("pd-app"))
+    assert client.single_replica_decision(RouteRequest("r", "m", 2, pool="vllm")) is None  # PD may apply
+    client, _ = _client(FakeRouterHandle(), _membership_pools("pd-app"))
+    assert client.single_replica_decision(RouteRequest("r", "m", 2, pool="vllm")).replica_id == "only"
+    retry = RouteRequest("r#retry", "m", 2, pool="vllm", excluded_replicas=("gone",))
+    assert client.single_replica_decision(retry) is None

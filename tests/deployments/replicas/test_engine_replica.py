@@ -68,19 +68,6 @@ def test_early_close_aborts_the_engine_request(pool):
     asyncio.run(run())
 
 
-def test_merge_deltas_keeps_the_stream_meaning():
-    from accel.contract import OutputDelta, TokenLogprob
-    from deployments.replicas.engine_replica import merge_deltas
-
-    a = OutputDelta("r", (1,), "a", 3, 1, 0, (TokenLogprob(1, -0.1),))
-    b = OutputDelta("r", (2, 3), "bc", 3, 3, 2, (TokenLogprob(2, -0.2), TokenLogprob(3, -0.3)), FinishReason.STOP, "x")
-    m = merge_deltas([a, b])
-    assert (m.new_token_ids, m.text, m.num_completion_tokens, m.num_cached_tokens) == ((1, 2, 3), "abc", 3, 2)
-    assert [lp.token_id for lp in m.logprobs] == [1, 2, 3]
-    assert (m.finish_reason, m.stop_reason) == (FinishReason.STOP, "x")
-    assert merge_deltas([OutputDelta("r", (1,), "a", 3, 1)]).logprobs is None
-
-
 def test_slow_consumer_gets_merged_deltas(pool, tiny_llama):
     async def run():
         replica = _replica(pool)
@@ -149,5 +136,45 @@ def test_serve_stop_hook_shuts_the_engine_down_once(pool):
         with pytest.raises(RuntimeError, match="shut down"):
             await replica.check_health()
         assert replica.__del__() is None
+
+    asyncio.run(run())
+
+
+def test_errors_leave_the_replica_plainly_picklable():
+    """The ingress reads the token stream with plain pickle: an engine error must survive it."""
+    import pickle
+
+    from accel.contract import InvalidRequestError
+    from deployments.replicas.engine_replica import plainly_picklable
+
+    err = pickle.loads(pickle.dumps(plainly_picklable(InvalidRequestError("prompt", "too long"))))
+    assert isinstance(err, InvalidRequestError) and (err.field, err.message) == ("prompt", "too long")
+    dynamic = type("RayTaskError(ValueError)", (ValueError,), {})("actor failed")  # as Ray builds them
+    safe = pickle.loads(pickle.dumps(plainly_picklable(dynamic)))
+    assert isinstance(safe, RuntimeError) and "RayTaskError(ValueError): actor failed" in str(safe)
+
+
+def test_busy_replica_coalesces_streams_exactly_and_sends_first_tokens_at_once(pool, tiny_llama):
+    """Two streams on one replica with an hour-long window: each stream's first message is its
+    first token alone, the rest arrives merged (far fewer messages than tokens), and the merged
+    token ids, text, logprobs and finish reason are exactly the unmerged stream's."""
+    import dataclasses
+
+    async def collect(replica, rid, prompt, n):
+        sampling = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=0)
+        return [d async for d in replica.generate(GenerateRequest(rid, prompt, sampling))]
+
+    async def run():
+        lone = await collect(_replica(pool), "lone", (0, 5, 6), 10)
+        busy = _replica(dataclasses.replace(pool, stream_interval_s=3600.0))
+        a, b = await asyncio.gather(collect(busy, "a", (0, 5, 6), 10), collect(busy, "b", (0, 7, 8), 10))
+        for msgs, prompt in ((a, [0, 5, 6]), (b, [0, 7, 8])):
+            assert len(msgs[0].new_token_ids) == 1  # the first token was not held
+            assert [t for d in msgs for t in d.new_token_ids] == hf_greedy(tiny_llama, prompt, 10)
+            assert len(msgs) < 10 and msgs[-1].finish_reason is FinishReason.LENGTH
+            assert msgs[-1].num_completion_tokens == 10
+            assert [lp.token_id for d in msgs for lp in d.logprobs] == [t for d in msgs for t in d.new_token_ids]
+        assert "".join(d.text for d in a) == "".join(d.text for d in lone)
+        assert [lp.logprob for d in a for lp in d.logprobs] == [lp.logprob for d in lone for lp in d.logprobs]
 
     asyncio.run(run())
