@@ -13,9 +13,19 @@ Entries with ``/4routers`` run the default policy on 4 router replicas at once
 event and stats report and its peers' in-flight counts every 0.1 s (``-no-peer-load``: without
 those) — what splitting the router costs.
 
-Peers: ``ray_prefix_cache_affinity`` is Ray Serve's PrefixCacheAffinityRouter algorithm
-(``ray_prefix_affinity``) with its 2.60 default ``imbalanced_threshold=inf`` and, as
-``ray_prefix_cache_affinity@10``, the 2.50 default 10.
+Peers: ``ray_prefix_cache_affinity`` is Ray Serve 2.60's own PrefixCacheAffinityRouter — the
+class and its PrefixTreeActor imported from the installed ray and driven through Serve's routing
+path with running-replica fakes (``router_sim_ray``; needs a small local Ray, started here) — with
+its 2.60 default ``imbalanced_threshold=inf`` and, as ``ray_prefix_cache_affinity@10``, the 2.50
+default 10. Its decision latency includes the router's blocking ``ray.get`` calls on the tree
+actor, as in Serve.
+
+Engine signals reach our router as in the deployment (``router_sim_cluster``): stats and KV
+events in a poll every ``--stats-period-s`` (0.5 s), events visible ``--kv-event-delay-s`` after
+the engine's store; ``--instant-kv-events`` delivers events at once instead.
+
+Default weights: chosen on this script's default trace (seed 0: multi-turn chat + shared system
+prompt groups); ``bench/router_sim_validate.py`` checks them on held-out trace families.
 """
 
 from __future__ import annotations
@@ -34,9 +44,9 @@ from dataclasses import asdict, replace
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ray_prefix_affinity import RayPrefixAffinityPeer  # noqa: E402
 from router_sim_cluster import ClusterConfig, oracle_hit_tokens, simulate  # noqa: E402
 from router_sim_multi import MultiCoreSimRouter  # noqa: E402
+from router_sim_ray import RaySimRouter  # noqa: E402
 from router_sim_workload import TraceRequest, WorkloadConfig, make_trace  # noqa: E402
 
 from accel.block_hash import hash_prompt_blocks  # noqa: E402
@@ -92,32 +102,6 @@ class CoreSimRouter:
         self.core.apply_stats(replica_id, stats)
 
 
-class RaySimRouter:
-    """The PrefixCacheAffinityRouter peer with locally counted queue lengths."""
-
-    def __init__(self, replica_ids: Sequence[str], imbalanced_threshold: float, seed: int) -> None:
-        self.peer = RayPrefixAffinityPeer(replica_ids, imbalanced_threshold=imbalanced_threshold, seed=seed)
-        self.in_flight = {r: 0 for r in replica_ids}
-        self.replica_of: dict[str, str] = {}
-
-    def choose(self, req: TraceRequest, now_s: float) -> str:
-        text = req.text()
-        replica_id = self.peer.choose(text, self.in_flight)
-        self.peer.on_routed(text, replica_id, now_s)
-        self.in_flight[replica_id] += 1
-        self.replica_of[req.request_id] = replica_id
-        return replica_id
-
-    def on_completed(self, req: TraceRequest, now_s: float) -> None:
-        self.in_flight[self.replica_of.pop(req.request_id)] -= 1
-
-    def on_kv_events(self, replica_id: str, events: list[KVEvent]) -> None:
-        pass
-
-    def on_stats(self, replica_id: str, stats: EngineStats) -> None:
-        pass
-
-
 # (entry name, factory(replica_ids, kv blocks per replica, block size, weights, seed))
 RouterFactory = Callable[[Sequence[str], int, int, CostWeights, int], object]
 
@@ -166,7 +150,11 @@ def run_policy(
 ) -> dict:
     ids = [f"replica-{i:02d}" for i in range(cluster.num_replicas)]
     router = ENTRIES[name](ids, cluster.kv_blocks_per_replica, cluster.block_size, weights, seed)
-    result = simulate(trace, cluster, router, ids)
+    try:
+        result = simulate(trace, cluster, router, ids)
+    finally:
+        if isinstance(router, RaySimRouter):
+            router.close()
     hit_rate = result.num_hit_tokens / max(1, result.num_prompt_tokens)
     loads = result.load_per_replica
     mean_load = statistics.fmean(loads)
@@ -211,7 +199,7 @@ def measure_latency(
         held.update(dict.fromkeys(req.full_hashes))
         num_blocks += len(held) - before
         if isinstance(router, RaySimRouter):
-            router.peer.on_routed(req.text(), replica_id, 0.0)
+            router.preload(req.text(), replica_id)
         num_preloaded += 1
     if isinstance(router, CoreSimRouter):
         for replica_id, held in per_replica.items():
@@ -245,21 +233,19 @@ def measure_latency(
             if router.core.config.index_mode == "precise":  # the engine's report of the prompt
                 router.core.apply_kv_events(decision.replica_id, [BlockStored(req.prompt_hashes)])
             t2 = time.perf_counter_ns()
-        else:
-            text = req.text()
+        else:  # Ray's router decides and inserts in one call path (its tree actor RPCs included)
             c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
-            replica_id = router.peer.choose(text, router.in_flight)
-            t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
-            router.peer.on_routed(text, replica_id, now_s)
-            router.in_flight[replica_id] += 1
-            router.replica_of[req.request_id] = replica_id
-            t2 = time.perf_counter_ns()
+            router.choose(req, now_s)
+            t1 = t2 = time.perf_counter_ns()
+            c1 = time.thread_time_ns()
         decide_ns.append(t1 - t0)
         decide_cpu_ns.append(c1 - c0)
         dispatch_ns.append(t2 - t1)
         window.append(req)
         if len(window) > 256:
             router.on_completed(window.pop(0), now_s)
+    if isinstance(router, RaySimRouter):
+        router.close()
     return {
         "decision_p50_us": round(_percentile(decide_ns, 0.50) / 1000, 1),
         "decision_p99_us": round(_percentile(decide_ns, 0.99) / 1000, 1),
@@ -296,8 +282,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--stats-period-s",
         type=float,
         default=ClusterConfig.stats_period_s,
-        help="engine stats reports (the router deployment polls every 0.5 s by default)",
+        help="the router's poll of every engine (stats + KV events; the deployment's router.stats_period_s)",
     )
+    p.add_argument("--kv-event-delay-s", type=float, default=ClusterConfig.kv_event_delay_s)
+    p.add_argument("--instant-kv-events", action="store_true", help="deliver KV events at once, not at polls")
     p.add_argument("--duration-s", type=float, default=WorkloadConfig.duration_s)
     p.add_argument("--sessions", type=int, default=240)
     p.add_argument("--turns", type=int, default=8)
@@ -331,6 +319,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         block_size=args.block_size,
         max_batch=args.max_batch,
         stats_period_s=args.stats_period_s,
+        kv_event_delay_s=args.kv_event_delay_s,
+        kv_events_at_poll=not args.instant_kv_events,
     )
     started = time.perf_counter()
     trace = make_trace(workload)
