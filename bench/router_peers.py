@@ -9,7 +9,8 @@ for each run with its defaults:
 - ``vllm_router_cache_aware``: vllm-router ``--policy cache_aware`` (approximate char tree);
 - ``vllm_router_kv_aware``: vllm-router ``--policy kv_aware`` following the workers' KV events
   (``--kv-event-source URL=tcp://...`` per worker, their replay sockets, block size 32; it
-  tokenizes through the worker's ``/v1/completions/render``, hence ``--enable-scale-out``);
+  tokenizes through the worker's ``/v1/completions/render``, hence ``--enable-scale-out``, and
+  recomputes vLLM's block hashes, hence ``--prefix-caching-hash-algo sha256_cbor`` on the workers);
 - ``sglang_router_cache_aware``: sglang-router 0.3.2 ``--policy cache_aware``;
 
 and against ``ours``: our Serve stack (``serve_app.app.build_app``) with one vLLM pool of two
@@ -242,6 +243,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kv-blocks", type=int, default=EngineSpec.num_kv_blocks, help="KV blocks per engine")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--model", default=os.path.expanduser("~/.cache/meshserve/checkpoints/tiny-llama"))
+    p.add_argument(
+        "--ours-router",
+        type=json.loads,
+        default=None,
+        help='diagnosis: JSON overrides of our router config (e.g. \'{"index_mode": "approximate"}\'); the '
+        "entry is then named ours[<overrides>], not ours",
+    )
     p.add_argument("--log-dir", type=Path, default=Path("/tmp/meshserve-bench/router_peers"))
     args = p.parse_args(argv)
     families = [f for f in args.traces.split(",") if f]
@@ -271,7 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     procs = ProcessSet(args.log_dir)
-    ours = OurStack(spec)
+    ours = OurStack(spec, args.ours_router)
+    ours_name = "ours" if not args.ours_router else f"ours{json.dumps(args.ours_router, sort_keys=True)}"
     started = time.perf_counter()
     out: dict = {"bench": "router_peers", "engine": dataclasses.asdict(spec), "scale": args.scale, "seed": args.seed}
     out["load_average_start"] = _load_avg()
@@ -296,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if name == "ours":
                     url, loads, proc = ours.url, ours.loads, None
                 else:
-                    url, proc = start_peer(procs, name, workers, spec)
+                    url, proc = start_peer(procs, name, workers, spec, tag=f"-{family}")
 
                     async def loads(ws=workers) -> list[int]:
                         async with httpx.AsyncClient() as http:
@@ -305,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 records, samples, wall_s = asyncio.run(replay(url, spec.served_name, sessions, loads))
                 result = figures(records, samples, wall_s, tokenize, spec.block_size)
                 result["load_average"] = [load_start, _load_avg()]
-                entry["routers"][name] = result
+                entry["routers"][ours_name if name == "ours" else name] = result
                 if proc is not None:
                     procs.stop(proc)
                 else:
@@ -315,6 +324,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         ours.close()
         procs.close()
+    if args.ours_router:
+        out["ours_router_overrides"] = args.ours_router
     out["traces"] = traces
     out["goal"] = goal(traces)
     out["load_average_end"] = _load_avg()

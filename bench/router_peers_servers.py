@@ -51,7 +51,7 @@ class EngineSpec:
     model_path: str
     served_name: str = "tiny-llama"
     block_size: int = 32
-    num_kv_blocks: int = 512  # per engine
+    num_kv_blocks: int = 384  # per engine (12,288 tokens; the hard traces hold 2-2.4x both together)
     max_model_len: int = 4096
     max_num_seqs: int = 8
     dtype: str = "float32"
@@ -179,6 +179,12 @@ def start_workers(procs: ProcessSet, spec: EngineSpec, num: int = 2) -> list[Wor
             # vllm-router's kv_aware tokenizes through the worker's /v1/completions/render,
             # which vLLM serves only with scale-out endpoints on (403 otherwise).
             "--enable-scale-out",
+            # vllm-router's kv_aware recomputes vLLM's block hashes in Rust: it needs vLLM's
+            # CBOR-serialised sha256 (the default "sha256" pickles, which only Python can
+            # reproduce: every kv_aware decision then credits 0 cached tokens). Hit/miss
+            # behaviour is the same for either hash; our replicas rekey events from token ids.
+            "--prefix-caching-hash-algo",
+            "sha256_cbor",
             "--disable-uvicorn-access-log",
             "--kv-events-config",
             events,
@@ -196,9 +202,11 @@ def start_workers(procs: ProcessSet, spec: EngineSpec, num: int = 2) -> list[Wor
 PEERS = ("round_robin", "vllm_router_cache_aware", "vllm_router_kv_aware", "sglang_router_cache_aware")
 
 
-def start_peer(procs: ProcessSet, name: str, workers: Sequence[Worker], spec: EngineSpec) -> tuple[str, Any]:
+def start_peer(
+    procs: ProcessSet, name: str, workers: Sequence[Worker], spec: EngineSpec, tag: str = ""
+) -> tuple[str, Any]:
     """Start peer router ``name`` (defaults only, besides addresses and the KV event sources);
-    returns (its URL, its process)."""
+    returns (its URL, its process). Its log is ``peer-<name><tag>.log``."""
     port, prom_port = free_port(), free_port()
     urls = [w.url for w in workers]
     common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls]
@@ -214,7 +222,7 @@ def start_peer(procs: ProcessSet, name: str, workers: Sequence[Worker], spec: En
                 cmd += ["--kv-event-source", f"{w.url}={w.kv_endpoint}"]
                 cmd += ["--kv-event-replay-source", f"{w.url}={w.kv_replay_endpoint}"]
             cmd += ["--log-level", "debug"]  # its "KV prefix decision" lines say why it chose
-    proc = procs.start(f"peer-{name}", cmd)
+    proc = procs.start(f"peer-{name}{tag}", cmd)
     url = f"http://127.0.0.1:{port}"
     wait_healthy(url, proc, timeout_s=120, path="/health")
     return url, proc
@@ -232,10 +240,11 @@ async def worker_load(http: httpx.AsyncClient, worker_url: str) -> int:
 # ----- our stack ---------------------------------------------------------------------------------
 
 
-def our_app_args(spec: EngineSpec) -> dict[str, Any]:
+def our_app_args(spec: EngineSpec, router: dict[str, Any] | None = None) -> dict[str, Any]:
     """The app config of our stack: one vLLM pool of two replicas with the workers' engine args,
-    the router at its defaults (policy, weights, index mode, poll period)."""
-    return {
+    the router at its defaults (policy, weights, index mode, poll period) unless ``router`` (the
+    config's ``router:`` section) overrides some — for diagnosis only, reported as such."""
+    args: dict[str, Any] = {
         "config_file": "bench/router_peers.py",
         "models": [{"name": spec.served_name, "path": spec.model_path}],
         "pools": [
@@ -252,13 +261,17 @@ def our_app_args(spec: EngineSpec) -> dict[str, Any]:
         ],
         "ingress": {"replicas": 1, "max_concurrent_requests": 256, "access_log": False},
     }
+    if router:
+        args["router"] = dict(router)
+    return args
 
 
 class OurStack:
     """Our Serve app on a fresh local Ray (started here, stopped by ``close``)."""
 
-    def __init__(self, spec: EngineSpec) -> None:
+    def __init__(self, spec: EngineSpec, router: dict[str, Any] | None = None) -> None:
         self.spec = spec
+        self.router_overrides = router
         self.url = ""
         self._router: Any = None
         self._ray_started = False
@@ -281,7 +294,7 @@ class OurStack:
         )
         self._ray_started = True
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(our_app_args(self.spec)), name="bench", route_prefix="/")
+        serve.run(build_app(our_app_args(self.spec, self.router_overrides)), name="bench", route_prefix="/")
         self.url = f"http://127.0.0.1:{port}"
         wait_healthy(self.url, None)
         self._router = serve.get_deployment_handle(ROUTER_NAME, "bench")
