@@ -60,7 +60,13 @@ MODEL = "sim-model"
 
 
 class CoreSimRouter:
-    """A ``RouterCore`` driven by the simulator (clock = simulated time)."""
+    """A ``RouterCore`` driven by the simulator (clock = simulated time).
+
+    ``speculative`` (a prototype, not the core's behaviour): in precise mode, also record the
+    chosen replica's prompt blocks at dispatch, as if the engine had reported them already — what
+    llm-d's ``speculativeIndexing`` and vllm-router's kv_aware ``speculative_insert`` do to bridge
+    the KV-event lag (here without their TTL: a prediction the engine never confirms stays until
+    the index's LRU bound drops it)."""
 
     def __init__(
         self,
@@ -70,8 +76,10 @@ class CoreSimRouter:
         num_kv_blocks: int,
         block_size: int,
         weights: CostWeights,
+        speculative: bool = False,
     ) -> None:
         self.now_s = 0.0
+        self._speculative = speculative
         config = RouterConfig(policy=policy, index_mode=index_mode, block_size=block_size, weights=weights)
         self.core = RouterCore(config, clock=lambda: self.now_s)
         for r in replica_ids:
@@ -89,7 +97,10 @@ class CoreSimRouter:
 
     def choose(self, req: TraceRequest, now_s: float) -> str:
         self.now_s = now_s
-        return self.core.route(self.request_info(req)).replica_id
+        replica_id = self.core.route(self.request_info(req)).replica_id
+        if self._speculative and req.prompt_hashes:
+            self.core.apply_kv_events(replica_id, [BlockStored(req.prompt_hashes)])
+        return replica_id
 
     def on_completed(self, req: TraceRequest, now_s: float) -> None:
         self.now_s = now_s
@@ -106,8 +117,8 @@ class CoreSimRouter:
 RouterFactory = Callable[[Sequence[str], int, int, CostWeights, int], object]
 
 
-def _core(policy: str, mode: str = "approximate") -> RouterFactory:
-    return lambda ids, kv, bs, w, seed: CoreSimRouter(policy, mode, ids, kv, bs, w)
+def _core(policy: str, mode: str = "approximate", speculative: bool = False) -> RouterFactory:
+    return lambda ids, kv, bs, w, seed: CoreSimRouter(policy, mode, ids, kv, bs, w, speculative)
 
 
 def _multi(num_routers: int, policy: str, mode: str, peer_period_s: float | None = PEER_LOAD_PERIOD_S) -> RouterFactory:
@@ -125,6 +136,8 @@ ENTRIES: dict[str, RouterFactory] = {
     "session": _core("session"),
     "prefix+session+load": _core("prefix+session+load"),
     "prefix+session+load@precise": _core("prefix+session+load", "precise"),
+    # Prototype: precise index + speculative entries at dispatch (bridges the poll/event lag).
+    "prefix+session+load@precise+speculative": _core("prefix+session+load", "precise", speculative=True),
     # The same policy decided by 4 router replicas (``router_sim_multi``): what agreement costs.
     "prefix+session+load/4routers": _multi(4, "prefix+session+load", "approximate"),
     "prefix+session+load@precise/4routers": _multi(4, "prefix+session+load", "precise"),
@@ -270,6 +283,11 @@ def measure_hashing(trace: Sequence[TraceRequest], block_size: int, num: int) ->
     }
 
 
+def _pair(text: str) -> tuple[int, int]:
+    low, high = (int(x) for x in text.split(","))
+    return low, high
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print the JSON object (the only output)")
@@ -292,6 +310,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--groups", type=int, default=24)
     p.add_argument("--group-system-tokens", type=int, default=1536)
     p.add_argument("--shared-requests", type=int, default=3000)
+    p.add_argument("--burst-size", default="1,1", help="min,max shared-prompt siblings per arrival instant")
+    p.add_argument("--group-zipf-alpha", type=float, default=0.0, help="0: groups equally popular")
+    p.add_argument("--session-context-tokens", default="0,0", help="min,max private context per chat session")
     p.add_argument("--w-load-blocks", type=float, default=CostWeights.w_load_blocks)
     p.add_argument("--window-abs", type=float, default=CostWeights.window_abs)
     p.add_argument("--window-rel", type=float, default=CostWeights.window_rel)
@@ -312,6 +333,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         num_groups=args.groups,
         group_system_tokens=args.group_system_tokens,
         num_shared_requests=args.shared_requests,
+        burst_size=_pair(args.burst_size),
+        group_zipf_alpha=args.group_zipf_alpha,
+        session_context_tokens=_pair(args.session_context_tokens),
     )
     cluster = ClusterConfig(
         num_replicas=args.replicas,
