@@ -189,9 +189,9 @@ def test_ray_prefix_cache_affinity_router_is_rays_own_class(serve_session):
     try:
         home = peer.choose(Req("0", "shared prefix"), 0.0)
         away = "b" if home == "a" else "a"
-        peer.in_flight[home] = 11
-        assert peer.choose(Req("x", "shared prefix!"), 1.0) == away  # 11 - 0 > 10: power of two
         peer.in_flight[home] = 10
-        assert peer.choose(Req("y", "shared prefix!!"), 2.0) == home  # balanced enough: affinity
+        assert peer.choose(Req("y", "shared prefix, balanced enough"), 1.0) == home  # 10 - 0: affinity
+        peer.in_flight[home] = 12
+        assert peer.choose(Req("x", "shared prefix, imbalanced"), 2.0) == away  # 12 - 0 > 10: power of two
     finally:
         peer.close()
