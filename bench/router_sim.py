@@ -354,38 +354,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [n for n in names if n not in ENTRIES]
     if unknown:
         p.error(f"unknown policies {unknown}; known: {list(ENTRIES)}")
-    entries = {name: run_policy(name, trace, cluster, weights, oracle, args.seed) for name in names}
-
-    latency_info = {}
-    if not args.no_latency:
-        # Many more sessions and groups, so the index really holds >= 100k distinct blocks.
-        latency_trace = make_trace(
+    # Ray's router needs a local Ray, started at its first entry: run ours first, simulation and
+    # latency both, so our decision timings are taken before Ray's threads share this process.
+    names.sort(key=lambda n: n.startswith("ray_"))
+    # Many more sessions and groups, so the index really holds >= 100k distinct blocks.
+    latency_trace = (
+        []
+        if args.no_latency
+        else make_trace(
             replace(workload, seed=args.seed + 1, num_sessions=1600, num_groups=256, num_shared_requests=4000)
         )
-        kv_blocks = math.ceil(args.latency_cached_blocks * 1.25 / args.latency_replicas)
-        for name in names:
-            if "routers" in name:  # one decision is one RouterCore's, as in the single-router entry
-                continue
-            gc.collect()
-            entries[name].update(
-                measure_latency(
-                    name,
-                    latency_trace,
-                    args.latency_replicas,
-                    kv_blocks,
-                    args.block_size,
-                    weights,
-                    args.latency_cached_blocks,
-                    args.latency_decisions,
-                    args.seed,
-                )
+    )
+    kv_blocks = math.ceil(args.latency_cached_blocks * 1.25 / args.latency_replicas)
+    entries = {}
+    for name in names:
+        entries[name] = run_policy(name, trace, cluster, weights, oracle, args.seed)
+        if args.no_latency or "routers" in name:  # one decision is one RouterCore's, as in the single-router entry
+            continue
+        gc.collect()
+        entries[name].update(
+            measure_latency(
+                name,
+                latency_trace,
+                args.latency_replicas,
+                kv_blocks,
+                args.block_size,
+                weights,
+                args.latency_cached_blocks,
+                args.latency_decisions,
+                args.seed,
             )
+        )
+    latency_info = {}
+    if not args.no_latency:
         latency_info = {
             "replicas": args.latency_replicas,
             "kv_blocks_per_replica": kv_blocks,
             "min_cached_blocks": args.latency_cached_blocks,
             **measure_hashing(latency_trace, args.block_size, 2000),
         }
+    entries = {name: entries[name] for name in sorted(entries, key=list(ENTRIES).index)}
 
     out = {
         "bench": "router_sim",
