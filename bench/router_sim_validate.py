@@ -12,7 +12,10 @@ each family whether the defaults hold up out of sample:
 - ``default``: the defaults' hit ratio vs the oracle and max/mean load;
 - ``best``: the grid point with the highest hit ratio among those with max/mean load <= 1.25;
 - ``regret`` = best hit ratio - default hit ratio (0 when the default is the best);
-- ``ok``: default load <= 1.25 and regret <= ``--max-regret`` (0.02).
+- ``ok``: default load <= 1.25 and regret <= ``--max-regret`` (0.02);
+- ``candidate``: the grid point that is best on ``tuning`` (chosen there, as the defaults were),
+  replayed on every held-out family with its own regret and ``ok`` — new weights are only worth
+  proposing if they hold up where they were not chosen.
 
 Held-out families (``HELD_OUT``): ``tuning_shape_seed{1,2}`` (same shape, other seeds),
 ``long_chat`` (12-turn sessions with private contexts, few groups), ``sibling_bursts`` (bursts of
@@ -80,6 +83,10 @@ GRID = {"w_load_blocks": (1.0, 4.0, 16.0), "window_abs": (2.0, 8.0, 32.0), "wind
 MAX_LOAD = 1.25
 
 
+def _key(w: CostWeights) -> str:
+    return "/".join(f"{getattr(w, k):g}" for k in GRID)
+
+
 def evaluate(family: str, weights_grid: Sequence[CostWeights], max_regret: float, scale: float) -> dict:
     workload, cluster = FAMILIES[family]
     if scale != 1.0:
@@ -112,6 +119,33 @@ def evaluate(family: str, weights_grid: Sequence[CostWeights], max_regret: float
         },
         "regret": regret,
         "ok": d["max_over_mean_load"] <= MAX_LOAD and regret <= max_regret,
+        # every grid point: w_load_blocks/window_abs/window_rel -> (hit ratio, max/mean load)
+        "grid": {_key(w): (r["hit_ratio_vs_oracle"], r["max_over_mean_load"]) for w, r in runs},
+    }
+
+
+def candidate_report(results: dict, chosen_on: str, held: Sequence[str], max_regret: float) -> dict:
+    """The best feasible grid point on ``chosen_on``, judged on each held-out family."""
+    grid = results[chosen_on]["grid"]
+    feasible = {k: v for k, v in grid.items() if v[1] <= MAX_LOAD}
+    key = max(feasible, key=lambda k: feasible[k][0])
+    per_family = {}
+    for f in held:
+        hit, load = results[f]["grid"][key]
+        best = results[f]["best"]["hit_ratio_vs_oracle"]
+        regret = round(max(0.0, best - hit), 4)
+        per_family[f] = {
+            "hit_ratio_vs_oracle": hit,
+            "max_over_mean_load": load,
+            "vs_default": round(hit - results[f]["default"]["hit_ratio_vs_oracle"], 4),
+            "regret": regret,
+            "ok": load <= MAX_LOAD and regret <= max_regret,
+        }
+    return {
+        "weights": dict(zip(GRID, (float(x) for x in key.split("/")))),
+        "chosen_on": chosen_on,
+        "families": per_family,
+        "held_out_ok": all(v["ok"] for v in per_family.values()),
     }
 
 
@@ -143,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "held_out": held,
         "families": results,
         "held_out_ok": all(results[f]["ok"] for f in held),
+        "candidate": candidate_report(results, "tuning", held, args.max_regret) if "tuning" in results else None,
         "runtime_s": round(time.perf_counter() - started, 1),
     }
     print(json.dumps(out, indent=None if args.json else 2))

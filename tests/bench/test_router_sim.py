@@ -195,3 +195,22 @@ def test_ray_prefix_cache_affinity_router_is_rays_own_class(serve_session):
         assert peer.choose(Req("x", "shared prefix, imbalanced"), 2.0) == away  # 12 - 0 > 10: power of two
     finally:
         peer.close()
+
+
+def test_validation_candidate_is_chosen_on_the_tuning_family_and_judged_elsewhere():
+    import router_sim_validate as v
+
+    def fam(default, best, grid):
+        return {"default": {"hit_ratio_vs_oracle": default}, "best": {"hit_ratio_vs_oracle": best}, "grid": grid}
+
+    results = {
+        # on tuning, 4/32/0.25 is the best point within the load bound (16/2/1 has more hits, load 1.3)
+        "tuning": fam(0.90, 0.95, {"4/8/0.25": (0.90, 1.1), "4/32/0.25": (0.95, 1.2), "16/2/1": (0.99, 1.3)}),
+        "held_a": fam(0.80, 0.82, {"4/8/0.25": (0.80, 1.1), "4/32/0.25": (0.81, 1.1), "16/2/1": (0.82, 1.2)}),
+        "held_b": fam(0.70, 0.70, {"4/8/0.25": (0.70, 1.0), "4/32/0.25": (0.60, 1.0), "16/2/1": (0.5, 1.0)}),
+    }
+    out = v.candidate_report(results, "tuning", ["held_a", "held_b"], max_regret=0.02)
+    assert out["weights"] == {"w_load_blocks": 4.0, "window_abs": 32.0, "window_rel": 0.25}
+    assert out["families"]["held_a"]["ok"] and out["families"]["held_a"]["regret"] == 0.01
+    assert not out["families"]["held_b"]["ok"] and out["families"]["held_b"]["vs_default"] == -0.1
+    assert not out["held_out_ok"]
