@@ -18,9 +18,10 @@ Families (``FAMILIES``; ``scale`` multiplies the number of sessions/requests, ``
 - ``sibling_bursts``: groups sharing a long document, each sending bursts of sibling questions at
   the same instant (a burst arrives before any KV event of its first member);
 - ``zipf_prefixes``: independent requests over many long documents with Zipf(1.1) popularity, at
-  a steady Poisson rate; the documents' distinct tokens exceed both workers' KV together;
+  a steady Poisson rate; distinct prefix tokens about 2x both workers' KV together (at the
+  bench's 384 blocks of 32 per worker);
 - ``kv_pressure`` (hard): long multi-turn sessions, each with its own context on top of
-  Zipf-popular system prompts; distinct prefix tokens about 3x both workers' KV together.
+  Zipf-popular system prompts; distinct prefix tokens about 2.4x both workers' KV together.
 """
 
 from __future__ import annotations

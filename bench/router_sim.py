@@ -45,73 +45,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from router_sim_cluster import ClusterConfig, oracle_hit_tokens, simulate  # noqa: E402
+from router_sim_core import CoreSimRouter  # noqa: E402
+from router_sim_latency import measure_hashing, measure_latency, percentile  # noqa: E402
 from router_sim_multi import MultiCoreSimRouter  # noqa: E402
 from router_sim_ray import RaySimRouter  # noqa: E402
 from router_sim_workload import TraceRequest, WorkloadConfig, make_trace  # noqa: E402
 
-from accel.block_hash import hash_prompt_blocks  # noqa: E402
-from accel.contract import EngineStats  # noqa: E402
 from deployments.router.core.load import PEER_LOAD_PERIOD_S  # noqa: E402
 from deployments.router.core.policy import CostWeights  # noqa: E402
-from deployments.router.core.router_core import ReplicaInfo, RequestInfo, RouterConfig, RouterCore  # noqa: E402
-from deployments.router.kv_events import BlockStored, KVEvent  # noqa: E402
-
-MODEL = "sim-model"
-
-
-class CoreSimRouter:
-    """A ``RouterCore`` driven by the simulator (clock = simulated time).
-
-    ``speculative`` (a prototype, not the core's behaviour): in precise mode, also record the
-    chosen replica's prompt blocks at dispatch, as if the engine had reported them already — what
-    llm-d's ``speculativeIndexing`` and vllm-router's kv_aware ``speculative_insert`` do to bridge
-    the KV-event lag (here without their TTL: a prediction the engine never confirms stays until
-    the index's LRU bound drops it)."""
-
-    def __init__(
-        self,
-        policy: str,
-        index_mode: str,
-        replica_ids: Sequence[str],
-        num_kv_blocks: int,
-        block_size: int,
-        weights: CostWeights,
-        speculative: bool = False,
-    ) -> None:
-        self.now_s = 0.0
-        self._speculative = speculative
-        config = RouterConfig(policy=policy, index_mode=index_mode, block_size=block_size, weights=weights)
-        self.core = RouterCore(config, clock=lambda: self.now_s)
-        for r in replica_ids:
-            self.core.add_replica(ReplicaInfo(r, (MODEL,), num_kv_blocks))
-
-    @staticmethod
-    def request_info(req: TraceRequest) -> RequestInfo:
-        return RequestInfo(
-            req.request_id,
-            MODEL,
-            session_key=req.session_key,
-            block_hashes=req.prompt_hashes,
-            num_prompt_tokens_hint=len(req.prompt_token_ids),
-        )
-
-    def choose(self, req: TraceRequest, now_s: float) -> str:
-        self.now_s = now_s
-        replica_id = self.core.route(self.request_info(req)).replica_id
-        if self._speculative and req.prompt_hashes:
-            self.core.apply_kv_events(replica_id, [BlockStored(req.prompt_hashes)])
-        return replica_id
-
-    def on_completed(self, req: TraceRequest, now_s: float) -> None:
-        self.now_s = now_s
-        self.core.on_completed(req.request_id)
-
-    def on_kv_events(self, replica_id: str, events: list[KVEvent]) -> None:
-        self.core.apply_kv_events(replica_id, events)
-
-    def on_stats(self, replica_id: str, stats: EngineStats) -> None:
-        self.core.apply_stats(replica_id, stats)
-
 
 # (entry name, factory(replica_ids, kv blocks per replica, block size, weights, seed))
 RouterFactory = Callable[[Sequence[str], int, int, CostWeights, int], object]
@@ -148,11 +89,6 @@ ENTRIES: dict[str, RouterFactory] = {
 }
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
-
-
 def run_policy(
     name: str,
     trace: list[TraceRequest],
@@ -178,108 +114,7 @@ def run_policy(
         "max_over_mean_load": round(max(loads) / mean_load, 4) if mean_load else None,
         "mean_load": round(mean_load, 2),  # time-averaged requests in system per replica
         "ttft_mean_s": round(statistics.fmean(result.ttft_s), 3),
-        "ttft_p99_s": round(_percentile(result.ttft_s, 0.99), 3),
-    }
-
-
-def measure_latency(
-    name: str,
-    trace: list[TraceRequest],
-    num_replicas: int,
-    kv_blocks: int,
-    block_size: int,
-    weights: CostWeights,
-    min_cached_blocks: int,
-    num_timed: int,
-    seed: int,
-) -> dict:
-    """Preload every router with the same state — the trace's first requests spread over the
-    replicas (index snapshots; for the char-tree peer, its inserts) until >= ``min_cached_blocks``
-    blocks are held — then time ``num_timed`` decisions on the following requests, completions
-    lagging 256 requests behind, fresh engine stats for every replica. ``decision`` = choosing
-    (index lookup + policy, hashes given by the ingress); ``dispatch`` = the bookkeeping after it
-    (in-flight, sessions, index insert)."""
-    ids = [f"replica-{i:02d}" for i in range(num_replicas)]
-    router = ENTRIES[name](ids, kv_blocks, block_size, weights, seed)
-    per_replica: dict[str, dict[int, None]] = {r: {} for r in ids}
-    num_preloaded = num_blocks = 0
-    for i, req in enumerate(trace):
-        if num_blocks >= min_cached_blocks:
-            break
-        replica_id = ids[i % num_replicas]
-        held = per_replica[replica_id]
-        before = len(held)
-        held.update(dict.fromkeys(req.full_hashes))
-        num_blocks += len(held) - before
-        if isinstance(router, RaySimRouter):
-            router.preload(req.text(), replica_id)
-        num_preloaded += 1
-    if isinstance(router, CoreSimRouter):
-        for replica_id, held in per_replica.items():
-            router.core.apply_snapshot(replica_id, list(held))
-    decide_ns: list[int] = []
-    decide_cpu_ns: list[int] = []  # this thread's CPU time: excludes preemption by other processes
-    dispatch_ns: list[int] = []
-    window: list[TraceRequest] = []
-    gc.collect()
-    gc.freeze()  # the preloaded state is long-lived: keep full collections from walking it
-    for i, req in enumerate(trace[num_preloaded : num_preloaded + num_timed]):
-        now_s = i * 0.001  # 1000 decisions per second; engine stats arrive every second
-        if isinstance(router, CoreSimRouter):
-            router.now_s = now_s
-            if i % 1000 == 0:
-                for n, replica_id in enumerate(ids):
-                    router.on_stats(
-                        replica_id,
-                        EngineStats(
-                            num_waiting=n % 3,
-                            num_running=8,
-                            num_kv_blocks_total=kv_blocks,
-                            num_kv_blocks_free=kv_blocks // (1 + n % 4),
-                        ),
-                    )
-            info = router.request_info(req)
-            c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
-            decision = router.core.choose(info)
-            t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
-            router.core.on_dispatched(info, decision)
-            if router.core.config.index_mode == "precise":  # the engine's report of the prompt
-                router.core.apply_kv_events(decision.replica_id, [BlockStored(req.prompt_hashes)])
-            t2 = time.perf_counter_ns()
-        else:  # Ray's router decides and inserts in one call path (its tree actor RPCs included)
-            c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
-            router.choose(req, now_s)
-            t1 = t2 = time.perf_counter_ns()
-            c1 = time.thread_time_ns()
-        decide_ns.append(t1 - t0)
-        decide_cpu_ns.append(c1 - c0)
-        dispatch_ns.append(t2 - t1)
-        window.append(req)
-        if len(window) > 256:
-            router.on_completed(window.pop(0), now_s)
-    if isinstance(router, RaySimRouter):
-        router.close()
-    return {
-        "decision_p50_us": round(_percentile(decide_ns, 0.50) / 1000, 1),
-        "decision_p99_us": round(_percentile(decide_ns, 0.99) / 1000, 1),
-        "decision_cpu_p99_us": round(_percentile(decide_cpu_ns, 0.99) / 1000, 1),
-        "dispatch_p50_us": round(_percentile(dispatch_ns, 0.50) / 1000, 1),
-        "dispatch_p99_us": round(_percentile(dispatch_ns, 0.99) / 1000, 1),
-        "latency_preloaded_blocks": num_blocks,
-        "latency_num_timed": len(decide_ns),
-    }
-
-
-def measure_hashing(trace: Sequence[TraceRequest], block_size: int, num: int) -> dict:
-    """What the ingress pays to hash a prompt (kept off the router's thread)."""
-    timed = []
-    for req in trace[:num]:
-        t0 = time.perf_counter_ns()
-        hash_prompt_blocks(req.prompt_token_ids, block_size)
-        timed.append(time.perf_counter_ns() - t0)
-    return {
-        "hash_p50_us": round(_percentile(timed, 0.5) / 1000, 1),
-        "hash_p99_us": round(_percentile(timed, 0.99) / 1000, 1),
+        "ttft_p99_s": round(percentile(result.ttft_s, 0.99), 3),
     }
 
 
@@ -374,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         gc.collect()
         entries[name].update(
             measure_latency(
-                name,
+                ENTRIES[name],
                 latency_trace,
                 args.latency_replicas,
                 kv_blocks,
