@@ -77,6 +77,7 @@ class RequestRecord:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    bad_lines: tuple[str, ...] = ()  # SSE data lines that were not JSON (kept, not fatal)
 
 
 async def _send(http: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int, session_id, t0: float):
@@ -100,7 +101,11 @@ async def _send(http: httpx.AsyncClient, url: str, model: str, prompt: str, max_
             async for line in resp.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                chunk = json.loads(line[6:])
+                try:
+                    chunk = json.loads(line[6:])
+                except ValueError:
+                    rec.bad_lines += (line[:200],)
+                    continue
                 if math.isnan(rec.ttft_s) and chunk.get("choices") and chunk["choices"][0].get("text"):
                     rec.ttft_s = time.perf_counter() - start
                 usage = chunk.get("usage")
@@ -109,6 +114,8 @@ async def _send(http: httpx.AsyncClient, url: str, model: str, prompt: str, max_
                     rec.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     except httpx.HTTPError as exc:
         rec.error = repr(exc)
+    if rec.prompt_tokens == 0 and rec.error is None:
+        rec.error = "no usage in the stream" + (f" (bad SSE lines: {rec.bad_lines[0]!r})" if rec.bad_lines else "")
     return rec
 
 
@@ -161,6 +168,8 @@ def figures(records: Sequence[RequestRecord], samples, wall_s: float, tokenize, 
         "num_requests": len(records),
         "num_errors": len(records) - len(ok),
         "errors": sorted({r.error for r in records if r.error})[:3],
+        "bad_sse_lines": sum(len(r.bad_lines) for r in records),
+        "bad_sse_example": next((r.bad_lines[0] for r in records if r.bad_lines), None),
         "prompt_tokens": prompt,
         "cached_tokens": cached,
         "hit_rate": round(hit_rate, 4),

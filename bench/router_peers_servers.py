@@ -55,6 +55,7 @@ class EngineSpec:
     max_model_len: int = 4096
     max_num_seqs: int = 8
     dtype: str = "float32"
+    kv_events_topic: str = "kv"  # ZMQ topic of the workers' KV event publishers
 
     @property
     def kv_cache_memory_bytes(self) -> int:
@@ -148,7 +149,7 @@ def start_workers(procs: ProcessSet, spec: EngineSpec, num: int = 2) -> list[Wor
         port, kv_port, replay_port = free_port(), free_port(), free_port()
         events = (
             '{"enable_kv_cache_events":true,"publisher":"zmq",'
-            f'"endpoint":"tcp://*:{kv_port}","replay_endpoint":"tcp://*:{replay_port}","topic":"kv"}}'
+            f'"endpoint":"tcp://*:{kv_port}","replay_endpoint":"tcp://*:{replay_port}","topic":"{spec.kv_events_topic}"}}'
         )
         args = spec.engine_args()
         cmd = [
