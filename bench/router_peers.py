@@ -30,7 +30,7 @@ tokenizer); ``max_over_mean_load`` of the per-worker time-averaged requests in t
 in-flight count per replica), sampled every 0.25 s; TTFT p50/p99 (first chunk with text);
 ``load_average`` (1-minute) at the run's start and end. One JSON object on stdout; logs (servers,
 our router's snapshot after each run) under ``--log-dir``. ``--quick``: two traces at a quarter of
-their size (a smoke run of a few minutes). Run benchmarks under
+their size (a smoke run, ~9 min, mostly server start-up). Run benchmarks under
 ``flock /tmp/meshserve-bench.lock``.
 """
 
