@@ -6,8 +6,14 @@ on a replica hits its cache for the leading cached blocks of its prompt, stores 
 and occupies a slot for ``prefill_s_per_token * uncached_prompt_tokens + decode_s_per_token *
 output_tokens``; at completion the blocks of prompt + answer are stored. Blocks are touched last
 block first (vLLM frees a request's blocks in reverse order, so prompt tails are evicted first).
-Stores and evictions are reported as KV events (for ``precise`` routers); engine stats are sent
-every ``stats_period_s``.
+Stores and evictions are reported as KV events (for ``precise`` routers) the way the router
+deployment sees them: it polls every engine replica every ``stats_period_s`` (the deployment's
+``router.stats_period_s``, 0.5 s by default) and each poll answer carries the engine's stats and
+the KV events that reached the replica's event log by then — events older than
+``kv_event_delay_s`` (the engine's publication plus, for vLLM, the replica's ZMQ subscriber) — so
+a router learns of a block between ``kv_event_delay_s`` and ``stats_period_s + kv_event_delay_s``
+after the engine stored it. ``kv_events_at_poll=False`` delivers every event at once instead
+(the simulator before issue 17, which flattered the precise index).
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ class ClusterConfig:
     max_batch: int = 8
     prefill_s_per_token: float = 0.0005
     decode_s_per_token: float = 0.01
-    stats_period_s: float = 2.0
+    stats_period_s: float = 0.5  # the router deployment's poll period (router.stats_period_s)
+    kv_event_delay_s: float = 0.05  # engine store/evict -> visible in the replica's event log
+    kv_events_at_poll: bool = True  # False: every KV event reaches the router the moment it happens
 
 
 class SimRouter(Protocol):
@@ -123,13 +131,20 @@ def simulate(
     heapq.heappush(events, (0.0, -1, stats_tick, None))
     bs = cluster.block_size
     num_pending = len(trace)
+    unpolled: deque[tuple[float, str, list[KVEvent]]] = deque()  # (time, replica, events), in time order
+
+    def publish(replica_id: str, kv_events: list[KVEvent], now_s: float) -> None:
+        if not kv_events:
+            return
+        if cluster.kv_events_at_poll:
+            unpolled.append((now_s, replica_id, kv_events))
+        else:
+            router.on_kv_events(replica_id, kv_events)
 
     def start(rep: SimReplica, req: TraceRequest, now_s: float) -> None:
         nonlocal seq
         num_hit_blocks = rep.cache.num_cached_prefix(req.prompt_hashes)
-        kv_events = rep.cache.store(req.prompt_hashes)
-        if kv_events:
-            router.on_kv_events(rep.replica_id, kv_events)
+        publish(rep.replica_id, rep.cache.store(req.prompt_hashes), now_s)
         num_uncached = len(req.prompt_token_ids) - num_hit_blocks * bs
         prefill_s = cluster.prefill_s_per_token * num_uncached
         service_s = prefill_s + cluster.decode_s_per_token * req.num_output_tokens
@@ -154,9 +169,7 @@ def simulate(
                 rep.queue.append(req)
         elif kind == done:
             rep, req = payload
-            kv_events = rep.cache.store(req.full_hashes)
-            if kv_events:
-                router.on_kv_events(rep.replica_id, kv_events)
+            publish(rep.replica_id, rep.cache.store(req.full_hashes), now_s)
             rep.num_running -= 1
             rep.num_running_blocks -= len(req.full_hashes) + 1
             rep.account(now_s, -1)
@@ -164,7 +177,10 @@ def simulate(
             num_pending -= 1
             if rep.queue:
                 start(rep, rep.queue.popleft(), now_s)
-        else:
+        else:  # a poll: each replica's log events older than the delay, then its stats
+            while unpolled and unpolled[0][0] <= now_s - cluster.kv_event_delay_s:
+                _, replica_id, kv_events = unpolled.popleft()
+                router.on_kv_events(replica_id, kv_events)
             for rep in replicas.values():
                 total = cluster.kv_blocks_per_replica
                 router.on_stats(

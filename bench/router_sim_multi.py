@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from router_sim_core import CoreSimRouter
 from router_sim_workload import TraceRequest
 
 from accel.contract import EngineStats
@@ -38,8 +39,6 @@ class MultiCoreSimRouter:
         weights: CostWeights,
         peer_period_s: float | None = PEER_LOAD_PERIOD_S,
     ) -> None:
-        from router_sim import CoreSimRouter  # the single-router driver; imported late (cycle)
-
         self.routers = {
             f"router-{i}": CoreSimRouter(policy, index_mode, replica_ids, num_kv_blocks, block_size, weights)
             for i in range(num_routers)

@@ -7,6 +7,12 @@ Two shapes, merged into one timeline:
 - shared system prompt (generated-shared-prefix): groups with a long system prompt, many short
   questions per group, no session key.
 Token ids are random (vocabulary 32000); block hashes are ``accel.block_hash`` chained hashes.
+
+Shape knobs beyond those two (all off by default, so the default trace is the one the router's
+default weights were chosen on): ``session_context_tokens`` gives each chat session a private
+context after its system prompt (long histories: KV pressure), ``group_zipf_alpha`` makes group
+popularity Zipf-skewed instead of uniform, and ``burst_size`` sends shared-prompt requests in
+bursts of siblings that arrive at the same instant.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ class WorkloadConfig:
     question_tokens: tuple[int, int] = (48, 160)
     shared_answer_tokens: tuple[int, int] = (32, 128)
     est_turn_s: float = 2.5  # a turn's expected latency, to space a session's turns
+    session_context_tokens: tuple[int, int] = (0, 0)  # private context per chat session
+    group_zipf_alpha: float = 0.0  # 0: groups equally popular; > 0: Zipf(alpha) over groups
+    burst_size: tuple[int, int] = (1, 1)  # shared-prompt requests per arrival instant
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,8 @@ def make_trace(cfg: WorkloadConfig) -> list[TraceRequest]:
     for s in range(cfg.num_sessions):
         t = rng.uniform(0.0, cfg.duration_s)
         history = list(chat_systems[s % len(chat_systems)])
+        if cfg.session_context_tokens[1] > 0:
+            history += _tokens(rng, rng.randint(*cfg.session_context_tokens))
         for k in range(cfg.num_turns):
             history += _tokens(rng, rng.randint(*cfg.user_tokens))
             answer = _tokens(rng, rng.randint(*cfg.answer_tokens))
@@ -92,12 +103,22 @@ def make_trace(cfg: WorkloadConfig) -> list[TraceRequest]:
             history += answer
             t += cfg.est_turn_s + rng.expovariate(1.0 / cfg.think_s)
     groups = [_tokens(rng, cfg.group_system_tokens) for _ in range(cfg.num_groups)]
-    rate = cfg.num_shared_requests / cfg.duration_s
-    t = 0.0
-    for i in range(cfg.num_shared_requests):
+    weights = [1.0 / (rank**cfg.group_zipf_alpha) for rank in range(1, cfg.num_groups + 1)]
+    mean_burst = (cfg.burst_size[0] + cfg.burst_size[1]) / 2
+    rate = cfg.num_shared_requests / cfg.duration_s / mean_burst  # bursts per second
+    t, i = 0.0, 0
+    while i < cfg.num_shared_requests:
         t += rng.expovariate(rate)
-        prompt = groups[rng.randrange(cfg.num_groups)] + _tokens(rng, rng.randint(*cfg.question_tokens))
-        answer = _tokens(rng, rng.randint(*cfg.shared_answer_tokens))
-        trace.append(_request(cfg, t, f"shared-{i}", None, prompt, answer))
+        # (the default shape draws exactly what it drew before these knobs: same trace, same seed)
+        if cfg.group_zipf_alpha > 0:
+            group = groups[rng.choices(range(cfg.num_groups), weights)[0]]
+        else:
+            group = groups[rng.randrange(cfg.num_groups)]
+        size = rng.randint(*cfg.burst_size) if cfg.burst_size != (1, 1) else 1
+        for _ in range(min(size, cfg.num_shared_requests - i)):
+            prompt = group + _tokens(rng, rng.randint(*cfg.question_tokens))
+            answer = _tokens(rng, rng.randint(*cfg.shared_answer_tokens))
+            trace.append(_request(cfg, t, f"shared-{i}", None, prompt, answer))
+            i += 1
     trace.sort(key=lambda r: (r.arrival_s, r.request_id))
     return trace
