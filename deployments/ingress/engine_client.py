@@ -240,8 +240,9 @@ def _as_api_error(exc: Exception, retry_after_s: int) -> APIError:
         return APIError(status, "The engines are at capacity; retry later.", None, retry_after_s)
     if isinstance(exc, DeploymentUnavailableError):
         return APIError(503, "No engine replica is available; retry later.", None, retry_after_s)
-    logger.exception("engine request failed")
-    return APIError(500, f"engine error: {type(cause).__name__}: {cause}")
+    # The details (type, message, traceback) go to the log only: clients never see internals.
+    logger.error("engine request failed: %s: %s", type(cause).__name__, cause, exc_info=exc)
+    return APIError(500, "The engine failed to serve this request; see the server log.")
 
 
 async def merge_streams(
