@@ -72,12 +72,18 @@ class EngineClient:
         self._pools = config.pools
         self._router = RouterClient(router_handle)
         self._engines = {name: EnginePoolClient(handle) for name, handle in pool_handles.items()}
+        for engine in self._engines.values():
+            engine.watch()  # hear of the pools' running replicas from now on (/health, /v1/models)
         self._models_with_prefill = {p.model for p in self._pools if p.role == "prefill"}
         self._timeout_s = config.router.decision_timeout_s
         self._retry_after_s = config.ingress.retry_after_s
         self._metrics = metrics
         self._local_inflight = {p.name: 0 for p in self._pools}
         self._pd = PDOrchestrator()
+
+    @property
+    def engines(self) -> Mapping[str, EnginePoolClient]:
+        return self._engines
 
     def check_routable(self, route: RouteRequest) -> None:
         """400 for a pinned pool that does not exist or serves another model (no RPC)."""

@@ -19,7 +19,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -31,7 +31,7 @@ from ray import serve
 from accel.block_hash import BlockHash, hash_prompt_blocks
 from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta, SamplingParams
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
-from deployments.ingress import limits
+from deployments.ingress import health, limits
 from deployments.ingress.auth import ApiKeyMiddleware, key_digests
 from deployments.ingress.body_limit import BodyLimitMiddleware
 from deployments.ingress.engine_client import EngineClient, merge_streams
@@ -43,7 +43,6 @@ from serve_app.protocol import conversion as conv
 from serve_app.protocol import responses as rsp
 from serve_app.protocol.chat import ChatCompletionRequest
 from serve_app.protocol.common import ModelCard, ModelList, random_id
-from serve_app.protocol.completions import CompletionRequest
 from serve_app.protocol.errors import APIError, model_not_found
 
 POOL_HEADER = "x-meshserve-pool"
@@ -99,11 +98,20 @@ class OpenAIIngress:
 
     @app.get("/health")
     async def health(self) -> Response:
+        down = health.unhealthy_models(self._models, self._client.engines)
+        if down:
+            msg = f"No healthy engine replica serves model(s) {', '.join(down)}."
+            return error_response(APIError(503, msg, None, self._config.ingress.retry_after_s))
         return Response(status_code=200)
 
     @app.get("/v1/models")
     async def models(self) -> JSONResponse:
-        cards = [ModelCard(id=m.name, root=str(m.path), max_model_len=m.max_model_len) for m in self._models.values()]
+        down = set(health.unhealthy_models(self._models, self._client.engines))
+        cards = [
+            ModelCard(id=m.name, root=str(m.path), max_model_len=m.max_model_len)
+            for m in self._models.values()
+            if m.name not in down
+        ]
         return JSONResponse(ModelList(data=cards).model_dump())
 
     @app.post("/v1/completions")
@@ -156,9 +164,7 @@ class OpenAIIngress:
             raise APIError(400, "the request body is not valid JSON") from None
         if not isinstance(body, dict):
             raise APIError(400, "the request body must be a JSON object")
-        req: ChatCompletionRequest | CompletionRequest = (
-            conv.parse_body(ChatCompletionRequest, body) if is_chat else conv.parse_body(CompletionRequest, body)
-        )
+        req = conv.parse_request(body, is_chat)
         # No "model": the only served model, as vLLM's server does.
         name = req.model if req.model is not None or len(self._models) != 1 else next(iter(self._models))
         model = self._models.get(name or "")
@@ -285,7 +291,7 @@ class OpenAIIngress:
             yield rsp.sse(rsp.chat_usage_chunk(opts, choices))
         yield rsp.SSE_DONE
 
-    async def _leave_after(self, body: AsyncIterator[Any], slots: int) -> AsyncIterator[Any]:
+    async def _leave_after(self, body: AsyncIterable[Any], slots: int) -> AsyncIterator[Any]:
         try:
             async for line in body:
                 yield line
