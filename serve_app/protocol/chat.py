@@ -25,6 +25,7 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     include_reasoning: bool = True
     reasoning_effort: str | None = None
+    documents: list[dict[str, str]] | None = None  # a chat template variable (RAG templates)
     response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
