@@ -36,7 +36,6 @@ from serve_app.protocol import conversion as conv
 from serve_app.protocol import responses as rsp
 from serve_app.protocol.chat import ChatCompletionRequest
 from serve_app.protocol.common import ModelCard, ModelList, random_id
-from serve_app.protocol.completions import CompletionRequest
 from serve_app.protocol.errors import APIError, model_not_found
 
 POOL_HEADER = "x-meshserve-pool"
@@ -110,9 +109,7 @@ class OpenAIIngress:
             body = await request.json()
         except Exception:
             raise APIError(400, "the request body is not valid JSON") from None
-        req: ChatCompletionRequest | CompletionRequest = (
-            conv.parse_body(ChatCompletionRequest, body) if is_chat else conv.parse_body(CompletionRequest, body)
-        )
+        req = conv.parse_request(body, is_chat)
         # No "model": the only served model, as vLLM's server does.
         name = req.model if req.model is not None or len(self._models) != 1 else next(iter(self._models))
         model = self._models.get(name or "")

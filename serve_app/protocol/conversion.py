@@ -18,6 +18,7 @@ from accel.text.tokenizer import TextTokenizer
 from serve_app.protocol.chat import ChatCompletionRequest
 from serve_app.protocol.completions import CompletionRequest
 from serve_app.protocol.errors import APIError, bad_request
+from serve_app.protocol.field_policy import check_fields
 from serve_app.protocol.sampling_fields import SamplingFields
 
 _INT64 = 2**63
@@ -36,6 +37,14 @@ def parse_body(model_cls: type[M], body: Any) -> M:
         first = err.errors()[0]
         param = str(first["loc"][0]) if first["loc"] else None
         raise bad_request(f"{'.'.join(map(str, first['loc']))}: {first['msg']}", param) from None
+
+
+def parse_request(body: Any, is_chat: bool) -> ChatCompletionRequest | CompletionRequest:
+    """A chat or completions body as our request model; a field vLLM accepts that we do not
+    honour is a 400 naming it (``field_policy``), never dropped."""
+    if isinstance(body, Mapping):
+        check_fields(body, is_chat)
+    return parse_body(ChatCompletionRequest, body) if is_chat else parse_body(CompletionRequest, body)
 
 
 def _check_common(req: SamplingFields) -> None:
