@@ -130,19 +130,15 @@ CHAT_FIELDS: dict[str, FieldPolicy] = {
     "continue_final_message": HONOURED,
     "chat_template": HONOURED,
     "add_special_tokens": Refused(False, True),
-    "tools": Refused(None, [{"type": "function", "function": {"name": "f"}}]),
-    "tool_choice": Refused(
-        "none",
-        "auto",
-        in_use=lambda v: v not in (None, "none"),
-        example_needs={"tools": [{"type": "function", "function": {"name": "f"}}]},
-    ),
-    "parallel_tool_calls": Refused(True, False),
-    "reasoning_effort": Refused(None, "low"),
-    "include_reasoning": Refused(True, False),
+    # Tools and reasoning: through vLLM's own request model and parsers (tool_request / tool_output).
+    "tools": HONOURED,
+    "tool_choice": HONOURED,
+    "parallel_tool_calls": HONOURED,
+    "reasoning_effort": HONOURED,  # a chat template variable (and enable_thinking), as vLLM
+    "include_reasoning": HONOURED,
     "echo": Refused(False, True),
-    "documents": Refused(None, [{"title": "t", "text": "x"}]),
-    "chat_template_kwargs": Refused(None, {"enable_thinking": False}),
+    "documents": HONOURED,  # a chat template variable, as vLLM
+    "chat_template_kwargs": HONOURED,
     "media_io_kwargs": Refused(None, {"image": {}}, _NO_MM),
     "mm_processor_kwargs": Refused(None, {"x": 1}, _NO_MM),
     "return_prompt_text": Refused(None, True),
