@@ -19,7 +19,6 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: str | None = None
