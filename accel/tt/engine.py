@@ -45,11 +45,13 @@ from accel.tt.engine_core import EngineCore, KVHookPoints, StepRecord
 from accel.tt.lane_coordinator import LaneCoordinator
 from accel.tt.mesh_model import SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING, MeshModel
 from accel.tt.model_setup import (
+    allocate_kv_cache,
     build_mesh_model,
     devices_per_lane,
     kv_block_shape,
     kv_dtype,
     load_hf_config,
+    mesh_num_devices,
     num_blocks_per_lane,
     open_default_backend,
     platform_name,
@@ -95,12 +97,15 @@ class TTMeshEngine:
         )
         self.model = build_mesh_model(model_cls, self._hf_config, self._backend, config)
         self.vocab_size = int(self._hf_config.vocab_size)
-        self.num_blocks_per_lane = num_blocks_per_lane(model_cls, config)
+        self.num_blocks_per_lane = num_blocks_per_lane(model_cls, config, mesh_num_devices(self._backend))
         kv_shape = kv_block_shape(
             self._hf_config, config, self.num_blocks_per_lane, devices_per_lane(self._backend, config.num_lanes)
         )
-        kv_cache = self.model.allocate_kv_cache(
-            kv_shape, kv_dtype(self._backend, config.kv_cache_dtype), int(self._hf_config.num_hidden_layers)
+        kv_cache = allocate_kv_cache(
+            self.model,
+            kv_shape,
+            kv_dtype(self.model, self._hf_config, config.kv_cache_dtype),
+            int(self._hf_config.num_hidden_layers),
         )
         policy = SamplingPolicy(config.tt.sample_on_device_mode, config.tt.always_compat_sampling, dict(capabilities))
         runner = MeshRunner(self.model, kv_cache, config, policy, self.tokenizer.eos_token_ids, self.vocab_size)

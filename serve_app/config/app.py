@@ -19,6 +19,7 @@ from accel.contract import ConfigError
 from accel.tt.config import TTEngineConfig
 from accel.vllm.config import VllmEngineConfig
 from serve_app.config.ingress import IngressConfig
+from serve_app.config.parsing import OutputParsing
 from serve_app.config.pd import PDConfig, kv_connector_name, pairing_problem
 from serve_app.config.router import ModelRouting, RouterConfig
 
@@ -113,6 +114,7 @@ class ModelConfig:
     max_model_len: int  # prompt + completion tokens, the smallest over the model's pools
     pools: tuple[PoolConfig, ...]  # the pools serving it, in config order
     pd: PDConfig = field(default_factory=PDConfig)
+    parsing: OutputParsing = field(default_factory=OutputParsing)  # vLLM tool / reasoning parsers
 
     def __post_init__(self) -> None:
         if not self.pools:
