@@ -28,6 +28,7 @@ from accel.block_hash import hash_prompt_blocks
 from accel.contract import InvalidRequestError, OutputDelta, SamplingParams
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
 from deployments.ingress.engine_client import EngineClient, merge_streams
+from deployments.ingress.structured_check import check_structured_outputs
 from deployments.router.core.sessions import session_id_from
 from deployments.router.messages import RouteRequest
 from serve_app.config.app import AppConfig, ModelConfig
@@ -139,8 +140,9 @@ class OpenAIIngress:
             prompts = [conv.chat_prompt(req, tok, plan)]
         else:
             prompts = conv.completion_prompts(req, tok)
-        sampling = [apply_plan(plan, conv.sampling_params(req, len(p), model.max_model_len)) for p in prompts]
+        sampling = [apply_plan(plan, conv.sampling_params(req, len(p), model.max_model_len, tok)) for p in prompts]
         _check_token_ids(sampling, tok.vocab_size)
+        await check_structured_outputs(sampling[0].structured_outputs)
         base_id = random_id("chatcmpl" if is_chat else "cmpl")
         session = session_id_from(request.headers, req.session_id or req.user, req.prompt_cache_key)
         pool = request.headers.get(POOL_HEADER)
@@ -318,6 +320,9 @@ def _check_token_ids(sampling: Sequence[SamplingParams], vocab_size: int) -> Non
         for tid in sp.stop_token_ids:
             if tid >= vocab_size:
                 raise APIError(400, f"stop token id {tid} is out of vocabulary (size {vocab_size})", "stop_token_ids")
+        bad = [t for t in sp.allowed_token_ids or () if t >= vocab_size]
+        if bad:
+            raise APIError(400, f"allowed_token_ids contains out-of-vocab token id! {bad}", "allowed_token_ids")
 
 
 def _ingress_metrics() -> IngressMetrics | None:
