@@ -108,8 +108,11 @@ class ChatTools:
         return self.parser_cls is not None and self.parser_cls.tool_parser_cls is not None
 
     def needs_plan(self, body: Mapping[str, Any]) -> bool:
-        """Whether this request goes through vLLM's request model (tools, or a parser to run)."""
-        return self.parser_cls is not None or any(
+        """Whether this request goes through vLLM's request model: it has tools (or template
+        kwargs), or the model has a reasoning parser. (A tool parser alone leaves a request
+        without tools as it is: vLLM neither adjusts it nor parses its output.)"""
+        has_reasoning = self.parser_cls is not None and self.parser_cls.reasoning_parser_cls is not None
+        return has_reasoning or any(
             body.get(k) is not None
             for k in ("tools", "tool_choice", "chat_template_kwargs", "reasoning_effort", "documents")
         )
