@@ -381,6 +381,9 @@ class TTMeshEngine:
         bad = next((t for t in request.prompt_token_ids if t >= self.vocab_size), None)
         if bad is not None:
             raise InvalidRequestError("prompt", f"token id {bad} is outside the vocabulary (size {self.vocab_size})")
+        if request.sampling.has_logit_constraints:
+            field = "structured_outputs" if request.sampling.structured_outputs is not None else "allowed_token_ids"
+            raise InvalidRequestError(field, "not supported by the TT mesh engine yet")
         kv = request.kv_transfer
         if kv is not None and (kv.do_remote_decode or kv.do_remote_prefill) and self.core.kv_hooks is None:
             raise InvalidRequestError(

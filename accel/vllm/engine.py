@@ -94,6 +94,10 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.executor import Executor
 
+        if "structured_outputs_config" in kwargs:  # AsyncEngineArgs takes the config object
+            from vllm.config import StructuredOutputsConfig
+
+            kwargs["structured_outputs_config"] = StructuredOutputsConfig(**kwargs["structured_outputs_config"])
         engine_args = AsyncEngineArgs(**kwargs)
         vllm_config = engine_args.create_engine_config(UsageContext.ENGINE_CONTEXT)
         if placement_group is not None:
