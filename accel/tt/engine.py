@@ -68,9 +68,9 @@ logger = logging.getLogger(__name__)
 class TTMeshEngine:
     """Implements ``accel.contract.Engine`` for a TT mesh replica.
 
-    ``backend``: an opened ``accel.tt.backend.MeshBackend`` (default: ``open_backend("auto")``:
-    the ttnn mesh when chips are present, else the torch program). ``model_class`` overrides the
-    registry (tests, benchmarks). ``keep_step_log`` records a ``StepRecord`` per step.
+    ``backend``: an opened ``accel.tt.backend.MeshBackend`` (default: by ``accelerator``: "tt"
+    the ttnn mesh or a startup error naming what is missing, "cpu"/"cuda" the torch program).
+    ``model_class`` overrides the registry (tests, benchmarks). ``keep_step_log`` records a ``StepRecord`` per step.
     ``kv_hooks`` attaches prefill/decode KV transfer (``engine_core.KVHookPoints``); without it,
     requests asking for KV export/import are refused. ``step_timeout_s`` bounds a step and a
     device probe for ``check_health``.
@@ -85,12 +85,15 @@ class TTMeshEngine:
         keep_step_log: bool = False,
         kv_hooks: KVHookPoints | None = None,
         step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
+        accelerator: str = "cpu",
     ):
         self.config = config
         self.step_timeout_s = step_timeout_s
         self.tokenizer = load_tokenizer(config.tokenizer_path)
         self._hf_config = load_hf_config(config.model)
-        self._backend = backend if backend is not None or model_class is not None else open_default_backend(config)
+        self._backend = (
+            backend if backend is not None or model_class is not None else open_default_backend(config, accelerator)
+        )
         model_cls = model_class or self._backend.model_class(self._hf_config)
         capabilities: Mapping[str, Any] = getattr(model_cls, "model_capabilities", {})
         check_model_capabilities(config, capabilities)
