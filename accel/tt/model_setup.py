@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from accel.contract import ConfigError
 from accel.tt.backend import load_mesh_model, open_backend
 from accel.tt.config import TTEngineConfig
 from accel.tt.mesh_device import MeshDeviceConfig
 from accel.tt.mesh_model import MeshModel
+from accel.tt.registry import BACKEND_TORCH, BACKEND_TTNN
 
 
 def load_hf_config(model: str) -> Any:
@@ -20,10 +22,18 @@ def load_hf_config(model: str) -> Any:
     return AutoConfig.from_pretrained(model, local_files_only=True)
 
 
-def open_default_backend(config: TTEngineConfig) -> Any:
-    """The ttnn mesh (opened with ``additional_config.tt``'s device options) when chips are
-    present, else the torch program."""
-    return open_backend("auto", MeshDeviceConfig.from_tt_options(config.tt))
+def open_default_backend(config: TTEngineConfig, accelerator: str = "cpu") -> Any:
+    """``accelerator`` "tt": the ttnn mesh (opened with ``additional_config.tt``'s device
+    options) or ``NoTenstorrentDevice`` naming what is missing (ttnn not importable, no chips,
+    a mesh larger than the visible chips) -- never a silent fallback to the host. "cpu" /
+    "cuda": the torch program."""
+    if accelerator == "tt":
+        return open_backend(BACKEND_TTNN, MeshDeviceConfig.from_tt_options(config.tt))
+    if accelerator not in ("cpu", "cuda"):
+        raise ConfigError(
+            f"accelerator {accelerator!r}: the TT mesh engine runs on 'tt', or the torch program on 'cpu'/'cuda'"
+        )
+    return open_backend(BACKEND_TORCH)
 
 
 def build_mesh_model(model_cls: type[MeshModel], hf_config: Any, backend: Any, config: TTEngineConfig) -> Any:

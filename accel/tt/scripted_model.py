@@ -120,6 +120,10 @@ class ScriptedMeshModel:
     def close(self) -> None:
         self._device.shutdown(wait=True)
 
+    def device_ping(self) -> None:
+        """Returns once the "device" thread has run everything submitted before it."""
+        self._device.submit(lambda: None).result()
+
     def allocate_kv_cache(
         self, kv_cache_shape: tuple[int, int, int, int], dtype: Any, num_layers: int
     ) -> list[list[list[torch.Tensor]]]:

@@ -79,6 +79,9 @@ class PoolConfig:
     tpu_topology: str | None = None
     # Seconds Serve waits for in-flight requests on scale-down/shutdown before killing the replica.
     graceful_shutdown_timeout_s: float = 20.0
+    # Health: a replica with requests in flight and no engine output (TT: no step) for this long
+    # fails Serve's health check, its in-flight requests get an error and Serve restarts it.
+    step_timeout_s: float = 120.0
     # While a replica streams several requests, each stream sends at most one message per this
     # many seconds (deltas in between merged: deployments.replicas.delta_coalescer); the first token
     # and the finish are never held, and a lone stream gets every token at once. 0 = every delta.

@@ -219,6 +219,7 @@ def _to_pool(file: str, i: int, pool: PoolArgs, path: Path, max_model_len: int, 
         tpu_type=pool.tpu.type if pool.tpu else None,
         tpu_topology=pool.tpu.topology if pool.tpu else None,
         graceful_shutdown_timeout_s=pool.graceful_shutdown_timeout_s,
+        step_timeout_s=pool.step_timeout_s,
         stream_interval_s=pool.stream_interval_ms / 1000,
     )
 

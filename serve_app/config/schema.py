@@ -108,6 +108,7 @@ class PoolArgs(_Strict):
     tt: TTArgs | None = None
     tpu: TPUArgs | None = None
     graceful_shutdown_timeout_s: float = Field(default=PoolConfig.graceful_shutdown_timeout_s, ge=0)
+    step_timeout_s: float = Field(default=PoolConfig.step_timeout_s, gt=0)
     # PoolConfig.stream_interval_s, in milliseconds.
     stream_interval_ms: float = Field(default=PoolConfig.stream_interval_s * 1000, ge=0, le=1000)
 

@@ -163,6 +163,11 @@ class TorchMeshModel:
     def close(self) -> None:
         self._queue.close()
 
+    def device_ping(self) -> None:
+        """Returns once the device queue has run everything submitted before it (the torch
+        program's ``ttnn.synchronize_device``; the engine's health check probes with it)."""
+        self._queue.run(lambda: None)
+
     # ---- KV ----
 
     def allocate_kv_cache(
