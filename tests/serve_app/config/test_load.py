@@ -192,10 +192,18 @@ def test_tpu_pd_pools_take_their_own_connector():
 @pytest.mark.parametrize(
     "mutate, message",
     [
-        # TPU prefill -> TT decode: no KV path between them (the prefill slice would idle)
+        # a TT mesh decode pool: PD on ttnn is refused at config time (KV moves as torch tensors)
         (
             lambda a: a["pools"][1].update(
                 engine="tt", accelerator="tt", tt={"mesh_device": "TG"}, tpu=None, engine_args={"max_model_len": 32768}
+            ),
+            r"configs/tpu_pd.yaml: pools\[1\].role: prefill/decode disaggregation is not supported on a "
+            r"Tenstorrent mesh yet .*use role: both for pool 'v6e-decode'",
+        ),
+        # TPU prefill -> TT (torch program) decode: no KV path between them (the prefill slice would idle)
+        (
+            lambda a: a["pools"][1].update(
+                engine="tt", accelerator="cpu", tpu=None, engine_args={"max_model_len": 256}
             ),
             r"configs/tpu_pd.yaml: pools\[0\].role: prefill pool 'v6e-prefill' cannot take part in prefill/decode "
             r"disaggregation: its KV path \(native:TPUConnector\) differs from pool 'v6e-decode'"
