@@ -243,9 +243,8 @@ def test_tpu_pd_refusals_name_file_and_key(mutate, message):
 
 def test_tt_prefill_to_tpu_decode_is_refused_too():
     args = _tpu_pd_args()
-    args["pools"][0].update(
-        engine="tt", accelerator="tt", tt={"mesh_device": "TG"}, tpu=None, engine_args={"max_model_len": 32768}
-    )
+    # accelerator cpu (the torch program): PD on a Tenstorrent mesh is refused earlier, on its own
+    args["pools"][0].update(engine="tt", accelerator="cpu", tpu=None, engine_args={"max_model_len": 32768})
     with pytest.raises(ConfigError, match=r"pools\[0\].role: prefill pool 'v6e-prefill' .*its KV path \(meshserve\)"):
         load_app_config(args)
 
