@@ -90,7 +90,7 @@ async def _turn(http: httpx.AsyncClient, base_url: str, session: str, prompt: li
 async def _conversations(base_url: str) -> dict[str, list[tuple[int, int, int]]]:
     """Per session, per turn: (prompt tokens, tokens of the previous turn's KV, cached tokens)."""
     system = {g: _tokens(900 + g, 3 * BLOCK_SIZE) for g in range(2)}
-    history = {f"s{s}": system[s % 2] + _tokens(s, 10) for s in range(NUM_SESSIONS)}
+    history = {f"s{s}": system[s % 2] + _tokens(s, 20) for s in range(NUM_SESSIONS)}
     prev_computed = dict.fromkeys(history, 0)
     seen: dict[str, list[tuple[int, int, int]]] = {s: [] for s in history}
     sessions = list(history)
