@@ -14,11 +14,15 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from accel.contract import GenerateRequest, InvalidRequestError, SamplingParams
+from accel.text.bad_words import bad_words_token_ids
 from accel.text.tokenizer import TextTokenizer
 from serve_app.protocol.chat import ChatCompletionRequest
 from serve_app.protocol.completions import CompletionRequest
 from serve_app.protocol.errors import APIError, bad_request
+from serve_app.protocol.field_policy import check_fields
 from serve_app.protocol.sampling_fields import SamplingFields
+from serve_app.protocol.structured_outputs import structured_output_spec
+from serve_app.protocol.tool_request import ToolPlan, tool_call_arguments_as_dicts
 
 _INT64 = 2**63
 MAX_N = 128
@@ -36,6 +40,14 @@ def parse_body(model_cls: type[M], body: Any) -> M:
         first = err.errors()[0]
         param = str(first["loc"][0]) if first["loc"] else None
         raise bad_request(f"{'.'.join(map(str, first['loc']))}: {first['msg']}", param) from None
+
+
+def parse_request(body: Any, is_chat: bool) -> ChatCompletionRequest | CompletionRequest:
+    """A chat or completions body as our request model; a field vLLM accepts that we do not
+    honour is a 400 naming it (``field_policy``), never dropped."""
+    if isinstance(body, Mapping):
+        check_fields(body, is_chat)
+    return parse_body(ChatCompletionRequest, body) if is_chat else parse_body(CompletionRequest, body)
 
 
 def _check_common(req: SamplingFields) -> None:
@@ -90,13 +102,12 @@ def _message_text(message: Mapping[str, Any]) -> dict[str, Any]:
     return {**message, "content": content}
 
 
-def chat_prompt(req: ChatCompletionRequest, tokenizer: TextTokenizer) -> tuple[int, ...]:
-    """Render the conversation with the model's chat template and tokenize it."""
+def chat_prompt(req: ChatCompletionRequest, tokenizer: TextTokenizer, plan: ToolPlan | None = None) -> tuple[int, ...]:
+    """Render the conversation with the model's chat template and tokenize it; ``plan``: the
+    request's tools and template kwargs (``tool_request.ChatTools.prepare``)."""
     _check_common(req)
-    if req.tools:
-        raise bad_request("tools are not supported", "tools")
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise bad_request("only response_format type 'text' is supported", "response_format")
+    if req.tools and plan is None:
+        raise bad_request("tools need the request's tool plan", "tools")  # the ingress always makes one
     if req.top_logprobs and not req.logprobs:
         raise bad_request("when using `top_logprobs`, `logprobs` must be set to true", "top_logprobs")
     if not req.messages:
@@ -105,10 +116,13 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: TextTokenizer) -> tuple[i
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
             raise bad_request("every message needs a string role", "messages")
     messages = [_message_text(m) for m in req.messages]
+    tool_call_arguments_as_dicts(messages)
     ids = tokenizer.apply_chat_template(
         messages,
         add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
         chat_template=req.chat_template,
+        tools=plan.tool_dicts if plan is not None else None,
+        chat_template_kwargs=plan.chat_template_kwargs if plan is not None else None,
     )
     if not ids:
         raise bad_request("the rendered prompt is empty", "messages")
@@ -140,9 +154,13 @@ def _max_tokens(requested: int | None, param: str, num_prompt_tokens: int, max_m
 
 
 def sampling_params(
-    req: CompletionRequest | ChatCompletionRequest, num_prompt_tokens: int, max_model_len: int
+    req: CompletionRequest | ChatCompletionRequest,
+    num_prompt_tokens: int,
+    max_model_len: int,
+    tokenizer: TextTokenizer | None = None,
 ) -> SamplingParams:
-    """The engine's sampling params; ``InvalidRequestError(field)`` for out-of-range values."""
+    """The engine's sampling params; ``InvalidRequestError(field)`` for out-of-range values.
+    ``tokenizer`` encodes ``bad_words`` (required when the request has any)."""
     if isinstance(req, ChatCompletionRequest):
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -168,7 +186,18 @@ def sampling_params(
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         logit_bias=_logit_bias(req.logit_bias),
         skip_special_tokens=req.skip_special_tokens,
+        structured_outputs=structured_output_spec(req.structured_outputs, req.response_format),
+        allowed_token_ids=None if req.allowed_token_ids is None else tuple(req.allowed_token_ids),
+        bad_words=tuple(req.bad_words),
+        bad_words_token_ids=_bad_words(req.bad_words, tokenizer),
     )
+
+
+def _bad_words(words: list[str], tokenizer: TextTokenizer | None) -> tuple[tuple[int, ...], ...]:
+    if not words:
+        return ()
+    assert tokenizer is not None, "bad_words need the model's tokenizer"
+    return bad_words_token_ids(words, tokenizer)
 
 
 def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
