@@ -31,7 +31,7 @@ from ray import serve
 from accel.block_hash import BlockHash, hash_prompt_blocks
 from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta, SamplingParams
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
-from deployments.ingress import health, limits
+from deployments.ingress import health, limits, openapi
 from deployments.ingress.auth import ApiKeyMiddleware, key_digests
 from deployments.ingress.body_limit import BodyLimitMiddleware
 from deployments.ingress.engine_client import EngineClient, merge_streams
@@ -44,6 +44,7 @@ from serve_app.protocol import conversion as conv
 from serve_app.protocol import responses as rsp
 from serve_app.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
 from serve_app.protocol.common import ModelCard, ModelList, random_id
+from serve_app.protocol.completions import CompletionRequest
 from serve_app.protocol.errors import APIError, model_not_found
 from serve_app.protocol.responses_api import response_events, response_from_chat, responses_call
 from serve_app.protocol.tool_output import ChoiceParser, apply_parsed_messages, parsed_chat_chunk
@@ -120,11 +121,11 @@ class OpenAIIngress:
         ]
         return JSONResponse(ModelList(data=cards).model_dump())
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=openapi.json_body(CompletionRequest))
     async def completions(self, request: Request) -> Response:
         return await self._handle(request, is_chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=openapi.json_body(ChatCompletionRequest))
     async def chat_completions(self, request: Request) -> Response:
         return await self._handle(request, is_chat=True)
 
