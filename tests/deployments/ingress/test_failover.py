@@ -8,7 +8,10 @@ from deployments.ingress.failover import StreamProgress
 
 def test_continuation_and_budget_end():
     req = GenerateRequest(
-        "q", (5, 6), SamplingParams(max_tokens=2, seed=7), kv_transfer=KVTransferParams(do_remote_prefill=True, transfer_id="t")
+        "q",
+        (5, 6),
+        SamplingParams(max_tokens=2, seed=7),
+        kv_transfer=KVTransferParams(do_remote_prefill=True, transfer_id="t"),
     )
     progress = StreamProgress(req)
     assert not progress.started
