@@ -229,7 +229,7 @@ async def router_kill(base: str, streams: int, max_tokens: int) -> dict[str, Any
 
     from serve_app.app import ROUTER_NAME
 
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if f":{ROUTER_NAME}#" in a["name"]]
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if f"{APP}#{ROUTER_NAME}#" in a["name"]]
     url = f"{base}/v1/completions"
     killed_at = time.monotonic()
     for name in names:
@@ -263,7 +263,7 @@ async def router_kill(base: str, streams: int, max_tokens: int) -> dict[str, Any
 def _ingress_rss() -> int:
     import ray
 
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if ":OpenAIIngress#" in a["name"]]
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if f"{APP}#OpenAIIngress#" in a["name"]]
     actor = ray.get_actor(names[0], namespace="serve")
     pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
     import psutil
@@ -304,6 +304,14 @@ async def overload(base: str, capacity: int, max_tokens: int) -> dict[str, Any]:
     }
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", default="replica_kill,router_kill,overload")
@@ -324,10 +332,11 @@ def main() -> None:
     out: dict[str, Any] = {"load_average_start": os.getloadavg()}
     ray.init(address="local", num_cpus=2, object_store_memory=200 * 2**20, include_dashboard=False, log_to_driver=False)
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": 8765})
+        port = _free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
         model = str(ENVS.checkpoint_dir / "tiny-llama")
         serve.run(build_app(app_args(model, args.capacity)), name=APP, route_prefix="/")
-        base = "http://127.0.0.1:8765"
+        base = f"http://127.0.0.1:{port}"
         loop = asyncio.new_event_loop()
         for name in args.scenarios.split(","):
             t0 = time.monotonic()

@@ -223,7 +223,7 @@ def test_fuzz_mutated_bodies_never_5xx(base_url):
 def test_health_503_while_the_model_has_no_replica(base_url):
     import ray
 
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if POOL in a["name"]]
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if f"{APP}#{POOL}#" in a["name"]]
     assert len(names) == 1
     ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
     to_503 = _wait_health(base_url, 503, timeout_s=30)
