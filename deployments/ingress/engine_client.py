@@ -37,6 +37,7 @@ from typing import Any
 
 from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
+from tokenizers import Tokenizer
 
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta
@@ -73,7 +74,15 @@ def dead_replica_actor(exc: BaseException) -> tuple[bool, str | None]:
 
 
 class EngineClient:
-    def __init__(self, config: AppConfig, router_handle: Any, pool_handles: Mapping[str, Any], metrics: Any = None):
+    def __init__(
+        self,
+        config: AppConfig,
+        router_handle: Any,
+        pool_handles: Mapping[str, Any],
+        metrics: Any = None,
+        tokenizers: Mapping[str, Tokenizer] | None = None,
+    ):
+        """``tokenizers``: each model's (a failover's continuation text is made with it)."""
         self._pools = config.pools
         self._router = RouterClient(router_handle)
         self._engines = {name: EnginePoolClient(handle) for name, handle in pool_handles.items()}
@@ -83,6 +92,7 @@ class EngineClient:
         self._timeout_s = config.router.decision_timeout_s
         self._retry_after_s = config.ingress.retry_after_s
         self._max_failovers = config.ingress.max_failovers
+        self._tokenizers = dict(tokenizers or {})
         self._block_sizes = {m.name: m.routing_block_size for m in config.models}
         self._metrics = metrics
         self._local_inflight = {p.name: 0 for p in self._pools}
@@ -154,7 +164,7 @@ class EngineClient:
         tokens were passed on: up to ``ingress.max_failovers`` times, the stream continues on
         another replica from prompt + the tokens sent (``failover.StreamProgress``)."""
         decision = await self.decide(route)
-        progress = StreamProgress(request)
+        progress = StreamProgress(request, self._tokenizers.get(route.model))
         attempt_request, retried, failovers = request, False, 0
         while True:
             try:
@@ -162,6 +172,8 @@ class EngineClient:
                 async with contextlib.aclosing(self._stream_once(attempt_request, decision)) as deltas:
                     async for delta in deltas:
                         yield progress.pass_on(delta)
+                        if progress.finished:  # the engine's finish, or a stop string seen across a failover
+                            break
                 return
             except _ReplicaDied as died:
                 self._report_dead(decision, died.actor_id)

@@ -96,7 +96,9 @@ class OpenAIIngress:
         self._block_sizes = {m.name: m.routing_block_size for m in config.models}
         # vLLM's tool-call / reasoning parsers per model (serve_app.protocol.tool_request).
         self._chat_tools = {m.name: ChatTools(m.parsing, m.name, self._tokenizers[m.name]) for m in config.models}
-        self._client = EngineClient(config, router_handle, pool_handles, self._metrics)
+        self._client = EngineClient(
+            config, router_handle, pool_handles, self._metrics, {n: t.fast for n, t in self._tokenizers.items()}
+        )
         self._bound = limits.ConcurrencyBound(config.ingress.max_concurrent_requests)
         self.api_key_digests = key_digests(config.ingress.api_keys)
         self.max_request_bytes = config.ingress.max_request_bytes
