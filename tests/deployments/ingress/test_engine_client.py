@@ -402,3 +402,44 @@ def test_no_shortcut_for_a_retry_or_a_model_with_a_prefill_pool():
     assert client.single_replica_decision(RouteRequest("r", "m", 2, pool="vllm")).replica_id == "only"
     retry = RouteRequest("r#retry", "m", 2, pool="vllm", excluded_replicas=("gone",))
     assert client.single_replica_decision(retry) is None
+
+
+def test_pd_decode_death_mid_stream_continues_on_another_decode_replica():
+    from accel.contract import KVTransferParams, SamplingParams
+
+    pd_pools = (pool_config("pre", "m", "vllm", "cpu", "prefill"), pool_config("dec", "m", "vllm", "cpu", "decode"))
+    request = GenerateRequest("r", (1, 2, 3), SamplingParams(max_tokens=4, temperature=0))
+
+    async def run():
+        router = FakeRouterHandle(
+            [
+                RouteDecision("dec", "d1", "a", "prefill_decode", prefill_pool="pre", prefill_replica_id="p1"),
+                RouteDecision("dec", "d2", "b", "load"),
+            ]
+        )
+        decode_calls = []
+        ticket = KVTransferParams(do_remote_prefill=True, transfer_id="x")
+
+        def prefill(req):
+            return FakeStream(
+                [OutputDelta(req.request_id, (5,), "", 3, 1, kv_transfer=ticket, finish_reason=FinishReason.LENGTH)]
+            )
+
+        def decode(req):
+            decode_calls.append(req)
+            if len(decode_calls) == 1:  # the decode replica dies after two tokens
+                return FakeStream(
+                    [OutputDelta("r", (7,), "", 3, 1), OutputDelta("r", (8,), "", 3, 2)], _dead_actor_error()
+                )
+            return FakeStream([OutputDelta(req.request_id, (9, 4), "", 5, 2, finish_reason=FinishReason.LENGTH)])
+
+        pools = {"pre": FakePoolHandle(prefill), "dec": FakePoolHandle(decode)}
+        client = EngineClient(app_config(pd_pools, RouterConfig(decision_timeout_s=0.05)), router, pools)
+        deltas = [d async for d in client.stream(request, RouteRequest("r", "m", 3))]
+        assert [t for d in deltas for t in d.new_token_ids] == [7, 8, 9, 4] and deltas[-1].finished
+        assert decode_calls[0].kv_transfer == ticket  # the first decode imported the prefill's KV
+        assert decode_calls[1].prompt_token_ids == (1, 2, 3, 7, 8) and decode_calls[1].kv_transfer is None
+        assert router.routes[1].excluded_replicas == ("d1",)
+        assert deltas[-1].num_prompt_tokens == 3 and deltas[-1].num_completion_tokens == 4
+
+    asyncio.run(run())
