@@ -50,18 +50,25 @@ class TextTokenizer:
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
+        continue_final_message: bool = False,
+        add_special_tokens: bool = False,
     ) -> list[int]:
         """Render and tokenize a conversation. The template carries bos itself, so the rendered
-        text is encoded without adding special tokens again (what vLLM does)."""
+        text is encoded without adding special tokens again unless asked (what vLLM does).
+        ``continue_final_message``: the final (assistant) turn is left open, as HF renders it."""
         if chat_template is None and not self.hf.chat_template:
             raise InvalidRequestError("messages", "this model has no chat template; use /v1/completions")
         try:
             text = self.hf.apply_chat_template(
-                list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=chat_template
+                list(messages),
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                chat_template=chat_template,
+                continue_final_message=continue_final_message,
             )
         except Exception as exc:  # jinja errors on malformed messages
             raise InvalidRequestError("messages", f"chat template failed: {exc}") from None
-        return self.encode(text, add_special_tokens=False)
+        return self.encode(text, add_special_tokens=add_special_tokens)
 
 
 @lru_cache(maxsize=8)

@@ -27,6 +27,7 @@ from ray import serve
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import InvalidRequestError, OutputDelta, SamplingParams
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
+from deployments.ingress import tokenize_routes
 from deployments.ingress.engine_client import EngineClient, merge_streams
 from deployments.router.core.sessions import session_id_from
 from deployments.router.messages import RouteRequest
@@ -34,7 +35,6 @@ from serve_app.config.app import AppConfig, ModelConfig
 from serve_app.metrics import IngressMetrics
 from serve_app.protocol import conversion as conv
 from serve_app.protocol import responses as rsp
-from serve_app.protocol.chat import ChatCompletionRequest
 from serve_app.protocol.common import ModelCard, ModelList, random_id
 from serve_app.protocol.errors import APIError, model_not_found
 
@@ -57,6 +57,7 @@ class OpenAIIngress:
         self._block_sizes = {m.name: m.routing_block_size for m in config.models}
         self._client = EngineClient(config, router_handle, pool_handles, self._metrics)
         self._num_inflight = 0
+        self._lookup = tokenize_routes.model_lookup(self._models, self._tokenizers)
 
     # -- endpoints ----------------------------------------------------------------------------
 
@@ -68,6 +69,18 @@ class OpenAIIngress:
     async def models(self) -> JSONResponse:
         cards = [ModelCard(id=m.name, root=str(m.path), max_model_len=m.max_model_len) for m in self._models.values()]
         return JSONResponse(ModelList(data=cards).model_dump())
+
+    @app.post("/tokenize")
+    async def tokenize(self, request: Request) -> JSONResponse:
+        return await tokenize_routes.tokenize(request, self._lookup)
+
+    @app.post("/detokenize")
+    async def detokenize(self, request: Request) -> JSONResponse:
+        return await tokenize_routes.detokenize(request, self._lookup)
+
+    @app.get("/version")
+    async def version(self) -> JSONResponse:
+        return tokenize_routes.version()
 
     @app.post("/v1/completions")
     async def completions(self, request: Request) -> Response:
@@ -117,13 +130,12 @@ class OpenAIIngress:
             raise model_not_found(req.model)
         label["model"] = model.name
         tok = self._tokenizers[model.name]
-        if isinstance(req, ChatCompletionRequest):
-            prompts = [conv.chat_prompt(req, tok)]
-        else:
-            prompts = conv.completion_prompts(req, tok)
+        prompts = conv.request_prompts(req, tok, model.max_model_len)
         sampling = [conv.sampling_params(req, len(p), model.max_model_len) for p in prompts]
         _check_token_ids(sampling, tok.vocab_size)
-        base_id = random_id("chatcmpl" if is_chat else "cmpl")
+        prefix = "chatcmpl" if is_chat else "cmpl"
+        # Engine ids stay unique even when clients reuse an X-Request-Id; the response carries theirs.
+        base_id = random_id(prefix)
         session = session_id_from(request.headers, req.session_id or req.user, req.prompt_cache_key)
         pool = request.headers.get(POOL_HEADER)
         greqs = conv.generate_requests(base_id, prompts, sampling, req.n, session)
@@ -135,13 +147,17 @@ class OpenAIIngress:
         ]
         self._client.check_routable(routes[0])
         streams = [self._client.stream(g, r) for g, r in zip(greqs, routes)]
+        stream_opts = req.stream_options
         opts = rsp.RenderOptions(
-            request_id=base_id,
+            request_id=conv.response_id(prefix, request.headers.get("x-request-id"), req),
             created=int(time.time()),
             model=model.name,
             num_logprobs=greqs[0].sampling.logprobs,
             return_token_ids=bool(req.return_token_ids),
-            include_usage=bool(req.stream_options and req.stream_options.include_usage),
+            include_usage=bool(stream_opts and stream_opts.include_usage),
+            continuous_usage=bool(stream_opts and stream_opts.include_usage and stream_opts.continuous_usage_stats),
+            num_prompt_tokens=len(prompts[0]),
+            tokens_as_ids=bool(req.return_tokens_as_token_ids),
         )
         choices = [rsp.ChoiceState(index=i, prompt_index=i // req.n) for i in range(len(greqs))]
         merged = merge_streams(streams)

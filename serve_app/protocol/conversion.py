@@ -8,6 +8,8 @@ Defaults and the context-length rule follow vLLM's OpenAI server: ``max_tokens``
 
 from __future__ import annotations
 
+import dataclasses
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -44,7 +46,58 @@ def parse_request(body: Any, is_chat: bool) -> ChatCompletionRequest | Completio
     honour is a 400 naming it (``field_policy``), never dropped."""
     if isinstance(body, Mapping):
         check_fields(body, is_chat)
+        # vLLM's "before" validators: they look at what the client sent, not at defaults.
+        if body.get("stream_options") and not body.get("stream"):
+            raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
+        if is_chat and body.get("continue_final_message") and body.get("add_generation_prompt"):
+            raise bad_request(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                "continue_final_message",
+            )
     return parse_body(ChatCompletionRequest, body) if is_chat else parse_body(CompletionRequest, body)
+
+
+def response_id(prefix: str, header_request_id: str | None, req: SamplingFields) -> str:
+    """The response's ``id``: ``<prefix>-<X-Request-Id header, else the body's request_id, else a
+    random uuid>``, as vLLM's server builds it."""
+    return f"{prefix}-{header_request_id or req.request_id or uuid.uuid4().hex}"
+
+
+def request_prompts(
+    req: CompletionRequest | ChatCompletionRequest, tokenizer: TextTokenizer, max_model_len: int
+) -> list[tuple[int, ...]]:
+    """The request's prompts as token ids, truncated as ``truncate_prompt_tokens`` asks."""
+    if isinstance(req, ChatCompletionRequest):
+        prompts = [chat_prompt(req, tokenizer)]
+    else:
+        prompts = completion_prompts(req, tokenizer)
+    if req.truncate_prompt_tokens is None:
+        return prompts
+    side = str(req.truncation_side or getattr(tokenizer.hf, "truncation_side", None) or "right")
+    return [
+        _truncate(p, req.truncate_prompt_tokens, side, _requested_max_tokens(req)[1], max_model_len) for p in prompts
+    ]
+
+
+def _truncate(
+    ids: tuple[int, ...], keep: int, side: str, max_tokens: int | None, max_model_len: int
+) -> tuple[int, ...]:
+    """vLLM's ``TokenizeParams`` truncation: ``keep`` > max_model_len is a 400; -1 keeps
+    max_model_len - 1 tokens when output tokens are asked for (max_model_len when not)."""
+    if keep > max_model_len:
+        raise bad_request(
+            f"truncate_prompt_tokens={keep} cannot be greater than max_model_len = {max_model_len}. "
+            "Please request a smaller truncation size.",
+            "truncate_prompt_tokens",
+        )
+    if keep < 0:
+        keep = max(0, max_model_len - 1) if max_tokens else max_model_len
+    if keep >= len(ids):
+        return ids
+    kept = ids[len(ids) - keep :] if side == "left" else ids[:keep]
+    if not kept:
+        raise bad_request("truncate_prompt_tokens=0 leaves an empty prompt", "truncate_prompt_tokens")
+    return kept
 
 
 def _check_common(req: SamplingFields) -> None:
@@ -108,16 +161,49 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: TextTokenizer) -> tuple[i
         raise bad_request("only response_format type 'text' is supported", "response_format")
     if req.top_logprobs and not req.logprobs:
         raise bad_request("when using `top_logprobs`, `logprobs` must be set to true", "top_logprobs")
-    if not req.messages:
+    return render_chat(
+        req.messages,
+        tokenizer,
+        add_generation_prompt=req.add_generation_prompt,
+        continue_final_message=req.continue_final_message,
+        chat_template=req.chat_template,
+        add_special_tokens=req.add_special_tokens,
+    )
+
+
+def render_chat(
+    raw_messages: Sequence[Any],
+    tokenizer: TextTokenizer,
+    *,
+    add_generation_prompt: bool,
+    continue_final_message: bool,
+    chat_template: str | None,
+    add_special_tokens: bool,
+) -> tuple[int, ...]:
+    """The conversation's prompt ids (chat completions and ``/tokenize`` alike)."""
+    if not raw_messages:
         raise bad_request("messages must not be empty", "messages")
-    for m in req.messages:
+    for m in raw_messages:
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
             raise bad_request("every message needs a string role", "messages")
-    messages = [_message_text(m) for m in req.messages]
+    if continue_final_message and add_generation_prompt:
+        # vLLM hands both to HF's apply_chat_template, which refuses them together (the
+        # default add_generation_prompt=True included): clients send add_generation_prompt=false.
+        raise bad_request(
+            "continue_final_message and add_generation_prompt are not compatible. Use "
+            "continue_final_message when you want the model to continue the final message, and "
+            "add_generation_prompt when you want to add a header that will prompt it to start a new "
+            "assistant message instead.",
+            "continue_final_message",
+        )
+    messages = [_message_text(m) for m in raw_messages]
+    # continue_final_message leaves the final turn open, as HF renders it.
     ids = tokenizer.apply_chat_template(
         messages,
-        add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
-        chat_template=req.chat_template,
+        add_generation_prompt=add_generation_prompt,
+        chat_template=chat_template,
+        continue_final_message=continue_final_message,
+        add_special_tokens=add_special_tokens,
     )
     if not ids:
         raise bad_request("the rendered prompt is empty", "messages")
@@ -125,39 +211,49 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: TextTokenizer) -> tuple[i
 
 
 def _max_tokens(requested: int | None, param: str, num_prompt_tokens: int, max_model_len: int) -> int:
-    if num_prompt_tokens >= max_model_len:
-        raise APIError(
-            400,
-            f"This model's maximum context length is {max_model_len} tokens. However, "
-            f"your request has {num_prompt_tokens} input tokens. Please reduce the "
-            "length of the input messages.",
-            "messages" if param == "max_completion_tokens" else "prompt",
-        )
-    room = max_model_len - num_prompt_tokens
-    if requested is None:
-        return room
-    if requested < 1:
-        raise bad_request(f"{param} must be at least 1, got {requested}.", param)
-    if requested > room:
+    """vLLM 0.32's rule (``TokenizeParams`` + ``get_max_tokens``): more output tokens than
+    max_model_len, or a prompt longer than max_model_len, is a 400; otherwise max_tokens is
+    clamped to what fits (the request then finishes with ``length``), and None means all of it."""
+    if requested is not None and requested > max_model_len:
         raise bad_request(
-            f"'{param}' is too large: {requested}. This model's maximum context length "
-            f"is {max_model_len} tokens and your request has {num_prompt_tokens} input "
-            f"tokens ({requested} > {max_model_len} - {num_prompt_tokens}).",
+            f"{param}={requested} cannot be greater than max_model_len={max_model_len}. "
+            "Please request fewer output tokens.",
             param,
         )
-    return requested
+    if num_prompt_tokens > max_model_len:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+            f"contains {num_prompt_tokens} input tokens, which exceeds this limit even without any "
+            "output tokens. Please reduce the length of the input prompt.",
+            "input_tokens",
+        )
+    room = max_model_len - num_prompt_tokens
+    max_tokens = room if requested is None else min(room, requested)
+    if max_tokens < 1:
+        raise bad_request(f"{param} must be at least 1, got {max_tokens}.", param)
+    return max_tokens
+
+
+def _requested_max_tokens(req: CompletionRequest | ChatCompletionRequest) -> tuple[str, int | None]:
+    """(the field that set it, the requested max_tokens; None = up to max_model_len)."""
+    if isinstance(req, ChatCompletionRequest):
+        if req.max_completion_tokens is not None:
+            return "max_completion_tokens", req.max_completion_tokens
+        return "max_tokens", req.max_tokens
+    # vLLM's completions: an explicit null is the default, 16.
+    return "max_tokens", 16 if req.max_tokens is None else req.max_tokens
 
 
 def sampling_params(
     req: CompletionRequest | ChatCompletionRequest, num_prompt_tokens: int, max_model_len: int
 ) -> SamplingParams:
     """The engine's sampling params; ``InvalidRequestError(field)`` for out-of-range values."""
+    param, requested = _requested_max_tokens(req)
     if isinstance(req, ChatCompletionRequest):
-        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
     else:
-        param, requested, logprobs = "max_tokens", req.max_tokens, req.logprobs
+        logprobs = req.logprobs
     max_tokens = _max_tokens(requested, param, num_prompt_tokens, max_model_len)
     return SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -195,11 +291,21 @@ def generate_requests(
     base_id: str, prompts: Sequence[tuple[int, ...]], sampling: Sequence[SamplingParams], n: int, session_id: str | None
 ) -> list[GenerateRequest]:
     """One engine request per (prompt, sample): choice index = prompt_index * n + sample_index,
-    request id ``<base>-<choice index>`` (what vLLM does for n > 1)."""
+    request id ``<base>-<choice index>``; with a seed, sample i samples with seed + i (what vLLM
+    does for n > 1), so seeded choices differ and each is reproducible."""
     return [
         GenerateRequest(
-            request_id=f"{base_id}-{p * n + i}", prompt_token_ids=ids, sampling=sampling[p], session_id=session_id
+            request_id=f"{base_id}-{p * n + i}",
+            prompt_token_ids=ids,
+            sampling=_with_seed_offset(sampling[p], i),
+            session_id=session_id,
         )
         for p, ids in enumerate(prompts)
         for i in range(n)
     ]
+
+
+def _with_seed_offset(sp: SamplingParams, index: int) -> SamplingParams:
+    if sp.seed is None or index == 0:
+        return sp
+    return dataclasses.replace(sp, seed=sp.seed + index)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from serve_app.protocol.common import OpenAIBaseModel, StreamOptions
@@ -32,5 +34,9 @@ class SamplingFields(OpenAIBaseModel):
     min_tokens: int = 0
     skip_special_tokens: bool = True
     return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
+    request_id: str | None = None  # the response id's suffix (vLLM: random uuid when absent)
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    truncation_side: Literal["left", "right"] | None = None
     # Our extension (also accepted as the x-session-id header): a key the router keeps together.
     session_id: str | None = None

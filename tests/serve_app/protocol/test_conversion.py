@@ -102,7 +102,7 @@ def test_chat_prompt_uses_the_template(tok):
         ({"use_beam_search": True}, "use_beam_search"),
         ({"max_tokens": 600}, "max_tokens"),
         ({"max_tokens": 0}, "max_tokens"),
-        ({"prompt": "x " * 600}, "prompt"),
+        ({"prompt": "x " * 600}, "input_tokens"),
     ],
 )
 def test_bad_completion_params_name_the_field(tok, body, param):
