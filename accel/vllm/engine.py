@@ -179,6 +179,8 @@ class VllmEngine:
         # (vLLM declares the other keys NotRequired through typing.NotRequired, which mypy's 3.10
         # target does not know, so it takes them for required.)
         prompt: TokensPrompt = {"prompt_token_ids": list(request.prompt_token_ids)}  # type: ignore[typeddict-item]
+        if request.cache_salt is not None:
+            prompt["cache_salt"] = request.cache_salt  # vLLM mixes it into its first block's hash
         stream = self._llm.generate(prompt, sampling_params, rid)
         self._active.add(rid)
         try:

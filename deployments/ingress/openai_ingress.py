@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from ray import serve
 
-from accel.block_hash import hash_prompt_blocks
+from accel.block_hash import hash_prompt_blocks, salted_root
 from accel.contract import InvalidRequestError, OutputDelta, SamplingParams
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
 from deployments.ingress import tokenize_routes
@@ -138,9 +138,9 @@ class OpenAIIngress:
         base_id = random_id(prefix)
         session = session_id_from(request.headers, req.session_id or req.user, req.prompt_cache_key)
         pool = request.headers.get(POOL_HEADER)
-        greqs = conv.generate_requests(base_id, prompts, sampling, req.n, session)
-        block_size = self._block_sizes[model.name]
-        hashes = {ids: tuple(hash_prompt_blocks(ids, block_size)) for ids in {g.prompt_token_ids for g in greqs}}
+        greqs = conv.generate_requests(base_id, prompts, sampling, req.n, session, req.cache_salt)
+        block_size, root = self._block_sizes[model.name], salted_root(req.cache_salt)
+        hashes = {ids: tuple(hash_prompt_blocks(ids, block_size, root)) for ids in {g.prompt_token_ids for g in greqs}}
         routes = [
             RouteRequest(g.request_id, model.name, g.num_prompt_tokens, pool, session, hashes[g.prompt_token_ids])
             for g in greqs

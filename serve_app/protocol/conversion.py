@@ -47,6 +47,7 @@ def parse_request(body: Any, is_chat: bool) -> ChatCompletionRequest | Completio
     if isinstance(body, Mapping):
         check_fields(body, is_chat)
         # vLLM's "before" validators: they look at what the client sent, not at defaults.
+        check_cache_salt(body.get("cache_salt"))
         if body.get("stream_options") and not body.get("stream"):
             raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
         if is_chat and body.get("continue_final_message") and body.get("add_generation_prompt"):
@@ -57,10 +58,33 @@ def parse_request(body: Any, is_chat: bool) -> ChatCompletionRequest | Completio
     return parse_body(ChatCompletionRequest, body) if is_chat else parse_body(CompletionRequest, body)
 
 
+_CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
+_MAX_CACHE_SALT_LENGTH = 128
+
+
+def check_cache_salt(salt: Any) -> None:
+    """vLLM's ``validate_cache_salt``: a non-empty string of at most 128 characters without
+    '@', '/', '\\' or NUL."""
+    if salt is None:
+        return
+    if not isinstance(salt, str) or not salt:
+        raise bad_request("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
+    if len(salt) > _MAX_CACHE_SALT_LENGTH or any(c in _CACHE_SALT_FORBIDDEN for c in salt):
+        raise bad_request(
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL.",
+            "cache_salt",
+        )
+
+
 def response_id(prefix: str, header_request_id: str | None, req: SamplingFields) -> str:
-    """The response's ``id``: ``<prefix>-<X-Request-Id header, else the body's request_id, else a
-    random uuid>``, as vLLM's server builds it."""
-    return f"{prefix}-{header_request_id or req.request_id or uuid.uuid4().hex}"
+    """The response's ``id``: ``<prefix>-<id>``, as vLLM's server builds it, the id being the
+    body's ``request_id``, else the ``X-Request-Id`` header, else a random uuid.
+
+    vLLM prefers the header; but behind Ray Serve every request has one (Serve's
+    RequestIdMiddleware and its HAProxy generate it when the client sent none), so a body
+    ``request_id`` could never win: here it does. Without one the id is the client's header, or
+    the one Serve generated and returns in its ``X-Request-ID`` response header."""
+    return f"{prefix}-{req.request_id or header_request_id or uuid.uuid4().hex}"
 
 
 def request_prompts(
@@ -288,7 +312,12 @@ def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
 
 
 def generate_requests(
-    base_id: str, prompts: Sequence[tuple[int, ...]], sampling: Sequence[SamplingParams], n: int, session_id: str | None
+    base_id: str,
+    prompts: Sequence[tuple[int, ...]],
+    sampling: Sequence[SamplingParams],
+    n: int,
+    session_id: str | None,
+    cache_salt: str | None = None,
 ) -> list[GenerateRequest]:
     """One engine request per (prompt, sample): choice index = prompt_index * n + sample_index,
     request id ``<base>-<choice index>``; with a seed, sample i samples with seed + i (what vLLM
@@ -299,6 +328,7 @@ def generate_requests(
             prompt_token_ids=ids,
             sampling=_with_seed_offset(sampling[p], i),
             session_id=session_id,
+            cache_salt=cache_salt,
         )
         for p, ids in enumerate(prompts)
         for i in range(n)

@@ -109,7 +109,7 @@ _COMMON: dict[str, FieldPolicy] = {
     "request_id": HONOURED,
     "return_tokens_as_token_ids": HONOURED,
     "routed_experts_prompt_start": Refused(0, 1, "routed-expert data is not returned"),
-    "cache_salt": Refused(None, "salt"),
+    "cache_salt": HONOURED,  # vLLM: prompt cache_salt; TT + router: salted block-hash chains
     "kv_transfer_params": Refused(None, {"do_remote_decode": True}, "prefill/decode hand-off is internal"),
     "ec_transfer_params": Refused(None, {"x": 1}, _NO_MM),
     "vllm_xargs": Refused(None, {"x": 1}, "no custom extensions are installed"),

@@ -343,6 +343,23 @@ def test_x_request_id_is_the_response_id(client):
     assert {c.id for c in chunks} == {"cmpl-s1"}
 
 
+@pytest.mark.parametrize("pool", ["tt", "vllm"])
+def test_cache_salt_separates_prefix_caches(client, pool):
+    prompt = [0] + [(17 * i + (pool == "tt")) % 900 + 3 for i in range(299)]
+    kw = dict(model="tiny-llama", prompt=prompt, max_tokens=2, temperature=0, extra_headers=_pin(pool))
+
+    def cached(salt: str | None) -> int:
+        body = {"cache_salt": salt} if salt else {}
+        return client.completions.create(extra_body=body, **kw).usage.prompt_tokens_details.cached_tokens
+
+    cached("alice")
+    assert cached("mallory") == 0 and cached(None) == 0  # another salt, or none, shares nothing
+    if pool == "vllm":  # one replica: the same salt hits (TT: 2 replicas x 2 lanes, routing decides)
+        assert cached("alice") >= 128
+    bad = httpx.post(f"{client.base_url}completions", json={"prompt": "x", "cache_salt": "a/b"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "cache_salt"
+
+
 def test_refused_fields_name_themselves(client):
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model="tiny-llama", prompt="hi", max_tokens=2, extra_body={"priority": 5})

@@ -103,8 +103,9 @@ def test_stream_options_need_stream():
     assert _completion(stream=True, stream_options={}).stream_options.include_usage is False  # vLLM's default
 
 
-def test_request_id_header_then_field_then_random():
-    assert conv.response_id("cmpl", "hdr-1", _completion(request_id="body-1")) == "cmpl-hdr-1"
+def test_request_id_field_then_header_then_random():
+    assert conv.response_id("cmpl", "hdr-1", _completion(request_id="body-1")) == "cmpl-body-1"
+    assert conv.response_id("cmpl", "hdr-1", _completion()) == "cmpl-hdr-1"
     assert conv.response_id("chatcmpl", None, _chat(request_id="body-1")) == "chatcmpl-body-1"
     a, b = conv.response_id("cmpl", None, _completion()), conv.response_id("cmpl", None, _completion())
     assert a.startswith("cmpl-") and a != b
