@@ -15,6 +15,7 @@ the model's routing block size, so hashing stays off the router's single thread)
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
@@ -158,6 +159,7 @@ class OpenAIIngress:
             continuous_usage=bool(stream_opts and stream_opts.include_usage and stream_opts.continuous_usage_stats),
             num_prompt_tokens=len(prompts[0]),
             tokens_as_ids=bool(req.return_tokens_as_token_ids),
+            echo=conv.echo_texts(req, tok),
         )
         choices = [rsp.ChoiceState(index=i, prompt_index=i // req.n) for i in range(len(greqs))]
         merged = merge_streams(streams)
@@ -205,8 +207,12 @@ class OpenAIIngress:
         tok: TextTokenizer,
     ) -> AsyncGenerator[str, None]:
         offsets = [0] * len(choices)
+        echoed = [not opts.echo_of(c.prompt_index) for c in choices]
 
         def render(i: int, delta: OutputDelta) -> str | None:
+            if not echoed[i]:  # echo: the prompt comes with a choice's first chunk, as vLLM sends it
+                echoed[i] = True
+                delta = dataclasses.replace(delta, text=opts.echo_of(choices[i].prompt_index) + delta.text)
             if opts.is_text_only:
                 chunk = rsp.fast_text_chunk_sse(opts, choices[i].index, delta, is_chat=False)
                 choices[i].add(delta)
@@ -232,6 +238,9 @@ class OpenAIIngress:
     ) -> AsyncGenerator[str, None]:
         for c in choices:
             yield rsp.sse(rsp.chat_role_chunk(opts, c.index))
+        if opts.echo_of(0):  # echo: the continued message's content, once per choice (vLLM)
+            for c in choices:
+                yield rsp.sse(rsp.chat_echo_chunk(opts, c.index))
 
         def render(i: int, delta: OutputDelta) -> str | None:
             choices[i].add(delta)

@@ -22,6 +22,7 @@ class ChatCompletionRequest(SamplingFields):
     response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    echo: bool = False  # prepend the continued last message's content (vLLM)
     add_special_tokens: bool = False  # on top of what the template adds (vLLM's chat default)
     chat_template: str | None = None
 

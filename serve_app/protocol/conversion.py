@@ -136,21 +136,16 @@ def _check_common(req: SamplingFields) -> None:
 def completion_prompts(req: CompletionRequest, tokenizer: TextTokenizer) -> list[tuple[int, ...]]:
     """The request's prompts as token ids (a completions request may carry several)."""
     _check_common(req)
-    if req.echo:
-        raise bad_request("echo is not supported", "echo")
+    if req.echo and req.logprobs is not None:
+        # vLLM answers it with the prompt's logprobs, which not every engine kind computes.
+        raise bad_request("echo with logprobs (the prompt's logprobs) is not supported", "echo")
     if req.suffix:
         raise bad_request("suffix is not supported", "suffix")
     prompt = req.prompt
     if prompt is None or prompt == "" or prompt == []:
         raise bad_request("prompt must be a non-empty string, list of strings or list of token ids", "prompt")
-    if isinstance(prompt, str):
-        prompts: list[Any] = [prompt]
-    elif all(isinstance(p, int) for p in prompt):
-        prompts = [prompt]
-    else:
-        prompts = list(prompt)
     out = []
-    for p in prompts:
+    for p in _prompt_list(req):
         ids = tuple(tokenizer.encode(p, add_special_tokens=req.add_special_tokens)) if isinstance(p, str) else tuple(p)
         if not ids:
             raise bad_request("a prompt is empty", "prompt")
@@ -158,6 +153,32 @@ def completion_prompts(req: CompletionRequest, tokenizer: TextTokenizer) -> list
             raise bad_request(f"prompt token ids must be < vocab size {tokenizer.vocab_size}", "prompt")
         out.append(ids)
     return out
+
+
+def echo_texts(req: CompletionRequest | ChatCompletionRequest, tokenizer: TextTokenizer) -> tuple[str, ...]:
+    """What ``echo`` prepends to each prompt's choices (empty tuple: no echo), as vLLM does.
+
+    Completions: the prompt (a string prompt as sent, token ids decoded with special tokens; ""
+    with ``return_token_ids``). Chat: the last message's content when its role is the response's
+    (an open assistant turn continued), else ""."""
+    if not req.echo:
+        return ()
+    if isinstance(req, ChatCompletionRequest):
+        role = "assistant" if req.add_generation_prompt else req.messages[-1].get("role")
+        last = _message_text(req.messages[-1])
+        return (str(last["content"]) if last.get("role") == role else "",)
+    if req.return_token_ids:
+        return tuple("" for _ in _prompt_list(req))
+    return tuple(p if isinstance(p, str) else tokenizer.decode(p, skip_special_tokens=False) for p in _prompt_list(req))
+
+
+def _prompt_list(req: CompletionRequest) -> list[Any]:
+    prompt = req.prompt
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(isinstance(p, int) for p in prompt):
+        return [prompt]
+    return list(prompt or [])
 
 
 def _message_text(message: Mapping[str, Any]) -> dict[str, Any]:

@@ -139,7 +139,7 @@ CHAT_FIELDS: dict[str, FieldPolicy] = {
     "parallel_tool_calls": Refused(True, False),
     "reasoning_effort": Refused(None, "low"),
     "include_reasoning": Refused(True, False),
-    "echo": Refused(False, True),
+    "echo": HONOURED,  # with logprobs: a 400 naming echo (prompt logprobs)
     "documents": Refused(None, [{"title": "t", "text": "x"}]),
     "chat_template_kwargs": Refused(None, {"enable_thinking": False}),
     "media_io_kwargs": Refused(None, {"image": {}}, _NO_MM),
@@ -150,7 +150,7 @@ CHAT_FIELDS: dict[str, FieldPolicy] = {
 COMPLETION_FIELDS: dict[str, FieldPolicy] = {
     **_COMMON,
     "prompt": HONOURED,
-    "echo": Refused(False, True),
+    "echo": HONOURED,  # with logprobs: a 400 naming echo (prompt logprobs)
     "suffix": Refused(None, "x", "no served model implements fill-in-the-middle"),
     "prompt_embeds": Refused(None, "AAAA", "prompt embeddings are not accepted"),
 }

@@ -82,6 +82,10 @@ class RenderOptions:
     continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage in every chunk
     num_prompt_tokens: int = 0  # of the (first) prompt: the chat role chunk's continuous usage
     tokens_as_ids: bool = False  # return_tokens_as_token_ids: logprob tokens as "token_id:<id>"
+    echo: tuple[str, ...] = ()  # per prompt: what echo prepends to its choices' text (conversion.echo_texts)
+
+    def echo_of(self, prompt_index: int) -> str:
+        return self.echo[prompt_index] if self.echo else ""
 
     @property
     def is_text_only(self) -> bool:
@@ -111,7 +115,7 @@ def completion_response(
         out.append(
             CompletionResponseChoice(
                 index=c.index,
-                text=c.text,
+                text=opts.echo_of(c.prompt_index) + c.text,
                 logprobs=lps,
                 finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,
@@ -167,7 +171,7 @@ def chat_response(
         out.append(
             ChatCompletionResponseChoice(
                 index=c.index,
-                message=ChatMessage(role="assistant", content=c.text),
+                message=ChatMessage(role="assistant", content=opts.echo_of(0) + c.text),
                 logprobs=lps,
                 finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,
@@ -191,6 +195,17 @@ def chat_role_chunk(opts: RenderOptions, index: int) -> ChatCompletionStreamResp
         created=opts.created,
         model=opts.model,
         choices=[ChatCompletionResponseStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))],
+        usage=UsageInfo(prompt_tokens=n, completion_tokens=0, total_tokens=n) if opts.continuous_usage else None,
+    )
+
+
+def chat_echo_chunk(opts: RenderOptions, index: int) -> ChatCompletionStreamResponse:
+    n = opts.num_prompt_tokens
+    return ChatCompletionStreamResponse(
+        id=opts.request_id,
+        created=opts.created,
+        model=opts.model,
+        choices=[ChatCompletionResponseStreamChoice(index=index, delta=DeltaMessage(content=opts.echo_of(0)))],
         usage=UsageInfo(prompt_tokens=n, completion_tokens=0, total_tokens=n) if opts.continuous_usage else None,
     )
 

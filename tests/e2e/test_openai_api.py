@@ -360,6 +360,15 @@ def test_cache_salt_separates_prefix_caches(client, pool):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "cache_salt"
 
 
+@pytest.mark.parametrize("pool", ["tt", "vllm"])
+def test_echo_prepends_the_prompt(client, pool):
+    kw = dict(model="tiny-llama", prompt="def fib(n):", max_tokens=4, temperature=0, extra_headers=_pin(pool))
+    plain = client.completions.create(**kw).choices[0].text
+    assert client.completions.create(echo=True, **kw).choices[0].text == "def fib(n):" + plain
+    streamed = "".join(c.choices[0].text for c in client.completions.create(echo=True, stream=True, **kw))
+    assert streamed == "def fib(n):" + plain
+
+
 def test_refused_fields_name_themselves(client):
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model="tiny-llama", prompt="hi", max_tokens=2, extra_body={"priority": 5})

@@ -132,6 +132,22 @@ def test_truncate_minus_one_keeps_room_for_output(tok):
     assert err.value.param == "truncate_prompt_tokens"
 
 
+def test_echo_texts_as_vllm(tok):
+    assert conv.echo_texts(_completion(), tok) == ()
+    assert conv.echo_texts(_completion(prompt=["ab", "cd"], echo=True), tok) == ("ab", "cd")
+    ids = tok.encode("hello")
+    assert conv.echo_texts(_completion(prompt=ids, echo=True), tok) == (tok.decode(ids, skip_special_tokens=False),)
+    assert conv.echo_texts(_completion(prompt="ab", echo=True, return_token_ids=True), tok) == ("",)
+    msgs = [*MSGS, {"role": "assistant", "content": "Hi the"}]
+    cont = _chat(messages=msgs, echo=True, continue_final_message=True, add_generation_prompt=False)
+    assert conv.echo_texts(cont, tok) == ("Hi the",)
+    assert conv.echo_texts(_chat(echo=True), tok) == ("",)  # a new assistant turn: nothing to echo
+    opts = rsp.RenderOptions("c", 1, "m", None, False, False, echo=("Hi the",))
+    c = rsp.ChoiceState(index=0, prompt_index=0, text="re")
+    assert rsp.chat_response(opts, tok, [c], (1,)).choices[0].message.content == "Hi there"
+    assert rsp.completion_response(opts, tok, [c], [(1,)]).choices[0].text == "Hi there"
+
+
 def test_continuous_usage_and_tokens_as_ids(tok):
     opts = rsp.RenderOptions(
         request_id="cmpl-1",
