@@ -30,14 +30,19 @@ from accel.contract import InvalidRequestError, OutputDelta, SamplingParams
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
 from deployments.ingress import tokenize_routes
 from deployments.ingress.engine_client import EngineClient, merge_streams
+from deployments.ingress.structured_check import check_structured_outputs
 from deployments.router.core.sessions import session_id_from
 from deployments.router.messages import RouteRequest
 from serve_app.config.app import AppConfig, ModelConfig
 from serve_app.metrics import IngressMetrics
 from serve_app.protocol import conversion as conv
 from serve_app.protocol import responses as rsp
+from serve_app.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
 from serve_app.protocol.common import ModelCard, ModelList, random_id
 from serve_app.protocol.errors import APIError, model_not_found
+from serve_app.protocol.responses_api import response_events, response_from_chat, responses_call
+from serve_app.protocol.tool_output import ChoiceParser, apply_parsed_messages, parsed_chat_chunk
+from serve_app.protocol.tool_request import ChatTools
 
 POOL_HEADER = "x-meshserve-pool"
 Merged = AsyncGenerator[tuple[int, OutputDelta], None]  # merge_streams: (choice index, delta)
@@ -56,6 +61,8 @@ class OpenAIIngress:
         self._tokenizers: dict[str, TextTokenizer] = {m.name: load_tokenizer(str(m.path)) for m in config.models}
         self._metrics = _ingress_metrics()
         self._block_sizes = {m.name: m.routing_block_size for m in config.models}
+        # vLLM's tool-call / reasoning parsers per model (serve_app.protocol.tool_request).
+        self._chat_tools = {m.name: ChatTools(m.parsing, m.name, self._tokenizers[m.name]) for m in config.models}
         self._client = EngineClient(config, router_handle, pool_handles, self._metrics)
         self._num_inflight = 0
         self._lookup = tokenize_routes.model_lookup(self._models, self._tokenizers)
@@ -91,9 +98,14 @@ class OpenAIIngress:
     async def chat_completions(self, request: Request) -> Response:
         return await self._handle(request, is_chat=True)
 
+    @app.post("/v1/responses")
+    async def responses(self, request: Request) -> Response:
+        """Stateless Responses API: runs as a chat request (serve_app.protocol.responses_api)."""
+        return await self._handle(request, is_chat=True, is_responses=True)
+
     # -- request handling ---------------------------------------------------------------------
 
-    async def _handle(self, request: Request, is_chat: bool) -> Response:
+    async def _handle(self, request: Request, is_chat: bool, is_responses: bool = False) -> Response:
         # Label of rejects: the served model the request resolved to; before that (or for an
         # unknown name, which must not become a label value) the only served model, else "unknown".
         label = {"model": next(iter(self._models)) if len(self._models) == 1 else "unknown"}
@@ -105,7 +117,7 @@ class OpenAIIngress:
         self._enter()
         streaming = False
         try:
-            response = await self._prepare(request, is_chat, label)
+            response = await self._prepare(request, is_chat, label, is_responses)
             streaming = isinstance(response, StreamingResponse)
             return response
         except APIError as err:
@@ -118,11 +130,17 @@ class OpenAIIngress:
             if not streaming:  # a stream leaves when its body generator ends
                 self._leave()
 
-    async def _prepare(self, request: Request, is_chat: bool, label: dict[str, str]) -> Response:
+    async def _prepare(
+        self, request: Request, is_chat: bool, label: dict[str, str], is_responses: bool = False
+    ) -> Response:
         try:
             body = await request.json()
         except Exception:
             raise APIError(400, "the request body is not valid JSON") from None
+        call = None
+        if is_responses:
+            call = responses_call(body)
+            body = call.chat_body
         req = conv.parse_request(body, is_chat)
         # No "model": the only served model, as vLLM's server does.
         name = req.model if req.model is not None or len(self._models) != 1 else next(iter(self._models))
@@ -131,9 +149,13 @@ class OpenAIIngress:
             raise model_not_found(req.model)
         label["model"] = model.name
         tok = self._tokenizers[model.name]
-        prompts = conv.request_prompts(req, tok, model.max_model_len)
-        sampling = [conv.sampling_params(req, len(p), model.max_model_len) for p in prompts]
+        tools, plan = self._chat_tools[model.name], None
+        if isinstance(req, ChatCompletionRequest):
+            plan = tools.prepare(body) if tools.needs_plan(body) else None
+        prompts = conv.request_prompts(req, tok, model.max_model_len, plan)
+        sampling = [tools.apply(plan, conv.sampling_params(req, len(p), model.max_model_len, tok), p) for p in prompts]
         _check_token_ids(sampling, tok.vocab_size)
+        await check_structured_outputs(sampling[0].structured_outputs)
         prefix = "chatcmpl" if is_chat else "cmpl"
         # Engine ids stay unique even when clients reuse an X-Request-Id; the response carries theirs.
         base_id = random_id(prefix)
@@ -162,9 +184,14 @@ class OpenAIIngress:
             echo=conv.echo_texts(req, tok),
         )
         choices = [rsp.ChoiceState(index=i, prompt_index=i // req.n) for i in range(len(greqs))]
+        parsers = [ChoiceParser(tools, plan, prompts[0]) for _ in choices] if plan is not None else None
         merged = merge_streams(streams)
         if not req.stream:
-            return await self._collect(merged, choices, opts, tok, prompts, is_chat)
+            out = await self._collect(merged, choices, opts, tok, prompts, is_chat, parsers)
+            if call is not None:
+                assert isinstance(out, ChatCompletionResponse)
+                return JSONResponse(response_from_chat(call, out, sampling[0].max_tokens))
+            return JSONResponse(out.model_dump(exclude_none=True))
         # Wait for the first delta before answering 200, so early failures keep their status.
         first: tuple[int, OutputDelta] | None
         try:
@@ -174,7 +201,14 @@ class OpenAIIngress:
         except BaseException:
             await merged.aclose()
             raise
-        body_gen = (self._chat_sse if is_chat else self._completion_sse)(merged, first, choices, opts, tok)
+        if call is not None:
+            body_gen = response_events(
+                call, model.name, sampling[0].max_tokens, self._chat_sse(merged, first, choices, opts, tok, parsers)
+            )
+        elif is_chat:
+            body_gen = self._chat_sse(merged, first, choices, opts, tok, parsers)
+        else:
+            body_gen = self._completion_sse(merged, first, choices, opts, tok)
         return StreamingResponse(self._leave_after(body_gen), media_type="text/event-stream")
 
     async def _collect(
@@ -185,7 +219,8 @@ class OpenAIIngress:
         tok: TextTokenizer,
         prompts: list[tuple[int, ...]],
         is_chat: bool,
-    ) -> JSONResponse:
+        parsers: list[ChoiceParser] | None = None,
+    ) -> BaseModel:
         try:
             async for i, delta in merged:
                 choices[i].add(delta)
@@ -194,9 +229,11 @@ class OpenAIIngress:
         body: BaseModel
         if is_chat:
             body = rsp.chat_response(opts, tok, choices, prompts[0])
+            if parsers is not None:
+                apply_parsed_messages(body, choices, parsers)
         else:
             body = rsp.completion_response(opts, tok, choices, prompts)
-        return JSONResponse(body.model_dump(exclude_none=True))
+        return body
 
     async def _completion_sse(
         self,
@@ -235,6 +272,7 @@ class OpenAIIngress:
         choices: list[rsp.ChoiceState],
         opts: rsp.RenderOptions,
         tok: TextTokenizer,
+        parsers: list[ChoiceParser] | None = None,
     ) -> AsyncGenerator[str, None]:
         for c in choices:
             yield rsp.sse(rsp.chat_role_chunk(opts, c.index))
@@ -244,6 +282,9 @@ class OpenAIIngress:
 
         def render(i: int, delta: OutputDelta) -> str | None:
             choices[i].add(delta)
+            if parsers is not None and parsers[i].active:
+                chunk = parsed_chat_chunk(opts, tok, choices[i], delta, parsers[i])
+                return rsp.sse(chunk) if chunk is not None else None
             if not delta.text and not delta.finished and not opts.return_token_ids:
                 return None
             if opts.is_text_only:
@@ -306,6 +347,9 @@ def _check_token_ids(sampling: Sequence[SamplingParams], vocab_size: int) -> Non
         for tid in sp.stop_token_ids:
             if tid >= vocab_size:
                 raise APIError(400, f"stop token id {tid} is out of vocabulary (size {vocab_size})", "stop_token_ids")
+        bad = [t for t in sp.allowed_token_ids or () if t >= vocab_size]
+        if bad:
+            raise APIError(400, f"allowed_token_ids contains out-of-vocab token id! {bad}", "allowed_token_ids")
 
 
 def _ingress_metrics() -> IngressMetrics | None:

@@ -16,12 +16,15 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from accel.contract import GenerateRequest, InvalidRequestError, SamplingParams
+from accel.text.bad_words import bad_words_token_ids
 from accel.text.tokenizer import TextTokenizer
 from serve_app.protocol.chat import ChatCompletionRequest
 from serve_app.protocol.completions import CompletionRequest
 from serve_app.protocol.errors import APIError, bad_request
 from serve_app.protocol.field_policy import check_fields
 from serve_app.protocol.sampling_fields import SamplingFields
+from serve_app.protocol.structured_outputs import structured_output_spec
+from serve_app.protocol.tool_request import ToolPlan, tool_call_arguments_as_dicts
 
 _INT64 = 2**63
 MAX_N = 128
@@ -88,11 +91,15 @@ def response_id(prefix: str, header_request_id: str | None, req: SamplingFields)
 
 
 def request_prompts(
-    req: CompletionRequest | ChatCompletionRequest, tokenizer: TextTokenizer, max_model_len: int
+    req: CompletionRequest | ChatCompletionRequest,
+    tokenizer: TextTokenizer,
+    max_model_len: int,
+    plan: ToolPlan | None = None,
 ) -> list[tuple[int, ...]]:
-    """The request's prompts as token ids, truncated as ``truncate_prompt_tokens`` asks."""
+    """The request's prompts as token ids, truncated as ``truncate_prompt_tokens`` asks
+    (``plan``: a chat request's tools and template kwargs)."""
     if isinstance(req, ChatCompletionRequest):
-        prompts = [chat_prompt(req, tokenizer)]
+        prompts = [chat_prompt(req, tokenizer, plan)]
     else:
         prompts = completion_prompts(req, tokenizer)
     if req.truncate_prompt_tokens is None:
@@ -197,13 +204,12 @@ def _message_text(message: Mapping[str, Any]) -> dict[str, Any]:
     return {**message, "content": content}
 
 
-def chat_prompt(req: ChatCompletionRequest, tokenizer: TextTokenizer) -> tuple[int, ...]:
-    """Render the conversation with the model's chat template and tokenize it."""
+def chat_prompt(req: ChatCompletionRequest, tokenizer: TextTokenizer, plan: ToolPlan | None = None) -> tuple[int, ...]:
+    """Render the conversation with the model's chat template and tokenize it; ``plan``: the
+    request's tools and template kwargs (``tool_request.ChatTools.prepare``)."""
     _check_common(req)
-    if req.tools:
-        raise bad_request("tools are not supported", "tools")
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise bad_request("only response_format type 'text' is supported", "response_format")
+    if req.tools and plan is None:
+        raise bad_request("tools need the request's tool plan", "tools")  # the ingress always makes one
     if req.top_logprobs and not req.logprobs:
         raise bad_request("when using `top_logprobs`, `logprobs` must be set to true", "top_logprobs")
     return render_chat(
@@ -213,6 +219,7 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: TextTokenizer) -> tuple[i
         continue_final_message=req.continue_final_message,
         chat_template=req.chat_template,
         add_special_tokens=req.add_special_tokens,
+        plan=plan,
     )
 
 
@@ -224,8 +231,10 @@ def render_chat(
     continue_final_message: bool,
     chat_template: str | None,
     add_special_tokens: bool,
+    plan: ToolPlan | None = None,
 ) -> tuple[int, ...]:
-    """The conversation's prompt ids (chat completions and ``/tokenize`` alike)."""
+    """The conversation's prompt ids (chat completions and ``/tokenize`` alike); ``plan``: the
+    request's tools and template kwargs."""
     if not raw_messages:
         raise bad_request("messages must not be empty", "messages")
     for m in raw_messages:
@@ -242,11 +251,14 @@ def render_chat(
             "continue_final_message",
         )
     messages = [_message_text(m) for m in raw_messages]
+    tool_call_arguments_as_dicts(messages)
     # continue_final_message leaves the final turn open, as HF renders it.
     ids = tokenizer.apply_chat_template(
         messages,
         add_generation_prompt=add_generation_prompt,
         chat_template=chat_template,
+        tools=plan.tool_dicts if plan is not None else None,
+        chat_template_kwargs=plan.chat_template_kwargs if plan is not None else None,
         continue_final_message=continue_final_message,
         add_special_tokens=add_special_tokens,
     )
@@ -291,9 +303,13 @@ def _requested_max_tokens(req: CompletionRequest | ChatCompletionRequest) -> tup
 
 
 def sampling_params(
-    req: CompletionRequest | ChatCompletionRequest, num_prompt_tokens: int, max_model_len: int
+    req: CompletionRequest | ChatCompletionRequest,
+    num_prompt_tokens: int,
+    max_model_len: int,
+    tokenizer: TextTokenizer | None = None,
 ) -> SamplingParams:
-    """The engine's sampling params; ``InvalidRequestError(field)`` for out-of-range values."""
+    """The engine's sampling params; ``InvalidRequestError(field)`` for out-of-range values.
+    ``tokenizer`` encodes ``bad_words`` (required when the request has any)."""
     param, requested = _requested_max_tokens(req)
     if isinstance(req, ChatCompletionRequest):
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -318,7 +334,18 @@ def sampling_params(
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         logit_bias=_logit_bias(req.logit_bias),
         skip_special_tokens=req.skip_special_tokens,
+        structured_outputs=structured_output_spec(req.structured_outputs, req.response_format),
+        allowed_token_ids=None if req.allowed_token_ids is None else tuple(req.allowed_token_ids),
+        bad_words=tuple(req.bad_words),
+        bad_words_token_ids=_bad_words(req.bad_words, tokenizer),
     )
+
+
+def _bad_words(words: list[str], tokenizer: TextTokenizer | None) -> tuple[tuple[int, ...], ...]:
+    if not words:
+        return ()
+    assert tokenizer is not None, "bad_words need the model's tokenizer"
+    return bad_words_token_ids(words, tokenizer)
 
 
 def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:

@@ -60,10 +60,6 @@ HONOURED = Honoured()
 FieldPolicy = Honoured | Refused | Ignored
 
 
-def _response_format_used(value: Any) -> bool:
-    return value is not None and not (isinstance(value, Mapping) and value.get("type", "text") == "text")
-
-
 _NO_MM = "meshserve serves text-only models"
 
 # Both endpoints.
@@ -99,12 +95,12 @@ _COMMON: dict[str, FieldPolicy] = {
     "spaces_between_special_tokens": Refused(True, False),
     "truncate_prompt_tokens": HONOURED,
     "truncation_side": HONOURED,
-    "allowed_token_ids": Refused(None, [1, 2]),
+    "allowed_token_ids": HONOURED,
     "prompt_logprobs": Refused(None, 1),
     "logprob_token_ids": Refused(None, [1], example_needs={"logprobs": 1}),
-    "bad_words": Refused([], ["x"]),
-    "response_format": Refused(None, {"type": "json_object"}, in_use=_response_format_used),
-    "structured_outputs": Refused(None, {"choice": ["a", "b"]}),
+    "bad_words": HONOURED,
+    "response_format": HONOURED,
+    "structured_outputs": HONOURED,
     "priority": Refused(0, 1, "priority scheduling is not enabled (vLLM's default server refuses it too)"),
     "request_id": HONOURED,
     "return_tokens_as_token_ids": HONOURED,
@@ -129,19 +125,15 @@ CHAT_FIELDS: dict[str, FieldPolicy] = {
     "add_generation_prompt": HONOURED,
     "continue_final_message": HONOURED,
     "chat_template": HONOURED,
-    "tools": Refused(None, [{"type": "function", "function": {"name": "f"}}]),
-    "tool_choice": Refused(
-        "none",
-        "auto",
-        in_use=lambda v: v not in (None, "none"),
-        example_needs={"tools": [{"type": "function", "function": {"name": "f"}}]},
-    ),
-    "parallel_tool_calls": Refused(True, False),
-    "reasoning_effort": Refused(None, "low"),
-    "include_reasoning": Refused(True, False),
-    "echo": HONOURED,  # with logprobs: a 400 naming echo (prompt logprobs)
-    "documents": Refused(None, [{"title": "t", "text": "x"}]),
-    "chat_template_kwargs": Refused(None, {"enable_thinking": False}),
+    # Tools and reasoning: through vLLM's own request model and parsers (tool_request / tool_output).
+    "tools": HONOURED,
+    "tool_choice": HONOURED,
+    "parallel_tool_calls": HONOURED,
+    "reasoning_effort": HONOURED,  # a chat template variable (and enable_thinking), as vLLM
+    "include_reasoning": HONOURED,
+    "echo": HONOURED,  # the continued message's content before the choices' text (vLLM)
+    "documents": HONOURED,  # a chat template variable, as vLLM
+    "chat_template_kwargs": HONOURED,
     "media_io_kwargs": Refused(None, {"image": {}}, _NO_MM),
     "mm_processor_kwargs": Refused(None, {"x": 1}, _NO_MM),
     "return_prompt_text": Refused(None, True),

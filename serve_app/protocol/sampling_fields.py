@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -39,5 +39,11 @@ class SamplingFields(OpenAIBaseModel):
     request_id: str | None = None  # the response id's suffix (vLLM: random uuid when absent)
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     truncation_side: Literal["left", "right"] | None = None
+    # Constrained decoding (serve_app/protocol/structured_outputs.py; vLLM accepts all four on both
+    # endpoints): validated into the contract's StructuredOutputSpec / SamplingParams fields.
+    structured_outputs: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] = Field(default_factory=list)
     # Our extension (also accepted as the x-session-id header): a key the router keeps together.
     session_id: str | None = None
