@@ -66,7 +66,7 @@ def _run(loop, engine, request: GenerateRequest):
 
 
 def _request(rid: str, tok, prompt: str, **sampling) -> GenerateRequest:
-    sp = SamplingParams(temperature=0.0, max_tokens=48, **sampling)
+    sp = SamplingParams(**{"temperature": 0.0, "max_tokens": 48, **sampling})
     return GenerateRequest(rid, tuple(tok.encode(prompt)), sp)
 
 
