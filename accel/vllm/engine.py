@@ -183,7 +183,11 @@ class VllmEngine:
         # (vLLM declares the other keys NotRequired through typing.NotRequired, which mypy's 3.10
         # target does not know, so it takes them for required.)
         prompt: TokensPrompt = {"prompt_token_ids": list(request.prompt_token_ids)}  # type: ignore[typeddict-item]
-        stream = self._llm.generate(prompt, sampling_params, rid)
+        # A constraint with no reasoning end marker applies from the first output token: vLLM's
+        # ``reasoning_ended=True`` (else vLLM's reasoning parser, if the engine has one, decides).
+        spec = request.sampling.structured_outputs
+        reasoning_ended = True if spec is not None and not spec.reasoning_end_token_ids else None
+        stream = self._llm.generate(prompt, sampling_params, rid, reasoning_ended=reasoning_ended)
         self._active.add(rid)
         try:
             async for out in stream:

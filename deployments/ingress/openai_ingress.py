@@ -40,7 +40,7 @@ from serve_app.protocol.common import ModelCard, ModelList, random_id
 from serve_app.protocol.errors import APIError, model_not_found
 from serve_app.protocol.responses_api import response_events, response_from_chat, responses_call
 from serve_app.protocol.tool_output import ChoiceParser, apply_parsed_messages, parsed_chat_chunk
-from serve_app.protocol.tool_request import ChatTools, apply_plan
+from serve_app.protocol.tool_request import ChatTools
 
 POOL_HEADER = "x-meshserve-pool"
 Merged = AsyncGenerator[tuple[int, OutputDelta], None]  # merge_streams: (choice index, delta)
@@ -140,7 +140,7 @@ class OpenAIIngress:
             prompts = [conv.chat_prompt(req, tok, plan)]
         else:
             prompts = conv.completion_prompts(req, tok)
-        sampling = [apply_plan(plan, conv.sampling_params(req, len(p), model.max_model_len, tok)) for p in prompts]
+        sampling = [tools.apply(plan, conv.sampling_params(req, len(p), model.max_model_len, tok), p) for p in prompts]
         _check_token_ids(sampling, tok.vocab_size)
         await check_structured_outputs(sampling[0].structured_outputs)
         base_id = random_id("chatcmpl" if is_chat else "cmpl")

@@ -140,3 +140,27 @@ def test_bad_tool_choice_is_vllms_400(hermes_ingress):
     for extra, param in bad:
         status, r = asyncio.run(call(hermes_ingress, {"model": "tiny-llama", "messages": MESSAGES, **extra}))
         assert status == 400 and r["error"]["param"] == param, r
+
+
+def test_required_and_named_choices_become_the_tools_constraint(hermes_ingress):
+    engine = ScriptedEngine(hermes_ingress, CALL)
+    strict = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "strict": True}}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice, finish in (("required", "tool_calls"), (named, "stop")):
+        body = {"model": "tiny-llama", "messages": MESSAGES, "tools": strict, "tool_choice": choice, "max_tokens": 99}
+        status, r = asyncio.run(call(hermes_ingress, body))
+        assert status == 200, r
+        assert r["choices"][0]["finish_reason"] == finish
+        assert json.loads(r["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris"}
+        spec = engine.requests[-1].sampling.structured_outputs
+        # vLLM's hermes structural tag: the call envelope, the arguments pinned to the schema.
+        tag = json.loads(spec.structural_tag)
+        assert tag["format"]["tags"][0]["begin"] == '<tool_call>\n{"name": "get_weather", "arguments": '
+        assert TOOLS[0]["function"]["parameters"] == tag["format"]["tags"][0]["content"]["json_schema"]
+        # Thinking is on and not closed by the prompt: the constraint starts after "</think>".
+        assert engine.tok.decode(spec.reasoning_end_token_ids) == "</think>"
+    # Reasoning not wanted (vLLM's resolve_reasoning_ended: True): from the first token.
+    body = {"model": "tiny-llama", "messages": MESSAGES, "tools": strict, "tool_choice": "required"}
+    status, r = asyncio.run(call(hermes_ingress, {**body, "include_reasoning": False}))
+    assert status == 200, r
+    assert engine.requests[-1].sampling.structured_outputs.reasoning_end_token_ids == ()
