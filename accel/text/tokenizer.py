@@ -34,7 +34,16 @@ def _eos_ids(model_dir: Path, hf_tok: Any) -> frozenset[int]:
 
 # Variables ``apply_chat_template`` sets itself; a request's chat_template_kwargs cannot replace them.
 _RESERVED_TEMPLATE_VARS = frozenset(
-    {"messages", "conversation", "tools", "tokenize", "chat_template", "add_generation_prompt", "return_dict"}
+    {
+        "messages",
+        "conversation",
+        "tools",
+        "tokenize",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "return_dict",
+    }
 )
 
 
