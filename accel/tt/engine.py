@@ -48,6 +48,8 @@ from accel.tt.mesh_model import SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING, 
 from accel.tt.model_setup import (
     allocate_kv_cache,
     build_mesh_model,
+    check_lanes,
+    chunked_prefill_enabled,
     devices_per_lane,
     kv_block_shape,
     kv_dtype,
@@ -97,6 +99,11 @@ class TTMeshEngine:
         model_cls = model_class or self._backend.model_class(self._hf_config)
         capabilities: Mapping[str, Any] = getattr(model_cls, "model_capabilities", {})
         check_model_capabilities(config, capabilities)
+        check_lanes(config, model_cls)
+        self.enable_chunked_prefill = chunked_prefill_enabled(capabilities, self._hf_config)
+        prefill_budget = config.max_num_batched_tokens
+        if not self.enable_chunked_prefill:  # the plugin's bump: a whole prompt fits one step
+            prefill_budget = max(prefill_budget, config.max_model_len)
         self.enable_prefix_caching = (
             bool(capabilities.get(SUPPORTS_PREFIX_CACHING, False))
             if config.enable_prefix_caching is None
@@ -128,8 +135,9 @@ class TTMeshEngine:
                 i,
                 config.max_num_seqs,
                 BlockPool(self.num_blocks_per_lane, config.block_size, self.enable_prefix_caching, lane=i),
-                config.max_num_batched_tokens,
+                prefill_budget,
                 config.max_model_len,
+                enable_chunked_prefill=self.enable_chunked_prefill,
             )
             for i in range(config.num_lanes)
         ]
