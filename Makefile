@@ -15,10 +15,28 @@ export TOKENIZERS_PARALLELISM := false
 export VLLM_TARGET_DEVICE := cpu
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 
-.PHONY: setup serve lint test
+.PHONY: setup serve lint test ttnn-venv
 
-setup: $(STAMP)
+setup: $(STAMP) ttnn-venv
 	@$(PY) -m accel.models.tiny --if-missing >/dev/null
+
+# The real ttnn wheel (CPython 3.10/3.12 only; this venv is 3.11) in its own cached venv, so
+# tests/accel/tt/test_ttnn_signatures.py checks our ttnn calls against it (~20 s, ~670 MB, once;
+# MESHSERVE_TTNN_PYTHON points the tests elsewhere). Without a 3.12 or 3.10 interpreter (PATH or
+# pyenv) or without network, nothing is made and those tests skip, saying why.
+TTNN_VENV ?= $(HOME)/.cache/meshserve/ttnn-venv
+TTNN_VERSION := 0.81.1
+ttnn-venv:
+	@if [ -f "$(TTNN_VENV)/.ttnn-$(TTNN_VERSION)" ]; then exit 0; fi; \
+	py=; for c in $$(command -v python3.12 python3.10) $$HOME/.pyenv/versions/3.12.*/bin/python3.12 \
+		$$HOME/.pyenv/versions/3.10.*/bin/python3.10; do \
+		if "$$c" -c 'import sys; assert sys.version_info[:2] in ((3, 10), (3, 12))' 2>/dev/null; then py=$$c; break; fi; done; \
+	if [ -z "$$py" ]; then echo "ttnn-venv: no CPython 3.12/3.10 here; the ttnn signature tests will skip"; exit 0; fi; \
+	echo "ttnn-venv: ttnn==$(TTNN_VERSION) into $(TTNN_VENV) with $$py"; \
+	rm -rf "$(TTNN_VENV)" && "$$py" -m venv "$(TTNN_VENV)" && \
+	"$(TTNN_VENV)/bin/pip" install -q --disable-pip-version-check "ttnn==$(TTNN_VERSION)" 2>&1 | grep -v "^WARNING: Location" ; \
+	if "$(TTNN_VENV)/bin/python" -c "import ttnn" 2>/dev/null; then touch "$(TTNN_VENV)/.ttnn-$(TTNN_VERSION)"; \
+	else echo "ttnn-venv: installing ttnn failed; the ttnn signature tests will skip"; rm -rf "$(TTNN_VENV)"; fi
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,14 +31,51 @@ VOCAB_SIZE = 1024
 SPECIAL_TOKENS = ("<s>", "</s>", "<pad>", "<|im_start|>", "<|im_end|>")
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 
-# Renders {"role", "content"} messages; bos first, like Llama templates.
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+# Renders {"role", "content"} messages; bos first, like Llama templates. Tool use is rendered
+# the way Hermes / Qwen2.5 templates do it (what vLLM's `hermes` tool parser reads back): the
+# tools as JSON lines in a system block, an assistant turn's tool calls as
+# `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (arguments arrive as a dict: vLLM
+# parses the OpenAI JSON string before rendering), tool results as a user turn's
+# `<tool_response>`. `enable_thinking=false` (a chat_template_kwargs) closes an empty think block
+# after the generation prompt, as Qwen3's template does. Without tools, tool turns or
+# enable_thinking the output is the plain `<|im_start|>role\ncontent<|im_end|>` form.
+_CHAT_TEMPLATE_LINES = r"""
+{{ bos_token }}
+{% set ns = namespace(start=0) %}
+{% if tools %}
+  {{ '<|im_start|>system\n' }}
+  {% if messages and messages[0]['role'] == 'system' %}
+    {{ messages[0]['content'] + '\n\n' }}{% set ns.start = 1 %}
+  {% endif %}
+  {{ '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n' }}
+  {{ 'You are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}
+  {% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}
+  {{ '\n</tools>\n\nFor each function call, return a json object with function name and arguments ' }}
+  {{ 'within <tool_call></tool_call> XML tags:\n<tool_call>\n' }}
+  {{ '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' }}
+{% endif %}
+{% for message in messages[ns.start:] %}
+  {% if message['role'] == 'tool' %}
+    {{ '<|im_start|>user\n<tool_response>\n' + message['content'] + '\n</tool_response><|im_end|>\n' }}
+  {% elif message['role'] == 'assistant' and message['tool_calls'] %}
+    {{ '<|im_start|>assistant\n' + message['content'] }}
+    {% for call in message['tool_calls'] %}
+      {% set fn = call['function'] %}
+      {{ '<tool_call>\n{"name": "' + fn['name'] + '", "arguments": ' }}
+      {% if fn['arguments'] is string %}{{ fn['arguments'] }}{% else %}{{ fn['arguments'] | tojson }}{% endif %}
+      {{ '}\n</tool_call>' }}
+    {% endfor %}
+    {{ '<|im_end|>\n' }}
+  {% else %}
+    {{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}
+  {% endif %}
+{% endfor %}
+{% if add_generation_prompt %}
+  {{ '<|im_start|>assistant\n' }}
+  {% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% endif %}
+{% endif %}
+"""
+CHAT_TEMPLATE = "".join(line.strip() for line in _CHAT_TEMPLATE_LINES.splitlines())
 
 # Modules whose source is the tokenizer's training text (ships with every CPython 3.11).
 _CORPUS_MODULES = ("textwrap", "string", "difflib", "heapq", "bisect", "fractions", "shlex", "this")
@@ -192,8 +230,22 @@ def ensure_checkpoints(out_dir: Path) -> list[Path]:
     """Build the checkpoints unless they already exist (idempotent, cheap on the second call)."""
     paths = [out_dir / spec.name for spec in TINY_SPECS]
     if all((p / "model.safetensors").exists() and (p / "tokenizer.json").exists() for p in paths):
+        for p in paths:
+            _refresh_chat_template(p)
         return paths
     return build_all(out_dir)
+
+
+def _refresh_chat_template(path: Path) -> None:
+    """Bring an existing checkpoint's chat template up to ``CHAT_TEMPLATE`` (it only grew: the
+    tool-use and enable_thinking branches; plain conversations render as before). Written to a
+    temporary file and renamed, so a concurrent reader sees the old or the new file whole."""
+    target = path / "chat_template.jinja"
+    if target.exists() and target.read_text(encoding="utf-8") == CHAT_TEMPLATE:
+        return
+    tmp = path / f".chat_template.jinja.{os.getpid()}"
+    tmp.write_text(CHAT_TEMPLATE, encoding="utf-8")
+    os.replace(tmp, target)
 
 
 def main(argv: list[str] | None = None) -> int:

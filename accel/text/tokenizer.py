@@ -32,6 +32,12 @@ def _eos_ids(model_dir: Path, hf_tok: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
+# Variables ``apply_chat_template`` sets itself; a request's chat_template_kwargs cannot replace them.
+_RESERVED_TEMPLATE_VARS = frozenset(
+    {"messages", "conversation", "tools", "tokenize", "chat_template", "add_generation_prompt", "return_dict"}
+)
+
+
 @dataclass(frozen=True)
 class TextTokenizer:
     hf: Any  # transformers.PreTrainedTokenizerFast
@@ -50,14 +56,25 @@ class TextTokenizer:
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Render and tokenize a conversation. The template carries bos itself, so the rendered
-        text is encoded without adding special tokens again (what vLLM does)."""
+        text is encoded without adding special tokens again (what vLLM does). ``tools``: the
+        request's tool definitions (OpenAI ``{"type": "function", "function": {...}}``), the
+        template's ``tools`` variable; ``chat_template_kwargs``: extra template variables (e.g.
+        ``enable_thinking``), which cannot replace the ones set here."""
         if chat_template is None and not self.hf.chat_template:
             raise InvalidRequestError("messages", "this model has no chat template; use /v1/completions")
+        extra = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_VARS}
         try:
             text = self.hf.apply_chat_template(
-                list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=chat_template
+                list(messages),
+                tools=list(tools) if tools else None,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                chat_template=chat_template,
+                **extra,
             )
         except Exception as exc:  # jinja errors on malformed messages
             raise InvalidRequestError("messages", f"chat template failed: {exc}") from None

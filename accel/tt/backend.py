@@ -41,20 +41,21 @@ class TtnnEvent:
 
 
 class TtnnMeshModel:
-    """A tt-metal generator seen through the ``MeshModel`` protocol. Calls pass straight through,
-    except ``read_decode_output``: tt-metal returns the host tensor alone when ``async_read`` is
-    False and raw ttnn ``MeshEvent``s when True; the engine always gets ``(out, [DeviceEvent])``."""
+    """A tt-metal generator as the engine drives it. Calls pass straight through, except
+    ``read_decode_output(async_read=True)``, whose raw ttnn ``MeshEvent``s are wrapped so the
+    engine's ``event.synchronize()`` is ``ttnn.event_synchronize(event)`` (what the plugin's
+    ``finalize_decode`` calls)."""
 
     def __init__(self, model: Any, ttnn: Any) -> None:
         self._model = model
         self._ttnn = ttnn
         self.model_capabilities = dict(getattr(type(model), "model_capabilities", None) or {})
 
-    def read_decode_output(self, out: Any, async_read: bool = False) -> tuple[Any, list[TtnnEvent]]:
+    def read_decode_output(self, tt_out: Any, async_read: bool = False) -> Any:
         if not async_read:
-            return self._model.read_decode_output(out, async_read=False), []
-        host_out, events = self._model.read_decode_output(out, async_read=True)
-        return host_out, [TtnnEvent(self._ttnn, ev) for ev in events]
+            return self._model.read_decode_output(tt_out, async_read=False)
+        host_out, events = self._model.read_decode_output(tt_out, async_read=True)
+        return host_out, [TtnnEvent(self._ttnn, ev) for ev in events or ()]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)

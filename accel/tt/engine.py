@@ -14,8 +14,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, cast
 
 from accel.block_hash import BlockHash
 from accel.contract import (
@@ -42,14 +42,17 @@ from accel.tt.core_messages import (
     RequestFailed,
 )
 from accel.tt.engine_core import EngineCore, KVHookPoints, StepRecord
+from accel.tt.health import DEFAULT_STEP_TIMEOUT_S, DeviceProbe, EngineUnhealthy, stalled_problem
 from accel.tt.lane_coordinator import LaneCoordinator
 from accel.tt.mesh_model import SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING, MeshModel
 from accel.tt.model_setup import (
+    allocate_kv_cache,
     build_mesh_model,
     devices_per_lane,
     kv_block_shape,
     kv_dtype,
     load_hf_config,
+    mesh_num_devices,
     num_blocks_per_lane,
     open_default_backend,
     platform_name,
@@ -69,7 +72,8 @@ class TTMeshEngine:
     the ttnn mesh when chips are present, else the torch program). ``model_class`` overrides the
     registry (tests, benchmarks). ``keep_step_log`` records a ``StepRecord`` per step.
     ``kv_hooks`` attaches prefill/decode KV transfer (``engine_core.KVHookPoints``); without it,
-    requests asking for KV export/import are refused.
+    requests asking for KV export/import are refused. ``step_timeout_s`` bounds a step and a
+    device probe for ``check_health``.
     """
 
     def __init__(
@@ -80,8 +84,10 @@ class TTMeshEngine:
         model_class: type[MeshModel] | None = None,
         keep_step_log: bool = False,
         kv_hooks: KVHookPoints | None = None,
+        step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
     ):
         self.config = config
+        self.step_timeout_s = step_timeout_s
         self.tokenizer = load_tokenizer(config.tokenizer_path)
         self._hf_config = load_hf_config(config.model)
         self._backend = backend if backend is not None or model_class is not None else open_default_backend(config)
@@ -95,12 +101,15 @@ class TTMeshEngine:
         )
         self.model = build_mesh_model(model_cls, self._hf_config, self._backend, config)
         self.vocab_size = int(self._hf_config.vocab_size)
-        self.num_blocks_per_lane = num_blocks_per_lane(model_cls, config)
+        self.num_blocks_per_lane = num_blocks_per_lane(model_cls, config, mesh_num_devices(self._backend))
         kv_shape = kv_block_shape(
             self._hf_config, config, self.num_blocks_per_lane, devices_per_lane(self._backend, config.num_lanes)
         )
-        kv_cache = self.model.allocate_kv_cache(
-            kv_shape, kv_dtype(self._backend, config.kv_cache_dtype), int(self._hf_config.num_hidden_layers)
+        kv_cache = allocate_kv_cache(
+            self.model,
+            kv_shape,
+            kv_dtype(self.model, self._hf_config, config.kv_cache_dtype),
+            int(self._hf_config.num_hidden_layers),
         )
         policy = SamplingPolicy(config.tt.sample_on_device_mode, config.tt.always_compat_sampling, dict(capabilities))
         runner = MeshRunner(self.model, kv_cache, config, policy, self.tokenizer.eos_token_ids, self.vocab_size)
@@ -142,6 +151,9 @@ class TTMeshEngine:
         # (blocking on the mesh, waiting for the GIL or for a core costs none).
         self.num_busy_iterations = 0
         self.host_busy_s = 0.0
+        self._last_iteration_at = time.monotonic()  # heartbeat of the step loop
+        probe = device_probe(self.model, self._backend)
+        self._device_probe = None if probe is None else DeviceProbe(probe, step_timeout_s)
         self._thread = threading.Thread(target=self._loop, name="tt-mesh-engine", daemon=True)
         self._thread.start()
 
@@ -226,9 +238,19 @@ class TTMeshEngine:
         return self.core.step_log
 
     async def check_health(self) -> None:
-        """Raise once the step loop is gone (shut down, or its thread died)."""
+        """Raise ``EngineUnhealthy`` when the step loop is gone (shut down, thread died), hung
+        (requests in flight and no loop iteration within ``step_timeout_s``), or the device queue
+        does not answer a probe within ``step_timeout_s`` (``accel.tt.health``). Never blocks."""
         if self._stopped or not self._thread.is_alive():
-            raise RuntimeError("the TT mesh engine's step loop is not running")
+            raise EngineUnhealthy("the TT mesh engine's step loop is not running")
+        num_inflight = len(self.core.requests) + len(self._inbox)  # read-only peeks from this thread
+        problem = stalled_problem(
+            last_iteration_at=self._last_iteration_at, num_inflight=num_inflight, step_timeout_s=self.step_timeout_s
+        )
+        if problem is None and self._device_probe is not None:
+            problem = self._device_probe.problem()
+        if problem is not None:
+            raise EngineUnhealthy(problem)
 
     async def shutdown(self) -> None:
         await asyncio.to_thread(self.close)
@@ -239,7 +261,10 @@ class TTMeshEngine:
                 return
             self._stopped = True
             self._cv.notify()
-        self._thread.join()
+        self._thread.join(timeout=self.step_timeout_s)
+        if self._thread.is_alive():  # hung in a forward: leave the model to the process's exit
+            logger.error("TT mesh engine: the step loop did not stop within %.0f s", self.step_timeout_s)
+            return
         close = getattr(self.model, "close", None)
         if close is not None:
             close()
@@ -272,6 +297,7 @@ class TTMeshEngine:
             if ran_step:
                 self.num_busy_iterations += 1
                 self.host_busy_s += time.thread_time() - started_cpu_s
+            self._last_iteration_at = time.monotonic()
         self._deliver(self.core.drain())
         for req_id in list(self.core.requests):
             notice = self.core.abort_request(req_id)
@@ -283,6 +309,7 @@ class TTMeshEngine:
         with self._cv:
             while not self._inbox and not self._stopped and not self.core.has_work():
                 self._cv.wait()
+                self._last_iteration_at = time.monotonic()
             if self._stopped:
                 return None
             messages = list(self._inbox)
@@ -356,6 +383,18 @@ class TTMeshEngine:
             raise InvalidRequestError(
                 "kv_transfer_params", "KV export/import is not supported by the TT mesh engine yet"
             )
+
+
+def device_probe(model: Any, backend: Any) -> Callable[[], None] | None:
+    """What answers once the device queue has run everything before it: the model's
+    ``device_ping`` (the torch programs), else ``ttnn.synchronize_device`` on an opened mesh."""
+    ping = getattr(model, "device_ping", None)
+    if ping is not None:
+        return cast("Callable[[], None]", ping)
+    if getattr(backend, "kind", None) == "ttnn" and backend.mesh_device is not None:
+        ttnn, mesh_device = backend.ttnn, backend.mesh_device
+        return lambda: ttnn.synchronize_device(device=mesh_device)
+    return None
 
 
 def _take_pending(first: OutboxMessage, queue: asyncio.Queue[OutboxMessage]) -> NewTokens:

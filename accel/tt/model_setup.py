@@ -39,9 +39,10 @@ def build_mesh_model(model_cls: type[MeshModel], hf_config: Any, backend: Any, c
     return backend.adapt(model) if backend is not None else model
 
 
-def num_blocks_per_lane(model_cls: type[MeshModel], config: TTEngineConfig) -> int:
+def num_blocks_per_lane(model_cls: type[MeshModel], config: TTEngineConfig, num_devices: int = 1) -> int:
     """KV blocks per lane (§3): the override, else the model's token pool plus one block of
-    headroom per slot, else every slot at full length."""
+    headroom per slot, else every slot at full length. ``num_devices`` is the mesh's physical
+    device count, as the plugin passes it (the class divides by ``tt_data_parallel`` itself)."""
     if config.num_gpu_blocks_override is not None:
         return config.num_gpu_blocks_override
     bs = config.block_size
@@ -50,7 +51,7 @@ def num_blocks_per_lane(model_cls: type[MeshModel], config: TTEngineConfig) -> i
     if get_max is not None:
         tokens = get_max(
             model_name=config.model,
-            num_devices=1,
+            num_devices=num_devices,
             tt_data_parallel=config.num_lanes,
             max_model_len=config.max_model_len,
             max_num_seqs=config.max_num_seqs,
@@ -60,9 +61,14 @@ def num_blocks_per_lane(model_cls: type[MeshModel], config: TTEngineConfig) -> i
     return max(-(-(int(tokens) + bs * config.max_num_seqs) // bs), config.max_num_blocks_per_req)
 
 
-def devices_per_lane(backend: Any, num_lanes: int) -> int:
+def mesh_num_devices(backend: Any) -> int:
+    """Physical devices of the opened mesh (1 off-hardware)."""
     grid = getattr(getattr(backend, "mesh", None), "grid", None)
-    return max(1, (grid[0] * grid[1]) // num_lanes) if grid else 1
+    return grid[0] * grid[1] if grid else 1
+
+
+def devices_per_lane(backend: Any, num_lanes: int) -> int:
+    return max(1, mesh_num_devices(backend) // num_lanes)
 
 
 def kv_block_shape(
@@ -76,17 +82,33 @@ def kv_block_shape(
     return (num_blocks, num_kv_heads, config.block_size, head_dim)
 
 
-def kv_dtype(backend: Any, kv_cache_dtype: str = "auto") -> Any:
-    """The dtype handed to ``allocate_kv_cache``. On a mesh (ttnn backend): ``ttnn.bfloat8_b`` for
-    "auto" — what tt-metal's generators allocate by default — else the ttnn type of that name.
-    Elsewhere a torch dtype; "auto" = None, which the torch program reads as "the model's dtype"
-    (fp32 for the tiny checkpoints: token-exact vs HF)."""
-    if getattr(backend, "kind", None) == "ttnn":
-        ttnn = backend.ttnn
-        return {"auto": ttnn.bfloat8_b, "bfloat16": ttnn.bfloat16, "float32": ttnn.float32}[kv_cache_dtype]
+def kv_dtype(model: Any, hf_config: Any, kv_cache_dtype: str = "auto") -> Any:
+    """The **torch** dtype handed to ``allocate_kv_cache`` (what vllm-tt-plugin passes: vLLM's KV
+    spec dtype; tt-metal allocates ``torch.zeros(shape, dtype=dtype)`` and picks its ttnn dtype,
+    bfloat8_b by default, itself). "auto" = the model's dtype: the model instance's ``dtype``
+    when it is a torch dtype (the torch program: fp32, token-exact vs HF), else the checkpoint's
+    ``torch_dtype``, else bfloat16."""
     import torch
 
-    return {"auto": None, "bfloat16": torch.bfloat16, "float32": torch.float32}[kv_cache_dtype]
+    if kv_cache_dtype != "auto":
+        return {"bfloat16": torch.bfloat16, "float32": torch.float32}[kv_cache_dtype]
+    own = getattr(model, "dtype", None)
+    if isinstance(own, torch.dtype):
+        return own
+    declared = getattr(hf_config, "torch_dtype", None)
+    if isinstance(declared, str):
+        declared = getattr(torch, declared, None)
+    return declared if isinstance(declared, torch.dtype) else torch.bfloat16
+
+
+def allocate_kv_cache(model: Any, shape: tuple[int, int, int, int], dtype: Any, num_layers: int) -> Any:
+    """``allocate_kv_cache_per_layer([(shape, dtype, layer), ...])`` when the class offers it (the
+    plugin's preference; hybrid models need it), else the legacy ``allocate_kv_cache(shape,
+    dtype, num_layers)``. Every layer gets its own buffer (``tensor_idx == layer``)."""
+    per_layer = getattr(model, "allocate_kv_cache_per_layer", None)
+    if per_layer is not None:
+        return per_layer([(shape, dtype, i) for i in range(num_layers)])
+    return model.allocate_kv_cache(shape, dtype, num_layers)
 
 
 def platform_name(backend: Any, model: Any) -> str:

@@ -11,6 +11,7 @@ program returns logits and ``host_sampler`` samples the rows that emit a token.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -21,11 +22,13 @@ import torch
 from accel.contract import SamplingParams, TokenLogprob
 from accel.tt.config import TTEngineConfig
 from accel.tt.host_sampler import sample_on_host
-from accel.tt.mesh_model import MeshModel, SampledOutput, TTSamplingParams
+from accel.tt.mesh_model import MeshModel, TTSamplingParams
+from accel.tt.model_output import HostOutput, finalize_decode, unpack_output
 from accel.tt.sampling_policy import SamplingPolicy
 from accel.tt.step_plan import PENDING_TOKEN, RowPlan, StepMode, StepPlan
 
 NO_TOKEN = -1  # a row that samples nothing this step (intermediate prefill chunk)
+NON_GREEDY_KEYWORD = "non_greedy_decoding_on_device"  # required by some tt-metal warmup revisions
 _SAMPLING_FIELDS = (
     "temperature",
     "top_k",
@@ -35,9 +38,10 @@ _SAMPLING_FIELDS = (
     "repetition_penalty",
     "seed",
     "num_logprobs",
+    "enable_log_probs",
 )
 # One row of device sampling arguments, in ``_SAMPLING_FIELDS`` order.
-SamplingRow = tuple[float, int, float, float, float, float, int, int]
+SamplingRow = tuple[float, int, float, float, float, float, int | None, int, bool]
 _PAD_ROW = cast(SamplingRow, tuple(TTSamplingParams.PAD_DEFAULTS[f] for f in _SAMPLING_FIELDS))
 
 
@@ -83,7 +87,8 @@ class PendingStep:
         """Device-sampled decode: the token of every slot, int64 ``[B_wire]`` (waits); else None."""
         if not (self.plan.is_decode and self.is_device_sampled):
             return None
-        return self.wait().token_ids
+        output: HostOutput = self.wait()
+        return output.values
 
 
 @dataclass
@@ -100,7 +105,9 @@ class PreparedStep:
 
 @lru_cache(maxsize=4096)
 def device_sampling_row(sp: SamplingParams, vocab_size: int) -> SamplingRow:
-    """§6 normalization of one request's device sampling arguments (``_SAMPLING_FIELDS`` order)."""
+    """§6 normalization of one request's device sampling arguments (``_SAMPLING_FIELDS`` order):
+    an unseeded request's seed is None (tt-metal reads any int as an explicit seed);
+    ``enable_log_probs`` is ``num_logprobs >= 0`` as the plugin sets it."""
     top_k = vocab_size if sp.top_k <= 0 or sp.top_k >= vocab_size else sp.top_k
     if sp.is_greedy:
         temperature, top_k, top_p = 0.0, 1, 0.0
@@ -114,8 +121,9 @@ def device_sampling_row(sp: SamplingParams, vocab_size: int) -> SamplingRow:
         float(sp.presence_penalty),
         float(sp.frequency_penalty),
         float(sp.repetition_penalty),
-        -1 if sp.seed is None else sp.seed,
+        sp.seed,
         num_logprobs,
+        num_logprobs >= 0,
     )
 
 
@@ -152,23 +160,31 @@ class MeshRunner:
 
     # ---- warmup -------------------------------------------------------------------------
     def warmup(self) -> None:
-        """Compile every shape, then capture traces (§7); prefill traces only with trace_mode=all."""
+        """Compile every shape, then capture traces (§7, the plugin's ``warmup_model``); prefill
+        traces only with trace_mode=all. Always by keyword: real signatures take ``kv_cache``
+        first. ``non_greedy_decoding_on_device`` goes to the tt-metal revisions that name it."""
         mode = self.config.tt.sample_on_device_mode
-        phases = [False] + ([True] if self._decode_trace else [])
-        for enable_trace in phases:
-            if hasattr(self.model, "already_warmed_up_prefill"):
-                self.model.already_warmed_up_prefill = False
-            if not enable_trace or self._prefill_trace:
-                self.model.warmup_model_prefill(
-                    enable_trace, kv_cache=self.kv_cache, can_sample_on_device=mode == "all"
-                )
-            self.model.warmup_model_decode(
-                enable_trace,
-                kv_cache=self.kv_cache,
-                max_batch_size=self.config.max_num_seqs_global,
-                num_blocks=self.config.max_num_blocks_per_req,
-                can_sample_on_device=mode in ("all", "decode_only"),
-            )
+        prefill_kwargs: dict[str, Any] = {"kv_cache": self.kv_cache, "can_sample_on_device": mode == "all"}
+        decode_kwargs: dict[str, Any] = {
+            "kv_cache": self.kv_cache,
+            "max_batch_size": self.config.max_num_seqs_global,
+            "num_blocks": self.config.max_num_blocks_per_req,
+            "can_sample_on_device": mode in ("all", "decode_only"),
+        }
+        for call, kwargs in (
+            (self.model.warmup_model_prefill, prefill_kwargs),
+            (self.model.warmup_model_decode, decode_kwargs),
+        ):
+            if accepts_keyword(call, NON_GREEDY_KEYWORD):
+                kwargs[NON_GREEDY_KEYWORD] = bool(kwargs["can_sample_on_device"])
+        self.model.warmup_model_prefill(enable_trace=False, **prefill_kwargs)
+        self.model.warmup_model_decode(enable_trace=False, **decode_kwargs)
+        if hasattr(self.model, "already_warmed_up_prefill"):
+            self.model.already_warmed_up_prefill = False
+        if self._prefill_trace:
+            self.model.warmup_model_prefill(enable_trace=True, **prefill_kwargs)
+        if self._decode_trace:
+            self.model.warmup_model_decode(enable_trace=True, **decode_kwargs)
 
     # ---- execution ----------------------------------------------------------------------
     def submit(self, plan: StepPlan, fed_tokens: Mapping[int, int] | None = None) -> PendingStep:
@@ -254,16 +270,17 @@ class MeshRunner:
             **prepared.decode_kwargs,
         )
         out, events = self.model.read_decode_output(out, async_read=True)
+        sampling = prepared.decode_kwargs.get("sampling_params")
+        wants_logprobs = sampling is not None and any(sampling.enable_log_probs)
+        capacity = prepared.plan.capacity
 
-        def wait() -> Any:
-            for event in events:
-                event.synchronize()
-            return self.model.process_decode_output_host(out, is_tokens=use_device)
+        def wait() -> HostOutput:
+            return finalize_decode(
+                self.model, out, events, is_tokens=use_device, wants_logprobs=wants_logprobs, num_rows=capacity
+            )
 
         slots = [r.row for r in rows]
-        return PendingStep(
-            prepared.plan, wait, lambda host_out: self._result(rows, slots, host_out, use_device), use_device
-        )
+        return PendingStep(prepared.plan, wait, lambda host_out: self._result(rows, slots, host_out), use_device)
 
     def _run_prefill(self, plan: StepPlan, rows: Sequence[RowPlan], use_device: bool) -> PendingStep:
         n = len(rows)
@@ -274,8 +291,11 @@ class MeshRunner:
             tokens[i, : r.end_pos] = torch.tensor(r.input_token_ids, dtype=torch.int64)
             page_table[i, : len(r.block_ids)] = torch.tensor(r.block_ids, dtype=torch.int32)
         kwargs: dict[str, Any] = {}
+        wants_logprobs = False
         if use_device:
-            kwargs["sampling_params"] = self._sampling_params(rows, n, by_slot=False)
+            sampling = self._sampling_params(rows, n, by_slot=False)
+            kwargs["sampling_params"] = sampling
+            wants_logprobs = any(sampling.enable_log_probs)
         out = self.model.prefill_forward(
             tokens=tokens,
             page_table=page_table,
@@ -286,20 +306,18 @@ class MeshRunner:
             enable_trace=self._prefill_trace,
             **kwargs,
         )
-        if not use_device:
-            out = torch.as_tensor(out).reshape(n, -1)  # [n, 1, vocab] -> [n, vocab]
-        result = self._result(rows, list(range(n)), out, use_device)
-        return PendingStep(plan, lambda: out, lambda _: result, use_device)
+        host = unpack_output(out, is_tokens=use_device, wants_logprobs=wants_logprobs, num_rows=n)
+        result = self._result(rows, list(range(n)), host)
+        return PendingStep(plan, lambda: host, lambda _: result, use_device)
 
     # ---- helpers --------------------------------------------------------------------------
-    def _result(self, rows: Sequence[RowPlan], out_index: list[int], out: Any, use_device: bool) -> StepResult:
+    def _result(self, rows: Sequence[RowPlan], out_index: list[int], out: HostOutput) -> StepResult:
         """Pick each row's token from the program output (``out_index``: row -> output index)."""
-        if use_device:
-            assert isinstance(out, SampledOutput)
-            all_ids = out.token_ids.tolist()
+        if out.is_tokens:
+            all_ids = out.values.tolist()
             device_ids = tuple(int(all_ids[j]) if r.samples else NO_TOKEN for r, j in zip(rows, out_index))
             return StepResult(device_ids, None, True)
-        logits = torch.as_tensor(out)
+        logits = out.values
         sampling_rows = [i for i, r in enumerate(rows) if r.samples]
         ids = [NO_TOKEN] * len(rows)
         lps: list[TokenLogprob | None] | None = None
@@ -337,6 +355,15 @@ class MeshRunner:
                 self._page_table[r.row].zero_()
                 self._page_table[r.row, : len(r.block_ids)] = torch.tensor(r.block_ids, dtype=torch.int32)
                 self._row_blocks[r.row] = r.block_ids
+
+
+def accepts_keyword(fn: Callable[..., Any], name: str) -> bool:
+    """Whether ``fn``'s signature names ``name`` (a ``**kwargs`` catch-all does not count: a
+    keyword such a method never reads is better left out)."""
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _fed_tokens(prev: PendingStep | None, fed_tokens: Mapping[int, int] | None) -> Mapping[int, int]:

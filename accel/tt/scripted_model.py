@@ -28,9 +28,10 @@ import torch
 
 from accel.tt.mesh_model import (
     SUPPORTS_ASYNC_DECODE,
+    SUPPORTS_CHUNKED_PREFILL,
+    SUPPORTS_DATA_PARALLEL_LANES,
     SUPPORTS_PREFIX_CACHING,
     SUPPORTS_SAMPLE_ON_DEVICE,
-    SampledOutput,
     TTSamplingParams,
 )
 from accel.tt.torch_model.device_queue import FutureEvent
@@ -76,6 +77,8 @@ class ScriptedMeshModel:
         SUPPORTS_PREFIX_CACHING: True,
         SUPPORTS_ASYNC_DECODE: True,
         SUPPORTS_SAMPLE_ON_DEVICE: True,
+        SUPPORTS_CHUNKED_PREFILL: True,
+        SUPPORTS_DATA_PARALLEL_LANES: True,
     }
     decode_time_s: ClassVar[float] = 0.0  # fixed device time per decode step (benchmark)
     prefill_time_s: ClassVar[float] = 0.0
@@ -117,6 +120,10 @@ class ScriptedMeshModel:
     def close(self) -> None:
         self._device.shutdown(wait=True)
 
+    def device_ping(self) -> None:
+        """Returns once the "device" thread has run everything submitted before it."""
+        self._device.submit(lambda: None).result()
+
     def allocate_kv_cache(
         self, kv_cache_shape: tuple[int, int, int, int], dtype: Any, num_layers: int
     ) -> list[list[list[torch.Tensor]]]:
@@ -157,8 +164,6 @@ class ScriptedMeshModel:
             hashes.append(h)
         out = self._output(hashes, sampling_params, list(prompt_lens))
         _sleep_until(started + self.prefill_time_s)
-        if sampling_params is None:
-            return out[:, None, :]
         return out
 
     def decode_forward(
@@ -187,9 +192,9 @@ class ScriptedMeshModel:
             ready_at = max(time.perf_counter(), self._device_free_at) + self.decode_time_s
             self._device_free_at = ready_at
             out = (
-                SampledOutput(token_ids=torch.full((b,), _FIRST_TOKEN))
+                torch.full((b,), _FIRST_TOKEN)
                 if sampling_params is not None
-                else self._logits(torch.full((b,), _FIRST_TOKEN))
+                else self._logits(torch.full((b,), _FIRST_TOKEN))[:, None, :]
             )
             timed = _TimedOutput(out, ready_at)
             return timed.result() if read_from_device else timed
@@ -215,21 +220,24 @@ class ScriptedMeshModel:
         future = self._device.submit(program)
         return future.result() if read_from_device else future
 
-    def read_decode_output(self, out: Any, async_read: bool = False) -> tuple[Any, list[Any]]:
-        if isinstance(out, (Future, _TimedOutput)) and async_read:
-            return out, [FutureEvent(out) if isinstance(out, Future) else out]
-        return (out.result() if isinstance(out, (Future, _TimedOutput)) else out), []
+    def read_decode_output(self, tt_out: Any, async_read: bool = False) -> Any:
+        """tt-metal's: ``(tt_out, events)`` when ``async_read``, else the host output."""
+        if async_read:
+            if isinstance(tt_out, (Future, _TimedOutput)):
+                return tt_out, [FutureEvent(tt_out) if isinstance(tt_out, Future) else tt_out]
+            return tt_out, []
+        return tt_out.result() if isinstance(tt_out, (Future, _TimedOutput)) else tt_out
 
-    def process_decode_output_host(self, out: Any, is_tokens: bool = False) -> Any:
-        result = out.result() if isinstance(out, (Future, _TimedOutput)) else out
-        assert is_tokens == isinstance(result, SampledOutput)
+    def process_decode_output_host(self, tt_out: Any, is_tokens: bool = False) -> Any:
+        result = tt_out.result() if isinstance(tt_out, (Future, _TimedOutput)) else tt_out
+        assert is_tokens == (result.dim() == 1), "is_tokens must say whether the decode sampled"
         return result
 
-    def warmup_model_prefill(self, enable_trace: bool, kv_cache: Any, can_sample_on_device: bool) -> None:
+    def warmup_model_prefill(self, kv_cache: Any, enable_trace: bool, can_sample_on_device: bool) -> None:
         self.warmup_calls.append(("prefill", enable_trace))
 
     def warmup_model_decode(
-        self, enable_trace: bool, kv_cache: Any, max_batch_size: int, num_blocks: int, can_sample_on_device: bool
+        self, kv_cache: Any, enable_trace: bool, max_batch_size: int, num_blocks: int, can_sample_on_device: bool
     ) -> None:
         assert max_batch_size == self.max_batch_size
         self.warmup_calls.append(("decode", enable_trace))
@@ -251,7 +259,7 @@ class ScriptedMeshModel:
         v = self.vocab_size
         nxt = [_FIRST_TOKEN + h % (v - _FIRST_TOKEN) for h in hashes]
         if params is None:
-            return self._logits(torch.tensor(nxt))
+            return self._logits(torch.tensor(nxt))[:, None, :]
         ids = list(nxt)
         for i, (temp, top_k, seed) in enumerate(zip(params.temperature, params.top_k, params.seed)):
             if temp <= 0 or top_k == 1:
@@ -259,7 +267,7 @@ class ScriptedMeshModel:
             gen = torch.Generator()
             gen.manual_seed(
                 (int(seed) * 1_000_003 + positions[i]) % (2**63)
-                if seed != -1
+                if seed is not None
                 else int(torch.randint(0, 2**62, ()).item())
             )
             probs = torch.softmax(self._logits(torch.tensor([nxt[i]]))[0] / temp, dim=-1)
@@ -267,7 +275,11 @@ class ScriptedMeshModel:
                 kth = probs.topk(int(top_k)).values[-1]
                 probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
             ids[i] = int(torch.multinomial(probs, 1, generator=gen)[0])
-        return SampledOutput(token_ids=torch.tensor(ids))
+        tokens = torch.tensor(ids)
+        if not any(params.enable_log_probs):
+            return tokens
+        logprobs = self._logits(torch.tensor(nxt)).log_softmax(-1).gather(1, tokens[:, None]).squeeze(1)
+        return tokens, logprobs
 
     def _logits(self, nxt: torch.Tensor) -> torch.Tensor:
         """The scripted token on top, a smooth ramp below it (so sampling has choices)."""

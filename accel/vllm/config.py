@@ -74,6 +74,7 @@ _STR_KEYS = (
     "revision",
     "served_model_name",
     "distributed_executor_backend",
+    "reasoning_parser",
 )
 _MAPPING_KEYS = ("additional_config", "kv_transfer_config", "kv_events_config", "hf_overrides")
 
@@ -116,6 +117,9 @@ class VllmEngineConfig:
     distributed_executor_backend: str | None = None
     disable_log_stats: bool | None = None
     enable_log_requests: bool | None = None
+    # Structured outputs start after the reasoning this parser finds ends (the ingress sets it
+    # from the model's reasoning_parser, as ``vllm serve --reasoning-parser`` does).
+    reasoning_parser: str | None = None
     # Not a vLLM arg: the root under which each model gets its compile-cache folder.
     xla_cache_root: Path | None = field(default=None, compare=False)
 

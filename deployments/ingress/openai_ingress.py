@@ -36,8 +36,9 @@ from serve_app.protocol import conversion as conv
 from serve_app.protocol import responses as rsp
 from serve_app.protocol.chat import ChatCompletionRequest
 from serve_app.protocol.common import ModelCard, ModelList, random_id
-from serve_app.protocol.completions import CompletionRequest
 from serve_app.protocol.errors import APIError, model_not_found
+from serve_app.protocol.tool_output import ChoiceParser, apply_parsed_messages, parsed_chat_chunk
+from serve_app.protocol.tool_request import ChatTools, apply_plan
 
 POOL_HEADER = "x-meshserve-pool"
 Merged = AsyncGenerator[tuple[int, OutputDelta], None]  # merge_streams: (choice index, delta)
@@ -56,6 +57,8 @@ class OpenAIIngress:
         self._tokenizers: dict[str, TextTokenizer] = {m.name: load_tokenizer(str(m.path)) for m in config.models}
         self._metrics = _ingress_metrics()
         self._block_sizes = {m.name: m.routing_block_size for m in config.models}
+        # vLLM's tool-call / reasoning parsers per model (serve_app.protocol.tool_request).
+        self._chat_tools = {m.name: ChatTools(m.parsing, m.name, self._tokenizers[m.name]) for m in config.models}
         self._client = EngineClient(config, router_handle, pool_handles, self._metrics)
         self._num_inflight = 0
 
@@ -110,9 +113,7 @@ class OpenAIIngress:
             body = await request.json()
         except Exception:
             raise APIError(400, "the request body is not valid JSON") from None
-        req: ChatCompletionRequest | CompletionRequest = (
-            conv.parse_body(ChatCompletionRequest, body) if is_chat else conv.parse_body(CompletionRequest, body)
-        )
+        req = conv.parse_request(body, is_chat)
         # No "model": the only served model, as vLLM's server does.
         name = req.model if req.model is not None or len(self._models) != 1 else next(iter(self._models))
         model = self._models.get(name or "")
@@ -120,11 +121,13 @@ class OpenAIIngress:
             raise model_not_found(req.model)
         label["model"] = model.name
         tok = self._tokenizers[model.name]
+        tools, plan = self._chat_tools[model.name], None
         if isinstance(req, ChatCompletionRequest):
-            prompts = [conv.chat_prompt(req, tok)]
+            plan = tools.prepare(body) if tools.needs_plan(body) else None
+            prompts = [conv.chat_prompt(req, tok, plan)]
         else:
             prompts = conv.completion_prompts(req, tok)
-        sampling = [conv.sampling_params(req, len(p), model.max_model_len) for p in prompts]
+        sampling = [apply_plan(plan, conv.sampling_params(req, len(p), model.max_model_len)) for p in prompts]
         _check_token_ids(sampling, tok.vocab_size)
         base_id = random_id("chatcmpl" if is_chat else "cmpl")
         session = session_id_from(request.headers, req.session_id or req.user, req.prompt_cache_key)
@@ -147,9 +150,10 @@ class OpenAIIngress:
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
         )
         choices = [rsp.ChoiceState(index=i, prompt_index=i // req.n) for i in range(len(greqs))]
+        parsers = [ChoiceParser(tools, plan, prompts[0]) for _ in choices] if plan is not None else None
         merged = merge_streams(streams)
         if not req.stream:
-            return await self._collect(merged, choices, opts, tok, prompts, is_chat)
+            return await self._collect(merged, choices, opts, tok, prompts, is_chat, parsers)
         # Wait for the first delta before answering 200, so early failures keep their status.
         first: tuple[int, OutputDelta] | None
         try:
@@ -159,7 +163,10 @@ class OpenAIIngress:
         except BaseException:
             await merged.aclose()
             raise
-        body_gen = (self._chat_sse if is_chat else self._completion_sse)(merged, first, choices, opts, tok)
+        if is_chat:
+            body_gen = self._chat_sse(merged, first, choices, opts, tok, parsers)
+        else:
+            body_gen = self._completion_sse(merged, first, choices, opts, tok)
         return StreamingResponse(self._leave_after(body_gen), media_type="text/event-stream")
 
     async def _collect(
@@ -170,6 +177,7 @@ class OpenAIIngress:
         tok: TextTokenizer,
         prompts: list[tuple[int, ...]],
         is_chat: bool,
+        parsers: list[ChoiceParser] | None = None,
     ) -> JSONResponse:
         try:
             async for i, delta in merged:
@@ -179,6 +187,8 @@ class OpenAIIngress:
         body: BaseModel
         if is_chat:
             body = rsp.chat_response(opts, tok, choices, prompts[0])
+            if parsers is not None:
+                apply_parsed_messages(body, choices, parsers)
         else:
             body = rsp.completion_response(opts, tok, choices, prompts)
         return JSONResponse(body.model_dump(exclude_none=True))
@@ -216,12 +226,16 @@ class OpenAIIngress:
         choices: list[rsp.ChoiceState],
         opts: rsp.RenderOptions,
         tok: TextTokenizer,
+        parsers: list[ChoiceParser] | None = None,
     ) -> AsyncGenerator[str, None]:
         for c in choices:
             yield rsp.sse(rsp.chat_role_chunk(opts, c.index))
 
         def render(i: int, delta: OutputDelta) -> str | None:
             choices[i].add(delta)
+            if parsers is not None and parsers[i].active:
+                chunk = parsed_chat_chunk(opts, tok, choices[i], delta, parsers[i])
+                return rsp.sse(chunk) if chunk is not None else None
             if not delta.text and not delta.finished and not opts.return_token_ids:
                 return None
             if opts.is_text_only:

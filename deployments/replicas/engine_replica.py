@@ -97,6 +97,10 @@ class EngineReplica:
         # router's poll (Serve runs this sync method on a thread pool).
         self._routing_lock = threading.Lock()
         self._num_inflight = 0
+        # Health: the open streams (to fail them when the replica is found unhealthy) and when the
+        # engine last produced output for any of them (or the first one came in).
+        self._streams: dict[int, DeltaCoalescer] = {}
+        self._last_progress_at = time.monotonic()
         self._stats_task: asyncio.Task[None] | None = None
         self._metrics = self._make_metrics(emit_vllm_metrics)
         self._is_shut_down = False
@@ -121,9 +125,12 @@ class EngineReplica:
         comes. Deltas that pile up behind a slow consumer are merged as well."""
         del replica_hint
         self._ensure_stats_task()
+        if self._num_inflight == 0:
+            self._last_progress_at = time.monotonic()  # idle time is not a stall
         self._num_inflight += 1
         start = time.monotonic()
         out = DeltaCoalescer(self.pool.stream_interval_s, self._is_streaming_several)
+        self._streams[id(out)] = out
         pump = asyncio.get_running_loop().create_task(self._pump(request, out, start))
         finished: OutputDelta | None = None
         try:
@@ -140,6 +147,7 @@ class EngineReplica:
                 yield delta
         finally:
             self._num_inflight -= 1
+            self._streams.pop(id(out), None)
             if finished is None:
                 pump.cancel()
                 await self._abort_quietly(request.request_id)
@@ -155,6 +163,7 @@ class EngineReplica:
         try:
             async for delta in self._engine.generate(request):
                 now = time.monotonic()
+                self._last_progress_at = now
                 if self._metrics is not None and delta.new_token_ids:
                     if ttft is None:
                         ttft = now - start
@@ -263,10 +272,30 @@ class EngineReplica:
         }
 
     async def check_health(self) -> None:
+        """Serve's periodic probe. Fails when the engine's own check fails or does not answer
+        within ``pool.step_timeout_s``, or when requests are in flight and the engine has produced
+        no output for any of them for longer than that (a hung engine of either kind). A failure
+        first ends every in-flight stream with the error (clients get it now, not when Serve has
+        replaced the replica), then raises: Serve restarts the replica."""
         self._ensure_stats_task()
         if self._is_shut_down:
             raise RuntimeError("engine is shut down")
-        await self._engine.check_health()
+        timeout_s = self.pool.step_timeout_s
+        try:
+            await asyncio.wait_for(self._engine.check_health(), timeout=timeout_s)
+            stalled_s = time.monotonic() - self._last_progress_at
+            if self._num_inflight > 0 and stalled_s > timeout_s:
+                raise RuntimeError(
+                    f"no engine output for {stalled_s:.1f} s while {self._num_inflight} request(s) are in "
+                    f"flight (step_timeout_s {timeout_s:g})"
+                )
+        except Exception as exc:
+            reason = "the engine health check timed out" if isinstance(exc, asyncio.TimeoutError) else str(exc)
+            error = RuntimeError(f"replica {self.replica_id} of pool {self.pool.name!r} is unhealthy: {reason}")
+            logger.error("%s; failing %d in-flight request(s)", error, len(self._streams))
+            for out in list(self._streams.values()):
+                out.put_error(error)
+            raise error from exc
 
     async def shutdown(self) -> None:
         if self._is_shut_down:

@@ -20,6 +20,7 @@ from accel.tt.config import TTEngineConfig
 from accel.vllm.config import VllmEngineConfig
 from accel.vllm.tpu.backends import DEFAULT_BACKEND, TpuBackendName
 from serve_app.config.ingress import IngressConfig
+from serve_app.config.parsing import OutputParsing
 from serve_app.config.pd import PDConfig, kv_connector_name, pairing_problem
 from serve_app.config.router import ModelRouting, RouterConfig
 
@@ -79,6 +80,9 @@ class PoolConfig:
     tpu_backend: TpuBackendName = DEFAULT_BACKEND
     # Seconds Serve waits for in-flight requests on scale-down/shutdown before killing the replica.
     graceful_shutdown_timeout_s: float = 20.0
+    # Health: a replica with requests in flight and no engine output (TT: no step) for this long
+    # fails Serve's health check, its in-flight requests get an error and Serve restarts it.
+    step_timeout_s: float = 120.0
     # While a replica streams several requests, each stream sends at most one message per this
     # many seconds (deltas in between merged: deployments.replicas.delta_coalescer); the first token
     # and the finish are never held, and a lone stream gets every token at once. 0 = every delta.
@@ -116,6 +120,7 @@ class ModelConfig:
     max_model_len: int  # prompt + completion tokens, the smallest over the model's pools
     pools: tuple[PoolConfig, ...]  # the pools serving it, in config order
     pd: PDConfig = field(default_factory=PDConfig)
+    parsing: OutputParsing = field(default_factory=OutputParsing)  # vLLM tool / reasoning parsers
 
     def __post_init__(self) -> None:
         if not self.pools:

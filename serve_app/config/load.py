@@ -30,6 +30,7 @@ from accel.vllm.config import VllmEngineConfig
 from accel.vllm.tpu.backends import DEFAULT_BACKEND, check_kv_connector, get_backend
 from serve_app.config.app import AppConfig, AutoscalingConfig, EngineConfig, ModelConfig, PoolConfig
 from serve_app.config.ingress import IngressConfig
+from serve_app.config.parsing import OutputParsing
 from serve_app.config.pd import KV_ROLES, PD_ROLES, TPU_CONNECTORS, PDConfig, pairing_problem
 from serve_app.config.router import CostWeights, LoadConfig, RouterConfig, SessionConfig
 from serve_app.config.schema import AppArgs, ModelArgs, PoolArgs, RouterArgs
@@ -68,9 +69,11 @@ def load_app_config(args: Mapping[str, Any] | AppArgs, config_file: str | None =
         if not served:
             raise _fail(file, f"models[{i}]", f"model {m.name!r} is served by no pool")
         max_model_len = _resolve_max_model_len(file, i, m, path, served)
+        parsing = _parsing(file, i, m)
         for j, p in served:
-            pool_by_index[j] = _to_pool(file, j, p, path, max_model_len)
-        models.append(ModelConfig(m.name, path, max_model_len, tuple(pool_by_index[j] for j, _ in served), pd))
+            pool_by_index[j] = _to_pool(file, j, p, path, max_model_len, parsing)
+        pools = tuple(pool_by_index[j] for j, _ in served)
+        models.append(ModelConfig(m.name, path, max_model_len, pools, pd, parsing))
     all_pools = tuple(pool_by_index[j] for j in range(len(parsed.pools)))
     _check_pd_pools(file, all_pools)
     ing = parsed.ingress
@@ -151,9 +154,20 @@ def _check_pool(file: str, i: int, pool: PoolArgs) -> None:
         raise _fail(file, f"{key}.tpu_kv_offload", "only pools on accelerator tpu have the TPU host-DRAM KV tier")
 
 
-def _engine_config(file: str, i: int, pool: PoolArgs, path: Path, max_model_len: int) -> EngineConfig:
+def _parsing(file: str, i: int, m: ModelArgs) -> OutputParsing:
+    try:
+        return OutputParsing(m.enable_auto_tool_choice, m.tool_call_parser, m.reasoning_parser, m.tool_strict_level)
+    except ConfigError as exc:
+        raise _fail(file, f"models[{i}].enable_auto_tool_choice", str(exc)) from None
+
+
+def _engine_config(
+    file: str, i: int, pool: PoolArgs, path: Path, max_model_len: int, parsing: OutputParsing
+) -> EngineConfig:
     """The pool's engine_args (vLLM spellings) as its engine's typed config, with the model's
-    checkpoint folder and context length filled in."""
+    checkpoint folder and context length filled in; a vLLM engine also gets the model's
+    ``reasoning_parser`` (what ``vllm serve --reasoning-parser`` hands its engine: structured
+    outputs then start after the reasoning ends)."""
     args = copy.deepcopy(dict(pool.engine_args))
     args["model"] = str(path)
     args.setdefault("max_model_len", max_model_len)
@@ -179,6 +193,8 @@ def _engine_config(file: str, i: int, pool: PoolArgs, path: Path, max_model_len:
                 "kv_connector_module_path": spec.module_path,
                 "kv_role": "kv_both",
             }
+    if pool.engine == "vllm" and parsing.reasoning_parser:
+        args.setdefault("reasoning_parser", parsing.reasoning_parser)
     try:
         if pool.engine == "tt":
             return TTEngineConfig.from_engine_args(args)
@@ -187,7 +203,7 @@ def _engine_config(file: str, i: int, pool: PoolArgs, path: Path, max_model_len:
         raise _fail(file, f"pools[{i}].engine_args", str(exc)) from None
 
 
-def _to_pool(file: str, i: int, pool: PoolArgs, path: Path, max_model_len: int) -> PoolConfig:
+def _to_pool(file: str, i: int, pool: PoolArgs, path: Path, max_model_len: int, parsing: OutputParsing) -> PoolConfig:
     auto = pool.autoscaling
     return PoolConfig(
         name=pool.name,
@@ -195,7 +211,7 @@ def _to_pool(file: str, i: int, pool: PoolArgs, path: Path, max_model_len: int) 
         model=pool.model,
         model_path=path,
         max_model_len=max_model_len,
-        engine_config=_engine_config(file, i, pool, path, max_model_len),
+        engine_config=_engine_config(file, i, pool, path, max_model_len, parsing),
         role=pool.role,
         replicas=pool.replicas,
         autoscaling=None
@@ -218,6 +234,7 @@ def _to_pool(file: str, i: int, pool: PoolArgs, path: Path, max_model_len: int) 
         tpu_topology=pool.tpu.topology if pool.tpu else None,
         tpu_backend=pool.tpu_backend or DEFAULT_BACKEND,
         graceful_shutdown_timeout_s=pool.graceful_shutdown_timeout_s,
+        step_timeout_s=pool.step_timeout_s,
         stream_interval_s=pool.stream_interval_ms / 1000,
     )
 

@@ -11,6 +11,10 @@ Schema (``applications[].args`` of a Serve config file)::
     - name: tiny-llama                  # the served name (the OpenAI "model" field)
       path: ~/.cache/meshserve/checkpoints/tiny-llama
       max_model_len: 512                # optional; else the pools' engine_args, else config.json
+      enable_auto_tool_choice: true     # vLLM's tool / reasoning parsers (optional, vLLM spellings)
+      tool_call_parser: hermes
+      reasoning_parser: qwen3
+      tool_strict_level: auto           # auto | function | parameter
     pools:
     - name: tt                          # unique; also the x-meshserve-pool routing header value
       engine: tt | vllm
@@ -42,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from serve_app.config.app import AutoscalingConfig, PoolConfig
 from serve_app.config.ingress import IngressConfig
+from serve_app.config.parsing import OutputParsing, ToolStrictLevel
 from serve_app.config.pd import PDConfig
 from serve_app.config.router import CostWeights, IndexMode, LoadConfig, PolicyName, RouterConfig, SessionConfig
 
@@ -54,6 +59,11 @@ class ModelArgs(_Strict):
     name: str = Field(min_length=1)
     path: str = Field(min_length=1)
     max_model_len: int | None = Field(default=None, ge=1)
+    # vLLM's tool-call / reasoning parsers for this model (serve_app.config.parsing).
+    enable_auto_tool_choice: bool = OutputParsing.enable_auto_tool_choice
+    tool_call_parser: str | None = Field(default=OutputParsing.tool_call_parser, min_length=1)
+    reasoning_parser: str | None = Field(default=OutputParsing.reasoning_parser, min_length=1)
+    tool_strict_level: ToolStrictLevel = OutputParsing.tool_strict_level
 
 
 class AutoscalingArgs(_Strict):
@@ -102,6 +112,7 @@ class PoolArgs(_Strict):
     tpu_backend: Literal["tpu-inference", "torchtpu"] | None = None
     tpu_kv_offload: bool = False
     graceful_shutdown_timeout_s: float = Field(default=PoolConfig.graceful_shutdown_timeout_s, ge=0)
+    step_timeout_s: float = Field(default=PoolConfig.step_timeout_s, gt=0)
     # PoolConfig.stream_interval_s, in milliseconds.
     stream_interval_ms: float = Field(default=PoolConfig.stream_interval_s * 1000, ge=0, le=1000)
 

@@ -17,8 +17,15 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = 0
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
+    # Tools and reasoning: validated and applied through vLLM's own request model and parsers
+    # (serve_app.protocol.tool_request / tool_output).
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    include_reasoning: bool = True
+    reasoning_effort: str | None = None
+    documents: list[dict[str, str]] | None = None  # a chat template variable (RAG templates)
     response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -28,6 +35,9 @@ class ChatCompletionRequest(SamplingFields):
 class ChatMessage(OpenAIBaseModel):
     role: str
     content: str | None = None
+    reasoning: str | None = None  # vLLM 0.32's name
+    reasoning_content: str | None = None  # the same text, under earlier vLLM's / DeepSeek's name
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChatCompletionLogProb(OpenAIBaseModel):
@@ -67,6 +77,9 @@ class ChatCompletionResponse(OpenAIBaseModel):
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = None
     content: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChatCompletionResponseStreamChoice(OpenAIBaseModel):

@@ -18,7 +18,9 @@ from accel.text.tokenizer import TextTokenizer
 from serve_app.protocol.chat import ChatCompletionRequest
 from serve_app.protocol.completions import CompletionRequest
 from serve_app.protocol.errors import APIError, bad_request
+from serve_app.protocol.field_policy import check_fields
 from serve_app.protocol.sampling_fields import SamplingFields
+from serve_app.protocol.tool_request import ToolPlan, tool_call_arguments_as_dicts
 
 _INT64 = 2**63
 MAX_N = 128
@@ -36,6 +38,14 @@ def parse_body(model_cls: type[M], body: Any) -> M:
         first = err.errors()[0]
         param = str(first["loc"][0]) if first["loc"] else None
         raise bad_request(f"{'.'.join(map(str, first['loc']))}: {first['msg']}", param) from None
+
+
+def parse_request(body: Any, is_chat: bool) -> ChatCompletionRequest | CompletionRequest:
+    """A chat or completions body as our request model; a field vLLM accepts that we do not
+    honour is a 400 naming it (``field_policy``), never dropped."""
+    if isinstance(body, Mapping):
+        check_fields(body, is_chat)
+    return parse_body(ChatCompletionRequest, body) if is_chat else parse_body(CompletionRequest, body)
 
 
 def _check_common(req: SamplingFields) -> None:
@@ -90,11 +100,12 @@ def _message_text(message: Mapping[str, Any]) -> dict[str, Any]:
     return {**message, "content": content}
 
 
-def chat_prompt(req: ChatCompletionRequest, tokenizer: TextTokenizer) -> tuple[int, ...]:
-    """Render the conversation with the model's chat template and tokenize it."""
+def chat_prompt(req: ChatCompletionRequest, tokenizer: TextTokenizer, plan: ToolPlan | None = None) -> tuple[int, ...]:
+    """Render the conversation with the model's chat template and tokenize it; ``plan``: the
+    request's tools and template kwargs (``tool_request.ChatTools.prepare``)."""
     _check_common(req)
-    if req.tools:
-        raise bad_request("tools are not supported", "tools")
+    if req.tools and plan is None:
+        raise bad_request("tools need the request's tool plan", "tools")  # the ingress always makes one
     if req.response_format and req.response_format.get("type", "text") != "text":
         raise bad_request("only response_format type 'text' is supported", "response_format")
     if req.top_logprobs and not req.logprobs:
@@ -105,10 +116,13 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: TextTokenizer) -> tuple[i
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
             raise bad_request("every message needs a string role", "messages")
     messages = [_message_text(m) for m in req.messages]
+    tool_call_arguments_as_dicts(messages)
     ids = tokenizer.apply_chat_template(
         messages,
         add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
         chat_template=req.chat_template,
+        tools=plan.tool_dicts if plan is not None else None,
+        chat_template_kwargs=plan.chat_template_kwargs if plan is not None else None,
     )
     if not ids:
         raise bad_request("the rendered prompt is empty", "messages")

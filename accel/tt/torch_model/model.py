@@ -24,16 +24,22 @@ import torch.nn.functional as F
 from accel.tt.mesh_model import (
     MAX_DEVICE_TOP_K,
     SUPPORTS_ASYNC_DECODE,
+    SUPPORTS_CHUNKED_PREFILL,
+    SUPPORTS_DATA_PARALLEL_LANES,
     SUPPORTS_PREFIX_CACHING,
     SUPPORTS_SAMPLE_ON_DEVICE,
-    SampledOutput,
     TTSamplingParams,
 )
 from accel.tt.torch_model.config import DecoderConfig
 from accel.tt.torch_model.device_queue import DeviceQueue, FutureEvent, PendingDecode
 from accel.tt.torch_model.layers import RotaryTables, project_qkv, rms_norm, swiglu_mlp
 from accel.tt.torch_model.paged_attention import AttentionMetadata, PagedKVStore, paged_attention, write_kv
-from accel.tt.torch_model.sampler import DecodeSamplingCache, PreparedSampling, prepare_sampling, sample
+from accel.tt.torch_model.sampler import (
+    DecodeSamplingCache,
+    PreparedSampling,
+    prepare_sampling,
+    sample,
+)
 from accel.tt.torch_model.weights import ModelWeights, load_weights
 
 logger = logging.getLogger(__name__)
@@ -58,6 +64,10 @@ class TorchMeshModel:
         SUPPORTS_PREFIX_CACHING: True,
         SUPPORTS_ASYNC_DECODE: True,
         SUPPORTS_SAMPLE_ON_DEVICE: True,
+        # Prefill resumes at any ``start_pos`` (paged KV, lane-local blocks): chunks are exact.
+        SUPPORTS_CHUNKED_PREFILL: True,
+        # One instance drives every lane (``tt_data_parallel`` KV sets, one decode batch).
+        SUPPORTS_DATA_PARALLEL_LANES: True,
         MAX_DEVICE_TOP_K: 32,
     }
 
@@ -153,13 +163,18 @@ class TorchMeshModel:
     def close(self) -> None:
         self._queue.close()
 
+    def device_ping(self) -> None:
+        """Returns once the device queue has run everything submitted before it (the torch
+        program's ``ttnn.synchronize_device``; the engine's health check probes with it)."""
+        self._queue.run(lambda: None)
+
     # ---- KV ----
 
     def allocate_kv_cache(
         self, kv_cache_shape: tuple[int, int, int, int], dtype: Any, num_layers: int
     ) -> list[list[list[torch.Tensor]]]:
-        """``[lane][layer] = [K, V]`` zeroed ``(num_blocks, Hkv, block_size, D)`` lane-local views.
-        A torch float ``dtype`` is honoured; anything else (e.g. a ttnn dtype) means the model's."""
+        """``[lane][layer] = [K, V]`` zeroed ``(num_blocks, Hkv, block_size, D)`` lane-local views
+        of torch ``dtype`` (tt-metal's contract: a torch dtype, never a ttnn one)."""
         num_blocks, num_kv_heads, block_size, head_dim = kv_cache_shape
         cfg = self.config
         if (num_kv_heads, head_dim, num_layers) != (cfg.num_kv_heads, cfg.head_dim, cfg.num_layers):
@@ -167,7 +182,9 @@ class TorchMeshModel:
                 f"kv_cache_shape {tuple(kv_cache_shape)} x {num_layers} layers does not fit "
                 f"the model (Hkv {cfg.num_kv_heads}, head_dim {cfg.head_dim}, {cfg.num_layers} layers)"
             )
-        kv_dtype = dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else self.dtype
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"allocate_kv_cache needs a torch floating dtype, got {dtype!r}")
+        kv_dtype = dtype
         self._store = PagedKVStore.allocate(
             self.num_lanes, num_layers, (num_blocks, num_kv_heads, block_size, head_dim), self.device, kv_dtype
         )
@@ -193,7 +210,8 @@ class TorchMeshModel:
         **kwargs: Any,
     ) -> Any:
         """Processes ``tokens[i, start_pos[i]:prompt_lens[i]]`` of each row; returns logits
-        ``[n, 1, vocab]`` of each chunk's last token, or a ``SampledOutput`` of ``[n]``."""
+        ``[n, 1, vocab]`` of each chunk's last token, or (``sampling_params``) tokens ``[n]`` /
+        ``(tokens, logprobs)`` when a row enabled log probs."""
         store = self._store_for(kv_cache)
         tokens = torch.as_tensor(tokens, dtype=torch.int64)
         n = tokens.shape[0]
@@ -239,7 +257,7 @@ class TorchMeshModel:
             )
             if prep is None:
                 return logits[:, None, :].float().cpu()
-            return _to_host(sample(logits, prep, self.generator, self.model_capabilities[MAX_DEVICE_TOP_K]))
+            return sample(logits, prep, self.generator, self.model_capabilities[MAX_DEVICE_TOP_K]).as_tt_output()
 
         return self._queue.run(program)
 
@@ -257,8 +275,9 @@ class TorchMeshModel:
         reset_batch: bool = False,
         **kwargs: Any,
     ) -> Any:
-        """One token for every slot. ``read_from_device=True``: logits ``[B_wire, vocab]`` or a
-        ``SampledOutput``; False: a ``PendingDecode`` handle (the forward runs on the device queue)."""
+        """One token for every slot. ``read_from_device=True``: logits ``[B_wire, 1, vocab]``, or
+        tokens ``[B_wire]`` / ``(tokens, logprobs)`` with ``sampling_params``; False: a
+        ``PendingDecode`` device handle (the forward runs on the device queue)."""
         store = self._store_for(kv_cache)
         # Copies: the engine may reuse its host buffers for step N+1 while step N runs.
         tokens = torch.as_tensor(tokens, dtype=torch.int64).reshape(-1, 1).clone()
@@ -300,30 +319,35 @@ class TorchMeshModel:
                 num_ctx_tokens,
             )
             if prep is None:
-                return logits.float().cpu()
-            return _to_host(sample(logits, prep, self.generator, self.model_capabilities[MAX_DEVICE_TOP_K]))
+                return logits[:, None, :].float().cpu()
+            return sample(logits, prep, self.generator, self.model_capabilities[MAX_DEVICE_TOP_K]).as_tt_output()
 
         pending = PendingDecode(self._queue.submit(program), is_sampled=prep is not None)
         return pending.result() if read_from_device else pending
 
-    def read_decode_output(self, out: Any, async_read: bool = False) -> tuple[Any, list[FutureEvent]]:
-        """Start the copy to host: ``(out, [event])``; with ``async_read=False`` waits, no events."""
-        if isinstance(out, PendingDecode):
-            if async_read:
-                return out, [FutureEvent(out.future)]
-            out.result()
-        return out, []
+    def read_decode_output(self, tt_out: Any, async_read: bool = False) -> Any:
+        """tt-metal's read-back: ``async_read=True`` -> ``(tt_out, [event])`` (the copy is under
+        way; ``tt_out`` is still the device handle); False -> the host output (waits)."""
+        if async_read:
+            events = [FutureEvent(tt_out.future)] if isinstance(tt_out, PendingDecode) else []
+            return tt_out, events
+        return tt_out.result() if isinstance(tt_out, PendingDecode) else tt_out
 
-    def process_decode_output_host(self, out: Any, is_tokens: bool = False) -> Any:
-        """Logits ``[B_wire, vocab]`` or a ``SampledOutput`` (host tensors)."""
-        result = out.result() if isinstance(out, PendingDecode) else out
-        if is_tokens != isinstance(result, SampledOutput):
-            raise ValueError(f"is_tokens={is_tokens} but the decode produced {type(result).__name__}")
-        return result
+    def process_decode_output_host(self, tt_out: Any, is_tokens: bool = False) -> Any:
+        """The read-back handle as host torch tensors, in tt-metal's form (see ``decode_forward``)."""
+        if isinstance(tt_out, PendingDecode):
+            if is_tokens != tt_out.is_sampled:
+                raise ValueError(
+                    f"is_tokens={is_tokens} but the decode {'did' if tt_out.is_sampled else 'did not'} sample"
+                )
+            return tt_out.result()
+        return tt_out
 
     # ---- warmup ("trace capture") ----
 
-    def warmup_model_prefill(self, enable_trace: bool, kv_cache: Any, can_sample_on_device: bool) -> None:
+    def warmup_model_prefill(
+        self, kv_cache: Any, enable_trace: bool, can_sample_on_device: bool, **kwargs: Any
+    ) -> None:
         """Runs every prefill bucket (128 .. max_seq_len) once, batch 1; writes only the scratch block."""
         store = self._store_for(kv_cache)
         variants = ["logits"] + (["sampled"] if can_sample_on_device else [])
@@ -345,7 +369,13 @@ class TorchMeshModel:
             length *= 2
 
     def warmup_model_decode(
-        self, enable_trace: bool, kv_cache: Any, max_batch_size: int, num_blocks: int, can_sample_on_device: bool
+        self,
+        kv_cache: Any,
+        enable_trace: bool,
+        max_batch_size: int,
+        num_blocks: int,
+        can_sample_on_device: bool,
+        **kwargs: Any,
     ) -> None:
         """Runs the full-width decode (every slot empty: no KV write) and each sampling variant."""
         store = self._store_for(kv_cache)
@@ -479,12 +509,6 @@ def _check_block_ids(page_table: torch.Tensor, ends: torch.Tensor, store: PagedK
         )
 
 
-def _to_host(out: SampledOutput) -> SampledOutput:
-    return SampledOutput(
-        token_ids=out.token_ids.cpu(), logprobs=None if out.logprobs is None else out.logprobs.float().cpu()
-    )
-
-
 def _warmup_sampling(rows: int, variant: str, vocab_size: int, device: torch.device) -> PreparedSampling:
     greedy = variant == "greedy"
     params = TTSamplingParams(
@@ -494,7 +518,8 @@ def _warmup_sampling(rows: int, variant: str, vocab_size: int, device: torch.dev
         presence_penalty=[0.0] * rows,
         frequency_penalty=[0.0] * rows,
         repetition_penalty=[1.0] * rows,
-        seed=[-1] * rows,
+        seed=[None] * rows,
         num_logprobs=[1 if variant.endswith("logprobs") else -2] * rows,
+        enable_log_probs=[variant.endswith("logprobs")] * rows,
     )
     return prepare_sampling(params, [0] * rows, vocab_size, device)

@@ -4,7 +4,7 @@ Two stages: ``prepare_sampling`` turns per-row ``TTSamplingParams`` lists into t
 (§6 normalization: ``top_k <= 0`` or ``>= vocab`` -> vocab, ``top_k == 1`` or temperature 0 ->
 greedy); ``sample`` is the pure device-side function. Like the device, it draws from a fixed
 candidate set of the ``max_top_k`` (32) largest logits, then applies per-row top-k, top-p and
-temperature. Seeded rows (``seed != -1``) draw from a generator seeded by ``(seed, position)``, so a
+temperature. Seeded rows (``seed`` not None) draw from a generator seeded by ``(seed, position)``, so a
 seeded request reproduces regardless of slot, batch composition or host/device history; unseeded
 rows share the program's generator. Logprobs are of the sampled token under the raw logits
 (vLLM's default ``raw_logprobs``).
@@ -18,15 +18,28 @@ from typing import Any
 
 import torch
 
-from accel.tt.mesh_model import SampledOutput, TTSamplingParams
+from accel.tt.mesh_model import TTSamplingParams
 
-NO_SEED = -1
 NO_LOGPROBS = -2
 _SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, position) over the seed space
 
 
 def normalize_top_k(top_k: int, vocab_size: int) -> int:
     return vocab_size if top_k <= 0 or top_k >= vocab_size else top_k
+
+
+@dataclass(frozen=True)
+class SampledOutput:
+    """The program's sampler result (on its device): token ids int64 ``[rows]``; ``logprobs``
+    float ``[rows]`` of the sampled tokens, or None when no row enabled log probs. The model
+    hands it out in tt-metal's form (``tokens`` or ``(tokens, logprobs)``)."""
+
+    token_ids: torch.Tensor
+    logprobs: torch.Tensor | None = None
+
+    def as_tt_output(self) -> Any:
+        tokens = self.token_ids.cpu()
+        return tokens if self.logprobs is None else (tokens, self.logprobs.float().cpu())
 
 
 @dataclass(frozen=True)
@@ -38,7 +51,7 @@ class PreparedSampling:
     top_p: torch.Tensor  # float
     is_greedy: torch.Tensor  # bool
     is_all_greedy: bool  # every row greedy: the program takes the argmax and skips the candidate draw
-    seeds: tuple[int, ...]  # -1 = unseeded
+    seeds: tuple[int | None, ...]  # None = unseeded
     positions: tuple[int, ...]  # position of the token being sampled (seeds the row generator)
     wants_logprobs: bool
 
@@ -47,7 +60,8 @@ def prepare_sampling(
     params: TTSamplingParams, positions: Sequence[int], vocab_size: int, device: torch.device
 ) -> PreparedSampling:
     rows = len(positions)
-    fields = {name: list(getattr(params, name)) for name in ("temperature", "top_k", "top_p", "seed", "num_logprobs")}
+    names = ("temperature", "top_k", "top_p", "seed", "num_logprobs", "enable_log_probs")
+    fields = {name: list(getattr(params, name)) for name in names}
     for name, values in fields.items():
         if len(values) != rows:
             raise ValueError(f"sampling_params.{name} has {len(values)} rows, the batch has {rows}")
@@ -55,7 +69,7 @@ def prepare_sampling(
     top_k = [normalize_top_k(int(k), vocab_size) for k in fields["top_k"]]
     temperature = [float(t) for t in fields["temperature"]]
     greedy = [k == 1 or t <= 0.0 for k, t in zip(top_k, temperature)]
-    seeds = tuple(NO_SEED if s is None else int(s) for s in fields["seed"])
+    seeds = tuple(None if s is None else int(s) for s in fields["seed"])
     return PreparedSampling(
         temperature=torch.tensor([1.0 if g else t for g, t in zip(greedy, temperature)], device=device),
         top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
@@ -65,7 +79,7 @@ def prepare_sampling(
         is_all_greedy=all(greedy),
         seeds=seeds,
         positions=tuple(int(p) for p in positions),
-        wants_logprobs=any(n is not None and int(n) >= 0 for n in fields["num_logprobs"]),
+        wants_logprobs=any(bool(e) for e in fields["enable_log_probs"]),
     )
 
 
@@ -140,10 +154,10 @@ def _exponential_noise(
     shape: torch.Size, prep: PreparedSampling, generator: torch.Generator, device: torch.device
 ) -> torch.Tensor:
     noise = torch.empty(shape, device=device).exponential_(generator=generator)
-    seeded = [i for i, s in enumerate(prep.seeds) if s != NO_SEED]
+    seeded = [(i, s) for i, s in enumerate(prep.seeds) if s is not None]
     if seeded:
         row_gen = torch.Generator(device=device)
-        for i in seeded:
-            row_gen.manual_seed((prep.seeds[i] * _SEED_MIX + prep.positions[i]) % (2**63))
+        for i, seed in seeded:
+            row_gen.manual_seed((seed * _SEED_MIX + prep.positions[i]) % (2**63))
             noise[i] = torch.empty(shape[1], device=device).exponential_(generator=row_gen)
     return noise.clamp_min_(1e-10)

@@ -9,7 +9,9 @@ import pytest
 
 STUBS_DIR = Path(__file__).resolve().parents[2] / "doubles" / "stubs"
 EXTRA_MODELS_DIR = STUBS_DIR / "extra_models"
-_STUB_MODULES = ("ttnn", "fake_tt_model")
+# tt-metal's contract with HF's numbers, registered as a user registers a tt-metal class.
+CONTRACT_MODELS_DIR = STUBS_DIR.parent / "tt_metal_contract"
+_STUB_MODULES = ("ttnn", "fake_tt_model", "hf_contract_generator")
 
 
 def _drop_stub_modules() -> None:

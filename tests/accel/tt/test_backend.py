@@ -138,8 +138,8 @@ def test_ttnn_path_end_to_end_with_fake_model(ttnn_stub):
     for ev in events:
         ev.synchronize()
     host = model.process_decode_output_host(out, is_tokens=False)
-    assert host[[0, 7]].argmax(-1).tolist() == [9, 11]
-    sync_out, no_events = model.read_decode_output(
+    assert host.shape == (8, 1, 64) and host[[0, 7], -1].argmax(-1).tolist() == [9, 11]
+    sync_out = model.read_decode_output(
         model.decode_forward(
             tokens=tokens,
             start_pos=start_pos,
@@ -149,7 +149,7 @@ def test_ttnn_path_end_to_end_with_fake_model(ttnn_stub):
         ),
         async_read=False,
     )
-    assert no_events == [] and torch.equal(sync_out[[0, 7]], host[[0, 7]])
+    assert torch.equal(sync_out[[0, 7]], host[[0, 7]])  # tt-metal: a sync read gives the host output alone
     names = [c[0] for c in ttnn._stub_calls]
     assert names.index("record_event") < names.index("event_synchronize")
     backend.close()

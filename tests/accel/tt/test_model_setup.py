@@ -1,5 +1,5 @@
-"""KV cache dtype choice: ttnn.bfloat8_b on a mesh by default (what tt-metal generators allocate),
-the model's dtype in the torch program, vLLM's ``kv_cache_dtype`` spelling for overrides."""
+"""KV cache dtype choice: always a torch dtype (what the plugin hands tt-metal's allocators):
+"auto" = the model's, vLLM's ``kv_cache_dtype`` spelling for overrides."""
 
 from __future__ import annotations
 
@@ -18,27 +18,30 @@ from accel.tt.registry import build_registry
 from .conftest import EXTRA_MODELS_DIR
 
 
-def test_mesh_kv_cache_is_bfloat8_b_unless_overridden(ttnn_stub):
+def test_kv_cache_gets_a_torch_dtype_on_a_mesh_too(ttnn_stub):
+    """The plugin hands tt-metal vLLM's torch KV dtype (tt-metal allocates ``torch.zeros(shape,
+    dtype=dtype)`` and picks bfloat8_b itself): "auto" = the checkpoint's dtype."""
     ttnn = ttnn_stub
     ttnn._stub_simulate(8, ttnn.cluster.ClusterType.T3K)
     registry = build_registry(extra_models_dir=str(EXTRA_MODELS_DIR), include_builtins=True)
     backend = open_backend("ttnn", MeshDeviceConfig(grid=(1, 8), dispatch_core_axis="row"), registry=registry)
-    assert kv_dtype(backend) is ttnn.bfloat8_b
-    assert kv_dtype(backend, "bfloat16") is ttnn.bfloat16
-    assert kv_dtype(backend, "float32") is ttnn.float32
-    model = backend.load_model(
-        SimpleNamespace(architectures=["LlamaForCausalLM"]), 8, max_seq_len=256, n_layers=None, tt_data_parallel=4
-    )
-    model.allocate_kv_cache((16, 1, 32, 64), kv_dtype(backend), 2)
-    assert model._model.kv_dtype is ttnn.bfloat8_b
+    hf_config = SimpleNamespace(architectures=["LlamaForCausalLM"], torch_dtype=torch.bfloat16)
+    model = backend.load_model(hf_config, 8, max_seq_len=256, n_layers=None, tt_data_parallel=4)
+    assert kv_dtype(model, hf_config) is torch.bfloat16
+    assert kv_dtype(model, hf_config, "float32") is torch.float32
+    assert kv_dtype(model, SimpleNamespace(torch_dtype="float32")) is torch.float32
+    assert kv_dtype(model, SimpleNamespace()) is torch.bfloat16
+    model.allocate_kv_cache((16, 1, 32, 64), kv_dtype(model, hf_config), 2)
+    assert model._model.kv_dtype is torch.bfloat16
+    with pytest.raises(TypeError):  # what a ttnn dtype did to tt-metal's allocator
+        model.allocate_kv_cache((16, 1, 32, 64), ttnn.bfloat8_b, 2)
     backend.close()
 
 
 def test_torch_program_keeps_the_model_dtype_by_default():
-    backend = open_backend("torch")
-    assert kv_dtype(backend) is None  # the torch model allocates in its own dtype
-    assert kv_dtype(backend, "bfloat16") is torch.bfloat16
-    assert kv_dtype(None, "float32") is torch.float32
+    model = SimpleNamespace(dtype=torch.float32)  # TorchMeshModel's compute dtype
+    assert kv_dtype(model, SimpleNamespace(torch_dtype=torch.bfloat16)) is torch.float32
+    assert kv_dtype(model, None, "bfloat16") is torch.bfloat16
 
 
 def test_kv_cache_dtype_is_validated_in_vllm_spelling():
@@ -91,7 +94,7 @@ def test_the_engine_drives_a_ttnn_model_through_its_event_adapter(ttnn_stub, tin
     engine = TTMeshEngine(config, backend=backend)
     try:
         assert isinstance(engine.model, TtnnMeshModel)
-        assert engine.model._model.kv_dtype is ttnn.bfloat8_b
+        assert engine.model._model.kv_dtype == torch.float32  # tiny-llama's checkpoint dtype
         out = run_requests(engine, [GenerateRequest("r", (5, 6, 7), greedy(4))])["r"]
         assert len(tokens_of(out)) == 4
     finally:

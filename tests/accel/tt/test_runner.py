@@ -6,7 +6,7 @@ import torch
 
 from accel.contract import SamplingParams
 from accel.tt.config import TTEngineConfig
-from accel.tt.mesh_model import SUPPORTS_SAMPLE_ON_DEVICE, SampledOutput, TTSamplingParams
+from accel.tt.mesh_model import SUPPORTS_SAMPLE_ON_DEVICE, TTSamplingParams
 from accel.tt.runner import NO_TOKEN, MeshRunner, device_sampling_row
 from accel.tt.sampling_policy import SamplingPolicy
 from accel.tt.step_plan import PENDING_TOKEN, RowPlan, StepMode, StepPlan
@@ -15,7 +15,9 @@ VOCAB = 64
 
 
 class RecordingModel:
-    """Records every call; returns logits whose argmax is (row's last input token + 1)."""
+    """Records every call; returns (tt-metal's conventions) logits ``[rows, 1, vocab]`` whose
+    argmax is (row's last input token + 1), or those argmax tokens ``[rows]`` when sampling on
+    device."""
 
     def __init__(self, capacity):
         self.capacity = capacity
@@ -23,18 +25,19 @@ class RecordingModel:
 
     def decode_forward(self, **kw):
         self.calls.append(("decode", kw))
-        logits = torch.zeros(self.capacity, VOCAB)
-        logits[torch.arange(self.capacity), (kw["tokens"][:, 0] + 1) % VOCAB] = 1.0
+        logits = torch.zeros(self.capacity, 1, VOCAB)
+        logits[torch.arange(self.capacity), 0, (kw["tokens"][:, 0] + 1) % VOCAB] = 1.0
         if kw.get("sampling_params") is not None:
-            return SampledOutput(token_ids=logits.argmax(-1))
-        return logits
+            return ("device", logits[:, 0].argmax(-1))
+        return ("device", logits)
 
-    def read_decode_output(self, out, async_read=False):
-        return out, []
+    def read_decode_output(self, tt_out, async_read=False):
+        assert async_read
+        return tt_out, []
 
-    def process_decode_output_host(self, out, is_tokens=False):
-        assert is_tokens == isinstance(out, SampledOutput)
-        return out
+    def process_decode_output_host(self, tt_out, is_tokens=False):
+        assert tt_out[0] == "device" and is_tokens == (tt_out[1].dim() == 1)
+        return tt_out[1]
 
     def prefill_forward(self, **kw):
         self.calls.append(("prefill", kw))
@@ -43,7 +46,7 @@ class RecordingModel:
         logits = torch.zeros(n, 1, VOCAB)
         logits[torch.arange(n), 0, (last + 1) % VOCAB] = 1.0
         if kw.get("sampling_params") is not None:
-            return SampledOutput(token_ids=logits[:, 0].argmax(-1))
+            return logits[:, 0].argmax(-1)
         return logits
 
 
@@ -120,7 +123,8 @@ def test_device_sampling_params_are_padded_and_normalized():
     sp: TTSamplingParams = kw["sampling_params"]
     assert result.is_device_sampled and result.token_ids == (11,)
     assert len(sp.temperature) == 6
-    assert sp.top_k[0] == 1 and sp.temperature[0] == 0.0 and sp.seed[0] == -1 and sp.num_logprobs[0] == -2
+    assert sp.top_k[0] == 1 and sp.temperature[0] == 0.0 and sp.seed[0] is None and sp.num_logprobs[0] == -2
+    assert sp.enable_log_probs == [False] * 6
     assert (sp.temperature[1], sp.top_k[1], sp.top_p[1]) == (0.0, 1, 0.0)  # greedy row
     assert kw["reset_batch"] is True
     runner.submit(StepPlan(2, StepMode.DECODE, 3, 2, (row("a", 0, 1, 6, 7, (11,), (7,)),))).finalize()
@@ -137,6 +141,7 @@ def test_device_sampling_row_normalization():
         1.0,
         4,
         -2,
+        False,
     )
     assert device_sampling_row(SamplingParams(temperature=0.8, top_k=1, logprobs=2), 64)[:3] == (0.0, 1, 0.0)
     assert device_sampling_row(SamplingParams(temperature=0.8, top_k=100), 64)[1] == 64

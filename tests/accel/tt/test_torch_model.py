@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from accel.tt.mesh_model import MeshModel, SampledOutput, TTSamplingParams
+from accel.tt.mesh_model import MeshModel, TTSamplingParams
 from accel.tt.torch_model import TorchMeshModel
 from accel.tt.torch_model.model import prefill_bucket
 from tests.hf_reference import hf_greedy
@@ -45,6 +45,7 @@ def sampling(rows: int, **overrides) -> TTSamplingParams:
     values = {k: [v] * rows for k, v in TTSamplingParams.PAD_DEFAULTS.items()}
     for key, per_row in overrides.items():
         values[key] = list(per_row)
+    values["enable_log_probs"] = [n >= 0 for n in values["num_logprobs"]]
     return TTSamplingParams(**values)
 
 
@@ -126,9 +127,9 @@ def test_greedy_in_several_lanes_matches_hf(model, model_dir, kv):
         run.outputs[s].append(int(logits[i, 0].argmax()))
     for _ in range(num_new - 1):
         out = model.decode_forward(*run.decode_inputs(sorted(prompts)), kv_cache=kv)
-        assert out.shape == (B_WIRE, 1024)
+        assert out.shape == (B_WIRE, 1, 1024)  # tt-metal's decode logits
         for s in prompts:
-            run.outputs[s].append(int(out[s].argmax()))
+            run.outputs[s].append(int(out[s, -1].argmax()))
     for s, prompt in prompts.items():
         assert run.outputs[s] == hf_greedy(model_dir, prompt, num_new), f"slot {s}"
 
@@ -141,7 +142,7 @@ def test_chunked_prefill_and_prefix_reuse_match_hf(model, model_dir, kv):
     run.outputs[4].append(int(logits[0, 0].argmax()))
     for _ in range(5):
         out = model.decode_forward(*run.decode_inputs([4]), kv_cache=kv, read_from_device=True)
-        run.outputs[4].append(int(out[4].argmax()))
+        run.outputs[4].append(int(out[4, -1].argmax()))
     assert run.outputs[4] == hf_greedy(model_dir, prompt, 6)
 
 
@@ -171,14 +172,15 @@ def test_seeded_sampling_reproduces_and_greedy_defaults(model, kv):
     params = sampling(2, temperature=[1.5, 1.5], top_k=[0, 0], top_p=[0.95, 0.95], seed=[7, 7], num_logprobs=[0, 0])
     a = Requests(model, kv, prompts).prefill([0, 3], sampling_params=params)
     b = Requests(model, kv, prompts).prefill([0, 3], sampling_params=params)
-    assert isinstance(a, SampledOutput) and a.logprobs is not None
-    assert torch.equal(a.token_ids, b.token_ids)  # same seed, same position -> same token
-    assert a.token_ids[0] == a.token_ids[1]  # independent of slot and lane
-    assert bool((a.logprobs <= 0).all())
+    # enable_log_probs: tt-metal's (tokens, logprobs) tuple
+    assert isinstance(a, tuple) and len(a) == 2 and a[0].shape == (2,) and a[1].shape == (2,)
+    assert torch.equal(a[0], b[0])  # same seed, same position -> same token
+    assert a[0][0] == a[0][1]  # independent of slot and lane
+    assert bool((a[1] <= 0).all())
     greedy = Requests(model, kv, prompts).prefill([0, 3], sampling_params=sampling(2))
     logits = Requests(model, kv, prompts).prefill([0, 3])
-    assert greedy.logprobs is None  # PAD defaults: num_logprobs -2
-    assert greedy.token_ids.tolist() == logits[:, 0].argmax(-1).tolist()
+    assert isinstance(greedy, torch.Tensor) and greedy.shape == (2,)  # no log probs: a plain [B] tensor
+    assert greedy.tolist() == logits[:, 0].argmax(-1).tolist()
 
 
 def test_top_k_and_top_p_restrict_candidates(model, kv):
@@ -194,14 +196,14 @@ def test_top_k_and_top_p_restrict_candidates(model, kv):
             ),
         )
         for r in range(B_WIRE):
-            assert int(out.token_ids[r]) in top2[r].tolist()
-            draws.add(int(out.token_ids[r]))
+            assert int(out[r]) in top2[r].tolist()
+            draws.add(int(out[r]))
     assert len(draws) > 1  # temperature 5 over two candidates: both show up
     nucleus = Requests(model, kv, prompts).prefill(
         list(range(B_WIRE)),
         sampling_params=sampling(B_WIRE, temperature=[1.0] * B_WIRE, top_k=[-1] * B_WIRE, top_p=[1e-6] * B_WIRE),
     )
-    assert nucleus.token_ids.tolist() == logits.argmax(-1).tolist()
+    assert nucleus.tolist() == logits.argmax(-1).tolist()
 
 
 def test_async_decode_equals_sync_and_really_runs_on_the_queue(model, kv):
@@ -211,7 +213,7 @@ def test_async_decode_equals_sync_and_really_runs_on_the_queue(model, kv):
         run = Requests(model, kv, prompts)
         first = run.prefill([1, 5], sampling_params=sampling(2))
         for i, s in enumerate([1, 5]):
-            run.outputs[s].append(int(first.token_ids[i]))
+            run.outputs[s].append(int(first[i]))
         for _ in range(4):
             inputs = run.decode_inputs([1, 5])
             params = sampling(
@@ -226,9 +228,10 @@ def test_async_decode_equals_sync_and_really_runs_on_the_queue(model, kv):
                 result = model.process_decode_output_host(out, is_tokens=True)
             else:
                 result = model.decode_forward(*inputs, kv_cache=kv, sampling_params=params)
-            assert isinstance(result, SampledOutput) and result.logprobs.shape == (B_WIRE,)
+            tokens, logprobs = result
+            assert tokens.shape == (B_WIRE,) and logprobs.shape == (B_WIRE,)
             for s in (1, 5):
-                run.outputs[s].append(int(result.token_ids[s]))
+                run.outputs[s].append(int(tokens[s]))
         runs.append(run.outputs)
     assert runs[0] == runs[1]
 
@@ -247,7 +250,13 @@ def test_decode_submit_returns_before_the_forward_runs(model, kv):
     gate.set()
     _, events = model.read_decode_output(handle, async_read=True)
     events[0].synchronize()
-    assert model.process_decode_output_host(handle).shape == (B_WIRE, 1024)
+    assert model.process_decode_output_host(handle).shape == (B_WIRE, 1, 1024)
+
+
+def test_kv_dtype_must_be_a_torch_dtype(model):
+    """tt-metal allocates ``torch.zeros(shape, dtype=dtype)``: a ttnn dtype is a contract error."""
+    with pytest.raises(TypeError, match="torch floating dtype"):
+        model.allocate_kv_cache((NUM_BLOCKS, 2, BLOCK_SIZE, 32), "bfloat8_b", 4)
 
 
 def test_decode_requires_full_slot_batch(model, kv):

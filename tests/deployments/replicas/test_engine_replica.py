@@ -178,3 +178,31 @@ def test_busy_replica_coalesces_streams_exactly_and_sends_first_tokens_at_once(p
         assert [lp.logprob for d in a for lp in d.logprobs] == [lp.logprob for d in lone for lp in d.logprobs]
 
     asyncio.run(run())
+
+
+def test_a_stalled_engine_fails_the_health_check_and_every_inflight_stream(pool):
+    """No output for ``step_timeout_s`` with requests in flight: the check raises (Serve then
+    restarts the replica) after ending each open stream with the error; nothing stays in flight."""
+    import dataclasses
+
+    async def run():
+        replica = _replica(dataclasses.replace(pool, step_timeout_s=0.3), delay_s=30.0)  # 30 s per token: stalled
+        params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+        async def client(i):
+            with pytest.raises(RuntimeError, match="unhealthy: no engine output"):
+                async for _ in replica.generate(GenerateRequest(f"s{i}", (0, 5, i), params)):
+                    pass
+
+        clients = [asyncio.create_task(client(i)) for i in range(2)]
+        await asyncio.sleep(0.05)
+        await replica.check_health()  # in flight, but not stalled yet
+        await asyncio.sleep(0.4)
+        with pytest.raises(RuntimeError, match=r"2 request\(s\) are in flight"):
+            await replica.check_health()
+        await asyncio.wait_for(asyncio.gather(*clients), timeout=5)
+        assert replica.routing_snapshot().num_inflight == 0
+        await replica.check_health()  # idle again: no stall
+        await replica.shutdown()
+
+    asyncio.run(run())

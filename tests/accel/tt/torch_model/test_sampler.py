@@ -13,6 +13,7 @@ VOCAB = 100
 def params(rows: int, **overrides) -> TTSamplingParams:
     values = {k: [v] * rows for k, v in TTSamplingParams.PAD_DEFAULTS.items()}
     values.update({k: list(v) for k, v in overrides.items()})
+    values["enable_log_probs"] = [n >= 0 for n in values["num_logprobs"]]  # as the plugin sets it
     return TTSamplingParams(**values)
 
 
@@ -23,7 +24,7 @@ def test_normalize_top_k():
 def test_pad_defaults_are_greedy_without_logprobs():
     prep = prepare_sampling(params(3), [4, 5, 6], VOCAB, torch.device("cpu"))
     assert prep.is_greedy.tolist() == [True] * 3 and not prep.wants_logprobs
-    assert prep.seeds == (-1, -1, -1)
+    assert prep.seeds == (None, None, None)  # tt-metal: None = unseeded
 
 
 def test_top_k_one_collapses_the_nucleus_and_temperature_zero_is_greedy():
@@ -67,7 +68,7 @@ def test_mixed_batch_greedy_rows_match_the_all_greedy_path():
 
 def test_decode_cache_reuses_tensors_until_a_value_changes():
     cache = DecodeSamplingCache(VOCAB, torch.device("cpu"))
-    p = params(2, temperature=[0.0, 0.7], top_k=[1, 5], seed=[-1, 3])
+    p = params(2, temperature=[0.0, 0.7], top_k=[1, 5], seed=[None, 3])
     first = cache.prepare(p, [4, 5])
     second = cache.prepare(p, [5, 6])
     assert second.temperature is first.temperature and second.positions == (5, 6)
@@ -91,7 +92,7 @@ def test_seeds_reproduce_per_position_and_unseeded_rows_vary():
 
     def draw(seed, pos, gen_seed):
         prep = prepare_sampling(
-            params(2, temperature=[1.0, 1.0], top_k=[-1, -1], seed=[seed, -1]), [pos, pos], VOCAB, torch.device("cpu")
+            params(2, temperature=[1.0, 1.0], top_k=[-1, -1], seed=[seed, None]), [pos, pos], VOCAB, torch.device("cpu")
         )
         return sample(logits, prep, torch.Generator().manual_seed(gen_seed), max_top_k=32).token_ids.tolist()
 

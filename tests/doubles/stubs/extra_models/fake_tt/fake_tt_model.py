@@ -46,11 +46,11 @@ class FakeTTModel:
     def allocate_kv_cache(self, kv_cache_shape, dtype, num_layers):
         assert len(kv_cache_shape) == 4, "(num_blocks, kv_heads, block_size, head_dim)"
         self.kv_shape = tuple(kv_cache_shape)
-        self.kv_dtype = dtype  # a real generator allocates ttnn tensors of this dtype
-        return [
-            [[torch.zeros(kv_cache_shape), torch.zeros(kv_cache_shape)] for _ in range(num_layers)]
-            for _ in range(self.num_lanes)
-        ]
+        self.kv_dtype = dtype
+        # tt-metal's allocate_vllm_kv_cache starts exactly so (a ttnn dtype raises TypeError here),
+        # then converts to ttnn tensors of the model's own KV dtype (bfloat8_b by default).
+        cache_kv = torch.zeros(kv_cache_shape, dtype=dtype)
+        return [[[cache_kv.clone(), cache_kv.clone()] for _ in range(num_layers)] for _ in range(self.num_lanes)]
 
     def _check_kv(self, kv_cache) -> None:
         assert len(kv_cache) == self.num_lanes, "kv_cache is [lane][layer] = [K, V]"
@@ -100,7 +100,7 @@ class FakeTTModel:
         assert start_pos.shape == (self.max_batch_size,) and page_table.shape[0] == self.max_batch_size
         assert page_table.dtype == torch.int32
         self._check_kv(kv_cache)
-        logits = self._next_token_logits(tokens[:, 0])
+        logits = self._next_token_logits(tokens[:, 0])[:, None, :]  # [B, 1, vocab], as tt-metal's
         logits[start_pos < 0] = float("nan")  # empty slots: garbage the engine must ignore
         return ("device", logits) if not read_from_device else logits
 
@@ -108,15 +108,15 @@ class FakeTTModel:
         assert isinstance(tt_out, tuple) and tt_out[0] == "device"
         if not async_read:
             return tt_out[1]
-        return ("host", tt_out[1]), [ttnn.record_event(self.mesh_device, cq_id=0)]
+        return ("host", tt_out[1]), [ttnn.record_event(self.mesh_device, 0)]
 
     def process_decode_output_host(self, tt_out, is_tokens=False):
         assert isinstance(tt_out, tuple) and tt_out[0] == "host"
         return tt_out[1]
 
-    def warmup_model_prefill(self, enable_trace, kv_cache, can_sample_on_device):
+    def warmup_model_prefill(self, kv_cache, enable_trace, can_sample_on_device):
         self.calls.append("warmup_prefill")
 
-    def warmup_model_decode(self, enable_trace, kv_cache, max_batch_size, num_blocks, can_sample_on_device):
+    def warmup_model_decode(self, kv_cache, enable_trace, max_batch_size, num_blocks, can_sample_on_device):
         assert max_batch_size == self.max_batch_size
         self.calls.append("warmup_decode")

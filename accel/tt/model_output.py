@@ -1,0 +1,92 @@
+"""What a mesh model's forward returns, unpacked the way vllm-tt-plugin's runner unpacks it.
+
+tt-metal's generators return host logits ``[rows, 1, vocab]`` (sometimes as a ``(logits,
+log_probs)`` tuple), or, when sampling ran on the device, tokens ``[rows]`` (``[rows, 1]`` from
+some decode paths) or a ``(tokens, logprobs)`` tuple when any row enabled log probs. Decode
+outputs come back in two steps: ``read_decode_output(out, async_read=True)`` gives ``(host_out,
+events)``; once every event is synchronized, ``process_decode_output_host`` turns ``host_out``
+into torch tensors unless it already is (plugin ``async_decode.finalize_decode``).
+
+Anything else is a contract violation and raises ``TypeError`` naming what came back: a model
+class that returns our own types instead of tt-metal's must fail loudly, not sample garbage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from accel.tt.mesh_model import DeviceEvent
+
+
+@dataclass(frozen=True)
+class HostOutput:
+    """One forward's output on the host. ``values``: logits float ``[rows, vocab]`` (the last
+    position, as the plugin's ``tt_out[rows, -1, :]``) or device-sampled tokens int64 ``[rows]``;
+    ``logprobs``: float ``[rows]`` of the sampled tokens, when the device returned them."""
+
+    values: torch.Tensor
+    logprobs: torch.Tensor | None
+    is_tokens: bool
+
+
+def is_host_output(out: Any) -> bool:
+    """A torch tensor, or a tuple of torch tensors / None (plugin ``_is_host_decode_output``)."""
+    if isinstance(out, torch.Tensor):
+        return True
+    return isinstance(out, tuple) and all(t is None or isinstance(t, torch.Tensor) for t in out)
+
+
+def unpack_output(out: Any, *, is_tokens: bool, wants_logprobs: bool, num_rows: int) -> HostOutput:
+    """``out`` (host tensors, tt-metal conventions) -> ``HostOutput`` of ``num_rows`` rows."""
+    logprobs = None
+    if is_tokens and wants_logprobs:
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise TypeError(
+                f"device sampling with log probs must return a (tokens, logprobs) tuple, got {_describe(out)}"
+            )
+        out, logprobs = out
+    elif isinstance(out, tuple):
+        if len(out) != 2:
+            raise TypeError(f"a model output tuple must be (values, log_probs), got {_describe(out)}")
+        out = out[0]
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"expected host torch tensors from the model, got {_describe(out)}")
+    if is_tokens:
+        if out.dim() not in (1, 2) or (out.dim() == 2 and out.shape[1] != 1) or out.shape[0] < num_rows:
+            raise TypeError(f"device-sampled tokens must be [rows] or [rows, 1], got shape {tuple(out.shape)}")
+        values = out.reshape(-1)[:num_rows].to(torch.int64)
+        if logprobs is not None:
+            logprobs = torch.as_tensor(logprobs).reshape(-1)[:num_rows].float()
+        return HostOutput(values, logprobs, True)
+    if out.dim() != 3 or out.shape[0] < num_rows:
+        raise TypeError(f"host logits must be [rows, 1 (or S), vocab], got shape {tuple(out.shape)}")
+    return HostOutput(out[:num_rows, -1, :].float(), None, False)
+
+
+def finalize_decode(
+    model: Any,
+    host_out: Any,
+    events: Sequence[DeviceEvent],
+    *,
+    is_tokens: bool,
+    wants_logprobs: bool,
+    num_rows: int,
+) -> HostOutput:
+    """Wait for the read-back, convert with ``process_decode_output_host`` when needed, unpack."""
+    for event in events:
+        event.synchronize()
+    if not is_host_output(host_out):
+        host_out = model.process_decode_output_host(host_out, is_tokens=is_tokens)
+    return unpack_output(host_out, is_tokens=is_tokens, wants_logprobs=wants_logprobs, num_rows=num_rows)
+
+
+def _describe(out: Any) -> str:
+    if isinstance(out, torch.Tensor):
+        return f"tensor {tuple(out.shape)}"
+    if isinstance(out, tuple):
+        return "(" + ", ".join(_describe(o) for o in out) + ")"
+    return type(out).__name__

@@ -1,0 +1,143 @@
+"""The engine against a model class with tt-metal's real call contract (``HFContractGenerator``:
+tt-metal's signatures and return conventions, HF transformers' logits), registered through
+``EXTRA_MODELS_DIR`` + ``vllm_metadata.json`` and driven on the ttnn stub: greedy output equals
+HF token for token, with host and device sampling, warmup and async decode on. The second half
+shows that each way our old contract differed from tt-metal's now fails loudly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accel.contract import GenerateRequest
+from accel.tt.backend import open_backend
+from accel.tt.config import TTEngineConfig
+from accel.tt.engine import TTMeshEngine
+from accel.tt.mesh_device import MeshDeviceConfig
+from accel.tt.model_output import unpack_output
+from accel.tt.registry import build_registry
+from tests.hf_reference import hf_greedy
+
+from .conftest import CONTRACT_MODELS_DIR
+from .engine_harness import greedy, prompt_of, run_requests, tokens_of
+
+pytestmark = pytest.mark.slow
+
+NUM_NEW = 6
+
+
+def contract_engine(ttnn, ckpt, sample_on_device_mode):
+    ttnn._stub_simulate(8, ttnn.cluster.ClusterType.T3K)
+    registry = build_registry(extra_models_dir=str(CONTRACT_MODELS_DIR), include_builtins=True)
+    backend = open_backend("ttnn", MeshDeviceConfig(grid=(1, 8), dispatch_core_axis="row"), registry=registry)
+    tt = {"enable_model_warmup": True, "trace_mode": "all"}
+    if sample_on_device_mode is not None:
+        tt["sample_on_device_mode"] = sample_on_device_mode
+    config = TTEngineConfig.from_engine_args(
+        dict(
+            model=str(ckpt),
+            max_num_seqs=4,
+            block_size=32,
+            max_model_len=256,
+            max_num_batched_tokens=256,
+            async_scheduling=True,
+            additional_config={"tt": tt},
+        )
+    )
+    return TTMeshEngine(config, backend=backend)
+
+
+@pytest.mark.parametrize("checkpoint", ["tiny_llama", "tiny_qwen3"])
+@pytest.mark.parametrize("sample_on_device_mode", [None, "all"])
+def test_greedy_equals_hf_through_tt_metals_contract(ttnn_stub, request, checkpoint, sample_on_device_mode):
+    ckpt = request.getfixturevalue(checkpoint)
+    engine = contract_engine(ttnn_stub, ckpt, sample_on_device_mode)
+    try:
+        model = engine.model._model
+        assert type(model).__name__ == "HFContractGenerator"
+        prompts = {f"r{i}": prompt_of(i, 9 + 7 * i) for i in range(3)}
+        out = run_requests(engine, [GenerateRequest(r, p, greedy(NUM_NEW)) for r, p in prompts.items()], 0.05)
+        for req_id, prompt in prompts.items():
+            assert tokens_of(out[req_id]) == hf_greedy(ckpt, prompt, NUM_NEW), req_id
+        names = [name for name, _ in model.calls]
+        # warmup: compile then capture, by keyword (the double's signatures take kv_cache first)
+        assert names[:5] == [
+            "allocate_kv_cache_per_layer",
+            "warmup_prefill",
+            "warmup_decode",
+            "decode",
+            "warmup_prefill",
+        ]
+        specs = model.calls[0][1]["per_layer_specs"]
+        assert all(dtype is torch.float32 and idx == i for i, (_, dtype, idx) in enumerate(specs))
+        assert type(model).max_tokens_calls[-1]["num_devices"] == 8  # the mesh's physical devices
+        device_params = [kw["sampling_params"] for name, kw in model.calls if name in ("decode", "prefill")]
+        device_params = [p for p in device_params if p is not None]
+        if sample_on_device_mode is None:
+            assert device_params == []
+        else:
+            assert device_params, "device sampling never ran"
+            assert all(s is None for p in device_params for s in p.seed)  # unseeded: None, not -1
+            assert all(e is False for p in device_params for e in p.enable_log_probs)
+            assert engine.core.queue.num_overlapped_steps > 0  # async decode really overlapped
+    finally:
+        engine.close()
+
+
+# ---- each old mismatch now fails loudly ----------------------------------------------------
+
+
+@pytest.fixture
+def contract_class(ttnn_stub, tiny_llama):
+    registry = build_registry(extra_models_dir=str(CONTRACT_MODELS_DIR), include_builtins=False)
+    from transformers import AutoConfig
+
+    return registry.resolve(AutoConfig.from_pretrained(tiny_llama), "ttnn")
+
+
+def test_a_positional_warmup_call_is_a_type_error(contract_class):
+    """Our old call ``warmup_model_decode(enable_trace, kv_cache=...)`` against tt-metal's signature."""
+    model = object.__new__(contract_class)
+    with pytest.raises(TypeError, match="multiple values for argument 'kv_cache'"):
+        model.warmup_model_decode(True, kv_cache=[], max_batch_size=4, num_blocks=8, can_sample_on_device=False)
+    with pytest.raises(TypeError, match="non_greedy_decoding_on_device"):
+        model.warmup_model_decode(
+            kv_cache=[], enable_trace=True, max_batch_size=4, num_blocks=8, can_sample_on_device=False
+        )
+
+
+def test_a_ttnn_kv_dtype_is_a_type_error(contract_class, ttnn_stub):
+    model = object.__new__(contract_class)
+    model.submeshes, model.calls = [None], []
+    with pytest.raises(TypeError):
+        model.allocate_kv_cache((4, 1, 32, 64), ttnn_stub.bfloat8_b, 2)
+
+
+def test_sampling_params_without_enable_log_probs_are_refused(contract_class):
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class OldParams:  # our old TTSamplingParams: no enable_log_probs
+        temperature: list
+        top_k: list
+        top_p: list
+        seed: list
+
+    model = object.__new__(contract_class)
+    model.vocab_size = 8
+    with pytest.raises(AttributeError, match="enable_log_probs"):
+        model._sample(torch.zeros(1, 8), OldParams([0.0], [1], [1.0], [-1]), positions=[1])
+
+
+def test_outputs_other_than_tt_metals_are_refused():
+    rows, vocab = 4, 16
+    with pytest.raises(TypeError, match=r"\[rows, 1 \(or S\), vocab\]"):
+        unpack_output(torch.zeros(rows, vocab), is_tokens=False, wants_logprobs=False, num_rows=rows)
+    with pytest.raises(TypeError, match="host torch tensors"):
+        unpack_output(object(), is_tokens=True, wants_logprobs=False, num_rows=rows)
+    with pytest.raises(TypeError, match="tokens, logprobs"):
+        unpack_output(torch.zeros(rows, dtype=torch.int64), is_tokens=True, wants_logprobs=True, num_rows=rows)
+    ok = unpack_output((torch.zeros(rows, 1, vocab), None), is_tokens=False, wants_logprobs=False, num_rows=2)
+    assert ok.values.shape == (2, vocab)
+    toks = unpack_output(torch.arange(rows).view(rows, 1), is_tokens=True, wants_logprobs=False, num_rows=rows)
+    assert toks.values.tolist() == [0, 1, 2, 3]

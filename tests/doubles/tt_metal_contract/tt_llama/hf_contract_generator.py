@@ -1,0 +1,260 @@
+"""A tt-metal vLLM generator class, for host tests: tt-metal's call contract, HF's numbers.
+
+Written from tt-metal's own code, not from our ``MeshModel`` protocol:
+``models/tt_transformers/tt/generator_vllm.py`` (``initialize_vllm_model``, ``allocate_kv_cache``
+through ``allocate_vllm_kv_cache``, ``prefill_forward`` / ``decode_forward`` forwarding ``*args,
+**kwargs`` to ``Generator.prefill_forward_text`` / ``decode_forward_text``),
+``models/tt_transformers/tt/generator.py`` (those two signatures, ``read_decode_output`` /
+``process_decode_output_host``), ``models/common/warmup/warmup_utils.py``
+(``WarmupForwardMixin.warmup_model_decode(kv_cache, enable_trace, max_batch_size, num_blocks,
+can_sample_on_device, non_greedy_decoding_on_device)``, every argument required) and
+``models/common/sampling/sampling_params.py`` (``seed=None`` = unseeded, ``enable_log_probs``
+read on every call). Return conventions are tt-metal's: prefill gives host logits ``[n, 1,
+vocab]``; decode gives a device tensor whose host read-back is logits ``[B, 1, vocab]``; with
+device sampling, tokens ``[B]`` or ``(tokens, logprobs)`` when a row enables log probs.
+
+The logits come from HF transformers (fp32), recomputed from each slot's token history (the
+slot's tokens are what prefill and decode fed it), so an engine driving this class correctly
+produces exactly HF's greedy tokens; KV tensors are allocated as tt-metal allocates them but
+never read. ``instances`` and the ``calls`` log let tests look at what the engine sent.
+
+Registered like a user's tt-metal class: ``EXTRA_MODELS_DIR`` + ``vllm_metadata.json`` (this
+folder for Llama; ``../tt_qwen3`` registers the same class for Qwen3).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import fields
+from typing import Any, ClassVar
+
+import torch
+import ttnn
+
+
+class _DeviceTensor:
+    """What a traced decode leaves on the device (a ttnn tensor, here holding torch values)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class _HostTensor:
+    """A ttnn host tensor after ``.cpu(blocking=False)``: not yet a torch tensor."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class HFContractGenerator:
+    # Class-level capabilities, tt_transformers style (no supports_chunked_prefill: the plugin
+    # then turns chunked prefill off).
+    model_capabilities: ClassVar[dict[str, Any]] = {
+        "supports_prefix_caching": True,
+        "supports_async_decode": True,
+        "supports_sample_on_device": True,
+    }
+    instances: ClassVar[list[HFContractGenerator]] = []
+    max_tokens_calls: ClassVar[list[dict[str, Any]]] = []
+
+    def __init__(self, hf_model: Any, mesh_device: Any, submeshes: list[Any], max_batch_size: int) -> None:
+        self.hf_model = hf_model
+        self.mesh_device = mesh_device
+        self.submeshes = submeshes
+        self.data_parallel = len(submeshes)
+        self.max_batch_size = max_batch_size
+        self.vocab_size = int(hf_model.config.vocab_size)
+        self.history: dict[int, list[int]] = {}
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.already_warmed_up_prefill = False
+        HFContractGenerator.instances.append(self)
+
+    # ---- construction (generator_vllm.py) ----
+    @classmethod
+    def initialize_vllm_model(
+        cls,
+        hf_config,
+        mesh_device,
+        max_batch_size,
+        max_seq_len,
+        n_layers=None,
+        tt_data_parallel=1,
+        optimizations: str = "performance",
+    ):
+        from transformers import AutoModelForCausalLM
+
+        assert isinstance(mesh_device, ttnn.MeshDevice), f"mesh_device is {type(mesh_device).__name__}"
+        rows, cols = mesh_device.shape.dims
+        assert (rows * cols) % tt_data_parallel == 0 and max_batch_size % tt_data_parallel == 0
+        submeshes = mesh_device.create_submeshes(ttnn.MeshShape(1, rows * cols // tt_data_parallel))
+        hf_model = AutoModelForCausalLM.from_pretrained(hf_config._name_or_path, dtype=torch.float32).eval()
+        return cls(hf_model, mesh_device, submeshes, max_batch_size)
+
+    @classmethod
+    def get_max_tokens_all_users(cls, model_name, num_devices, tt_data_parallel, max_model_len, max_num_seqs):
+        cls.max_tokens_calls.append(
+            dict(num_devices=num_devices, tt_data_parallel=tt_data_parallel, max_num_seqs=max_num_seqs)
+        )
+        return max_num_seqs * max_model_len
+
+    # ---- KV (allocate_vllm_kv_cache) ----
+    def allocate_kv_cache(self, kv_cache_shape, dtype, num_layers):
+        return self.allocate_kv_cache_per_layer([(kv_cache_shape, dtype, i) for i in range(num_layers)])
+
+    def allocate_kv_cache_per_layer(self, per_layer_specs):
+        self.calls.append(("allocate_kv_cache_per_layer", {"per_layer_specs": per_layer_specs}))
+        kv_cache = []
+        for _ in self.submeshes:
+            # tt-metal: torch.zeros(shape, dtype=dtype), then ttnn.as_tensor(..., dtype=bfloat8_b)
+            kv_cache.append(
+                [
+                    [torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)]
+                    for shape, dtype, _ in per_layer_specs
+                ]
+            )
+        return kv_cache
+
+    # ---- prefill (Generator.prefill_forward_text) ----
+    def prefill_forward(self, *args, **kwargs):
+        return self.prefill_forward_text(*args, **kwargs)
+
+    def prefill_forward_text(
+        self,
+        tokens: torch.Tensor,
+        page_table=None,
+        kv_cache=None,
+        prompt_lens=None,
+        empty_slots=None,
+        enable_trace=True,
+        model_id_warmup=None,
+        sampling_params=None,
+        start_pos=None,
+        return_hidden_states=False,
+        warmup_prefill=True,
+        **kwargs,
+    ):
+        self.calls.append(("prefill", dict(kwargs, sampling_params=sampling_params, start_pos=start_pos)))
+        assert isinstance(page_table, torch.Tensor), "page_table must be torch.Tensor"
+        batch_size = tokens.shape[0]
+        prompt_lens = prompt_lens if prompt_lens is not None else [tokens.shape[1]] * batch_size
+        empty_slots = empty_slots if empty_slots is not None else list(range(batch_size))
+        rows = []
+        for idx, user_id in enumerate(empty_slots):
+            seq_len = int(prompt_lens[idx])
+            self.history[int(user_id)] = tokens[idx, :seq_len].tolist()
+            rows.append(self._last_logits(self.history[int(user_id)]))
+        logits = torch.stack(rows)[:, None, :]  # [n, 1, vocab]
+        if sampling_params is None:
+            return logits
+        return self._sample(logits[:, 0], sampling_params, positions=[int(n) for n in prompt_lens])
+
+    # ---- decode (Generator.decode_forward_text) ----
+    def decode_forward(self, *args, **kwargs):
+        return self.decode_forward_text(*args, **kwargs)
+
+    def decode_forward_text(
+        self,
+        tokens,
+        start_pos,
+        page_table=None,
+        kv_cache=None,
+        enable_trace=True,
+        read_from_device=True,
+        async_read=False,
+        sampling_params=None,
+        reset_inputs=False,
+        tt_out_logits_saved=None,
+        is_cur_pos_sharded=False,
+        is_page_table_sharded=False,
+        reset_batch=False,
+        prompt_tokens=None,
+        output_tokens=None,
+    ):
+        self.calls.append(("decode", dict(sampling_params=sampling_params, reset_batch=reset_batch)))
+        batch = tokens.shape[0]
+        assert batch == self.max_batch_size, "a traced decode runs its captured batch"
+        logits = torch.zeros(batch, 1, self.vocab_size)
+        positions = [int(p) for p in start_pos.tolist()]
+        for row, pos in enumerate(positions):
+            if pos < 0:
+                continue  # empty slot
+            history = self.history.get(row, [])
+            assert len(history) >= pos, f"slot {row}: decode at {pos} but only {len(history)} tokens known"
+            self.history[row] = history[:pos] + [int(tokens[row, 0])]
+            logits[row, 0] = self._last_logits(self.history[row])
+        if sampling_params is None:
+            out = _DeviceTensor(logits)
+        else:
+            out = _DeviceTensor(self._sample(logits[:, 0], sampling_params, positions=[p + 1 for p in positions]))
+        if read_from_device:
+            return self.process_decode_output_host(self.read_decode_output(out), is_tokens=sampling_params is not None)
+        return out
+
+    def read_decode_output(self, tt_out, async_read=False):
+        assert isinstance(tt_out, _DeviceTensor), f"read_decode_output got {type(tt_out).__name__}"
+        host = _HostTensor(tt_out.value)
+        if async_read:
+            return host, [ttnn.record_event(self.mesh_device, 0)]
+        return host
+
+    def process_decode_output_host(self, tt_out, is_tokens=False):
+        assert isinstance(tt_out, _HostTensor), f"process_decode_output_host got {type(tt_out).__name__}"
+        value = tt_out.value
+        tokens = value[0] if isinstance(value, tuple) else value
+        assert is_tokens == (tokens.dim() == 1), "is_tokens must say whether the decode sampled on device"
+        return value
+
+    # ---- warmup (WarmupForwardMixin) ----
+    def warmup_model_prefill(self, kv_cache, enable_trace, can_sample_on_device):
+        self.calls.append(
+            ("warmup_prefill", dict(enable_trace=enable_trace, can_sample_on_device=can_sample_on_device))
+        )
+        self.already_warmed_up_prefill = True
+
+    def warmup_model_decode(
+        self, kv_cache, enable_trace, max_batch_size, num_blocks, can_sample_on_device, non_greedy_decoding_on_device
+    ):
+        self.calls.append(("warmup_decode", dict(enable_trace=enable_trace, max_batch_size=max_batch_size)))
+        tokens = torch.zeros(max_batch_size, 1, dtype=torch.int32)
+        start_pos = torch.full((max_batch_size,), -1, dtype=torch.int32)
+        page_table = torch.zeros(max_batch_size, num_blocks, dtype=torch.int32)
+        self.decode_forward(
+            tokens=tokens,
+            start_pos=start_pos,
+            page_table=page_table,
+            kv_cache=kv_cache,
+            enable_trace=enable_trace,
+            read_from_device=True,
+            sampling_params=None,
+        )
+
+    # ---- internals ----
+    @torch.no_grad()
+    def _last_logits(self, token_ids: list[int]) -> torch.Tensor:
+        return self.hf_model(input_ids=torch.tensor([token_ids])).logits[0, -1].float()
+
+    def _sample(self, logits: torch.Tensor, sampling_params: Any, positions: list[int]) -> Any:
+        """Device sampling as ``format_sampling_params`` reads the params: every field by name,
+        ``enable_log_probs`` included; ``seed`` None = unseeded."""
+        params = {f.name: getattr(sampling_params, f.name) for f in fields(sampling_params)}
+        enable_log_probs = sampling_params.enable_log_probs  # AttributeError if the engine leaves it out
+        rows = logits.shape[0]
+        for name in ("temperature", "top_k", "top_p", "seed"):
+            assert len(params[name]) == rows, f"sampling_params.{name}: {len(params[name])} rows, batch {rows}"
+        tokens = torch.empty(rows, dtype=torch.int64)
+        for i in range(rows):
+            temperature, top_k, top_p, seed = (params[n][i] for n in ("temperature", "top_k", "top_p", "seed"))
+            if temperature == 0 or top_k == 1:
+                tokens[i] = int(logits[i].argmax())
+                continue
+            probs = torch.softmax(logits[i] / temperature, dim=-1)
+            if 0 < top_k < self.vocab_size:
+                kth = probs.topk(int(top_k)).values[-1]
+                probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+            gen = torch.Generator()
+            gen.manual_seed(random.randint(0, 2**31) if seed is None else int(seed) * 1_000_003 + positions[i])
+            tokens[i] = int(torch.multinomial(probs, 1, generator=gen)[0])
+        if not any(enable_log_probs):
+            return tokens
+        logprobs = logits.log_softmax(-1).gather(1, tokens[:, None]).squeeze(1)
+        return tokens, logprobs
