@@ -59,6 +59,11 @@ def _with_kv_transfer(delta: OutputDelta, out: Any, sent: KVTransferParams | Non
     return dataclasses.replace(delta, kv_transfer=returned) if returned is not None else delta
 
 
+# Environment variables an engine of this process set (name -> value), so the next engine here
+# still tells them from the user's own.
+_SET_BY_US: dict[str, str] = {}
+
+
 def engine_environment(
     environ: Mapping[str, str],
     xla_cache_path: Path,
@@ -175,14 +180,17 @@ class VllmEngine:
 
     def _set_engine_environment(self, kwargs: dict[str, Any]) -> None:
         """Environment the engine core (spawned) and its workers read (``engine_environment``)."""
+        # What an earlier engine in this process set is ours, not the user's.
+        user_env = {k: v for k, v in os.environ.items() if _SET_BY_US.get(k) != v}
         updates = engine_environment(
-            os.environ,
+            user_env,
             self.config.xla_cache_path,
             is_tpu=self.platform.is_tpu,
             uses_ray_executor=kwargs.get("distributed_executor_backend") == "ray",
             data_parallel_size=kwargs.get("data_parallel_size") or 1,
         )
         os.environ.update(updates)
+        _SET_BY_US.update(updates)
         cache = Path(os.environ["VLLM_XLA_CACHE_PATH"])
         cache.mkdir(parents=True, exist_ok=True)
         logger.info("XLA compile cache: %s%s", cache, "" if "VLLM_XLA_CACHE_PATH" in updates else " (set by the user)")
