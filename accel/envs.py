@@ -28,6 +28,10 @@ class Envs:
     extra_models_dir: str | None
     tt_builtin_models: bool
     mesh_device: str | None
+    # Which tt-metal generator serves Llama / Qwen3 / Qwen3.5 (vllm-tt-plugin's switches).
+    tt_llama_text_ver: str
+    tt_qwen3_text_ver: str
+    tt_qwen35_text_ver: str
     # Root of the per-model XLA compile caches of TPU replicas (VLLM_XLA_CACHE_PATH per model).
     xla_cache_dir: Path
     # Interpreter of a Python 3.12 venv with the real ttnn wheel (checks our ttnn calls' signatures).
@@ -43,6 +47,9 @@ def _read() -> Envs:
         extra_models_dir=os.environ.get("EXTRA_MODELS_DIR") or None,
         tt_builtin_models=_bool(os.environ.get("TT_VLLM_BUILTIN_MODELS"), True),
         mesh_device=os.environ.get("MESH_DEVICE") or None,
+        tt_llama_text_ver=os.environ.get("TT_LLAMA_TEXT_VER") or "tt_transformers",
+        tt_qwen3_text_ver=os.environ.get("TT_QWEN3_TEXT_VER") or "tt_transformers",
+        tt_qwen35_text_ver=os.environ.get("TT_QWEN35_TEXT_VER") or "qwen36_blackhole",
         xla_cache_dir=Path(
             os.environ.get("MESHSERVE_XLA_CACHE_DIR", Path.home() / ".cache" / "meshserve" / "xla_cache")
         ).expanduser(),

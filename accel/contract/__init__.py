@@ -9,7 +9,8 @@ Every type here is a frozen dataclass validated on construction: an invalid valu
 
 One module per concept: ``errors``, ``sampling`` (``SamplingParams``), ``request``
 (``GenerateRequest``, ``KVTransferParams``), ``output`` (``OutputDelta`` and its parts),
-``stats`` (``EngineStats``, ``TTEngineStats``), ``engine`` (the ``Engine``
+``stats`` (``EngineStats``, ``TTEngineStats``), ``structured_output``
+(``StructuredOutputSpec``), ``engine`` (the ``Engine``
 protocol, ``PrefixCacheChange``). Import them from here.
 """
 
@@ -19,6 +20,7 @@ from accel.contract.output import FinishReason, OutputDelta, TokenLogprob, join_
 from accel.contract.request import GenerateRequest, KVTransferParams
 from accel.contract.sampling import SamplingParams
 from accel.contract.stats import EngineStats, TTEngineStats
+from accel.contract.structured_output import StructuredOutputKind, StructuredOutputSpec
 
 __all__ = [
     "ConfigError",
@@ -31,6 +33,8 @@ __all__ = [
     "OutputDelta",
     "PrefixCacheChange",
     "SamplingParams",
+    "StructuredOutputKind",
+    "StructuredOutputSpec",
     "TTEngineStats",
     "TokenLogprob",
     "join_token_ids",

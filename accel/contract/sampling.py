@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accel.contract.errors import InvalidRequestError, is_int, is_number, normalize_token_ids, require
+from accel.contract.structured_output import StructuredOutputSpec
 
 
 def _normalize_stop(stop: Any) -> tuple[str, ...]:
@@ -74,6 +75,14 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     skip_special_tokens: bool = True
+    # Constrained decoding: a grammar (``StructuredOutputSpec``), an allow-list of token ids, and
+    # vLLM's ``bad_words`` (the words as sent, for engines that tokenize them natively, and their
+    # token sequences as vLLM's ``update_from_tokenizer`` builds them: the last token of a
+    # sequence is banned when the output so far ends with the rest of it).
+    structured_outputs: StructuredOutputSpec | None = None
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words: tuple[str, ...] = ()
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -123,10 +132,36 @@ class SamplingParams:
             f"must be in (0, 2], got {self.repetition_penalty!r}",
         )
         set_(self, "logit_bias", _normalize_logit_bias(self.logit_bias))
+        require(
+            self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputSpec),
+            "structured_outputs",
+            "must be a StructuredOutputSpec",
+        )
+        if self.allowed_token_ids is not None:
+            ids = normalize_token_ids(self.allowed_token_ids, "allowed_token_ids")
+            require(len(ids) > 0, "allowed_token_ids", "allowed_token_ids is not None and empty!")  # vLLM's words
+            set_(self, "allowed_token_ids", ids)
+        require(
+            isinstance(self.bad_words, (list, tuple)) and all(isinstance(w, str) and w for w in self.bad_words),
+            "bad_words",
+            "must be a list of non-empty strings",
+        )
+        set_(self, "bad_words", tuple(dict.fromkeys(self.bad_words)))
+        require(isinstance(self.bad_words_token_ids, (list, tuple)), "bad_words", "expected token id sequences")
+        seqs = tuple(normalize_token_ids(seq, "bad_words") for seq in self.bad_words_token_ids)
+        require(all(seqs), "bad_words", "every bad word must tokenize to at least one token")
+        set_(self, "bad_words_token_ids", seqs)
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def has_logit_constraints(self) -> bool:
+        """A grammar, an allow-list or bad words: logits are masked before sampling."""
+        return (
+            self.structured_outputs is not None or self.allowed_token_ids is not None or bool(self.bad_words_token_ids)
+        )
 
     @property
     def has_penalties(self) -> bool:

@@ -48,6 +48,8 @@ from accel.tt.mesh_model import SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING, 
 from accel.tt.model_setup import (
     allocate_kv_cache,
     build_mesh_model,
+    check_lanes,
+    chunked_prefill_enabled,
     devices_per_lane,
     kv_block_shape,
     kv_dtype,
@@ -68,9 +70,9 @@ logger = logging.getLogger(__name__)
 class TTMeshEngine:
     """Implements ``accel.contract.Engine`` for a TT mesh replica.
 
-    ``backend``: an opened ``accel.tt.backend.MeshBackend`` (default: ``open_backend("auto")``:
-    the ttnn mesh when chips are present, else the torch program). ``model_class`` overrides the
-    registry (tests, benchmarks). ``keep_step_log`` records a ``StepRecord`` per step.
+    ``backend``: an opened ``accel.tt.backend.MeshBackend`` (default: by ``accelerator``: "tt"
+    the ttnn mesh or a startup error naming what is missing, "cpu"/"cuda" the torch program).
+    ``model_class`` overrides the registry (tests, benchmarks). ``keep_step_log`` records a ``StepRecord`` per step.
     ``kv_hooks`` attaches prefill/decode KV transfer (``engine_core.KVHookPoints``); without it,
     requests asking for KV export/import are refused. ``step_timeout_s`` bounds a step and a
     device probe for ``check_health``.
@@ -85,15 +87,23 @@ class TTMeshEngine:
         keep_step_log: bool = False,
         kv_hooks: KVHookPoints | None = None,
         step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
+        accelerator: str = "cpu",
     ):
         self.config = config
         self.step_timeout_s = step_timeout_s
         self.tokenizer = load_tokenizer(config.tokenizer_path)
         self._hf_config = load_hf_config(config.model)
-        self._backend = backend if backend is not None or model_class is not None else open_default_backend(config)
+        self._backend = (
+            backend if backend is not None or model_class is not None else open_default_backend(config, accelerator)
+        )
         model_cls = model_class or self._backend.model_class(self._hf_config)
         capabilities: Mapping[str, Any] = getattr(model_cls, "model_capabilities", {})
         check_model_capabilities(config, capabilities)
+        check_lanes(config, model_cls)
+        self.enable_chunked_prefill = chunked_prefill_enabled(capabilities, self._hf_config)
+        prefill_budget = config.max_num_batched_tokens
+        if not self.enable_chunked_prefill:  # the plugin's bump: a whole prompt fits one step
+            prefill_budget = max(prefill_budget, config.max_model_len)
         self.enable_prefix_caching = (
             bool(capabilities.get(SUPPORTS_PREFIX_CACHING, False))
             if config.enable_prefix_caching is None
@@ -125,8 +135,9 @@ class TTMeshEngine:
                 i,
                 config.max_num_seqs,
                 BlockPool(self.num_blocks_per_lane, config.block_size, self.enable_prefix_caching, lane=i),
-                config.max_num_batched_tokens,
+                prefill_budget,
                 config.max_model_len,
+                enable_chunked_prefill=self.enable_chunked_prefill,
             )
             for i in range(config.num_lanes)
         ]
@@ -378,6 +389,9 @@ class TTMeshEngine:
         bad = next((t for t in request.prompt_token_ids if t >= self.vocab_size), None)
         if bad is not None:
             raise InvalidRequestError("prompt", f"token id {bad} is outside the vocabulary (size {self.vocab_size})")
+        if request.sampling.has_logit_constraints:
+            field = "structured_outputs" if request.sampling.structured_outputs is not None else "allowed_token_ids"
+            raise InvalidRequestError(field, "not supported by the TT mesh engine yet")
         kv = request.kv_transfer
         if kv is not None and (kv.do_remote_decode or kv.do_remote_prefill) and self.core.kv_hooks is None:
             raise InvalidRequestError(

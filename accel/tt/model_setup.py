@@ -6,12 +6,15 @@ numbers (§3) refer to the project's tt-mesh-engine reference notes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from accel.contract import ConfigError
 from accel.tt.backend import load_mesh_model, open_backend
 from accel.tt.config import TTEngineConfig
 from accel.tt.mesh_device import MeshDeviceConfig
-from accel.tt.mesh_model import MeshModel
+from accel.tt.mesh_model import SUPPORTS_CHUNKED_PREFILL, MeshModel
+from accel.tt.registry import BACKEND_TORCH, BACKEND_TTNN, folds_dp_into_lanes
 
 
 def load_hf_config(model: str) -> Any:
@@ -20,10 +23,42 @@ def load_hf_config(model: str) -> Any:
     return AutoConfig.from_pretrained(model, local_files_only=True)
 
 
-def open_default_backend(config: TTEngineConfig) -> Any:
-    """The ttnn mesh (opened with ``additional_config.tt``'s device options) when chips are
-    present, else the torch program."""
-    return open_backend("auto", MeshDeviceConfig.from_tt_options(config.tt))
+def open_default_backend(config: TTEngineConfig, accelerator: str = "cpu") -> Any:
+    """``accelerator`` "tt": the ttnn mesh (opened with ``additional_config.tt``'s device
+    options) or ``NoTenstorrentDevice`` naming what is missing (ttnn not importable, no chips,
+    a mesh larger than the visible chips) -- never a silent fallback to the host. "cpu" /
+    "cuda": the torch program."""
+    if accelerator == "tt":
+        return open_backend(BACKEND_TTNN, MeshDeviceConfig.from_tt_options(config.tt))
+    if accelerator not in ("cpu", "cuda"):
+        raise ConfigError(
+            f"accelerator {accelerator!r}: the TT mesh engine runs on 'tt', or the torch program on 'cpu'/'cuda'"
+        )
+    return open_backend(BACKEND_TORCH)
+
+
+# HF model types whose tt-metal generator resumes a prefill at a chunk start (vllm-tt-plugin
+# ``_CHUNKED_PREFILL_MODEL_TYPES``); other classes opt in with ``supports_chunked_prefill``.
+CHUNKED_PREFILL_MODEL_TYPES = frozenset({"gemma4", "gemma4_unified"})
+
+
+def chunked_prefill_enabled(capabilities: Mapping[str, Any], hf_config: Any) -> bool:
+    """Chunked prefill only where the model can resume one: a misaligned resume reads the wrong
+    prefix silently, so a class that does not declare it gets whole-prompt prefills."""
+    if capabilities.get(SUPPORTS_CHUNKED_PREFILL, False):
+        return True
+    return getattr(hf_config, "model_type", None) in CHUNKED_PREFILL_MODEL_TYPES
+
+
+def check_lanes(config: TTEngineConfig, model_cls: type) -> None:
+    """``data_parallel_size > 1`` becomes in-process lanes only for classes built for it."""
+    if config.num_lanes > 1 and not folds_dp_into_lanes(model_cls):
+        raise ConfigError(
+            f"data_parallel_size={config.num_lanes}: {model_cls.__name__} runs a single lane per "
+            "process (tt-metal folds data parallelism into in-process lanes only for the Galaxy "
+            "generators and GPT-OSS); use replicas: over submeshes instead (one replica per "
+            "submesh, each with its own MESH_DEVICE), with data_parallel_size 1"
+        )
 
 
 def build_mesh_model(model_cls: type[MeshModel], hf_config: Any, backend: Any, config: TTEngineConfig) -> Any:

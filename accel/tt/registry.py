@@ -8,7 +8,10 @@ without a mesh. Sources, in registration order (the first registration of a name
 1. ``EXTRA_MODELS_DIR``: each subfolder with a ``vllm_metadata.json`` ``{"arch": "<HF arch>",
    "main_class": "module:Class"}`` is appended to ``sys.path`` and registered as ``TT<arch>``.
    An optional ``"backend": "torch"`` marks a class that runs without hardware (default ``"ttnn"``).
-2. The built-ins below, unless ``TT_VLLM_BUILTIN_MODELS=0``.
+   A malformed bundle is skipped with a warning (as the plugin does).
+2. The built-ins below (``builtin_models``: ``TT_LLAMA_TEXT_VER`` / ``TT_QWEN3_TEXT_VER`` /
+   ``TT_QWEN35_TEXT_VER`` pick the generator, Gemma 4 under its three architecture names),
+   unless ``TT_VLLM_BUILTIN_MODELS=0``.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any, cast
 
 from accel import envs
 from accel.contract import ConfigError
-from accel.tt.mesh_model import MeshModel
+from accel.tt.mesh_model import SUPPORTS_DATA_PARALLEL_LANES, MeshModel
 
 logger = logging.getLogger(__name__)
 
@@ -48,27 +51,77 @@ class ModelEntry:
         return self.torch_class if backend == BACKEND_TORCH else self.ttnn_class
 
 
-# tt-metal default generator paths (vllm-tt-plugin model_registry, TT_*_TEXT_VER defaults).
-BUILTIN_MODELS: tuple[ModelEntry, ...] = (
-    ModelEntry("TTLlamaForCausalLM", f"{_TT_TRANSFORMERS}:LlamaForCausalLM", TORCH_MESH_MODEL),
-    ModelEntry("TTMllamaForConditionalGeneration", f"{_TT_TRANSFORMERS}:MllamaForConditionalGeneration"),
-    ModelEntry("TTQwen2ForCausalLM", f"{_TT_TRANSFORMERS}:QwenForCausalLM"),
-    ModelEntry("TTQwen3ForCausalLM", f"{_TT_TRANSFORMERS}:QwenForCausalLM", TORCH_MESH_MODEL),
-    ModelEntry("TTQwen3_5ForConditionalGeneration", "models.demos.blackhole.qwen36.tt.qwen36_vllm:Qwen36ForCausalLM"),
-    ModelEntry(
-        "TTQwen2_5_VLForConditionalGeneration",
-        "models.demos.qwen25_vl.tt.generator_vllm:Qwen2_5_VLForConditionalGeneration",
-    ),
-    ModelEntry(
-        "TTQwen3VLForConditionalGeneration", "models.demos.qwen3_vl.tt.generator_vllm:Qwen3VLForConditionalGeneration"
-    ),
-    ModelEntry("TTMistralForCausalLM", f"{_TT_TRANSFORMERS}:MistralForCausalLM"),
-    ModelEntry("TTMistral3ForConditionalGeneration", f"{_TT_TRANSFORMERS}:Mistral3ForConditionalGeneration"),
-    ModelEntry("TTGemma3ForConditionalGeneration", f"{_TT_TRANSFORMERS}:Gemma3ForConditionalGeneration"),
-    ModelEntry("TTGemma4ForCausalLM", "models.demos.gemma4.tt.generator_vllm:Gemma4ForCausalLM"),
-    ModelEntry("TTDeepseekV3ForCausalLM", "models.demos.deepseek_v3.tt.generator_vllm:DeepseekV3ForCausalLM"),
-    ModelEntry("TTGptOssForCausalLM", f"{_TT_TRANSFORMERS}:GptOssForCausalLM"),
-)
+_GALAXY = "models.demos.llama3_70b_galaxy.tt.generator_vllm"
+_GEMMA4 = "models.demos.gemma4.tt.generator_vllm:Gemma4ForCausalLM"
+# vllm-tt-plugin's generator switches: env var -> {value: "module:Class"}; the first is the default.
+LLAMA_TEXT_VERSIONS = {
+    "tt_transformers": f"{_TT_TRANSFORMERS}:LlamaForCausalLM",
+    "llama3_70b_galaxy": f"{_GALAXY}:LlamaForCausalLM",
+    "llama2_70b": "models.demos.t3000.llama2_70b.tt.generator_vllm:TtLlamaForCausalLM",
+}
+QWEN3_TEXT_VERSIONS = {
+    "tt_transformers": f"{_TT_TRANSFORMERS}:QwenForCausalLM",
+    "qwen3_32b_galaxy": f"{_GALAXY}:QwenForCausalLM",
+}
+QWEN35_TEXT_VERSIONS = {"qwen36_blackhole": "models.demos.blackhole.qwen36.tt.qwen36_vllm:Qwen36ForCausalLM"}
+# Versions served by the single-execute Galaxy generator: for these (and GPT-OSS) the plugin folds
+# --data_parallel_size into in-process lanes; every other class runs one process per submesh.
+GALAXY_VERSIONS = {"TT_LLAMA_TEXT_VER": "llama3_70b_galaxy", "TT_QWEN3_TEXT_VER": "qwen3_32b_galaxy"}
+LANE_DP_CLASS_NAMES = frozenset({"GptOssForCausalLM"})
+
+
+def _pick(env_var: str, value: str, versions: Mapping[str, str]) -> str:
+    if value not in versions:
+        raise ConfigError(f"{env_var}={value!r}: unsupported; pick one of {list(versions)}")
+    return versions[value]
+
+
+def builtin_models() -> tuple[ModelEntry, ...]:
+    """tt-metal's generator paths as vllm-tt-plugin registers them (``TT_LLAMA_TEXT_VER``,
+    ``TT_QWEN3_TEXT_VER``, ``TT_QWEN35_TEXT_VER`` from ``accel.envs``; Gemma 4 under its three
+    HF architecture names)."""
+    env = envs.ENVS
+    llama = _pick("TT_LLAMA_TEXT_VER", env.tt_llama_text_ver, LLAMA_TEXT_VERSIONS)
+    qwen3 = _pick("TT_QWEN3_TEXT_VER", env.tt_qwen3_text_ver, QWEN3_TEXT_VERSIONS)
+    qwen35 = _pick("TT_QWEN35_TEXT_VER", env.tt_qwen35_text_ver, QWEN35_TEXT_VERSIONS)
+    return (
+        ModelEntry("TTLlamaForCausalLM", llama, TORCH_MESH_MODEL),
+        ModelEntry("TTMllamaForConditionalGeneration", f"{_TT_TRANSFORMERS}:MllamaForConditionalGeneration"),
+        ModelEntry("TTQwen2ForCausalLM", f"{_TT_TRANSFORMERS}:QwenForCausalLM"),
+        ModelEntry("TTQwen3ForCausalLM", qwen3, TORCH_MESH_MODEL),
+        ModelEntry("TTQwen3_5ForConditionalGeneration", qwen35),
+        ModelEntry(
+            "TTQwen2_5_VLForConditionalGeneration",
+            "models.demos.qwen25_vl.tt.generator_vllm:Qwen2_5_VLForConditionalGeneration",
+        ),
+        ModelEntry(
+            "TTQwen3VLForConditionalGeneration",
+            "models.demos.qwen3_vl.tt.generator_vllm:Qwen3VLForConditionalGeneration",
+        ),
+        ModelEntry("TTMistralForCausalLM", f"{_TT_TRANSFORMERS}:MistralForCausalLM"),
+        ModelEntry("TTMistral3ForConditionalGeneration", f"{_TT_TRANSFORMERS}:Mistral3ForConditionalGeneration"),
+        ModelEntry("TTGemma3ForConditionalGeneration", f"{_TT_TRANSFORMERS}:Gemma3ForConditionalGeneration"),
+        ModelEntry("TTGemma4ForCausalLM", _GEMMA4),
+        ModelEntry("TTGemma4ForConditionalGeneration", _GEMMA4),
+        ModelEntry("TTGemma4UnifiedForConditionalGeneration", _GEMMA4),
+        ModelEntry("TTDeepseekV3ForCausalLM", "models.demos.deepseek_v3.tt.generator_vllm:DeepseekV3ForCausalLM"),
+        ModelEntry("TTGptOssForCausalLM", f"{_TT_TRANSFORMERS}:GptOssForCausalLM"),
+    )
+
+
+def folds_dp_into_lanes(model_cls: type) -> bool:
+    """Whether ``data_parallel_size`` may become in-process lanes for ``model_cls``: the class
+    declares ``supports_data_parallel_lanes`` (our torch programs), a Galaxy generator version is
+    selected, or it is GPT-OSS (vllm-tt-plugin ``_model_folds_dp_into_lanes``)."""
+    caps = getattr(model_cls, "model_capabilities", None) or {}
+    if caps.get(SUPPORTS_DATA_PARALLEL_LANES, False):
+        return True
+    env = envs.ENVS
+    if env.tt_llama_text_ver == GALAXY_VERSIONS["TT_LLAMA_TEXT_VER"]:
+        return True
+    if env.tt_qwen3_text_ver == GALAXY_VERSIONS["TT_QWEN3_TEXT_VER"]:
+        return True
+    return getattr(model_cls, "__name__", None) in LANE_DP_CLASS_NAMES
 
 
 def tt_arch_name(arch: str) -> str:
@@ -132,18 +185,26 @@ def load_class(path: str) -> type[MeshModel]:
 
 
 def extra_model_entries(extra_models_dir: str | Path) -> list[ModelEntry]:
-    """Entries from ``EXTRA_MODELS_DIR`` subfolders (sorted); each folder is put on ``sys.path``."""
+    """Entries from ``EXTRA_MODELS_DIR`` subfolders (sorted); each folder is put on ``sys.path``.
+    Like vllm-tt-plugin: a path that is not a directory is ignored and a malformed bundle
+    skipped, each with a warning naming it (one bad bundle must not take the others down)."""
     root = Path(extra_models_dir)
     if not root.is_dir():
-        raise ConfigError(f"EXTRA_MODELS_DIR {str(root)!r} is not a directory")
+        logger.warning("EXTRA_MODELS_DIR=%s is not a directory; ignoring it", root)
+        return []
     entries = []
     for folder in sorted(p for p in root.iterdir() if (p / METADATA_FILE).is_file()):
-        meta = _read_metadata(folder / METADATA_FILE)
-        if str(folder) not in sys.path:
-            sys.path.append(str(folder))
+        try:
+            meta = _read_metadata(folder / METADATA_FILE)
+        except ConfigError as exc:
+            logger.warning("skipping EXTRA_MODELS_DIR bundle %s: %s", folder, exc)
+            continue
         backend = meta.get("backend", BACKEND_TTNN)
         if backend not in BACKENDS:
-            raise ConfigError(f"{folder / METADATA_FILE}: backend must be one of {BACKENDS}, got {backend!r}")
+            logger.warning("skipping %s: backend must be one of %s, got %r", folder / METADATA_FILE, BACKENDS, backend)
+            continue
+        if str(folder) not in sys.path:
+            sys.path.append(str(folder))
         main_class = meta["main_class"]
         entries.append(
             ModelEntry(
@@ -178,7 +239,7 @@ def build_registry(extra_models_dir: str | Path | None = None, include_builtins:
     builtins = envs.ENVS.tt_builtin_models if include_builtins is None else include_builtins
     registry = ModelRegistry(extra_model_entries(extra) if extra else ())
     if builtins:
-        for entry in BUILTIN_MODELS:
+        for entry in builtin_models():
             registry.register(entry)
     return registry
 

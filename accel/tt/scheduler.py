@@ -44,8 +44,20 @@ class LanePart:
 
 
 class LaneScheduler:
-    def __init__(self, lane: int, per_lane: int, pool: BlockPool, max_num_batched_tokens: int, max_model_len: int):
+    def __init__(
+        self,
+        lane: int,
+        per_lane: int,
+        pool: BlockPool,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        enable_chunked_prefill: bool = True,
+    ):
         self.lane = lane
+        # Off: a prompt is admitted only when its whole uncomputed part fits this step's budget
+        # (the engine then makes the budget at least max_model_len), for model classes whose
+        # prefill cannot resume mid-prompt.
+        self.enable_chunked_prefill = enable_chunked_prefill
         self.per_lane = per_lane
         self.pool = pool
         self.block_size = pool.block_size
@@ -155,6 +167,8 @@ class LaneScheduler:
         hit = self.pool.find_cached_prefix(r.block_hashes[:max_hit_blocks])
         num_hit_tokens = len(hit) * self.block_size
         chunk = min(r.num_tokens - num_hit_tokens, budget)
+        if not self.enable_chunked_prefill and chunk < r.num_tokens - num_hit_tokens:
+            return 0  # whole prompts only: wait for a step with budget for all of it
         num_new = -(-(num_hit_tokens + chunk) // self.block_size) - len(hit)
         if num_new > self.pool.num_free_after_touch(hit):
             return 0

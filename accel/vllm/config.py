@@ -76,7 +76,13 @@ _STR_KEYS = (
     "distributed_executor_backend",
     "reasoning_parser",
 )
-_MAPPING_KEYS = ("additional_config", "kv_transfer_config", "kv_events_config", "hf_overrides")
+_MAPPING_KEYS = (
+    "additional_config",
+    "kv_transfer_config",
+    "kv_events_config",
+    "hf_overrides",
+    "structured_outputs_config",
+)
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,8 @@ class VllmEngineConfig:
     max_logprobs: int | None = None
     distributed_executor_backend: str | None = None
     disable_log_stats: bool | None = None
+    # vLLM's StructuredOutputsConfig as a mapping (backend, disable_any_whitespace, reasoning_parser, ...)
+    structured_outputs_config: Mapping[str, Any] | None = None
     enable_log_requests: bool | None = None
     # Structured outputs start after the reasoning this parser finds ends (the ingress sets it
     # from the model's reasoning_parser, as ``vllm serve --reasoning-parser`` does).

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from accel.contract import FinishReason, KVTransferParams, SamplingParams, TokenLogprob
+from accel.contract import FinishReason, KVTransferParams, SamplingParams, StructuredOutputSpec, TokenLogprob
 from accel.kv_transfer import params as kv_params
 
 # vLLM's CompletionOutput.finish_reason strings -> ours ("error" ends the stream like an abort).
@@ -52,8 +52,32 @@ def to_vllm_sampling_params(sp: SamplingParams) -> Any:
         repetition_penalty=sp.repetition_penalty,
         logit_bias=dict(sp.logit_bias) or None,
         skip_special_tokens=sp.skip_special_tokens,
+        structured_outputs=to_vllm_structured_outputs(sp.structured_outputs),
+        allowed_token_ids=None if sp.allowed_token_ids is None else list(sp.allowed_token_ids),
+        bad_words=list(sp.bad_words) or None,  # vLLM tokenizes them itself (update_from_tokenizer)
         detokenize=False,
         output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def to_vllm_structured_outputs(spec: StructuredOutputSpec | None) -> Any:
+    """vLLM's ``StructuredOutputsParams`` for ``spec`` (vLLM's own structured-output backend
+    compiles and applies it). ``reasoning_end_token_ids`` has no per-request counterpart: vLLM
+    starts the grammar after the reasoning end itself when the engine has a ``reasoning_parser``."""
+    if spec is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams  # deferred: see to_vllm_sampling_params
+
+    return StructuredOutputsParams(
+        json=spec.json,
+        regex=spec.regex,
+        choice=None if spec.choice is None else list(spec.choice),
+        grammar=spec.grammar,
+        json_object=spec.json_object,
+        structural_tag=spec.structural_tag,
+        disable_any_whitespace=spec.disable_any_whitespace,
+        disable_additional_properties=spec.disable_additional_properties,
+        whitespace_pattern=spec.whitespace_pattern,
     )
 
 

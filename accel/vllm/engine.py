@@ -133,6 +133,10 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.executor import Executor
 
+        if "structured_outputs_config" in kwargs:  # AsyncEngineArgs takes the config object
+            from vllm.config import StructuredOutputsConfig
+
+            kwargs["structured_outputs_config"] = StructuredOutputsConfig(**kwargs["structured_outputs_config"])
         engine_args = AsyncEngineArgs(**kwargs)
         vllm_config = engine_args.create_engine_config(UsageContext.ENGINE_CONTEXT)
         if placement_group is not None:
@@ -225,7 +229,11 @@ class VllmEngine:
         # (vLLM declares the other keys NotRequired through typing.NotRequired, which mypy's 3.10
         # target does not know, so it takes them for required.)
         prompt: TokensPrompt = {"prompt_token_ids": list(request.prompt_token_ids)}  # type: ignore[typeddict-item]
-        stream = self._llm.generate(prompt, sampling_params, rid)
+        # A constraint with no reasoning end marker applies from the first output token: vLLM's
+        # ``reasoning_ended=True`` (else vLLM's reasoning parser, if the engine has one, decides).
+        spec = request.sampling.structured_outputs
+        reasoning_ended = True if spec is not None and not spec.reasoning_end_token_ids else None
+        stream = self._llm.generate(prompt, sampling_params, rid, reasoning_ended=reasoning_ended)
         self._active.add(rid)
         try:
             async for out in stream:

@@ -28,17 +28,19 @@ from accel.block_hash import hash_prompt_blocks
 from accel.contract import InvalidRequestError, OutputDelta, SamplingParams
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
 from deployments.ingress.engine_client import EngineClient, merge_streams
+from deployments.ingress.structured_check import check_structured_outputs
 from deployments.router.core.sessions import session_id_from
 from deployments.router.messages import RouteRequest
 from serve_app.config.app import AppConfig, ModelConfig
 from serve_app.metrics import IngressMetrics
 from serve_app.protocol import conversion as conv
 from serve_app.protocol import responses as rsp
-from serve_app.protocol.chat import ChatCompletionRequest
+from serve_app.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
 from serve_app.protocol.common import ModelCard, ModelList, random_id
 from serve_app.protocol.errors import APIError, model_not_found
+from serve_app.protocol.responses_api import response_events, response_from_chat, responses_call
 from serve_app.protocol.tool_output import ChoiceParser, apply_parsed_messages, parsed_chat_chunk
-from serve_app.protocol.tool_request import ChatTools, apply_plan
+from serve_app.protocol.tool_request import ChatTools
 
 POOL_HEADER = "x-meshserve-pool"
 Merged = AsyncGenerator[tuple[int, OutputDelta], None]  # merge_streams: (choice index, delta)
@@ -81,9 +83,14 @@ class OpenAIIngress:
     async def chat_completions(self, request: Request) -> Response:
         return await self._handle(request, is_chat=True)
 
+    @app.post("/v1/responses")
+    async def responses(self, request: Request) -> Response:
+        """Stateless Responses API: runs as a chat request (serve_app.protocol.responses_api)."""
+        return await self._handle(request, is_chat=True, is_responses=True)
+
     # -- request handling ---------------------------------------------------------------------
 
-    async def _handle(self, request: Request, is_chat: bool) -> Response:
+    async def _handle(self, request: Request, is_chat: bool, is_responses: bool = False) -> Response:
         # Label of rejects: the served model the request resolved to; before that (or for an
         # unknown name, which must not become a label value) the only served model, else "unknown".
         label = {"model": next(iter(self._models)) if len(self._models) == 1 else "unknown"}
@@ -95,7 +102,7 @@ class OpenAIIngress:
         self._enter()
         streaming = False
         try:
-            response = await self._prepare(request, is_chat, label)
+            response = await self._prepare(request, is_chat, label, is_responses)
             streaming = isinstance(response, StreamingResponse)
             return response
         except APIError as err:
@@ -108,11 +115,17 @@ class OpenAIIngress:
             if not streaming:  # a stream leaves when its body generator ends
                 self._leave()
 
-    async def _prepare(self, request: Request, is_chat: bool, label: dict[str, str]) -> Response:
+    async def _prepare(
+        self, request: Request, is_chat: bool, label: dict[str, str], is_responses: bool = False
+    ) -> Response:
         try:
             body = await request.json()
         except Exception:
             raise APIError(400, "the request body is not valid JSON") from None
+        call = None
+        if is_responses:
+            call = responses_call(body)
+            body = call.chat_body
         req = conv.parse_request(body, is_chat)
         # No "model": the only served model, as vLLM's server does.
         name = req.model if req.model is not None or len(self._models) != 1 else next(iter(self._models))
@@ -127,8 +140,9 @@ class OpenAIIngress:
             prompts = [conv.chat_prompt(req, tok, plan)]
         else:
             prompts = conv.completion_prompts(req, tok)
-        sampling = [apply_plan(plan, conv.sampling_params(req, len(p), model.max_model_len)) for p in prompts]
+        sampling = [tools.apply(plan, conv.sampling_params(req, len(p), model.max_model_len, tok), p) for p in prompts]
         _check_token_ids(sampling, tok.vocab_size)
+        await check_structured_outputs(sampling[0].structured_outputs)
         base_id = random_id("chatcmpl" if is_chat else "cmpl")
         session = session_id_from(request.headers, req.session_id or req.user, req.prompt_cache_key)
         pool = request.headers.get(POOL_HEADER)
@@ -153,7 +167,11 @@ class OpenAIIngress:
         parsers = [ChoiceParser(tools, plan, prompts[0]) for _ in choices] if plan is not None else None
         merged = merge_streams(streams)
         if not req.stream:
-            return await self._collect(merged, choices, opts, tok, prompts, is_chat, parsers)
+            out = await self._collect(merged, choices, opts, tok, prompts, is_chat, parsers)
+            if call is not None:
+                assert isinstance(out, ChatCompletionResponse)
+                return JSONResponse(response_from_chat(call, out, sampling[0].max_tokens))
+            return JSONResponse(out.model_dump(exclude_none=True))
         # Wait for the first delta before answering 200, so early failures keep their status.
         first: tuple[int, OutputDelta] | None
         try:
@@ -163,7 +181,11 @@ class OpenAIIngress:
         except BaseException:
             await merged.aclose()
             raise
-        if is_chat:
+        if call is not None:
+            body_gen = response_events(
+                call, model.name, sampling[0].max_tokens, self._chat_sse(merged, first, choices, opts, tok, parsers)
+            )
+        elif is_chat:
             body_gen = self._chat_sse(merged, first, choices, opts, tok, parsers)
         else:
             body_gen = self._completion_sse(merged, first, choices, opts, tok)
@@ -178,7 +200,7 @@ class OpenAIIngress:
         prompts: list[tuple[int, ...]],
         is_chat: bool,
         parsers: list[ChoiceParser] | None = None,
-    ) -> JSONResponse:
+    ) -> BaseModel:
         try:
             async for i, delta in merged:
                 choices[i].add(delta)
@@ -191,7 +213,7 @@ class OpenAIIngress:
                 apply_parsed_messages(body, choices, parsers)
         else:
             body = rsp.completion_response(opts, tok, choices, prompts)
-        return JSONResponse(body.model_dump(exclude_none=True))
+        return body
 
     async def _completion_sse(
         self,
@@ -298,6 +320,9 @@ def _check_token_ids(sampling: Sequence[SamplingParams], vocab_size: int) -> Non
         for tid in sp.stop_token_ids:
             if tid >= vocab_size:
                 raise APIError(400, f"stop token id {tid} is out of vocabulary (size {vocab_size})", "stop_token_ids")
+        bad = [t for t in sp.allowed_token_ids or () if t >= vocab_size]
+        if bad:
+            raise APIError(400, f"allowed_token_ids contains out-of-vocab token id! {bad}", "allowed_token_ids")
 
 
 def _ingress_metrics() -> IngressMetrics | None:

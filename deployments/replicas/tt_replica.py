@@ -51,7 +51,12 @@ def make_tt_engine(pool: PoolConfig) -> Engine:
     """The pool's ``TTMeshEngine``, built from the engine config the config loader parsed."""
     if not isinstance(pool.engine_config, TTEngineConfig):
         raise ConfigError(f"pool {pool.name!r}: a TT replica needs a TT engine config")
-    return TTMeshEngine(pool.engine_config, kv_hooks=tt_kv_hooks(pool), step_timeout_s=pool.step_timeout_s)
+    return TTMeshEngine(
+        pool.engine_config,
+        kv_hooks=tt_kv_hooks(pool),
+        step_timeout_s=pool.step_timeout_s,
+        accelerator=pool.accelerator,
+    )
 
 
 def deployment_options(pool: PoolConfig) -> dict[str, Any]:

@@ -266,6 +266,16 @@ def _check_pd_pools(file: str, pools: tuple[PoolConfig, ...]) -> None:
             raise _fail(file, f"{key}.kv_connector", f"{connector} loads only on TPU backends")
         if pool.role not in PD_ROLES:
             continue
+        if pool.accelerator == "tt":
+            # KV export/import (accel/tt/kv_hooks.py) reads and writes the cache as torch tensors;
+            # a tt-metal class's cache is ttnn device tensors, which need ttnn's own host transfers.
+            raise _fail(
+                file,
+                f"pools[{i}].role",
+                f"prefill/decode disaggregation is not supported on a Tenstorrent mesh yet (KV export "
+                f"and import index the cache with torch, not ttnn's host transfer calls); use role: "
+                f"both for pool {pool.name!r} (or accelerator: cpu, the torch program)",
+            )
         if pool.accelerator == "tpu":
             pd_connectors = get_backend(pool.tpu_backend).connectors_for("pd")
             if connector not in {c.name for c in pd_connectors}:

@@ -26,7 +26,6 @@ class ChatCompletionRequest(SamplingFields):
     include_reasoning: bool = True
     reasoning_effort: str | None = None
     documents: list[dict[str, str]] | None = None  # a chat template variable (RAG templates)
-    response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: str | None = None

@@ -14,12 +14,14 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from accel.contract import GenerateRequest, InvalidRequestError, SamplingParams
+from accel.text.bad_words import bad_words_token_ids
 from accel.text.tokenizer import TextTokenizer
 from serve_app.protocol.chat import ChatCompletionRequest
 from serve_app.protocol.completions import CompletionRequest
 from serve_app.protocol.errors import APIError, bad_request
 from serve_app.protocol.field_policy import check_fields
 from serve_app.protocol.sampling_fields import SamplingFields
+from serve_app.protocol.structured_outputs import structured_output_spec
 from serve_app.protocol.tool_request import ToolPlan, tool_call_arguments_as_dicts
 
 _INT64 = 2**63
@@ -106,8 +108,6 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: TextTokenizer, plan: Tool
     _check_common(req)
     if req.tools and plan is None:
         raise bad_request("tools need the request's tool plan", "tools")  # the ingress always makes one
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise bad_request("only response_format type 'text' is supported", "response_format")
     if req.top_logprobs and not req.logprobs:
         raise bad_request("when using `top_logprobs`, `logprobs` must be set to true", "top_logprobs")
     if not req.messages:
@@ -154,9 +154,13 @@ def _max_tokens(requested: int | None, param: str, num_prompt_tokens: int, max_m
 
 
 def sampling_params(
-    req: CompletionRequest | ChatCompletionRequest, num_prompt_tokens: int, max_model_len: int
+    req: CompletionRequest | ChatCompletionRequest,
+    num_prompt_tokens: int,
+    max_model_len: int,
+    tokenizer: TextTokenizer | None = None,
 ) -> SamplingParams:
-    """The engine's sampling params; ``InvalidRequestError(field)`` for out-of-range values."""
+    """The engine's sampling params; ``InvalidRequestError(field)`` for out-of-range values.
+    ``tokenizer`` encodes ``bad_words`` (required when the request has any)."""
     if isinstance(req, ChatCompletionRequest):
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -182,7 +186,18 @@ def sampling_params(
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         logit_bias=_logit_bias(req.logit_bias),
         skip_special_tokens=req.skip_special_tokens,
+        structured_outputs=structured_output_spec(req.structured_outputs, req.response_format),
+        allowed_token_ids=None if req.allowed_token_ids is None else tuple(req.allowed_token_ids),
+        bad_words=tuple(req.bad_words),
+        bad_words_token_ids=_bad_words(req.bad_words, tokenizer),
     )
+
+
+def _bad_words(words: list[str], tokenizer: TextTokenizer | None) -> tuple[tuple[int, ...], ...]:
+    if not words:
+        return ()
+    assert tokenizer is not None, "bad_words need the model's tokenizer"
+    return bad_words_token_ids(words, tokenizer)
 
 
 def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:

@@ -60,10 +60,6 @@ HONOURED = Honoured()
 FieldPolicy = Honoured | Refused | Ignored
 
 
-def _response_format_used(value: Any) -> bool:
-    return value is not None and not (isinstance(value, Mapping) and value.get("type", "text") == "text")
-
-
 _NO_MM = "meshserve serves text-only models"
 
 # Both endpoints.
@@ -99,12 +95,12 @@ _COMMON: dict[str, FieldPolicy] = {
     "spaces_between_special_tokens": Refused(True, False),
     "truncate_prompt_tokens": Refused(None, 8),
     "truncation_side": Refused(None, "left"),
-    "allowed_token_ids": Refused(None, [1, 2]),
+    "allowed_token_ids": HONOURED,
     "prompt_logprobs": Refused(None, 1),
     "logprob_token_ids": Refused(None, [1], example_needs={"logprobs": 1}),
-    "bad_words": Refused([], ["x"]),
-    "response_format": Refused(None, {"type": "json_object"}, in_use=_response_format_used),
-    "structured_outputs": Refused(None, {"choice": ["a", "b"]}),
+    "bad_words": HONOURED,
+    "response_format": HONOURED,
+    "structured_outputs": HONOURED,
     "priority": Refused(0, 1, "priority scheduling is not enabled (vLLM's default server refuses it too)"),
     "request_id": Refused(None, "my-request"),
     "return_tokens_as_token_ids": Refused(None, True),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field
 
 from serve_app.protocol.common import OpenAIBaseModel, StreamOptions
@@ -32,5 +34,11 @@ class SamplingFields(OpenAIBaseModel):
     min_tokens: int = 0
     skip_special_tokens: bool = True
     return_token_ids: bool | None = None
+    # Constrained decoding (serve_app/protocol/structured_outputs.py; vLLM accepts all four on both
+    # endpoints): validated into the contract's StructuredOutputSpec / SamplingParams fields.
+    structured_outputs: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] = Field(default_factory=list)
     # Our extension (also accepted as the x-session-id header): a key the router keeps together.
     session_id: str | None = None

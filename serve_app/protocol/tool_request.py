@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from accel.contract import SamplingParams
+from accel.contract import SamplingParams, StructuredOutputSpec
 from accel.text.tokenizer import TextTokenizer
 from serve_app.config.parsing import OutputParsing
 from serve_app.protocol.errors import APIError, bad_request
@@ -108,8 +108,11 @@ class ChatTools:
         return self.parser_cls is not None and self.parser_cls.tool_parser_cls is not None
 
     def needs_plan(self, body: Mapping[str, Any]) -> bool:
-        """Whether this request goes through vLLM's request model (tools, or a parser to run)."""
-        return self.parser_cls is not None or any(
+        """Whether this request goes through vLLM's request model: it has tools (or template
+        kwargs), or the model has a reasoning parser. (A tool parser alone leaves a request
+        without tools as it is: vLLM neither adjusts it nor parses its output.)"""
+        has_reasoning = self.parser_cls is not None and self.parser_cls.reasoning_parser_cls is not None
+        return has_reasoning or any(
             body.get(k) is not None
             for k in ("tools", "tool_choice", "chat_template_kwargs", "reasoning_effort", "documents")
         )
@@ -121,6 +124,35 @@ class ChatTools:
         return self.parser_cls(
             self.tokenizer.hf, plan.vllm_request.tools, chat_template_kwargs=plan.chat_template_kwargs
         )
+
+    def apply(self, plan: ToolPlan | None, sampling: SamplingParams, prompt_token_ids: Sequence[int]) -> SamplingParams:
+        """The engine params with what the plan changes: the tool-choice constraint (replacing the
+        request's own, as vLLM's ``adjust_request`` does), the parser's skip_special_tokens, and
+        where a constraint starts (``StructuredOutputSpec.reasoning_end_token_ids``: after the
+        reasoning end marker unless vLLM's ``resolve_reasoning_ended`` says the reasoning is over
+        before the output starts: no reasoning parser, ``include_reasoning: false``, or a prompt
+        that already closed it)."""
+        if plan is None:
+            return sampling
+        changes: dict[str, Any] = {}
+        if plan.skip_special_tokens is not None:
+            changes["skip_special_tokens"] = plan.skip_special_tokens
+        spec = sampling.structured_outputs
+        if plan.structured_outputs is not None:
+            spec = StructuredOutputSpec(**(structured_outputs_dict(plan.structured_outputs) or {}), param="tool_choice")
+        if spec is not None:
+            changes["structured_outputs"] = dataclasses.replace(
+                spec, reasoning_end_token_ids=self._reasoning_end_ids(plan, prompt_token_ids)
+            )
+        return dataclasses.replace(sampling, **changes) if changes else sampling
+
+    def _reasoning_end_ids(self, plan: ToolPlan, prompt_token_ids: Sequence[int]) -> tuple[int, ...]:
+        parser = self.make_parser(plan)
+        reasoning = parser.reasoning_parser if parser is not None else None
+        if reasoning is None or not plan.include_reasoning or parser.is_reasoning_end(list(prompt_token_ids)):
+            return ()
+        end = reasoning.reasoning_end_str
+        return tuple(self.tokenizer.encode(end, add_special_tokens=False)) if end else ()
 
     def prepare(self, body: Mapping[str, Any]) -> ToolPlan:
         from vllm.entrypoints.openai.chat_completion.protocol import (
@@ -177,13 +209,6 @@ class ChatTools:
             structured_outputs=forced,
             skip_special_tokens=request.skip_special_tokens if request.skip_special_tokens != original_skip else None,
         )
-
-
-def apply_plan(plan: ToolPlan | None, sampling: SamplingParams) -> SamplingParams:
-    """The engine params with what the tool plan changes (the parser's skip_special_tokens)."""
-    if plan is None or plan.skip_special_tokens is None:
-        return sampling
-    return dataclasses.replace(sampling, skip_special_tokens=plan.skip_special_tokens)
 
 
 def tool_call_arguments_as_dicts(messages: list[dict[str, Any]]) -> None:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from accel.contract import ConfigError
-from accel.tt.registry import BUILTIN_MODELS, ModelRegistry, build_registry, resolve_model_class, tt_arch_name
+from accel.tt.registry import ModelRegistry, build_registry, builtin_models, resolve_model_class, tt_arch_name
 from accel.tt.torch_model import TorchMeshModel
 
 
@@ -18,6 +18,7 @@ def cfg(*archs: str) -> SimpleNamespace:
 
 
 def test_builtins_cover_the_tt_metal_families():
+    BUILTIN_MODELS = builtin_models()
     names = {e.tt_arch for e in BUILTIN_MODELS}
     for arch in (
         "TTLlamaForCausalLM",
@@ -99,14 +100,48 @@ def test_builtins_off_keeps_only_user_models(tmp_path, monkeypatch):
         registry.resolve(cfg("LlamaForCausalLM"), "torch")
 
 
-def test_bad_metadata_is_a_config_error(tmp_path):
+def test_bad_bundles_are_warned_about_and_skipped(tmp_path, caplog):
+    """vllm-tt-plugin: a malformed EXTRA_MODELS_DIR entry is skipped with a warning, not fatal."""
     d = tmp_path / "x"
     d.mkdir()
     (d / "vllm_metadata.json").write_text(json.dumps({"arch": "Foo"}))
-    with pytest.raises(ConfigError, match="main_class"):
-        build_registry(extra_models_dir=tmp_path, include_builtins=False)
-    with pytest.raises(ConfigError, match="not a directory"):
-        build_registry(extra_models_dir=tmp_path / "missing", include_builtins=False)
+    (tmp_path / "y").mkdir()
+    (tmp_path / "y" / "vllm_metadata.json").write_text("{not json")
+    _bundle(tmp_path, "z", "GoodForCausalLM", "good_model_z", "class Model:\n    pass\n")
+    with caplog.at_level("WARNING", logger="accel.tt.registry"):
+        registry = build_registry(extra_models_dir=tmp_path, include_builtins=False)
+    assert registry.names() == ["TTGoodForCausalLM"]
+    assert "main_class" in caplog.text and "cannot read" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="accel.tt.registry"):
+        assert build_registry(extra_models_dir=tmp_path / "missing", include_builtins=False).names() == []
+    assert "not a directory" in caplog.text
+
+
+def _with_envs(monkeypatch, **values):
+    import accel.envs
+
+    monkeypatch.setattr(accel.envs, "ENVS", accel.envs.Envs(**{**vars(accel.envs.ENVS), **values}))
+
+
+def test_generator_switches_and_gemma4_aliases(monkeypatch):
+    from accel.tt.registry import folds_dp_into_lanes
+
+    default = {e.tt_arch: e.ttnn_class for e in builtin_models()}
+    assert default["TTLlamaForCausalLM"] == "models.tt_transformers.tt.generator_vllm:LlamaForCausalLM"
+    for arch in ("TTGemma4ForCausalLM", "TTGemma4ForConditionalGeneration", "TTGemma4UnifiedForConditionalGeneration"):
+        assert default[arch] == "models.demos.gemma4.tt.generator_vllm:Gemma4ForCausalLM"
+    assert not folds_dp_into_lanes(type("LlamaForCausalLM", (), {}))
+    assert folds_dp_into_lanes(type("GptOssForCausalLM", (), {}))
+    assert folds_dp_into_lanes(TorchMeshModel)  # declares supports_data_parallel_lanes
+    _with_envs(monkeypatch, tt_llama_text_ver="llama3_70b_galaxy", tt_qwen3_text_ver="qwen3_32b_galaxy")
+    galaxy = {e.tt_arch: e.ttnn_class for e in builtin_models()}
+    assert galaxy["TTLlamaForCausalLM"] == "models.demos.llama3_70b_galaxy.tt.generator_vllm:LlamaForCausalLM"
+    assert galaxy["TTQwen3ForCausalLM"] == "models.demos.llama3_70b_galaxy.tt.generator_vllm:QwenForCausalLM"
+    assert folds_dp_into_lanes(type("LlamaForCausalLM", (), {}))  # the Galaxy generator runs lanes
+    _with_envs(monkeypatch, tt_llama_text_ver="llama4")
+    with pytest.raises(ConfigError, match=r"TT_LLAMA_TEXT_VER='llama4': unsupported; pick one of \['tt_transformers'"):
+        builtin_models()
 
 
 def test_defaults_come_from_envs(monkeypatch):

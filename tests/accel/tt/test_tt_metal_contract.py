@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 NUM_NEW = 6
 
 
-def contract_engine(ttnn, ckpt, sample_on_device_mode):
+def contract_engine(ttnn, ckpt, sample_on_device_mode, **engine_args):
     ttnn._stub_simulate(8, ttnn.cluster.ClusterType.T3K)
     registry = build_registry(extra_models_dir=str(CONTRACT_MODELS_DIR), include_builtins=True)
     backend = open_backend("ttnn", MeshDeviceConfig(grid=(1, 8), dispatch_core_axis="row"), registry=registry)
@@ -43,6 +43,7 @@ def contract_engine(ttnn, ckpt, sample_on_device_mode):
             async_scheduling=True,
             additional_config={"tt": tt},
         )
+        | engine_args
     )
     return TTMeshEngine(config, backend=backend)
 
@@ -82,6 +83,29 @@ def test_greedy_equals_hf_through_tt_metals_contract(ttnn_stub, request, checkpo
             assert engine.core.queue.num_overlapped_steps > 0  # async decode really overlapped
     finally:
         engine.close()
+
+
+def test_no_chunked_prefill_unless_the_class_declares_it(ttnn_stub, tiny_llama):
+    """tt_transformers classes declare no ``supports_chunked_prefill``: whole prompts only, even
+    past ``max_num_batched_tokens`` (the plugin raises the budget to max_model_len)."""
+    engine = contract_engine(ttnn_stub, tiny_llama, None, max_num_batched_tokens=32)
+    try:
+        assert not engine.enable_chunked_prefill
+        prompts = {f"c{i}": prompt_of(i, 70) for i in range(2)}
+        out = run_requests(engine, [GenerateRequest(r, p, greedy(3)) for r, p in prompts.items()])
+        for req_id, prompt in prompts.items():
+            assert tokens_of(out[req_id]) == hf_greedy(tiny_llama, prompt, 3), req_id
+        prefills = [kw for name, kw in engine.model._model.calls if name == "prefill"]
+        assert prefills and all(s == 0 for kw in prefills for s in kw["start_pos"])
+    finally:
+        engine.close()
+
+
+def test_data_parallel_lanes_only_for_classes_built_for_them(ttnn_stub, tiny_llama):
+    from accel.contract import ConfigError
+
+    with pytest.raises(ConfigError, match="use replicas: over submeshes"):
+        contract_engine(ttnn_stub, tiny_llama, None, data_parallel_size=2)
 
 
 # ---- each old mismatch now fails loudly ----------------------------------------------------

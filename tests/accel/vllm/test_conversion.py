@@ -1,7 +1,7 @@
 import dataclasses
 from types import SimpleNamespace
 
-from accel.contract import FinishReason, KVTransferParams, SamplingParams
+from accel.contract import FinishReason, KVTransferParams, SamplingParams, StructuredOutputSpec
 from accel.vllm.conversion import (
     from_vllm_kv_params,
     to_finish_reason,
@@ -30,9 +30,14 @@ def test_every_contract_field_reaches_vllm():
         repetition_penalty=1.2,
         logit_bias={"5": -3.0},
         skip_special_tokens=False,
+        structured_outputs=StructuredOutputSpec(json={"type": "object"}, disable_any_whitespace=True),
+        allowed_token_ids=[1, 5, 9],
+        bad_words=["foo", "bar baz"],
+        bad_words_token_ids=[[3], [4, 5]],
     )
     v = to_vllm_sampling_params(sp)
-    matched_by_output_builder = {"stop", "include_stop_str_in_output"}
+    # bad_words go as words (vLLM tokenizes them itself: update_from_tokenizer)
+    matched_by_output_builder = {"stop", "include_stop_str_in_output", "bad_words_token_ids"}
     for f in dataclasses.fields(SamplingParams):
         if f.name in matched_by_output_builder:
             continue
@@ -42,6 +47,11 @@ def test_every_contract_field_reaches_vllm():
             assert theirs == {5: -3.0}
         elif f.name == "stop_token_ids":
             assert theirs == [7, 9]
+        elif f.name in ("allowed_token_ids", "bad_words"):
+            assert theirs == list(ours), f.name
+        elif f.name == "structured_outputs":
+            assert theirs.json == '{"type": "object"}' and theirs.disable_any_whitespace
+            assert theirs.regex is None and theirs.choice is None and theirs.json_object is None
         else:
             assert theirs == ours, f.name
     from vllm.sampling_params import RequestOutputKind
@@ -90,3 +100,14 @@ def test_kv_transfer_params_ours_or_the_engine_connectors_unchanged():
     tpu = {"uuid": 99, "remote_host": "10.0.0.7", "remote_port": 9100}
     assert from_vllm_kv_params(tpu, native) == KVTransferParams(connector_params=tpu)
     assert from_vllm_kv_params(None, native) is None and from_vllm_kv_params({}, ours) is None
+
+
+def test_each_structured_output_kind_reaches_vllm():
+    from vllm.sampling_params import StructuredOutputsParams
+
+    for kwargs in ({"regex": "a+"}, {"choice": ["x", "y"]}, {"grammar": 'root ::= "a"'}, {"json_object": True}):
+        v = to_vllm_sampling_params(SamplingParams(structured_outputs=StructuredOutputSpec(**kwargs)))
+        assert isinstance(v.structured_outputs, StructuredOutputsParams)
+        ((key, value),) = kwargs.items()
+        assert getattr(v.structured_outputs, key) == (list(value) if key == "choice" else value)
+    assert to_vllm_sampling_params(SamplingParams()).structured_outputs is None

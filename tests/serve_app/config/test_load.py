@@ -192,10 +192,18 @@ def test_tpu_pd_pools_take_their_own_connector():
 @pytest.mark.parametrize(
     "mutate, message",
     [
-        # TPU prefill -> TT decode: no KV path between them (the prefill slice would idle)
+        # a TT mesh decode pool: PD on ttnn is refused at config time (KV moves as torch tensors)
         (
             lambda a: a["pools"][1].update(
                 engine="tt", accelerator="tt", tt={"mesh_device": "TG"}, tpu=None, engine_args={"max_model_len": 32768}
+            ),
+            r"configs/tpu_pd.yaml: pools\[1\].role: prefill/decode disaggregation is not supported on a "
+            r"Tenstorrent mesh yet .*use role: both for pool 'v6e-decode'",
+        ),
+        # TPU prefill -> TT (torch program) decode: no KV path between them (the prefill slice would idle)
+        (
+            lambda a: a["pools"][1].update(
+                engine="tt", accelerator="cpu", tpu=None, engine_args={"max_model_len": 256}
             ),
             r"configs/tpu_pd.yaml: pools\[0\].role: prefill pool 'v6e-prefill' cannot take part in prefill/decode "
             r"disaggregation: its KV path \(native:TPUConnector\) differs from pool 'v6e-decode'"
@@ -237,9 +245,8 @@ def test_tpu_pd_refusals_name_file_and_key(mutate, message):
 
 def test_tt_prefill_to_tpu_decode_is_refused_too():
     args = _tpu_pd_args()
-    args["pools"][0].update(
-        engine="tt", accelerator="tt", tt={"mesh_device": "TG"}, tpu=None, engine_args={"max_model_len": 32768}
-    )
+    # accelerator cpu (the torch program): PD on a Tenstorrent mesh is refused earlier, on its own
+    args["pools"][0].update(engine="tt", accelerator="cpu", tpu=None, engine_args={"max_model_len": 32768})
     with pytest.raises(ConfigError, match=r"pools\[0\].role: prefill pool 'v6e-prefill' .*its KV path \(meshserve\)"):
         load_app_config(args)
 

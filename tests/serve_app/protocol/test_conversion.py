@@ -140,7 +140,6 @@ def test_out_of_range_values_are_invalid_request_errors(body, field):
         ({"messages": [{"content": "no role"}]}, "messages"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
         ({"tools": [{"type": "function"}]}, "tools"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"top_logprobs": 2}, "top_logprobs"),
     ],
 )

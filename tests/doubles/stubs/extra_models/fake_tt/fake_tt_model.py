@@ -19,6 +19,8 @@ class FakeTTModel:
         "supports_prefix_caching": True,
         "supports_async_decode": True,
         "supports_sample_on_device": False,
+        # Stands for a single-execute generator (Galaxy-style): one instance drives every lane.
+        "supports_data_parallel_lanes": True,
     }
     VOCAB = 64
     instances: list[FakeTTModel] = []

@@ -1,0 +1,49 @@
+"""Structured-output cases shared by the engine tests: a spec and a check of the text it yields."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jsonschema
+
+from accel.contract import StructuredOutputSpec
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}, "count": {"type": "integer"}},
+    "required": ["answer", "count"],
+    "additionalProperties": False,
+}
+REGEX = r"[a-c]{2}-[0-9]{1,3}"
+CHOICES = ("alpha", "beta gamma", "delta")
+GRAMMAR = 'root ::= "<" item ("," item)* ">"\nitem ::= "x" | "yy"'
+
+
+def _valid_json(text: str) -> bool:
+    jsonschema.validate(json.loads(text), SCHEMA)
+    return True
+
+
+def _valid_object(text: str) -> bool:
+    return isinstance(json.loads(text), dict)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    spec: StructuredOutputSpec
+    valid: Callable[[str], bool]
+
+
+CASES = [
+    Case("json_schema", StructuredOutputSpec(json=SCHEMA, disable_any_whitespace=True), _valid_json),
+    Case("regex", StructuredOutputSpec(regex=REGEX), lambda t: re.fullmatch(REGEX, t) is not None),
+    Case("choice", StructuredOutputSpec(choice=CHOICES), lambda t: t in CHOICES),
+    Case(
+        "grammar", StructuredOutputSpec(grammar=GRAMMAR), lambda t: re.fullmatch(r"<(x|yy)(,(x|yy))*>", t) is not None
+    ),
+    Case("json_object", StructuredOutputSpec(json_object=True, disable_any_whitespace=True), _valid_object),
+]
