@@ -38,6 +38,8 @@ class Envs:
     ttnn_python: Path
     # tmpfs folder holding the same-node KV transfer stores (accel/kv_transfer/shm_store.py).
     kv_shm_root: Path
+    # The API key the ingress requires when ingress.api_keys is empty (vLLM's VLLM_API_KEY).
+    api_key: str | None
 
 
 def _read() -> Envs:
@@ -62,6 +64,7 @@ def _read() -> Envs:
             os.environ.get("MESHSERVE_KV_SHM_ROOT")
             or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
         ),
+        api_key=os.environ.get("MESHSERVE_API_KEY") or None,
     )
 
 

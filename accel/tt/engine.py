@@ -228,16 +228,18 @@ class TTMeshEngine:
         return self._extra_stats
 
     def take_kv_events(self) -> list[PrefixCacheChange]:
-        """KV blocks stored / evicted since the previous call (for the router's prefix index)."""
+        """KV blocks stored / evicted since the previous call, per lane (for the router's prefix
+        index)."""
         events = []
         while self._kv_events:
             events.append(self._kv_events.popleft())
         return events
 
     def kv_block_snapshot(self) -> list[BlockHash]:
-        """Every block hash some lane holds in its prefix cache now (the replica-level set whose
-        changes ``take_kv_events`` reports), least recently used first per lane. For a router
-        that (re)starts: it rebuilds its precise index from this, then follows the events."""
+        """Every block hash some lane holds in its prefix cache now (the union of the lane caches
+        whose changes ``take_kv_events`` reports), least recently used first per lane. For a
+        router that (re)starts: it rebuilds its precise index from this (lanes unknown: a block
+        counts for every lane until a lane's removal), then follows the events."""
         seen: dict[BlockHash, None] = {}
         for lane in self.core.coordinator.lanes:
             for h in lane.pool.cached_block_hashes():

@@ -84,7 +84,6 @@ class EngineCore:
         self.num_decode_steps = 0
         self.num_device_sampled_tokens = 0
         self.num_host_sampled_tokens = 0
-        self._num_lanes_holding: dict[int, int] = {}  # block hash -> lanes whose cache holds it
 
     # ---- requests ----------------------------------------------------------------------
     def add_request(self, r: RequestState) -> None:
@@ -114,6 +113,7 @@ class EngineCore:
         """The consumer saw a stop (e.g. a stop string): free the request, no notice."""
         r = self.requests.get(req_id)
         if r is not None:
+            self.coordinator.lanes[r.lane].cache_finishing_blocks(r)
             self._finish(r)
 
     def has_work(self) -> bool:
@@ -160,6 +160,7 @@ class EngineCore:
             if self.kv_hooks is not None:
                 ticket = self.kv_hooks.on_finished(r, self.kv_cache[r.lane])
             outputs.append(NewTokens(r.req_id, (token,), lp, r.num_prefix_hit_tokens, kv_transfer=ticket))
+            self.coordinator.lanes[r.lane].cache_finishing_blocks(r)
             self._finish(r)
         for lane, lane_requests in zip(self.coordinator.lanes, touched):
             lane.cache_computed_blocks(lane_requests)
@@ -205,26 +206,10 @@ class EngineCore:
         )
 
     def take_kv_events(self) -> list[PrefixCacheChange]:
-        """Replica-level cache changes: a hash is ``stored`` when the first lane caches it and
-        ``removed`` when the last lane holding it evicts it (``lane`` = the lane that changed)."""
-        out: list[PrefixCacheChange] = []
-        held = self._num_lanes_holding
-        for lane in self.coordinator.lanes:
-            for event in lane.pool.take_kv_events():
-                changed = []
-                for h in event.block_hashes:
-                    if event.kind == "stored":
-                        held[h] = held.get(h, 0) + 1
-                        if held[h] == 1:
-                            changed.append(h)
-                    else:
-                        held[h] -= 1
-                        if held[h] == 0:
-                            del held[h]
-                            changed.append(h)
-                if changed:
-                    out.append(PrefixCacheChange(event.kind, event.lane, tuple(changed)))
-        return out
+        """Every lane's cache changes, in lane order, each tagged with its lane: lanes are separate
+        prefix caches (a request only hits its own lane's), so the router's index keeps them
+        apart and matches a prompt against the replica's best lane."""
+        return [event for lane in self.coordinator.lanes for event in lane.pool.take_kv_events()]
 
     def _record(self, plan: StepPlan, num_dispatches: int) -> None:
         if plan.mode is StepMode.EMPTY:

@@ -2,8 +2,15 @@
 
 - Lanes = ``data_parallel_size``; each has its own ``LaneScheduler`` (per-lane ``max_num_seqs``,
   own block pool and block-id space).
-- A new request goes to the lane with the smallest ``4 * waiting + running`` (ties: lowest
-  index) and stays there for life, preemptions included.
+- Lanes are KV cache domains (each its own prefix cache). A new request goes to the lane of its
+  session when that lane is not overloaded, else to the lane the prefix-vs-load rule picks
+  (``accel.cache_affinity``, the router's rule, over each lane's cached prefix of the prompt and
+  its load: ``running + waiting + w_queue * waiting + w_kv_usage * kv_usage``); ties: lowest
+  index. It stays there for life, preemptions included, and binds its session to that lane.
+  The router applies the same rule to replicas, knowing each lane's blocks from the lane-tagged
+  KV events, so the replica it picks for its best lane match is where that lane wins again (the
+  upstream plugin's ``4 * waiting + running`` pick ignores the cache: a session's next turn
+  could land on another lane and miss its own history).
 - Mode per step: PREFILL when any lane has prefill intent, DECODE otherwise; when both kinds of
   work exist, prefill and decode steps alternate so running requests keep moving while long
   prompts are chunked in. Lanes without work for the mode contribute nothing.
@@ -17,21 +24,27 @@ Pure logic: no torch.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
+from accel.cache_affinity import AffinityWeights, cheapest, load_limit, load_score
 from accel.tt.request_state import RequestState
 from accel.tt.scheduler import LanePart, LaneScheduler
 from accel.tt.step_plan import StepMode, StepPlan
 
+MAX_SESSIONS = 65536  # session -> lane bindings kept (least recently used dropped first)
+
 
 class LaneCoordinator:
-    def __init__(self, lanes: Sequence[LaneScheduler]):
+    def __init__(self, lanes: Sequence[LaneScheduler], weights: AffinityWeights | None = None):
         assert lanes and len({lane.per_lane for lane in lanes}) == 1
         self.lanes = list(lanes)
         self.per_lane = lanes[0].per_lane
+        self.weights = weights or AffinityWeights()
         self._step_id = 0
         self._last_mode = StepMode.EMPTY
         self._finished_since_plan: set[str] = set()
+        self._session_lane: OrderedDict[str, int] = OrderedDict()  # LRU, oldest first
 
     @property
     def num_waiting(self) -> int:
@@ -41,12 +54,49 @@ class LaneCoordinator:
     def num_running(self) -> int:
         return sum(len(lane.running) for lane in self.lanes)
 
-    def pick_lane(self) -> int:
-        return min(range(len(self.lanes)), key=lambda i: (self.lanes[i].load_score, i))
+    def lane_load(self, i: int) -> float:
+        """Lane ``i``'s load score (``accel.cache_affinity.load_score``, the router's units)."""
+        lane = self.lanes[i]
+        pool = lane.pool
+        num_waiting = len(lane.waiting)
+        kv_usage = 1.0 - pool.num_free_blocks / pool.num_blocks
+        return load_score(len(lane.running) + num_waiting, num_waiting, kv_usage, self.weights)
+
+    def cached_prefix_blocks(self, r: RequestState) -> list[int]:
+        """Per lane, the leading blocks of ``r``'s tokens its prefix cache holds (never the
+        block of the last token: admission computes that one anyway)."""
+        bs = self.lanes[0].block_size
+        r.update_block_hashes(bs)
+        hashes = r.block_hashes[: (r.num_tokens - 1) // bs]
+        return [len(lane.pool.find_cached_prefix(hashes)) for lane in self.lanes]
+
+    def pick_lane(self, r: RequestState) -> int:
+        """The lane for new request ``r``: its session's lane unless overloaded, else the
+        cheapest by prefix-vs-load cost (ties: lowest index)."""
+        n = len(self.lanes)
+        scores = [self.lane_load(i) for i in range(n)]
+        limit = load_limit(min(scores), self.weights)
+        session = r.request.session_id
+        bound = self._session_lane.get(session) if session else None
+        if bound is not None and bound < n and scores[bound] <= limit:
+            return bound
+        if n == 1:
+            return 0
+        matched = self.cached_prefix_blocks(r)
+        return cheapest(range(n), scores.__getitem__, matched.__getitem__, limit, self.weights)[0]
+
+    def session_lane(self, session_id: str) -> int | None:
+        return self._session_lane.get(session_id)
 
     def add_request(self, r: RequestState) -> None:
-        """Bind ``r`` to the least-loaded lane (``r.lane`` is set here, once)."""
-        r.lane = self.pick_lane()
+        """Bind ``r`` to its lane (``r.lane`` is set here, once) and its session to that lane."""
+        r.lane = self.pick_lane(r)
+        session = r.request.session_id
+        if session:
+            self._session_lane[session] = r.lane
+            self._session_lane.move_to_end(session)
+            if len(self._session_lane) > MAX_SESSIONS:
+                self._session_lane.popitem(last=False)
         self.lanes[r.lane].add(r)
 
     def finish_request(self, r: RequestState) -> None:

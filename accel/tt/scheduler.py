@@ -69,11 +69,6 @@ class LaneScheduler:
 
     # ---- queries -------------------------------------------------------------------------
     @property
-    def load_score(self) -> int:
-        """vLLM's DP balancing score; the coordinator sends new requests to the minimum."""
-        return 4 * len(self.waiting) + len(self.running)
-
-    @property
     def num_free_slots(self) -> int:
         return len(self._free_slots)
 
@@ -294,15 +289,24 @@ class LaneScheduler:
         if not self.pool.enable_prefix_caching:
             return
         for r in requests:
-            if r.status is not RequestStatus.RUNNING:
-                continue
-            num_full = min(r.num_computed, len(r.token_ids)) // self.block_size
-            if num_full <= r.num_cached_blocks:
-                continue
-            r.update_block_hashes(self.block_size)
-            lo = r.num_cached_blocks
-            self.pool.cache_blocks(r.block_ids[lo:num_full], r.block_hashes[lo:num_full])
-            r.num_cached_blocks = num_full
+            if r.status is RequestStatus.RUNNING:
+                self._cache_blocks_up_to(r, min(r.num_computed, len(r.token_ids)))
+
+    def cache_finishing_blocks(self, r: RequestState) -> None:
+        """Before running ``r`` is freed at its finish: register the blocks its last step
+        filled (a next turn of the conversation starts with them). Positions up to, not
+        including, the last sampled token were fed by applied steps, so their KV is written."""
+        if self.pool.enable_prefix_caching and r.status is RequestStatus.RUNNING:
+            self._cache_blocks_up_to(r, min(r.num_computed, len(r.token_ids) - 1))
+
+    def _cache_blocks_up_to(self, r: RequestState, num_tokens: int) -> None:
+        num_full = num_tokens // self.block_size
+        if num_full <= r.num_cached_blocks:
+            return
+        r.update_block_hashes(self.block_size)
+        lo = r.num_cached_blocks
+        self.pool.cache_blocks(r.block_ids[lo:num_full], r.block_hashes[lo:num_full])
+        r.num_cached_blocks = num_full
 
 
 def _row_index(row: RowPlan) -> int:

@@ -72,12 +72,18 @@ class EngineClient:
         self._pools = config.pools
         self._router = RouterClient(router_handle)
         self._engines = {name: EnginePoolClient(handle) for name, handle in pool_handles.items()}
+        for engine in self._engines.values():
+            engine.watch()  # hear of the pools' running replicas from now on (/health, /v1/models)
         self._models_with_prefill = {p.model for p in self._pools if p.role == "prefill"}
         self._timeout_s = config.router.decision_timeout_s
         self._retry_after_s = config.ingress.retry_after_s
         self._metrics = metrics
         self._local_inflight = {p.name: 0 for p in self._pools}
         self._pd = PDOrchestrator()
+
+    @property
+    def engines(self) -> Mapping[str, EnginePoolClient]:
+        return self._engines
 
     def check_routable(self, route: RouteRequest) -> None:
         """400 for a pinned pool that does not exist or serves another model (no RPC)."""
@@ -240,8 +246,9 @@ def _as_api_error(exc: Exception, retry_after_s: int) -> APIError:
         return APIError(status, "The engines are at capacity; retry later.", None, retry_after_s)
     if isinstance(exc, DeploymentUnavailableError):
         return APIError(503, "No engine replica is available; retry later.", None, retry_after_s)
-    logger.exception("engine request failed")
-    return APIError(500, f"engine error: {type(cause).__name__}: {cause}")
+    # The details (type, message, traceback) go to the log only: clients never see internals.
+    logger.error("engine request failed: %s: %s", type(cause).__name__, cause, exc_info=exc)
+    return APIError(500, "The engine failed to serve this request; see the server log.")
 
 
 async def merge_streams(

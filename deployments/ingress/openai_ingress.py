@@ -15,18 +15,25 @@ the model's routing block size, so hashing stays off the router's single thread)
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from ray import serve
 
-from accel.block_hash import hash_prompt_blocks
-from accel.contract import InvalidRequestError, OutputDelta, SamplingParams
+from accel.block_hash import BlockHash, hash_prompt_blocks
+from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta, SamplingParams
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
+from deployments.ingress import health, limits
+from deployments.ingress.auth import ApiKeyMiddleware, key_digests
+from deployments.ingress.body_limit import BodyLimitMiddleware
 from deployments.ingress.engine_client import EngineClient, merge_streams
 from deployments.ingress.structured_check import check_structured_outputs
 from deployments.router.core.sessions import session_id_from
@@ -43,9 +50,36 @@ from serve_app.protocol.tool_output import ChoiceParser, apply_parsed_messages, 
 from serve_app.protocol.tool_request import ChatTools
 
 POOL_HEADER = "x-meshserve-pool"
+_T = TypeVar("_T")
 Merged = AsyncGenerator[tuple[int, OutputDelta], None]  # merge_streams: (choice index, delta)
 
+logger = logging.getLogger(__name__)
+
 app = FastAPI(title="meshserve")
+
+
+def _serving() -> OpenAIIngress | None:
+    """The ingress this replica serves (None outside a Serve replica)."""
+    try:
+        obj = serve.get_replica_context().servable_object
+    except Exception:
+        return None
+    return obj if isinstance(obj, OpenAIIngress) else None
+
+
+def _api_key_digests() -> tuple[bytes, ...]:
+    ingress = _serving()
+    return ingress.api_key_digests if ingress is not None else ()
+
+
+def _max_request_bytes() -> int | None:
+    ingress = _serving()
+    return ingress.max_request_bytes if ingress is not None else None
+
+
+# Outermost first: auth before the body is read.
+app.add_middleware(BodyLimitMiddleware, limit_of=_max_request_bytes)
+app.add_middleware(ApiKeyMiddleware, keys_of=_api_key_digests)
 
 
 def error_response(err: APIError) -> JSONResponse:
@@ -62,17 +96,28 @@ class OpenAIIngress:
         # vLLM's tool-call / reasoning parsers per model (serve_app.protocol.tool_request).
         self._chat_tools = {m.name: ChatTools(m.parsing, m.name, self._tokenizers[m.name]) for m in config.models}
         self._client = EngineClient(config, router_handle, pool_handles, self._metrics)
-        self._num_inflight = 0
+        self._bound = limits.ConcurrencyBound(config.ingress.max_concurrent_requests)
+        self.api_key_digests = key_digests(config.ingress.api_keys)
+        self.max_request_bytes = config.ingress.max_request_bytes
 
     # -- endpoints ----------------------------------------------------------------------------
 
     @app.get("/health")
     async def health(self) -> Response:
+        down = health.unhealthy_models(self._models, self._client.engines)
+        if down:
+            msg = f"No healthy engine replica serves model(s) {', '.join(down)}."
+            return error_response(APIError(503, msg, None, self._config.ingress.retry_after_s))
         return Response(status_code=200)
 
     @app.get("/v1/models")
     async def models(self) -> JSONResponse:
-        cards = [ModelCard(id=m.name, root=str(m.path), max_model_len=m.max_model_len) for m in self._models.values()]
+        down = set(health.unhealthy_models(self._models, self._client.engines))
+        cards = [
+            ModelCard(id=m.name, root=str(m.path), max_model_len=m.max_model_len)
+            for m in self._models.values()
+            if m.name not in down
+        ]
         return JSONResponse(ModelList(data=cards).model_dump())
 
     @app.post("/v1/completions")
@@ -94,16 +139,19 @@ class OpenAIIngress:
         # Label of rejects: the served model the request resolved to; before that (or for an
         # unknown name, which must not become a label value) the only served model, else "unknown".
         label = {"model": next(iter(self._models)) if len(self._models) == 1 else "unknown"}
-        if self._num_inflight >= self._config.ingress.max_concurrent_requests:
+        # One slot while parsing; the rest of the request's fan-out (prompts x n) once known.
+        held = [1]
+        if not self._enter(1):
             self._reject(label["model"], 429)
             return error_response(
                 APIError(429, "Too many requests in flight; retry later.", None, self._config.ingress.retry_after_s)
             )
-        self._enter()
         streaming = False
         try:
-            response = await self._prepare(request, is_chat, label, is_responses)
-            streaming = isinstance(response, StreamingResponse)
+            response = await self._prepare(request, is_chat, label, held, is_responses)
+            if isinstance(response, StreamingResponse):
+                streaming = True
+                response.body_iterator = self._leave_after(response.body_iterator, held[0])
             return response
         except APIError as err:
             self._reject(label["model"], err.status)
@@ -111,17 +159,24 @@ class OpenAIIngress:
         except InvalidRequestError as err:
             self._reject(label["model"], 400)
             return error_response(APIError(400, err.message, err.field))
+        except Exception:
+            # Details go to the log only: a client never sees internal type names or messages.
+            logger.exception("request failed")
+            self._reject(label["model"], 500)
+            return error_response(APIError(500, "Internal server error; see the server log."))
         finally:
             if not streaming:  # a stream leaves when its body generator ends
-                self._leave()
+                self._leave(held[0])
 
     async def _prepare(
-        self, request: Request, is_chat: bool, label: dict[str, str], is_responses: bool = False
+        self, request: Request, is_chat: bool, label: dict[str, str], held: list[int], is_responses: bool = False
     ) -> Response:
         try:
             body = await request.json()
         except Exception:
             raise APIError(400, "the request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object")
         call = None
         if is_responses:
             call = responses_call(body)
@@ -133,22 +188,27 @@ class OpenAIIngress:
         if model is None:
             raise model_not_found(req.model)
         label["model"] = model.name
+        limits.check_body(body, is_chat, self._config.ingress, model.max_model_len)
         tok = self._tokenizers[model.name]
         tools, plan = self._chat_tools[model.name], None
+        # Templates and tokenization off the event loop: a long prompt must not stall other requests.
         if isinstance(req, ChatCompletionRequest):
             plan = tools.prepare(body) if tools.needs_plan(body) else None
-            prompts = [conv.chat_prompt(req, tok, plan)]
+            prompts = [await _in_worker(conv.chat_prompt, req, tok, plan)]
         else:
-            prompts = conv.completion_prompts(req, tok)
+            prompts = await _in_worker(conv.completion_prompts, req, tok)
         sampling = [tools.apply(plan, conv.sampling_params(req, len(p), model.max_model_len, tok), p) for p in prompts]
+        sampling = limits.cap_max_tokens(sampling, body, is_chat, self._config.ingress)
         _check_token_ids(sampling, tok.vocab_size)
         await check_structured_outputs(sampling[0].structured_outputs)
         base_id = random_id("chatcmpl" if is_chat else "cmpl")
         session = session_id_from(request.headers, req.session_id or req.user, req.prompt_cache_key)
         pool = request.headers.get(POOL_HEADER)
         greqs = conv.generate_requests(base_id, prompts, sampling, req.n, session)
-        block_size = self._block_sizes[model.name]
-        hashes = {ids: tuple(hash_prompt_blocks(ids, block_size)) for ids in {g.prompt_token_ids for g in greqs}}
+        self._bound.check_fan_out(len(greqs) - 1, self._config.ingress.retry_after_s)
+        held[0] = len(greqs)
+        self._set_inflight_gauge()
+        hashes = await _in_worker(_prompt_hashes, greqs, self._block_sizes[model.name])
         routes = [
             RouteRequest(g.request_id, model.name, g.num_prompt_tokens, pool, session, hashes[g.prompt_token_ids])
             for g in greqs
@@ -189,7 +249,7 @@ class OpenAIIngress:
             body_gen = self._chat_sse(merged, first, choices, opts, tok, parsers)
         else:
             body_gen = self._completion_sse(merged, first, choices, opts, tok)
-        return StreamingResponse(self._leave_after(body_gen), media_type="text/event-stream")
+        return StreamingResponse(body_gen, media_type="text/event-stream")
 
     async def _collect(
         self,
@@ -270,22 +330,26 @@ class OpenAIIngress:
             yield rsp.sse(rsp.chat_usage_chunk(opts, choices))
         yield rsp.SSE_DONE
 
-    async def _leave_after(self, body: AsyncIterator[str]) -> AsyncIterator[str]:
+    async def _leave_after(self, body: AsyncIterable[Any], slots: int) -> AsyncIterator[Any]:
         try:
             async for line in body:
                 yield line
         finally:
-            self._leave()
+            self._leave(slots)
 
-    def _enter(self) -> None:
-        self._num_inflight += 1
-        if self._metrics is not None:
-            self._metrics.inflight.set(self._num_inflight)
+    def _enter(self, slots: int) -> bool:
+        if not self._bound.try_acquire(slots):
+            return False
+        self._set_inflight_gauge()
+        return True
 
-    def _leave(self) -> None:
-        self._num_inflight -= 1
+    def _leave(self, slots: int) -> None:
+        self._bound.release(slots)
+        self._set_inflight_gauge()
+
+    def _set_inflight_gauge(self) -> None:
         if self._metrics is not None:
-            self._metrics.inflight.set(self._num_inflight)
+            self._metrics.inflight.set(self._bound.held)
 
     def _reject(self, model: str, status: int) -> None:
         if self._metrics is not None:
@@ -310,6 +374,19 @@ async def _sse_body(
         yield f"data: {err.to_response().model_dump_json()}\n\n"
     finally:
         await merged.aclose()
+
+
+# Tokenizing and chat templates run here; a few threads (the tokenizers' Rust code releases the
+# GIL), a bounded pool so a flood of long prompts queues instead of spawning threads.
+_WORKERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ingress-tokenize")
+
+
+async def _in_worker(fn: Callable[..., _T], *args: Any) -> _T:
+    return await asyncio.get_running_loop().run_in_executor(_WORKERS, functools.partial(fn, *args))
+
+
+def _prompt_hashes(greqs: Sequence[GenerateRequest], block_size: int) -> dict[tuple[int, ...], tuple[BlockHash, ...]]:
+    return {ids: tuple(hash_prompt_blocks(ids, block_size)) for ids in {g.prompt_token_ids for g in greqs}}
 
 
 def _check_token_ids(sampling: Sequence[SamplingParams], vocab_size: int) -> None:

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from accel.contract import GenerateRequest, OutputDelta
 from deployments.replicas.engine_replica import EngineReplica
 from deployments.replicas.kv_event_log import KVCursor
+from deployments.router import replica_membership
 from deployments.router.messages import ReplicaSnapshot
 
 
@@ -34,16 +35,31 @@ class EnginePoolClient:
         app, name = getattr(self._handle, "app_name", None), getattr(self._handle, "deployment_name", None)
         return (app, name) if isinstance(app, str) and isinstance(name, str) else None
 
-    def generate(self, request: GenerateRequest, replica_id: str | None) -> ReplicaStream:
-        """``EngineReplica.generate`` on ``replica_id`` (the handle's ``PinnedReplicaRequestRouter``
-        reads the hint; None = the least-loaded replica)."""
+    def watch(self) -> None:
+        """Start hearing of the pool's running replicas now (``running_replicas``), not at the first
+        request: making the streaming handle starts its request router's long poll."""
+        if self._streaming is None and self.deployment is not None:
+            self._streaming_handle()
+
+    def running_replicas(self) -> frozenset[str] | None:
+        """The pool's running replicas as Serve last told this process (None: not heard yet, or
+        not a Serve handle)."""
+        deployment = self.deployment
+        return None if deployment is None else replica_membership.latest(*deployment)
+
+    def _streaming_handle(self) -> Any:
         if self._streaming is None:
             # Plain (C) pickle for the token stream: cloudpickle, Serve's default, costs ~10x more
             # per OutputDelta (engine replicas raise only plainly picklable errors: engine_replica.py).
             self._streaming = self._handle.options(
                 stream=True, request_serialization="pickle", response_serialization="pickle"
             )
-        stream: ReplicaStream = self._streaming.generate.remote(request, replica_hint=replica_id)
+        return self._streaming
+
+    def generate(self, request: GenerateRequest, replica_id: str | None) -> ReplicaStream:
+        """``EngineReplica.generate`` on ``replica_id`` (the handle's ``PinnedReplicaRequestRouter``
+        reads the hint; None = the least-loaded replica)."""
+        stream: ReplicaStream = self._streaming_handle().generate.remote(request, replica_hint=replica_id)
         return stream
 
     async def routing_snapshots(self, cursors: Mapping[str, KVCursor]) -> list[ReplicaSnapshot | BaseException]:

@@ -66,14 +66,14 @@ def current_actor_id() -> str | None:
 
 
 def kv_events_for_router(engine_events: Iterable[PrefixCacheChange]) -> tuple[KVEvent, ...]:
-    """An engine's ``PrefixCacheChange``s (the TT engine's are replica-level: stored when the first
-    lane caches a hash, removed when the last lane drops it) as the router's event types."""
+    """An engine's ``PrefixCacheChange``s (the TT engine's per lane: each lane is its own prefix
+    cache) as the router's event types, lane kept (the router's index matches per lane)."""
     out: list[KVEvent] = []
     for event in engine_events:
         if event.kind == "stored":
-            out.append(BlockStored(tuple(event.block_hashes)))
+            out.append(BlockStored(tuple(event.block_hashes), event.lane))
         elif event.kind == "removed":
-            out.append(BlockRemoved(tuple(event.block_hashes)))
+            out.append(BlockRemoved(tuple(event.block_hashes), event.lane))
     return tuple(out)
 
 

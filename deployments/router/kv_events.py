@@ -16,16 +16,20 @@ from accel.block_hash import BlockHash
 
 @dataclass(frozen=True)
 class BlockStored:
-    """Full blocks the engine now holds, in chain order (block i's parent is block i-1)."""
+    """Full blocks the engine now holds, in chain order (block i's parent is block i-1).
+    ``lane``: the engine's cache domain that stored them (a TT lane; like vLLM's
+    ``KVEventBatch.data_parallel_rank``); 0 for an engine with one cache."""
 
     block_hashes: tuple[BlockHash, ...]
+    lane: int = 0
 
 
 @dataclass(frozen=True)
 class BlockRemoved:
-    """Blocks the engine evicted; they no longer give prefix hits."""
+    """Blocks the engine's ``lane`` evicted; they no longer give prefix hits there."""
 
     block_hashes: tuple[BlockHash, ...]
+    lane: int = 0
 
 
 @dataclass(frozen=True)

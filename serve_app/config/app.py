@@ -69,7 +69,9 @@ class PoolConfig:
     replicas: int | None = 1  # None with autoscaling
     autoscaling: AutoscalingConfig | None = None
     max_ongoing_requests: int = 64  # per replica, Serve's own bound
-    max_queued_requests: int = -1  # per handle, past it Serve rejects (-> 503 / 429); -1 = no bound
+    # Per handle (each ingress replica's, the router's): past it Serve rejects (-> 503 + Retry-After)
+    # instead of queueing without bound; -1 = no bound.
+    max_queued_requests: int = 256
     num_cpus: float = 1.0  # Ray actor resources of one replica (on top of the accelerator's)
     memory_bytes: int | None = None
     extra_resources: Mapping[str, float] = field(default_factory=dict)

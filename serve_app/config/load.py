@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from accel.checkpoint import max_position_embeddings
 from accel.contract import ConfigError
+from accel.envs import ENVS
 from accel.tt.config import TTEngineConfig
 from accel.vllm.config import VllmEngineConfig
 from accel.vllm.tpu.backends import DEFAULT_BACKEND, check_kv_connector, get_backend
@@ -84,7 +85,19 @@ def load_app_config(args: Mapping[str, Any] | AppArgs, config_file: str | None =
         router=_to_router(parsed.router),
         pd=pd,
         ingress=IngressConfig(
-            ing.replicas, ing.num_cpus, ing.max_concurrent_requests, ing.retry_after_s, ing.access_log
+            replicas=ing.replicas,
+            num_cpus=ing.num_cpus,
+            max_concurrent_requests=ing.max_concurrent_requests,
+            retry_after_s=ing.retry_after_s,
+            access_log=ing.access_log,
+            # As vLLM: the configured keys take precedence over the environment variable.
+            api_keys=tuple(ing.api_keys) or ((ENVS.api_key,) if ENVS.api_key else ()),
+            max_request_bytes=ing.max_request_bytes,
+            max_prompt_chars=ing.max_prompt_chars,
+            max_tokens_cap=ing.max_tokens_cap,
+            max_n=ing.max_n,
+            trust_request_chat_template=ing.trust_request_chat_template,
+            max_failovers=ing.max_failovers,
         ),
     )
 

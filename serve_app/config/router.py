@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Literal, get_args
 
+from accel.cache_affinity import AffinityWeights
 from accel.contract import ConfigError
 
 # The routing policies (``deployments.router.core.policies`` registers one class per name) ...
@@ -21,20 +22,15 @@ IndexMode = Literal["precise", "approximate"]
 
 
 @dataclass(frozen=True)
-class CostWeights:
-    """Weights of ``prefix+session+load`` (and the load score every policy uses).
+class CostWeights(AffinityWeights):
+    """Weights of ``prefix+session+load`` (and the load score every policy uses): the rule of
+    ``accel.cache_affinity`` (one rule for replicas here and for the TT lanes inside a replica),
+    with its defaults, validated.
 
     ``cost = w_prefill * uncached_prompt_blocks + w_load_blocks * load_score`` over the replicas
     whose load score is within ``min_score + max(window_abs, window_rel * min_score)``; replicas
     outside that window are overloaded (never chosen, and a session bound to one moves).
     """
-
-    w_prefill: float = 1.0  # per uncached prompt block
-    w_load_blocks: float = 4.0  # blocks of prefill one unit of load score is worth
-    w_queue: float = 1.0  # load score per engine-waiting request (fresh stats only)
-    w_kv_usage: float = 4.0  # load score at 100% KV usage (fresh stats only)
-    window_abs: float = 8.0  # acceptable load-score excess over the least-loaded replica ...
-    window_rel: float = 0.25  # ... or this fraction of the least-loaded score, whichever is larger
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -23,7 +23,7 @@ Schema (``applications[].args`` of a Serve config file)::
       role: both | prefill | decode
       replicas: 2                       # or autoscaling: {min_replicas, max_replicas, ...}
       max_ongoing_requests: 64          # per replica, Serve's own bound
-      max_queued_requests: 64           # per handle, past it Serve rejects (-> 503 / 429)
+      max_queued_requests: 256          # per handle, past it Serve rejects (-> 503 / 429); -1 = unbounded
       engine_args: {...}                # vLLM-spelled; validated by the engine's from_engine_args
       resources: {num_cpus: 0.5, memory: ..., resources: {...}}
       tt: {mesh_device: T3K}            # tt pools on accelerator tt
@@ -35,7 +35,9 @@ Schema (``applications[].args`` of a Serve config file)::
              session_ttl_s: 600, max_in_flight_per_session: 2, stats_max_age_s: 5,
              replicas: 1, stats_period_s: 0.5, decision_timeout_s: 0.2, kv_event_log_size: 8192}
     pd: {threshold_tokens: 512}
-    ingress: {replicas: 1, max_concurrent_requests: 256, retry_after_s: 1, num_cpus: 0, access_log: true}
+    ingress: {replicas: 1, max_concurrent_requests: 256, retry_after_s: 1, num_cpus: 0, access_log: true,
+              api_keys: [...], max_request_bytes: 8388608, max_prompt_chars: null, max_tokens_cap: null,
+              max_n: 128, trust_request_chat_template: false, max_failovers: 1}
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from serve_app.config.app import AutoscalingConfig, PoolConfig
-from serve_app.config.ingress import IngressConfig
+from serve_app.config.ingress import MAX_N, IngressConfig
 from serve_app.config.parsing import OutputParsing, ToolStrictLevel
 from serve_app.config.pd import PDConfig
 from serve_app.config.router import CostWeights, IndexMode, LoadConfig, PolicyName, RouterConfig, SessionConfig
@@ -154,6 +156,13 @@ class IngressArgs(_Strict):
     max_concurrent_requests: int = Field(default=IngressConfig.max_concurrent_requests, ge=1)
     retry_after_s: int = Field(default=IngressConfig.retry_after_s, ge=0)
     access_log: bool = IngressConfig.access_log
+    api_keys: list[str] = Field(default_factory=list)  # else MESHSERVE_API_KEY; empty = no auth
+    max_request_bytes: int = Field(default=IngressConfig.max_request_bytes, ge=1)
+    max_prompt_chars: int | None = Field(default=IngressConfig.max_prompt_chars, ge=1)
+    max_tokens_cap: int | None = Field(default=IngressConfig.max_tokens_cap, ge=1)
+    max_n: int = Field(default=IngressConfig.max_n, ge=1, le=MAX_N)
+    trust_request_chat_template: bool = IngressConfig.trust_request_chat_template
+    max_failovers: int = Field(default=IngressConfig.max_failovers, ge=0)
 
 
 class AppArgs(_Strict):

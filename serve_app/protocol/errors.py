@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 _TYPES = {
     400: "BadRequestError",
+    401: "AuthenticationError",
     404: "NotFoundError",
     429: "RateLimitError",
     500: "InternalServerError",

@@ -6,7 +6,7 @@ Per decision, over one pool:
 2. Session: a bound replica inside the window, with the session under its in-flight cap, wins.
    Outside the window the session spills and moves (``rebind_session``); at the cap the request
    spills to another replica and the binding stays.
-3. Cost (Dynamo-like), over the candidates inside the window only:
+3. Cost (Dynamo-like; ``accel.cache_affinity.cheapest``), over the candidates inside the window only:
    ``cost = w_prefill * uncached_prompt_blocks + w_load_blocks * load_score``.
    The window is the imbalance fallback that keeps affinity: an overloaded replica is never
    chosen, yet among acceptable replicas the best prefix match still wins unless its extra load
@@ -16,6 +16,8 @@ Per decision, over one pool:
 """
 
 from __future__ import annotations
+
+from accel.cache_affinity import cheapest
 
 from .policy import Choice, RoutingContext, RoutingPolicy, load_view, tie_rank
 
@@ -35,16 +37,13 @@ class PrefixSessionLoadPolicy(RoutingPolicy):
         # A spill (session at its cap) must leave the bound replica unless it is the only one.
         excluded = bound if bound is not None and len(ctx.candidates) > 1 else None
 
-        # cost = w_prefill * (num_blocks - matched) + w_load * score; the w_prefill * num_blocks
-        # term is common to all candidates, so it is left out of the comparison.
+        # The shared rule (``accel.cache_affinity``): the TT lanes of the chosen replica apply it
+        # again over their own caches, so the replica's best lane is where the request lands.
         matched_get, scores, limit = ctx.matched_blocks.get, view.scores, view.limit
-        w_prefill, w_load = weights.w_prefill, weights.w_load_blocks
-        acceptable = [r for r in ctx.candidates if scores[r] <= limit and r != excluded]
-        costs = [w_load * scores[r] - w_prefill * matched_get(r, 0) for r in acceptable]
+        acceptable = ctx.candidates if excluded is None else tuple(r for r in ctx.candidates if r != excluded)
+        tied = cheapest(acceptable, scores.__getitem__, lambda r: matched_get(r, 0), limit, weights)
         best_id = None
-        if costs:
-            best_cost = min(costs)
-            tied = [r for r, cost in zip(acceptable, costs) if cost == best_cost]
+        if tied:
             hashes, key = ctx.replica_hashes, ctx.tie_key
             best_id = tied[0] if len(tied) == 1 else min(tied, key=lambda r: tie_rank(key, hashes[r]))
         if best_id is None:  # only the excluded replica was acceptable

@@ -4,8 +4,9 @@ A policy sees one ``RoutingContext`` (the candidate replicas of one pool with th
 matches, loads and the session binding) and returns a ``Choice``. It holds no state about
 replicas, so ``RouterCore`` owns all bookkeeping; the only policy state is round-robin's counter.
 
-Load score (``load_score``), in requests: ``in_flight + foreign_in_flight + w_queue * waiting +
-w_kv_usage * kv_usage``, the last three only from fresh stats (foreign = other router replicas').
+Load score (``accel.cache_affinity.load_score``), in requests: ``in_flight + foreign_in_flight +
+w_queue * waiting + w_kv_usage * kv_usage``, the last two only from fresh stats (foreign = other
+router replicas'); the acceptable window is ``accel.cache_affinity.load_limit``.
 In-flight is always present (tracked locally), so the score never freezes when stats are stale or
 missing.
 
@@ -24,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from accel.cache_affinity import load_limit
 from serve_app.config.router import CostWeights
 
 _MASK64 = (1 << 64) - 1
@@ -84,8 +86,7 @@ def load_view(ctx: RoutingContext, weights: CostWeights) -> LoadView:
             if replica_id in scores:
                 scores[replica_id] += w_queue * num_waiting + w_kv * kv_usage
     min_score = min(scores.values())
-    limit = min_score + max(weights.window_abs, weights.window_rel * min_score)
-    return LoadView(scores, min_score, limit)
+    return LoadView(scores, min_score, load_limit(min_score, weights))
 
 
 class RoutingPolicy(ABC):

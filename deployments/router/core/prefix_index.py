@@ -14,6 +14,15 @@ eviction takes prompt tails before heads — as vLLM's free queue does (it frees
 in reverse order). That keeps each replica's set (nearly) prefix-closed, which is what makes
 "leading hashes held" a faithful longest-prefix length.
 
+Lanes (cache domains inside a replica: a TT replica's lanes are separate prefix caches; a request
+only hits the lane it runs on, and that lane's coordinator picks the best-matching lane by the
+same rule as the router, ``accel.cache_affinity``): ``_lanes[r]`` maps a block hash to the bit set
+of r's lanes holding it, from lane-tagged KV events. A hash with no entry there has unknown lanes
+(learned from routing, or from a snapshot) and counts for every lane; a removal on any lane drops
+it (the index then under-estimates, never over-estimates). ``match`` reports, per replica, the
+longest prefix one single lane holds — what the replica can actually serve from cache — not the
+union's. A replica that only ever reported lane 0 skips that pass.
+
 Two modes (a small base class plus a registry by name, see ``make_prefix_index``):
 - ``approximate``: learns from routing decisions (the chosen replica's prompt blocks are inserted
   when the request is dispatched); engine events are ignored.
@@ -47,6 +56,8 @@ class PrefixIndex(ABC):
         self._owners: dict[BlockHash, set[str]] = {}
         self._lru: dict[str, OrderedDict[BlockHash, None]] = {}
         self._capacity: dict[str, int] = {}
+        self._lanes: dict[str, dict[BlockHash, int]] = {}  # replica -> hash -> lane bit set
+        self._multi_lane: set[str] = set()  # replicas that reported a lane other than 0
 
     # ----- replicas -------------------------------------------------------------------------
     def add_replica(self, replica_id: str, num_kv_blocks: int) -> None:
@@ -56,12 +67,15 @@ class PrefixIndex(ABC):
             raise ValueError(f"num_kv_blocks must be positive, got {num_kv_blocks}")
         self._capacity[replica_id] = num_kv_blocks
         lru = self._lru.setdefault(replica_id, OrderedDict())
+        self._lanes.setdefault(replica_id, {})
         self._evict_to(replica_id, lru, num_kv_blocks)
 
     def remove_replica(self, replica_id: str) -> None:
         """Forget a replica and every block it held, at once."""
         lru = self._lru.pop(replica_id, None)
         self._capacity.pop(replica_id, None)
+        self._lanes.pop(replica_id, None)
+        self._multi_lane.discard(replica_id)
         if lru is None:
             return
         for block_hash in lru:
@@ -115,6 +129,26 @@ class PrefixIndex(ABC):
             i += 1
         for replica_id in active:
             matched[replica_id] = i
+        return self._narrow_to_one_lane(block_hashes, matched)
+
+    def _narrow_to_one_lane(self, block_hashes: Sequence[BlockHash], matched: dict[str, int]) -> dict[str, int]:
+        """Cut each multi-lane replica's match to the longest prefix a single lane holds
+        (O(matched blocks) per such replica; lane-0-only replicas are untouched)."""
+        for replica_id in self._multi_lane.intersection(matched):
+            lanes_of = self._lanes[replica_id]
+            common = -1  # lanes holding every block so far (all bits: unknown lanes count for all)
+            n = matched[replica_id]
+            for i in range(n):
+                mask = lanes_of.get(block_hashes[i])
+                if mask is not None:
+                    common &= mask
+                    if not common:
+                        n = i
+                        break
+            if n:
+                matched[replica_id] = n
+            else:
+                del matched[replica_id]
         return matched
 
     def _first_block_holders(self, block_hashes: Sequence[BlockHash], candidates: Set[str]) -> set[str]:
@@ -137,7 +171,7 @@ class PrefixIndex(ABC):
 
         ``block_hashes`` is ordered least recently used first (an engine that cannot tell may
         send any order; only eviction order is affected). Used after a router restart."""
-        self._clear(replica_id)
+        self._clear(replica_id)  # lanes unknown from here on, until the lanes' events say
         lru = self._lru[replica_id]
         for block_hash in block_hashes:
             if block_hash not in lru:
@@ -146,15 +180,25 @@ class PrefixIndex(ABC):
         self._evict_to(replica_id, lru, self._capacity[replica_id])
 
     # ----- shared mechanics -----------------------------------------------------------------
-    def _store(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
-        """Insert or refresh blocks, last block first so the prompt head ends most recent."""
+    def _store(self, replica_id: str, block_hashes: Sequence[BlockHash], lane: int | None = None) -> None:
+        """Insert or refresh blocks, last block first so the prompt head ends most recent.
+        ``lane``: the lane that stored them (None: lanes unknown, so every lane)."""
         lru = self._lru[replica_id]
         owners_of = self._owners
+        lanes_of = self._lanes[replica_id]
+        if lane is not None and lane != 0:
+            self._multi_lane.add(replica_id)
         for block_hash in reversed(block_hashes):
             if block_hash in lru:
                 lru.move_to_end(block_hash)
+                if lane is None:
+                    lanes_of.pop(block_hash, None)
+                elif (mask := lanes_of.get(block_hash)) is not None:
+                    lanes_of[block_hash] = mask | (1 << lane)
             else:
                 lru[block_hash] = None
+                if lane is not None:
+                    lanes_of[block_hash] = 1 << lane
                 owners = owners_of.get(block_hash)
                 if owners is None:
                     owners_of[block_hash] = {replica_id}
@@ -162,9 +206,18 @@ class PrefixIndex(ABC):
                     owners.add(replica_id)
         self._evict_to(replica_id, lru, self._capacity[replica_id])
 
-    def _remove(self, replica_id: str, block_hashes: Iterable[BlockHash]) -> None:
+    def _remove(self, replica_id: str, block_hashes: Iterable[BlockHash], lane: int | None = None) -> None:
+        """Drop blocks from ``lane`` (None: from every lane); a block no lane holds leaves."""
         lru = self._lru[replica_id]
+        lanes_of = self._lanes[replica_id]
         for block_hash in block_hashes:
+            mask = lanes_of.get(block_hash)
+            if lane is not None and mask is not None:
+                mask &= ~(1 << lane)
+                if mask:
+                    lanes_of[block_hash] = mask
+                    continue
+            lanes_of.pop(block_hash, None)
             if lru.pop(block_hash, 0) is None:  # present (values are None; absent -> 0)
                 self._disown(block_hash, replica_id)
 
@@ -173,10 +226,13 @@ class PrefixIndex(ABC):
         for block_hash in lru:
             self._disown(block_hash, replica_id)
         lru.clear()
+        self._lanes[replica_id].clear()
 
     def _evict_to(self, replica_id: str, lru: OrderedDict[BlockHash, None], capacity: int) -> None:
+        lanes_of = self._lanes[replica_id]
         while len(lru) > capacity:
             block_hash, _ = lru.popitem(last=False)
+            lanes_of.pop(block_hash, None)
             self._disown(block_hash, replica_id)
 
     def _disown(self, block_hash: BlockHash, replica_id: str) -> None:
@@ -234,7 +290,7 @@ class ApproximatePrefixIndex(PrefixIndex):
             lo += 1
         for replica_id in active:
             matched[replica_id] = num_blocks
-        return matched
+        return self._narrow_to_one_lane(block_hashes, matched)
 
     def on_routed(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
         self._store(replica_id, block_hashes)
@@ -273,9 +329,9 @@ class PrecisePrefixIndex(PrefixIndex):
     def apply_events(self, replica_id: str, events: Iterable[KVEvent]) -> None:
         for event in events:
             if isinstance(event, BlockStored):
-                self._store(replica_id, event.block_hashes)
+                self._store(replica_id, event.block_hashes, event.lane)
             elif isinstance(event, BlockRemoved):
-                self._remove(replica_id, event.block_hashes)
+                self._remove(replica_id, event.block_hashes, event.lane)
             elif isinstance(event, AllBlocksCleared):
                 self._clear(replica_id)
             else:

@@ -59,7 +59,7 @@ class Driver:
         return plan
 
 
-def test_lane_pick_uses_4_waiting_plus_running_with_lowest_index_ties():
+def test_cold_lane_pick_goes_by_load_score_with_lowest_index_ties():
     coord = make_coord(num_lanes=3)
     lanes = []
     for i in range(6):
@@ -71,7 +71,8 @@ def test_lane_pick_uses_4_waiting_plus_running_with_lowest_index_ties():
     r = make_req("late", 4)
     coord.add_request(r)
     assert r.lane == 0
-    assert [lane.load_score for lane in coord.lanes] == [4 + 2, 2, 2]
+    # running + waiting + w_queue * waiting + w_kv_usage * kv_usage (1 block of 32 per request)
+    assert [coord.lane_load(i) for i in range(3)] == [3 + 1 + 4 * 2 / 32, 2 + 4 * 2 / 32, 2 + 4 * 2 / 32]
     r2 = make_req("later", 4)
     coord.add_request(r2)
     assert r2.lane == 1

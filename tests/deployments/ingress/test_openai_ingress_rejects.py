@@ -25,7 +25,7 @@ class Metrics:
         self.rejects.append((model, status))
 
 
-def _ingress(tiny_llama, max_concurrent: int = 8) -> tuple[OpenAIIngress, Metrics]:
+def _ingress(tiny_llama, max_concurrent: int = 8, **ingress_args) -> tuple[OpenAIIngress, Metrics]:
     config = load_app_config(
         {
             "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
@@ -39,7 +39,7 @@ def _ingress(tiny_llama, max_concurrent: int = 8) -> tuple[OpenAIIngress, Metric
                     "engine_args": {"max_model_len": 128},
                 }
             ],
-            "ingress": {"max_concurrent_requests": max_concurrent},
+            "ingress": {"max_concurrent_requests": max_concurrent, **ingress_args},
         },
         "test_ingress_rejects",
     )
@@ -74,7 +74,45 @@ def test_rejects_are_labelled_with_the_served_model(tiny_llama):
 
 def test_busy_rejects_before_parsing_use_the_only_model(tiny_llama):
     ingress, metrics = _ingress(tiny_llama, max_concurrent=1)
-    ingress._num_inflight = 1
+    ingress._bound.held = 1
     response = asyncio.run(ingress._handle(_request({"prompt": "hi"}), is_chat=False))
     assert response.status_code == 429 and response.headers["retry-after"]
     assert metrics.rejects == [("tiny-llama", 429)]
+
+
+def _run(ingress, body: dict, is_chat: bool = False):
+    response = asyncio.run(ingress._handle(_request(body), is_chat=is_chat))
+    return response.status_code, json.loads(response.body)
+
+
+def test_limits_answer_clear_errors_and_release_their_slots(tiny_llama):
+    ingress, metrics = _ingress(tiny_llama, max_concurrent=4, max_tokens_cap=8, max_n=3)
+    msgs = [{"role": "user", "content": "hi"}]
+    cases = [
+        ({"prompt": "\ud800"}, False, 400, "prompt"),
+        ({"messages": msgs, "chat_template": "{{ 1 }}"}, True, 400, "chat_template"),
+        ({"prompt": "x" * (128 * 32 + 1)}, False, 400, "prompt"),
+        ({"prompt": "hi", "n": 4}, False, 400, "n"),
+        ({"prompt": "hi", "max_tokens": 9}, False, 400, "max_tokens"),
+        ({"prompt": ["a", "b", "c"], "n": 2}, False, 400, "n"),  # 6 engine requests > 4
+    ]
+    for body, is_chat, status, param in cases:
+        got_status, got = _run(ingress, body, is_chat)
+        assert (got_status, got["error"]["param"]) == (status, param), (body, got)
+    assert ingress._bound.held == 0
+    ingress._bound.held = 3  # 3 + 1 + 1 more does not fit now: 429, and the request's slot is returned
+    status, got = _run(ingress, {"prompt": ["a", "b"]})
+    assert status == 429 and ingress._bound.held == 3
+
+
+def test_internal_errors_do_not_leak_internals(tiny_llama, monkeypatch):
+    ingress, metrics = _ingress(tiny_llama)
+
+    def boom(*args, **kwargs):
+        raise KeyError("secret_internal_detail")
+
+    monkeypatch.setattr(ingress._client, "check_routable", boom)
+    status, body = _run(ingress, {"prompt": "hi"})
+    assert status == 500 and "KeyError" not in body["error"]["message"]
+    assert "secret_internal_detail" not in body["error"]["message"]
+    assert body["error"]["type"] == "InternalServerError" and ingress._bound.held == 0

@@ -188,3 +188,43 @@ def test_galloping_match_equals_the_linear_walk_under_eviction():
         cands = frozenset(rng.sample(replicas, rng.randint(1, 5)))
         assert idx.match(h, cands) == PrefixIndex.match(idx, h, cands), step
         idx.on_routed(rng.choice(replicas), h)
+
+
+def test_precise_mode_matches_the_best_single_lane_of_a_replica():
+    """Lanes of a TT replica are separate caches: a prompt is served from one lane, so the match
+    is the longest prefix one lane holds, not what the lanes hold together."""
+    idx = PrecisePrefixIndex()
+    for r in ALL:
+        idx.add_replica(r, 100)
+    h = blocks(SYSTEM, USER_A)
+    # lane 0 holds the system prompt only; lane 1 the system prompt and blocks 4-5 (its history)
+    idx.apply_events("a", [BlockStored(tuple(h[:4]), lane=0), BlockStored(tuple(h[:6]), lane=1)])
+    assert idx.match(h, ALL) == {"a": 6}
+    idx.apply_events("a", [BlockRemoved((h[2],), lane=1)])  # lane 1 lost block 2: lane 0's 4 win
+    assert idx.match(h, ALL) == {"a": 4}
+    assert idx.holds("a", h[5])  # the union still holds it (lane 1 has it), uselessly
+    # split across lanes: lane 0 holds 0-3, lane 1 holds 4-5 only -> one lane serves 4 blocks
+    idx.apply_events("b", [BlockStored(tuple(h[:4]), lane=0), BlockStored(tuple(h[4:6]), lane=1)])
+    assert idx.match(h, ALL)["b"] == 4
+    idx.apply_events("b", [BlockRemoved(tuple(h[:4]), lane=0)])
+    assert "b" not in idx.match(h, ALL)
+    # the same block on two lanes stays until both evicted it
+    idx.apply_events("c", [BlockStored(tuple(h[:2]), lane=0), BlockStored(tuple(h[:2]), lane=1)])
+    idx.apply_events("c", [BlockRemoved(tuple(h[:2]), lane=0)])
+    assert idx.match(h, ALL)["c"] == 2
+    idx.apply_events("c", [BlockRemoved(tuple(h[:2]), lane=1)])
+    assert "c" not in idx.match(h, ALL) and idx.num_blocks("c") == 0
+
+
+def test_a_snapshot_has_unknown_lanes_counted_for_every_lane_until_a_lane_removes_them():
+    idx = PrecisePrefixIndex()
+    idx.add_replica("a", 100)
+    h = blocks(SYSTEM, USER_A)
+    idx.apply_events("a", [BlockStored(tuple(h[:2]), lane=1)])
+    idx.apply_snapshot("a", h)  # the engine's union of lanes, lanes not said
+    assert idx.match(h, {"a"}) == {"a": 6}
+    idx.apply_events("a", [BlockStored((h[0],), lane=1), BlockRemoved((h[3],), lane=0)])
+    # a removal on any lane drops an unknown-lane block: under-estimate, never over-estimate
+    assert idx.match(h, {"a"}) == {"a": 3}
+    idx.remove_replica("a")
+    assert idx._owners == {} and "a" not in idx._lanes

@@ -1,0 +1,133 @@
+"""End to end on a real (small) Ray Serve with the real TT engine: the front door's auth, limits and
+health, through the official ``openai`` client and raw HTTP (issue 15).
+
+One app for the module: API key required, a 64 KiB body bound, a concurrency bound of 4 engine
+requests, one TT replica (so killing it leaves the model with none: /health 503, /v1/models empty).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+pytestmark = pytest.mark.slow
+
+APP = "ingress-edge-e2e"
+KEY = "sk-edge-test"
+POOL = "TTMeshReplica-tt"
+MAX_BYTES = 64 * 1024
+
+
+def _args(tiny_llama) -> dict:
+    return {
+        "config_file": "test_ingress_edge",
+        "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
+        "pools": [
+            {
+                "name": "tt",
+                "engine": "tt",
+                "accelerator": "cpu",
+                "model": "tiny-llama",
+                "replicas": 1,
+                "resources": {"num_cpus": 0},
+                "engine_args": {"max_model_len": 256, "data_parallel_size": 1, "max_num_seqs": 4, "block_size": 16},
+            }
+        ],
+        "ingress": {"api_keys": [KEY], "max_request_bytes": MAX_BYTES, "max_concurrent_requests": 4},
+    }
+
+
+@pytest.fixture(scope="module")
+def base_url(serve_session, tiny_llama):
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    serve.run(build_app(_args(tiny_llama)), name=APP, route_prefix=f"/{APP}")
+    try:
+        url = f"{serve_session}/{APP}"
+        _wait_health(url, 200)
+        yield url
+    finally:
+        serve.delete(APP)
+
+
+def _wait_health(url: str, status: int, timeout_s: float = 90) -> float:
+    start = time.monotonic()
+    while True:
+        got = httpx.get(f"{url}/health", timeout=10).status_code
+        if got == status:
+            return time.monotonic() - start
+        assert time.monotonic() - start < timeout_s, f"/health stayed {got}, wanted {status}"
+        time.sleep(0.1)
+
+
+def _client(url: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def _post(url: str, path: str, body, headers=None, **kw) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {KEY}", **(headers or {})}
+    if isinstance(body, (bytes, str)):
+        return httpx.post(f"{url}{path}", content=body, headers=headers, timeout=60, **kw)
+    return httpx.post(f"{url}{path}", json=body, headers=headers, timeout=60, **kw)
+
+
+def test_api_key_required_on_v1_not_on_health(base_url):
+    with pytest.raises(openai.AuthenticationError) as info:
+        _client(base_url, "wrong").models.list()
+    assert info.value.status_code == 401 and info.value.body["type"] == "AuthenticationError"
+    r = httpx.post(f"{base_url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+    assert r.status_code == 401 and r.json()["error"]["code"] == 401
+    assert httpx.get(f"{base_url}/health", timeout=30).status_code == 200
+    (model,) = _client(base_url, KEY).models.list().data
+    assert model.id == "tiny-llama"
+    r = _client(base_url, KEY).completions.create(model="tiny-llama", prompt="hi", max_tokens=3, temperature=0)
+    assert r.usage.completion_tokens == 3
+
+
+def test_limits_answer_clear_errors(base_url):
+    # A body over the bound: 413 from its Content-Length, before the rest is read.
+    r = _post(base_url, "/v1/completions", b"{" + b" " * (2 * MAX_BYTES) + b"}")
+    assert r.status_code == 413 and r.json()["error"]["type"] == "RequestEntityTooLargeError"
+    # A lone surrogate in a JSON string: 400 naming the field (the tokenizer never sees it).
+    r = _post(base_url, "/v1/completions", '{"prompt": "a\\ud800b", "max_tokens": 2}')
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    # A client chat template is refused (no trust_request_chat_template).
+    msgs = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as info:
+        _client(base_url, KEY).chat.completions.create(
+            model="tiny-llama", messages=msgs, max_tokens=2, extra_body={"chat_template": "{{ 'x' }}"}
+        )
+    assert "trust-request-chat-template" in info.value.message
+    # Fan-out over the concurrency bound (2 prompts x n=3 = 6 > 4 engine requests): 400 naming n.
+    r = _post(base_url, "/v1/completions", {"prompt": ["a", "b"], "n": 3, "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+    # Not JSON / wrong content: 400, never 500.
+    assert _post(base_url, "/v1/completions", b"{not json").status_code == 400
+    assert _post(base_url, "/v1/completions", b"[1, 2]").status_code == 400
+    # The ingress still serves.
+    assert _post(base_url, "/v1/completions", {"prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_health_503_while_the_model_has_no_replica(base_url):
+    import ray
+
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if POOL in a["name"]]
+    assert len(names) == 1
+    ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+    to_503 = _wait_health(base_url, 503, timeout_s=30)
+    before = httpx.get(f"{base_url}/health", timeout=30)
+    listed = httpx.get(f"{base_url}/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).json()
+    after = httpx.get(f"{base_url}/health", timeout=30)
+    if before.status_code == after.status_code == 503:  # the replacement is not up yet
+        assert "tiny-llama" in before.json()["error"]["message"] and before.headers["retry-after"]
+        assert listed["data"] == []  # only models that can serve are listed
+    to_200 = _wait_health(base_url, 200, timeout_s=120)
+    print(json.dumps({"health_503_after_kill_s": round(to_503, 2), "health_200_again_s": round(to_200, 2)}))
+    r = _client(base_url, KEY).completions.create(model="tiny-llama", prompt="hi", max_tokens=2)
+    assert r.usage.completion_tokens == 2
