@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from accel.contract import SamplingParams
-from accel.tt.config import TTEngineConfig
+from accel.tt.config import TTEngineConfig, TTOptions
 from accel.tt.mesh_model import SUPPORTS_SAMPLE_ON_DEVICE, TTSamplingParams
 from accel.tt.runner import NO_TOKEN, MeshRunner, device_sampling_row
 from accel.tt.sampling_policy import SamplingPolicy
@@ -145,3 +145,41 @@ def test_device_sampling_row_normalization():
     )
     assert device_sampling_row(SamplingParams(temperature=0.8, top_k=1, logprobs=2), 64)[:3] == (0.0, 1, 0.0)
     assert device_sampling_row(SamplingParams(temperature=0.8, top_k=100), 64)[1] == 64
+
+
+class MixinWarmupModel(RecordingModel):
+    """tt-metal's ``WarmupForwardMixin`` signatures: ``kv_cache`` first, every argument required
+    (a positional ``enable_trace`` would be 'multiple values for argument kv_cache')."""
+
+    already_warmed_up_prefill = False
+
+    def warmup_model_prefill(self, kv_cache, enable_trace, can_sample_on_device):
+        self.calls.append(("warmup_prefill", dict(kv_cache=kv_cache, enable_trace=enable_trace)))
+        self.already_warmed_up_prefill = True
+
+    def warmup_model_decode(
+        self, kv_cache, enable_trace, max_batch_size, num_blocks, can_sample_on_device, non_greedy_decoding_on_device
+    ):
+        self.calls.append(("warmup_decode", dict(enable_trace=enable_trace, non_greedy=non_greedy_decoding_on_device)))
+
+
+def test_warmup_calls_by_keyword_compile_then_capture():
+    cfg = TTEngineConfig(
+        model="x",
+        max_num_seqs=3,
+        data_parallel_size=2,
+        block_size=4,
+        max_model_len=32,
+        tt=TTOptions.from_mapping({"sample_on_device_mode": "decode_only"}),
+    )
+    model = MixinWarmupModel(cfg.max_num_seqs_global)
+    policy = SamplingPolicy("decode_only", False, {SUPPORTS_SAMPLE_ON_DEVICE: True})
+    MeshRunner(model, "KV", cfg, policy, frozenset({1}), VOCAB).warmup()
+    assert [(name, kw["enable_trace"]) for name, kw in model.calls] == [
+        ("warmup_prefill", False),
+        ("warmup_decode", False),
+        ("warmup_prefill", True),
+        ("warmup_decode", True),
+    ]
+    assert all(kw["non_greedy"] is True for name, kw in model.calls if name == "warmup_decode")
+    assert model.calls[0][1]["kv_cache"] == "KV"
