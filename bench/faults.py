@@ -171,6 +171,8 @@ async def _stream(
                     started.set()
     except httpx.HTTPError as exc:
         return {"outcome": "failed", "error": type(exc).__name__, "tokens": tokens}
+    finally:
+        started.set()  # a stream that ended (or never began) does not hold the kill back
     return {"outcome": "completed", "tokens": tokens, "usage": usage}
 
 
@@ -408,7 +410,7 @@ def main() -> None:
     parser.add_argument("--scenarios", default="replica_kill,router_kill,disconnect_soak,overload")
     parser.add_argument("--streams", type=int, default=24)
     parser.add_argument("--max-tokens", type=int, default=200)
-    parser.add_argument("--capacity", type=int, default=16)
+    parser.add_argument("--capacity", type=int, default=32)  # >= --streams
     parser.add_argument("--hang-s", type=float, default=60.0)
     parser.add_argument("--soak-requests", type=int, default=1000)
     args = parser.parse_args()
