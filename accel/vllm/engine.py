@@ -218,6 +218,15 @@ class VllmEngine:
                     yield _with_kv_transfer(builder.finish(reason), out, request.kv_transfer)
                     return
             yield builder.finish(FinishReason.ABORT)  # stream ended without a finished output
+        except ValueError as exc:
+            # vLLM refuses what its own checks catch (e.g. a JSON schema its configured
+            # structured-output backend cannot enforce) when the request is added: a 400 here too.
+            from vllm.exceptions import VLLMValidationError  # deferred: vLLM is imported after the platform choice
+
+            if not isinstance(exc, VLLMValidationError):
+                raise
+            field = exc.parameter or ("structured_outputs" if request.sampling.structured_outputs else "request")
+            raise InvalidRequestError(field, str(exc.args[0]) if exc.args else str(exc)) from None
         finally:
             self._active.discard(rid)
             self._abort_requested.discard(rid)

@@ -210,3 +210,13 @@ def test_tt_uncompilable_spec_is_refused(loop, tt_engine, tok):
     with pytest.raises(InvalidRequestError) as err:
         _run(loop, tt_engine, req)
     assert err.value.field == "structured_outputs"
+
+
+def test_vllm_refusal_is_an_invalid_request(loop, vllm_engine, tok):
+    """A schema vLLM's configured xgrammar backend refuses (multipleOf) is a 400-kind error."""
+    from accel.contract import InvalidRequestError
+
+    spec = StructuredOutputSpec(json={"type": "integer", "multipleOf": 3})
+    with pytest.raises(InvalidRequestError) as err:
+        _run(loop, vllm_engine, _request("v-refused", tok, PROMPTS[0], structured_outputs=spec))
+    assert err.value.field == "structured_outputs"
