@@ -19,7 +19,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from accel.block_hash import ROOT_HASH, BlockHash, hash_prompt_blocks
+from accel.block_hash import BlockHash, hash_prompt_blocks, salted_root
 from accel.contract import GenerateRequest, SamplingParams
 
 if TYPE_CHECKING:
@@ -107,5 +107,5 @@ class RequestState:
         start = len(self.block_hashes) * block_size
         num_full_tokens = len(self.token_ids) // block_size * block_size
         if num_full_tokens > start:
-            parent = self.block_hashes[-1] if self.block_hashes else ROOT_HASH
+            parent = self.block_hashes[-1] if self.block_hashes else salted_root(self.request.cache_salt)
             self.block_hashes.extend(hash_prompt_blocks(self.token_ids[start:num_full_tokens], block_size, parent))

@@ -229,6 +229,8 @@ class VllmEngine:
         # (vLLM declares the other keys NotRequired through typing.NotRequired, which mypy's 3.10
         # target does not know, so it takes them for required.)
         prompt: TokensPrompt = {"prompt_token_ids": list(request.prompt_token_ids)}  # type: ignore[typeddict-item]
+        if request.cache_salt is not None:
+            prompt["cache_salt"] = request.cache_salt  # vLLM mixes it into its first block's hash
         # A constraint with no reasoning end marker applies from the first output token: vLLM's
         # ``reasoning_ended=True`` (else vLLM's reasoning parser, if the engine has one, decides).
         spec = request.sampling.structured_outputs

@@ -17,7 +17,8 @@ the first medium stores it, ``BlockRemoved`` when the last one drops it.
 Blocks we cannot key faithfully are left out and counted in ``num_skipped_blocks``: a parent we
 never saw (we subscribed late: the engine's snapshot repairs that), a different block size, LoRA
 or multimodal extra keys (our hash covers tokens only), another KV-cache group, or an offload
-event for a block never seen on the device that carries no tokens to hash.
+event for a block never seen on the device that carries no tokens to hash. A ``cache_salt`` (the
+first block's only extra key) starts the chain at ``salted_root(salt)``, as the ingress hashes it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from accel.block_hash import ROOT_HASH, BlockHash, hash_block
+from accel.block_hash import BlockHash, hash_block, salted_root
 from accel.contract import ConfigError
 from deployments.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
@@ -72,7 +73,9 @@ class VLLMEventTranslator:
         num_blocks = len(event.block_hashes)
         medium = _medium(event)
         extra_keys = getattr(event, "extra_keys", None)
-        if not _is_group0(event) or getattr(event, "lora_id", None) is not None or (extra_keys and any(extra_keys)):
+        salt = _cache_salt(event, extra_keys)
+        lora = getattr(event, "lora_id", None) is not None or getattr(event, "lora_name", None) is not None
+        if not _is_group0(event) or lora or (extra_keys and any(extra_keys) and salt is None):
             self.num_skipped_blocks += num_blocks
             return ()
         if medium == _GPU and event.block_size != self.block_size:
@@ -86,7 +89,7 @@ class VLLMEventTranslator:
             self.num_skipped_blocks += num_blocks
             return ()
         if event.parent_block_hash is None:
-            parent = ROOT_HASH
+            parent = salted_root(salt)
         elif event.parent_block_hash in self._ours:
             parent = self._ours[event.parent_block_hash]
         else:
@@ -119,6 +122,18 @@ class VLLMEventTranslator:
                 del self._held[h]
                 gone.append(self._ours.pop(h))
         return tuple(gone)
+
+
+def _cache_salt(event: Any, extra_keys: Any) -> str | None:
+    """The request's cache_salt when it is a chain's first block's only extra key (vLLM
+    publishes it untagged, as ``(salt,)``, on the first block alone): that chain then starts at
+    ``salted_root(salt)``, as the ingress hashes the request. None otherwise."""
+    if not extra_keys or event.parent_block_hash is not None or any(extra_keys[1:]):
+        return None
+    first = extra_keys[0]
+    if isinstance(first, (tuple, list)) and len(first) == 1 and isinstance(first[0], str):
+        return first[0]
+    return None
 
 
 def _is_group0(event: Any) -> bool:

@@ -79,11 +79,27 @@ class RenderOptions:
     num_logprobs: int | None  # None: no logprobs requested
     return_token_ids: bool
     include_usage: bool
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage in every chunk
+    num_prompt_tokens: int = 0  # of the (first) prompt: the chat role chunk's continuous usage
+    tokens_as_ids: bool = False  # return_tokens_as_token_ids: logprob tokens as "token_id:<id>"
+    echo: tuple[str, ...] = ()  # per prompt: what echo prepends to its choices' text (conversion.echo_texts)
+
+    def echo_of(self, prompt_index: int) -> str:
+        return self.echo[prompt_index] if self.echo else ""
 
     @property
     def is_text_only(self) -> bool:
-        """Chunks carry text only (no logprobs, no token ids): ``fast_text_chunk_sse`` renders them."""
-        return self.num_logprobs is None and not self.return_token_ids
+        """Chunks carry text only (no logprobs, no token ids, no usage): ``fast_text_chunk_sse``
+        renders them."""
+        return self.num_logprobs is None and not self.return_token_ids and not self.continuous_usage
+
+
+def _chunk_usage(opts: RenderOptions, delta: OutputDelta) -> UsageInfo | None:
+    """vLLM's continuous usage: this choice's prompt and completion tokens so far."""
+    if not opts.continuous_usage:
+        return None
+    n_prompt, n_completion = delta.num_prompt_tokens, delta.num_completion_tokens
+    return UsageInfo(prompt_tokens=n_prompt, completion_tokens=n_completion, total_tokens=n_prompt + n_completion)
 
 
 def completion_response(
@@ -91,11 +107,15 @@ def completion_response(
 ) -> CompletionResponse:
     out = []
     for c in choices:
-        lps = completion_logprobs(tok, c.logprobs, opts.num_logprobs, 0) if opts.num_logprobs is not None else None
+        lps = (
+            completion_logprobs(tok, c.logprobs, opts.num_logprobs, 0, opts.tokens_as_ids)
+            if opts.num_logprobs is not None
+            else None
+        )
         out.append(
             CompletionResponseChoice(
                 index=c.index,
-                text=c.text,
+                text=opts.echo_of(c.prompt_index) + c.text,
                 logprobs=lps,
                 finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,
@@ -113,7 +133,7 @@ def completion_chunk(
 ) -> CompletionStreamResponse:
     lps = None
     if opts.num_logprobs is not None and delta.logprobs:
-        lps = completion_logprobs(tok, delta.logprobs, opts.num_logprobs, text_offset)
+        lps = completion_logprobs(tok, delta.logprobs, opts.num_logprobs, text_offset, opts.tokens_as_ids)
     return CompletionStreamResponse(
         id=opts.request_id,
         created=opts.created,
@@ -128,6 +148,7 @@ def completion_chunk(
                 token_ids=list(delta.new_token_ids) if opts.return_token_ids else None,
             )
         ],
+        usage=_chunk_usage(opts, delta),
     )
 
 
@@ -142,11 +163,15 @@ def chat_response(
 ) -> ChatCompletionResponse:
     out = []
     for c in choices:
-        lps = chat_logprobs(tok, c.logprobs, opts.num_logprobs) if opts.num_logprobs is not None else None
+        lps = (
+            chat_logprobs(tok, c.logprobs, opts.num_logprobs, opts.tokens_as_ids)
+            if opts.num_logprobs is not None
+            else None
+        )
         out.append(
             ChatCompletionResponseChoice(
                 index=c.index,
-                message=ChatMessage(role="assistant", content=c.text),
+                message=ChatMessage(role="assistant", content=opts.echo_of(0) + c.text),
                 logprobs=lps,
                 finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,
@@ -164,11 +189,24 @@ def chat_response(
 
 
 def chat_role_chunk(opts: RenderOptions, index: int) -> ChatCompletionStreamResponse:
+    n = opts.num_prompt_tokens
     return ChatCompletionStreamResponse(
         id=opts.request_id,
         created=opts.created,
         model=opts.model,
         choices=[ChatCompletionResponseStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))],
+        usage=UsageInfo(prompt_tokens=n, completion_tokens=0, total_tokens=n) if opts.continuous_usage else None,
+    )
+
+
+def chat_echo_chunk(opts: RenderOptions, index: int) -> ChatCompletionStreamResponse:
+    n = opts.num_prompt_tokens
+    return ChatCompletionStreamResponse(
+        id=opts.request_id,
+        created=opts.created,
+        model=opts.model,
+        choices=[ChatCompletionResponseStreamChoice(index=index, delta=DeltaMessage(content=opts.echo_of(0)))],
+        usage=UsageInfo(prompt_tokens=n, completion_tokens=0, total_tokens=n) if opts.continuous_usage else None,
     )
 
 
@@ -177,7 +215,7 @@ def chat_chunk(
 ) -> ChatCompletionStreamResponse:
     lps = None
     if opts.num_logprobs is not None and delta.logprobs:
-        lps = chat_logprobs(tok, delta.logprobs, opts.num_logprobs)
+        lps = chat_logprobs(tok, delta.logprobs, opts.num_logprobs, opts.tokens_as_ids)
     return ChatCompletionStreamResponse(
         id=opts.request_id,
         created=opts.created,
@@ -192,6 +230,7 @@ def chat_chunk(
                 token_ids=list(delta.new_token_ids) if opts.return_token_ids else None,
             )
         ],
+        usage=_chunk_usage(opts, delta),
     )
 
 

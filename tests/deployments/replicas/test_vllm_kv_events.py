@@ -98,3 +98,17 @@ def test_offload_event_with_tokens_keys_a_block_never_on_the_device():
         lora_name=None,
     )
     assert tr.translate([unknown]) == [] and tr.num_skipped_blocks == 1
+
+
+def test_a_cache_salt_starts_the_chain_at_the_salted_root():
+    """vLLM publishes a request's cache_salt untagged as the first block's only extra key; our
+    hashes then equal what the ingress computes for that salted request, and never the unsalted."""
+    from accel.block_hash import salted_root
+
+    salted = hash_prompt_blocks(TOKENS[:8], BS, salted_root("s3cret"))
+    tr = VLLMEventTranslator(BS)
+    out = tr.translate([stored([b"s0", b"s1"], None, TOKENS[:8], extra_keys=[("s3cret",), None])])
+    assert out == [BlockStored(tuple(salted))]
+    assert not set(salted) & set(hash_prompt_blocks(TOKENS[:8], BS))
+    chained = tr.translate([stored([b"s2"], b"s1", TOKENS[8:12], extra_keys=[None])])
+    assert chained == [BlockStored((hash_prompt_blocks(TOKENS[:12], BS, salted_root("s3cret"))[2],))]
