@@ -91,7 +91,8 @@ def _wait_pool_size(pool: str, n: int, timeout_s: float = 120) -> None:
 
     async def size() -> int:
         handle = serve.get_deployment_handle(POOLS[pool], APP)
-        return len(await handle.broadcast("routing_snapshot", {}).results_async(return_exceptions=False))
+        answers = await handle.broadcast("routing_snapshot", {}).results_async(return_exceptions=True)
+        return sum(1 for a in answers if not isinstance(a, BaseException))
 
     deadline = time.monotonic() + timeout_s
     while HANDLES.call(size()) < n:
