@@ -33,6 +33,7 @@ from deployments.ingress import health, limits, openapi, tokenize_routes
 from deployments.ingress.auth import ApiKeyMiddleware, key_digests
 from deployments.ingress.body_limit import BodyLimitMiddleware
 from deployments.ingress.engine_client import EngineClient, merge_streams
+from deployments.ingress.engine_support import check_engine_support
 from deployments.ingress.structured_check import check_structured_outputs
 from deployments.ingress.workers import in_worker
 from deployments.router.core.sessions import session_id_from
@@ -228,6 +229,7 @@ class OpenAIIngress:
             for g in greqs
         ]
         self._client.check_routable(routes[0])
+        check_engine_support(routes[0], self._config.pools, sampling[0])
         streams = [self._client.stream(g, r) for g, r in zip(greqs, routes)]
         stream_opts = req.stream_options
         opts = rsp.RenderOptions(
