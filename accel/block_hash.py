@@ -17,6 +17,17 @@ BlockHash = int
 ROOT_HASH: BlockHash = 0  # the "parent" of a prompt's first block
 
 
+def salted_root(cache_salt: str | None) -> BlockHash:
+    """The parent of a prompt's first block: ``ROOT_HASH``, or for a request with a
+    ``cache_salt`` a hash of the salt, so its chain shares no hash with unsalted prompts or with
+    another salt's (vLLM mixes the salt into its first block's hash the same way)."""
+    if not cache_salt:
+        return ROOT_HASH
+    h = hashlib.blake2b(digest_size=16, person=b"cache_salt")
+    h.update(cache_salt.encode("utf-8"))
+    return int.from_bytes(h.digest(), "little")
+
+
 def hash_block(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
     h = hashlib.blake2b(digest_size=16)
     h.update(parent.to_bytes(16, "little"))

@@ -198,6 +198,12 @@ class IngressMetrics:
             "meshserve_requests_rejected", "Requests refused before any engine.", ("model_name", "status")
         )
         self.inflight = Gauge("meshserve_ingress_requests_inflight", "Requests held by this ingress replica.")
+        self.failovers = Counter(
+            "meshserve_stream_failovers", "Streams continued on another replica after theirs died mid-stream."
+        )
+
+    def failover(self) -> None:
+        self.failovers.inc(1)
 
     def fallback(self, reason: str) -> None:
         self.router_fallbacks.inc(1, {"reason": reason})

@@ -64,9 +64,17 @@ class GenerateRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     session_id: str | None = None
     kv_transfer: KVTransferParams | None = None
+    # vLLM's cache_salt: the prefix cache only shares blocks between requests with the same salt
+    # (engines and router start the prompt's block-hash chain at accel.block_hash.salted_root).
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         require(isinstance(self.request_id, str) and bool(self.request_id), "request_id", "must be a non-empty string")
+        require(
+            self.cache_salt is None or (isinstance(self.cache_salt, str) and bool(self.cache_salt)),
+            "cache_salt",
+            "must be a non-empty string",
+        )
         ids = normalize_token_ids(self.prompt_token_ids, "prompt")
         require(len(ids) > 0, "prompt", "the prompt is empty")
         object.__setattr__(self, "prompt_token_ids", ids)

@@ -2,12 +2,12 @@
 outputs), ``allowed_token_ids`` and ``bad_words``, in vLLM's order (the grammar bitmask first,
 then the allow-list, then bad words; logits processors and penalties come after, in the sampler).
 
-``LogitsConstraint`` is owned by the engine thread: ``mask_rows`` writes -inf into the logits of
-the tokens a row may not sample next; ``accept`` advances it by the token that row sampled. The
-grammar's stop tokens are the request's eos and stop token ids (vLLM's ``all_stop_token_ids``):
-once the grammar is complete only they are allowed, so a finished grammar finishes the request
-through the ordinary token stop; once a stop token is accepted the matcher is terminated and the
-row is no longer masked (as vLLM fills a full bitmask for terminated grammars).
+``LogitsConstraint`` is owned by the engine thread: ``mask_grammar`` and ``mask_token_lists``
+write -inf into the logits of the tokens a row may not sample next; ``accept`` advances it by the
+token that row sampled. The grammar's stop tokens are the request's eos and stop token ids (vLLM's
+``all_stop_token_ids``): once the grammar is complete only they are allowed, so a finished grammar
+finishes the request through the ordinary token stop. Once a stop token is accepted the matcher is
+terminated and the row is no longer masked (vLLM fills a full bitmask for terminated grammars).
 
 With ``reasoning_end_token_ids`` the grammar waits until the output contains that sequence (a
 reasoning model's end-of-thinking marker) and constrains from the next token on.
@@ -91,24 +91,31 @@ class LogitsConstraint:
         return banned
 
 
-def mask_rows(logits: torch.Tensor, constraints: Sequence[LogitsConstraint | None]) -> None:
-    """In place on float logits ``[n, vocab]`` (row i <-> ``constraints[i]``; None = free)."""
+def mask_grammar(logits: torch.Tensor, constraints: Sequence[LogitsConstraint | None]) -> None:
+    """The grammar bitmask, in place on float logits ``[n, vocab]`` (row i <-> ``constraints[i]``;
+    None = free). vLLM applies it before the sampler, so its raw logprobs see it."""
     grammar_rows = [i for i, c in enumerate(constraints) if c is not None and c.uses_grammar]
-    if grammar_rows:
-        vocab = logits.shape[-1]
-        bitmask = xgr.allocate_token_bitmask(len(constraints), vocab)
-        for i in grammar_rows:
-            matcher = constraints[i].matcher  # type: ignore[union-attr]
-            assert matcher is not None
-            matcher.fill_next_token_bitmask(bitmask, i)
-        xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=grammar_rows)
+    if not grammar_rows:
+        return
+    vocab = logits.shape[-1]
+    bitmask = xgr.allocate_token_bitmask(len(constraints), vocab)  # all allowed until filled
+    for i in grammar_rows:
+        matcher = constraints[i].matcher  # type: ignore[union-attr]
+        assert matcher is not None
+        matcher.fill_next_token_bitmask(bitmask, i)
+    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=grammar_rows)
+
+
+def mask_token_lists(logits: torch.Tensor, constraints: Sequence[LogitsConstraint | None]) -> None:
+    """``allowed_token_ids`` then ``bad_words``, in place (the sampler's first logits processors)."""
+    vocab = logits.shape[-1]
     for i, c in enumerate(constraints):
         if c is None:
             continue
         if c.banned is not None:
-            width = min(c.banned.shape[0], logits.shape[-1])
+            width = min(c.banned.shape[0], vocab)
             logits[i, :width].masked_fill_(c.banned[:width], float("-inf"))
         if c.bad_words:
-            banned = [t for t in c.banned_bad_word_tokens() if t < logits.shape[-1]]
+            banned = [t for t in c.banned_bad_word_tokens() if t < vocab]
             if banned:
                 logits[i, banned] = float("-inf")

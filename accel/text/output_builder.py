@@ -55,14 +55,23 @@ class OutputBuilder:
         for token_id in token_ids:
             kept.append(token_id)
             self._num_output += 1
+            token_stop = check_token_stop(
+                token_id, self._num_output, self._request.num_prompt_tokens, sp, self._eos, self._max_model_len
+            )
+            if token_stop is not None and token_stop.finish_reason is FinishReason.STOP:
+                # An eos / stop token id ends the request with its text left out unless
+                # include_stop_str_in_output (vLLM's IncrementalDetokenizer.update, stop_terminated):
+                # it matters with skip_special_tokens=False (e.g. a tool parser's request).
+                if sp.include_stop_str_in_output:
+                    text_parts.append(self._stops.feed(self._detok.step([token_id])).text)
+                self.finish_reason, stop_reason = token_stop.finish_reason, token_stop.stop_reason
+                text_parts.append(self._flush())
+                break
             match = self._stops.feed(self._detok.step([token_id]))
             text_parts.append(match.text)
             if match.stop_str is not None:
                 self.finish_reason, stop_reason = FinishReason.STOP, match.stop_str
                 break
-            token_stop = check_token_stop(
-                token_id, self._num_output, self._request.num_prompt_tokens, sp, self._eos, self._max_model_len
-            )
             if token_stop is not None:
                 self.finish_reason, stop_reason = token_stop.finish_reason, token_stop.stop_reason
                 text_parts.append(self._flush())

@@ -34,7 +34,16 @@ def _eos_ids(model_dir: Path, hf_tok: Any) -> frozenset[int]:
 
 # Variables ``apply_chat_template`` sets itself; a request's chat_template_kwargs cannot replace them.
 _RESERVED_TEMPLATE_VARS = frozenset(
-    {"messages", "conversation", "tools", "tokenize", "chat_template", "add_generation_prompt", "return_dict"}
+    {
+        "messages",
+        "conversation",
+        "tools",
+        "tokenize",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "return_dict",
+    }
 )
 
 
@@ -58,12 +67,15 @@ class TextTokenizer:
         chat_template: str | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        continue_final_message: bool = False,
+        add_special_tokens: bool = False,
     ) -> list[int]:
         """Render and tokenize a conversation. The template carries bos itself, so the rendered
-        text is encoded without adding special tokens again (what vLLM does). ``tools``: the
+        text is encoded without adding special tokens again unless asked (what vLLM does). ``tools``: the
         request's tool definitions (OpenAI ``{"type": "function", "function": {...}}``), the
         template's ``tools`` variable; ``chat_template_kwargs``: extra template variables (e.g.
-        ``enable_thinking``), which cannot replace the ones set here."""
+        ``enable_thinking``), which cannot replace the ones set here. ``continue_final_message``:
+        the final turn is left open, as HF renders it."""
         if chat_template is None and not self.hf.chat_template:
             raise InvalidRequestError("messages", "this model has no chat template; use /v1/completions")
         extra = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_VARS}
@@ -74,11 +86,12 @@ class TextTokenizer:
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 chat_template=chat_template,
+                continue_final_message=continue_final_message,
                 **extra,
             )
         except Exception as exc:  # jinja errors on malformed messages
             raise InvalidRequestError("messages", f"chat template failed: {exc}") from None
-        return self.encode(text, add_special_tokens=False)
+        return self.encode(text, add_special_tokens=add_special_tokens)
 
 
 @lru_cache(maxsize=8)

@@ -10,16 +10,19 @@ request tokens (or the abort notice), ``RequestFailed`` when the request cannot 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from accel.contract import GenerateRequest, KVTransferParams, TokenLogprob
 
 
 @dataclass(frozen=True)
 class AddRequest:
-    """A new request for the engine (validated; its consumer's queue already exists)."""
+    """A new request for the engine (validated; its consumer's queue already exists).
+    ``grammar``: its structured-output spec compiled (an ``xgrammar.CompiledGrammar``, compiled
+    off the step loop), None without one."""
 
     request: GenerateRequest
+    grammar: Any = None
     verb: ClassVar[str] = "add"
 
     @property

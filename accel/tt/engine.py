@@ -42,6 +42,7 @@ from accel.tt.core_messages import (
     RequestFailed,
 )
 from accel.tt.engine_core import EngineCore, KVHookPoints, StepRecord
+from accel.tt.grammars import EngineGrammars
 from accel.tt.health import DEFAULT_STEP_TIMEOUT_S, DeviceProbe, EngineUnhealthy, stalled_problem
 from accel.tt.lane_coordinator import LaneCoordinator
 from accel.tt.mesh_model import SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING, MeshModel
@@ -151,6 +152,7 @@ class TTMeshEngine:
             kv_cache=kv_cache,
         )
         self.platform = platform_name(self._backend, self.model)
+        self._grammars = EngineGrammars(self.tokenizer, self.vocab_size)
         self._cv = threading.Condition()
         self._inbox: deque[InboxMessage] = deque()
         self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[OutboxMessage]]] = {}
@@ -188,6 +190,9 @@ class TTMeshEngine:
         """
         self._validate(request)
         req_id = request.request_id
+        grammar = None
+        if request.sampling.structured_outputs is not None:  # compiled off the step loop (and cached)
+            grammar = await self._grammars.compile(request.sampling.structured_outputs)
         if request.kv_transfer is not None and self.core.kv_hooks is not None:
             await self.core.kv_hooks.prefetch(request)  # a KV import's RPCs, off the engine thread
         queue: asyncio.Queue[OutboxMessage] = asyncio.Queue()
@@ -198,7 +203,7 @@ class TTMeshEngine:
                 raise InvalidRequestError("request_id", f"{req_id!r} is already running")
             self._sinks[req_id] = (asyncio.get_running_loop(), queue)
         builder = OutputBuilder(request, self.tokenizer.fast, self.tokenizer.eos_token_ids, self.max_model_len)
-        self._post(AddRequest(request))
+        self._post(AddRequest(request, grammar))
         try:
             while not builder.finished:
                 news = _take_pending(await queue.get(), queue)  # raises the error of a RequestFailed
@@ -339,7 +344,10 @@ class TTMeshEngine:
 
     def _apply(self, message: InboxMessage) -> list[OutboxMessage]:
         if isinstance(message, AddRequest):
-            self.core.add_request(RequestState.new(message.request))
+            r = RequestState.new(message.request)
+            if message.request.sampling.has_logit_constraints:
+                r.constraint = self._grammars.constraint(message.request, message.grammar)
+            self.core.add_request(r)
         elif isinstance(message, FinishRequest):
             self.core.finish_request(message.req_id)
         else:
@@ -391,9 +399,15 @@ class TTMeshEngine:
         bad = next((t for t in request.prompt_token_ids if t >= self.vocab_size), None)
         if bad is not None:
             raise InvalidRequestError("prompt", f"token id {bad} is outside the vocabulary (size {self.vocab_size})")
-        if request.sampling.has_logit_constraints:
-            field = "structured_outputs" if request.sampling.structured_outputs is not None else "allowed_token_ids"
-            raise InvalidRequestError(field, "not supported by the TT mesh engine yet")
+        sp = request.sampling
+        if sp.prompt_logprobs is not None:
+            raise InvalidRequestError("prompt_logprobs", "prompt logprobs are not supported on the TT mesh engine")
+        spec = sp.structured_outputs
+        if spec is not None and spec.whitespace_pattern is not None:
+            raise InvalidRequestError(spec.param, "whitespace_pattern is not supported by the xgrammar backend")
+        bad_ids = [t for t in sp.allowed_token_ids or () if t >= self.vocab_size]
+        if bad_ids:
+            raise InvalidRequestError("allowed_token_ids", f"out-of-vocab token ids {bad_ids}")
         kv = request.kv_transfer
         if kv is not None and (kv.do_remote_decode or kv.do_remote_prefill) and self.core.kv_hooks is None:
             raise InvalidRequestError(

@@ -90,6 +90,8 @@ class EngineCore:
         if r.req_id in self.requests:
             raise ValueError(f"request id {r.req_id!r} is already in the engine")
         self.requests[r.req_id] = r
+        if r.constraint is not None:
+            self.queue.runner.constraints[r.req_id] = r.constraint
         self.coordinator.add_request(r)
         if self.kv_hooks is not None and self.kv_hooks.may_import(r):
             # An import writes KV from the host: let the in-flight step (which may still write
@@ -145,6 +147,8 @@ class EngineCore:
                 continue
             r.num_pending -= 1
             r.token_ids.append(token)
+            if r.constraint is not None:
+                r.constraint.accept(token)  # (constrained rows sample on the host: never pending)
             row_logprob = None if logprobs is None else logprobs[i]
             lp = None if row_logprob is None else (row_logprob,)
             num_prompt = r.num_prompt_tokens
@@ -174,6 +178,8 @@ class EngineCore:
         return outputs
 
     def _finish(self, r: RequestState) -> None:
+        if r.constraint is not None:
+            self.queue.runner.constraints.pop(r.req_id, None)
         self.coordinator.finish_request(r)
         del self.requests[r.req_id]
         r.status = RequestStatus.FINISHED

@@ -1,5 +1,7 @@
 """The host sampler: what the engine does with logits when the device does not sample.
 
+Stage 0 (rows with a ``LogitsConstraint``): the grammar bitmask (before logprobs, as vLLM applies
+it before its sampler), then allowed_token_ids and bad_words.
 Stage 1 (logits processors, per row, in vLLM's order): logit_bias, min_tokens (eos and stop
 token ids masked until ``min_tokens`` outputs exist), repetition / frequency / presence
 penalties. Stage 2 (sampling): greedy rows take the argmax; random rows apply temperature,
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from accel.contract import SamplingParams, TokenLogprob
+from accel.structured.constraint import LogitsConstraint, mask_grammar, mask_token_lists
 from accel.tt.step_plan import PENDING_TOKEN, RowPlan
 
 
@@ -41,16 +44,26 @@ def row_generator(seed: int, position: int) -> torch.Generator:
 
 
 def sample_on_host(
-    logits: torch.Tensor, rows: Sequence[RowPlan], default_generator: torch.Generator, eos_token_ids: frozenset[int]
+    logits: torch.Tensor,
+    rows: Sequence[RowPlan],
+    default_generator: torch.Generator,
+    eos_token_ids: frozenset[int],
+    constraints: Sequence[LogitsConstraint | None] | None = None,
 ) -> HostSample:
-    """Sample one token per row from ``logits`` float ``[n, vocab]`` (row i <-> ``rows[i]``)."""
+    """Sample one token per row from ``logits`` float ``[n, vocab]`` (row i <-> ``rows[i]``);
+    ``constraints[i]`` masks row i (None: no row is constrained)."""
     assert logits.dim() == 2 and logits.shape[0] == len(rows)
     logits = logits.float()
+    if constraints is not None:
+        logits = logits.clone()  # never write into the program's output
+        mask_grammar(logits, constraints)
     raw_logprobs = None
     if any(r.sampling.logprobs is not None for r in rows):
         raw_logprobs = torch.log_softmax(logits, dim=-1)
+    if constraints is not None:
+        mask_token_lists(logits, constraints)
     if any(_needs_processing(r.sampling, r.num_output_tokens) for r in rows):
-        logits = logits.clone()
+        logits = logits if constraints is not None else logits.clone()
         for i, r in enumerate(rows):
             _apply_processors(logits[i], r, eos_token_ids)
     token_ids = logits.argmax(dim=-1)

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from accel.block_hash import hash_prompt_blocks
+from accel.block_hash import hash_prompt_blocks, salted_root
 from accel.contract import GenerateRequest, KVTransferParams
 from accel.kv_transfer import params as kv_params
 from accel.kv_transfer.fingerprint import model_fingerprint
@@ -177,7 +177,7 @@ class KVTransferHooks:
         bs = pool.block_size
         tokens = request.prompt_token_ids
         num_blocks = min(payload.descriptor.num_tokens, len(tokens) - 1) // bs  # never the last token
-        hashes = hash_prompt_blocks(tokens[: num_blocks * bs], bs)
+        hashes = hash_prompt_blocks(tokens[: num_blocks * bs], bs, salted_root(request.cache_salt))
         if not pool.enable_prefix_caching or not hashes:
             return 0
         num_cached = len(pool.find_cached_prefix(hashes))
@@ -189,7 +189,7 @@ class KVTransferHooks:
 
     def _offer_prefix(self, r: RequestState, lane_kv: Any) -> None:
         bs = lane_kv[0][0].shape[2]
-        hashes = hash_prompt_blocks(r.request.prompt_token_ids, bs)
+        hashes = hash_prompt_blocks(r.request.prompt_token_ids, bs, salted_root(r.request.cache_salt))
         new = [i for i, h in enumerate(hashes) if h not in self._offered]
         if not new:
             return
@@ -201,7 +201,8 @@ class KVTransferHooks:
     def _pull_prefix(self, r: RequestState, pool: BlockPool, lane_kv: Any) -> None:
         bs = pool.block_size
         tokens = r.request.prompt_token_ids
-        hashes = hash_prompt_blocks(tokens[: (len(tokens) - 1) // bs * bs], bs)  # never the last token
+        # never the last token
+        hashes = hash_prompt_blocks(tokens[: (len(tokens) - 1) // bs * bs], bs, salted_root(r.request.cache_salt))
         if not pool.enable_prefix_caching or not hashes:
             return
         num_cached = len(pool.find_cached_prefix(hashes))

@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from accel.block_hash import ROOT_HASH, BlockHash, hash_prompt_blocks
+from accel.block_hash import BlockHash, hash_prompt_blocks, salted_root
 from accel.contract import GenerateRequest, SamplingParams
+
+if TYPE_CHECKING:
+    from accel.structured.constraint import LogitsConstraint
 
 
 class RequestStatus(enum.Enum):
@@ -49,6 +53,9 @@ class RequestState:
     # (its last prompt token is the decode input), never a prefill step. Cleared on admission.
     is_kv_preloaded: bool = False
     preloaded_block: int | None = None
+    # Logit masks (structured outputs, allowed_token_ids, bad_words), advanced per output token;
+    # None for unconstrained requests.
+    constraint: LogitsConstraint | None = None
     # Plain copies of request fields read on the per-step hot path.
     num_prompt_tokens: int = field(init=False)
     sampling: SamplingParams = field(init=False)
@@ -100,5 +107,5 @@ class RequestState:
         start = len(self.block_hashes) * block_size
         num_full_tokens = len(self.token_ids) // block_size * block_size
         if num_full_tokens > start:
-            parent = self.block_hashes[-1] if self.block_hashes else ROOT_HASH
+            parent = self.block_hashes[-1] if self.block_hashes else salted_root(self.request.cache_salt)
             self.block_hashes.extend(hash_prompt_blocks(self.token_ids[start:num_full_tokens], block_size, parent))

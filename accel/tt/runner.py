@@ -20,6 +20,7 @@ from typing import Any, cast
 import torch
 
 from accel.contract import SamplingParams, TokenLogprob
+from accel.structured.constraint import LogitsConstraint
 from accel.tt.config import TTEngineConfig
 from accel.tt.host_sampler import sample_on_host
 from accel.tt.mesh_model import MeshModel, TTSamplingParams
@@ -144,6 +145,9 @@ class MeshRunner:
         self.eos_token_ids = eos_token_ids
         self.vocab_size = vocab_size
         self.num_dispatches = 0
+        # req id -> its logit masks, for constrained requests while they run (the engine core
+        # registers and drops them); rows of these requests always sample on the host.
+        self.constraints: dict[str, LogitsConstraint] = {}
         self._generator = torch.Generator()
         self._generator.manual_seed(config.seed)
         capacity = config.max_num_seqs_global
@@ -322,11 +326,15 @@ class MeshRunner:
         ids = [NO_TOKEN] * len(rows)
         lps: list[TokenLogprob | None] | None = None
         if sampling_rows:
+            constraints = None
+            if self.constraints:
+                constraints = [self.constraints.get(rows[i].req_id) for i in sampling_rows]
             sample = sample_on_host(
                 logits[[out_index[i] for i in sampling_rows]],
                 [rows[i] for i in sampling_rows],
                 self._generator,
                 self.eos_token_ids,
+                constraints if constraints is not None and any(constraints) else None,
             )
             for k, i in enumerate(sampling_rows):
                 ids[i] = sample.token_ids[k]

@@ -2,11 +2,13 @@
 
 Device sampling needs ``sample_on_device_mode == "all"`` (or ``"decode_only"`` on a decode step),
 a model declaring ``supports_sample_on_device``, and no row needing something the device sampler
-does not do: logprobs, penalties (unless the model declares ``supports_device_penalties``),
-logit_bias, min_tokens, min_p, or a top-k wider than ``max_device_top_k`` when the model
-declares one. An intermediate chunked-prefill row also forces the host, so the device RNG never
-advances for a row that emits no token. One offending row sends the whole batch to the host
-(the host path takes logits for every row).
+does not do: logit masks (structured outputs, allowed_token_ids, bad_words; the TT plugin's
+``check_perform_device_sampling(is_decode, has_structured_outputs)``), logprobs, penalties
+(unless the model declares ``supports_device_penalties``), logit_bias, min_tokens, min_p, or a
+top-k wider than ``max_device_top_k`` when the model declares one. An intermediate
+chunked-prefill row also forces the host, so the device RNG never advances for a row that emits
+no token. One offending row sends the whole batch to the host (the host path takes logits for
+every row).
 
 Pure logic: no torch.
 """
@@ -72,6 +74,8 @@ class SamplingPolicy:
         return reason
 
     def _params_reason(self, sp: SamplingParams) -> str | None:
+        if sp.has_logit_constraints:
+            return "structured outputs / allowed_token_ids / bad_words (host logit masks)"
         if sp.logprobs is not None:
             return "logprobs"
         if sp.has_penalties and not self.model_capabilities.get(SUPPORTS_DEVICE_PENALTIES, False):

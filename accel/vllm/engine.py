@@ -20,7 +20,8 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from accel.contract import (
@@ -37,12 +38,14 @@ from accel.vllm.config import VllmEngineConfig
 from accel.vllm.conversion import (
     from_vllm_kv_params,
     to_finish_reason,
+    to_prompt_logprobs,
     to_token_logprobs,
     to_vllm_kv_params,
     to_vllm_sampling_params,
 )
-from accel.vllm.platform import PlatformChoice, choose_platform, effective_tensor_parallel_size
+from accel.vllm.platform import PlatformChoice, choose_platform, effective_tensor_parallel_size, require_backend
 from accel.vllm.stats import SchedulerStatsSink, sink_stat_logger_factory
+from accel.vllm.tpu.backends import TpuBackend
 from accel.vllm.tpu.topology import SliceTopology
 
 if TYPE_CHECKING:
@@ -55,6 +58,39 @@ def _with_kv_transfer(delta: OutputDelta, out: Any, sent: KVTransferParams | Non
     """The final delta carries what the KV connector returned (a prefill's transfer ticket)."""
     returned = from_vllm_kv_params(getattr(out, "kv_transfer_params", None), sent) if out.finished else None
     return dataclasses.replace(delta, kv_transfer=returned) if returned is not None else delta
+
+
+# Environment variables an engine of this process set (name -> value), so the next engine here
+# still tells them from the user's own.
+_SET_BY_US: dict[str, str] = {}
+
+
+def engine_environment(
+    environ: Mapping[str, str],
+    xla_cache_path: Path,
+    *,
+    is_tpu: bool,
+    uses_ray_executor: bool,
+    data_parallel_size: int = 1,
+) -> dict[str, str]:
+    """The variables to set for the engine (those already in ``environ`` are the user's and
+    stay as they are):
+
+    - ``VLLM_XLA_CACHE_PATH``: the per-model compile cache, unless the user points it elsewhere;
+    - ``TPU_MULTIHOST_BACKEND=ray`` on a multi-host slice: both backends then run their Ray
+      executor, which reuses the slice group we hand over (``parallel_config.placement_group``);
+    - ``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=1`` with data parallelism there (torchtpu refuses
+      multi-host DP without it; vLLM 0.32 defaults it on, torchtpu's pinned 0.29 may not).
+    """
+    out: dict[str, str] = {}
+    if "VLLM_XLA_CACHE_PATH" not in environ:
+        out["VLLM_XLA_CACHE_PATH"] = str(xla_cache_path)
+    if is_tpu and uses_ray_executor:
+        if "TPU_MULTIHOST_BACKEND" not in environ:
+            out["TPU_MULTIHOST_BACKEND"] = "ray"
+        if data_parallel_size > 1 and "VLLM_USE_RAY_V2_EXECUTOR_BACKEND" not in environ:
+            out["VLLM_USE_RAY_V2_EXECUTOR_BACKEND"] = "1"
+    return out
 
 
 def _is_ray_initialized() -> bool:
@@ -79,9 +115,13 @@ class VllmEngine:
         slice_topology: SliceTopology | None = None,
         placement_group: Any = None,
         use_ray_metrics: bool | None = None,
+        tpu_backend: TpuBackend | None = None,
     ):
         self.config = config
         self.platform: PlatformChoice = choose_platform()  # before vLLM is imported
+        self.tpu_backend = tpu_backend
+        if self.platform.is_tpu and tpu_backend is not None:
+            require_backend(tpu_backend)  # every name we rely on, before minutes of TPU start-up
         self._tokenizer = load_tokenizer(config.tokenizer or config.model)
         num_chips = slice_topology.num_chips if slice_topology is not None else 1
         tp = effective_tensor_parallel_size(config.tensor_parallel_size, num_chips, self.platform)
@@ -144,14 +184,21 @@ class VllmEngine:
         )
 
     def _set_engine_environment(self, kwargs: dict[str, Any]) -> None:
-        """Environment the engine core (spawned) and its workers read."""
-        cache = self.config.xla_cache_path
+        """Environment the engine core (spawned) and its workers read (``engine_environment``)."""
+        # What an earlier engine in this process set is ours, not the user's.
+        user_env = {k: v for k, v in os.environ.items() if _SET_BY_US.get(k) != v}
+        updates = engine_environment(
+            user_env,
+            self.config.xla_cache_path,
+            is_tpu=self.platform.is_tpu,
+            uses_ray_executor=kwargs.get("distributed_executor_backend") == "ray",
+            data_parallel_size=kwargs.get("data_parallel_size") or 1,
+        )
+        os.environ.update(updates)
+        _SET_BY_US.update(updates)
+        cache = Path(os.environ["VLLM_XLA_CACHE_PATH"])
         cache.mkdir(parents=True, exist_ok=True)
-        os.environ["VLLM_XLA_CACHE_PATH"] = str(cache)
-        logger.info("XLA compile cache: %s", cache)
-        if self.platform.is_tpu and kwargs.get("distributed_executor_backend") == "ray":
-            # tpu-inference: one Ray worker per TPU host instead of its single-process executor.
-            os.environ.setdefault("TPU_MULTIHOST_BACKEND", "ray")
+        logger.info("XLA compile cache: %s%s", cache, "" if "VLLM_XLA_CACHE_PATH" in updates else " (set by the user)")
 
     def _validate(self, request: GenerateRequest) -> None:
         if request.num_prompt_tokens >= self.max_model_len:
@@ -177,12 +224,16 @@ class VllmEngine:
         rid = request.request_id
         builder = OutputBuilder(request, self._tokenizer.fast, self._tokenizer.eos_token_ids, self.max_model_len)
         num_top = request.sampling.logprobs
+        prompt_lps = None  # vLLM's prompt logprobs, handed out with the first delta
+        prompt_sent = False
         sampling_params = to_vllm_sampling_params(request.sampling)
         if request.kv_transfer is not None:  # read by the engine's KV connector (scheduler side)
             sampling_params.extra_args = {"kv_transfer_params": to_vllm_kv_params(request.kv_transfer)}
         # (vLLM declares the other keys NotRequired through typing.NotRequired, which mypy's 3.10
         # target does not know, so it takes them for required.)
         prompt: TokensPrompt = {"prompt_token_ids": list(request.prompt_token_ids)}  # type: ignore[typeddict-item]
+        if request.cache_salt is not None:
+            prompt["cache_salt"] = request.cache_salt  # vLLM mixes it into its first block's hash
         # A constraint with no reasoning end marker applies from the first output token: vLLM's
         # ``reasoning_ended=True`` (else vLLM's reasoning parser, if the engine has one, decides).
         spec = request.sampling.structured_outputs
@@ -194,6 +245,10 @@ class VllmEngine:
                 if rid in self._abort_requested and not out.finished:
                     await self._llm.abort(rid)  # abort() raced the request's arrival in vLLM
                 builder.num_cached_tokens = out.num_cached_tokens or 0
+                if prompt_lps is None and request.sampling.prompt_logprobs is not None:
+                    prompt_lps = to_prompt_logprobs(
+                        request.prompt_token_ids, out.prompt_logprobs, request.sampling.prompt_logprobs
+                    )
                 completion = out.outputs[0]
                 if completion.token_ids:
                     logprobs = (
@@ -202,6 +257,8 @@ class VllmEngine:
                         else None
                     )
                     delta = builder.add_tokens(completion.token_ids, logprobs)
+                    if prompt_lps and not prompt_sent:
+                        delta, prompt_sent = dataclasses.replace(delta, prompt_logprobs=prompt_lps), True
                     if builder.finished:
                         if not out.finished:
                             await self._llm.abort(rid)  # stopped on our side (a stop string)
@@ -218,6 +275,15 @@ class VllmEngine:
                     yield _with_kv_transfer(builder.finish(reason), out, request.kv_transfer)
                     return
             yield builder.finish(FinishReason.ABORT)  # stream ended without a finished output
+        except ValueError as exc:
+            # vLLM refuses what its own checks catch (e.g. a JSON schema its configured
+            # structured-output backend cannot enforce) when the request is added: a 400 here too.
+            from vllm.exceptions import VLLMValidationError  # deferred: vLLM is imported after the platform choice
+
+            if not isinstance(exc, VLLMValidationError):
+                raise
+            field = exc.parameter or ("structured_outputs" if request.sampling.structured_outputs else "request")
+            raise InvalidRequestError(field, str(exc.args[0]) if exc.args else str(exc)) from None
         finally:
             self._active.discard(rid)
             self._abort_requested.discard(rid)

@@ -20,6 +20,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from accel.vllm.tpu.backends import TORCHTPU, TpuBackend
+from accel.vllm.tpu.contract import verify_installed
+
 logger = logging.getLogger(__name__)
 
 # PCI vendor id of Google TPU chips (what Ray's TPU detection also looks for).
@@ -59,7 +62,11 @@ def is_libtpu_installed() -> bool:
 
 
 def choose_platform(
-    environ: dict[str, str] | None = None, *, has_tpu: bool | None = None, libtpu_installed: bool | None = None
+    environ: dict[str, str] | None = None,
+    *,
+    has_tpu: bool | None = None,
+    libtpu_installed: bool | None = None,
+    torch_tpu_installed: bool | None = None,
 ) -> PlatformChoice:
     """Decide the platform and set the environment vLLM reads (``environ``, default ``os.environ``).
 
@@ -69,6 +76,9 @@ def choose_platform(
     env = os.environ if environ is None else environ
     tpu = has_tpu_chips() if has_tpu is None else has_tpu
     libtpu = is_libtpu_installed() if libtpu_installed is None else libtpu_installed
+    torch_tpu = (
+        importlib.util.find_spec("torch_tpu") is not None if torch_tpu_installed is None else torch_tpu_installed
+    )
     target = env.get("VLLM_TARGET_DEVICE", "").lower()
     if target == "cpu":
         choice = PlatformChoice("cpu", "VLLM_TARGET_DEVICE=cpu is set", libtpu, False)
@@ -88,9 +98,12 @@ def choose_platform(
     else:
         choice = PlatformChoice("cpu", "no TPU on this host", libtpu, False)
     if choice.name == "cpu":
-        env["VLLM_TARGET_DEVICE"] = "cpu"
+        env["VLLM_TARGET_DEVICE"] = "cpu"  # vLLM then loads no platform plugin (torchtpu's neither)
         if libtpu:
             env["JAX_PLATFORMS"] = "cpu"
+        if torch_tpu:
+            # torch-tpu registers a torch.backends entry point: `import torch` would load it.
+            env.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
     log = logger.warning if choice.is_forced_cpu else logger.info
     log("vLLM platform: %s (%s)", choice.name, choice.reason)
     return choice
@@ -106,3 +119,17 @@ def effective_tensor_parallel_size(requested: int | None, num_slice_chips: int, 
     elif num_slice_chips > 1:
         logger.info("slice has %d chips (default TP=%d); the CPU stand-in runs TP=1", num_slice_chips, num_slice_chips)
     return 1
+
+
+def require_backend(backend: TpuBackend) -> None:
+    """On a TPU host, before vLLM is imported: the pool's backend is the one vLLM will activate,
+    and its installed code has every name we rely on (``accel.vllm.tpu.contract``); else a
+    ``RuntimeError`` naming the missing piece. torchtpu's out-of-tree plugin activates whenever
+    it is installed and wins over vLLM's built-in tpu-inference, so a tpu-inference pool needs
+    it absent."""
+    if backend is not TORCHTPU and importlib.util.find_spec("vllm_torchtpu") is not None:
+        raise RuntimeError(
+            f"pool runs tpu_backend {backend.name!r} but vllm_torchtpu is installed here, and vLLM "
+            "would activate its platform plugin instead; use a separate environment per backend"
+        )
+    verify_installed(backend)

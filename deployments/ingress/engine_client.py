@@ -19,8 +19,11 @@ Until the pool handle has heard from Serve, and for a retry, the router decides 
 A call to an engine replica that fails because the replica's actor died (``RayActorError``:
 died or unavailable; Serve's ``ReplicaUnavailableError``) is reported to the routers at once
 (they drop the replica before their next poll). If the consumer has seen nothing of that
-request yet it is decided again without the dead replica and retried once; other errors, and
-deaths after output began, end the request with an error as before.
+request yet it is decided again without the dead replica and retried once (also under PD). If
+tokens were already passed on, the stream fails over (``ingress.max_failovers`` times, default 1):
+prompt + the tokens sent go to the replica the router picks without the dead one, and the
+continuation's deltas are rewritten so the client sees one seamless stream
+(``deployments/ingress/failover.py``). Other errors end the request with an error.
 """
 
 from __future__ import annotations
@@ -34,8 +37,11 @@ from typing import Any
 
 from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
+from tokenizers import Tokenizer
 
+from accel.block_hash import hash_prompt_blocks
 from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta
+from deployments.ingress.failover import FAILOVER_REQUEST_ID_SUFFIX, StreamProgress
 from deployments.pd.orchestrator import Call, PDOrchestrator
 from deployments.replicas.client import EnginePoolClient
 from deployments.router import replica_membership
@@ -68,7 +74,15 @@ def dead_replica_actor(exc: BaseException) -> tuple[bool, str | None]:
 
 
 class EngineClient:
-    def __init__(self, config: AppConfig, router_handle: Any, pool_handles: Mapping[str, Any], metrics: Any = None):
+    def __init__(
+        self,
+        config: AppConfig,
+        router_handle: Any,
+        pool_handles: Mapping[str, Any],
+        metrics: Any = None,
+        tokenizers: Mapping[str, Tokenizer] | None = None,
+    ):
+        """``tokenizers``: each model's (a failover's continuation text is made with it)."""
         self._pools = config.pools
         self._router = RouterClient(router_handle)
         self._engines = {name: EnginePoolClient(handle) for name, handle in pool_handles.items()}
@@ -77,6 +91,9 @@ class EngineClient:
         self._models_with_prefill = {p.model for p in self._pools if p.role == "prefill"}
         self._timeout_s = config.router.decision_timeout_s
         self._retry_after_s = config.ingress.retry_after_s
+        self._max_failovers = config.ingress.max_failovers
+        self._tokenizers = dict(tokenizers or {})
+        self._block_sizes = {m.name: m.routing_block_size for m in config.models}
         self._metrics = metrics
         self._local_inflight = {p.name: 0 for p in self._pools}
         self._pd = PDOrchestrator()
@@ -141,27 +158,59 @@ class EngineClient:
 
     async def stream(self, request: GenerateRequest, route: RouteRequest) -> AsyncGenerator[OutputDelta, None]:
         """Deltas of one engine request. Closing or cancelling this generator early cancels the
-        replica call, which aborts the engine request there."""
+        replica call, which aborts the engine request there.
+
+        A replica death before any token: decided again without it and retried once. After
+        tokens were passed on: up to ``ingress.max_failovers`` times, the stream continues on
+        another replica from prompt + the tokens sent (``failover.StreamProgress``)."""
         decision = await self.decide(route)
-        for attempt in (0, 1):
-            is_started = False
+        progress = StreamProgress(request, self._tokenizers.get(route.model))
+        attempt_request, retried, failovers = request, False, 0
+        while True:
             try:
                 # aclosing: a consumer that leaves early closes the attempt at once (cancel + release).
-                async with contextlib.aclosing(self._stream_once(request, decision)) as deltas:
+                async with contextlib.aclosing(self._stream_once(attempt_request, decision)) as deltas:
                     async for delta in deltas:
-                        is_started = True
-                        yield delta
+                        yield progress.pass_on(delta)
+                        if progress.finished:  # the engine's finish, or a stop string seen across a failover
+                            break
                 return
             except _ReplicaDied as died:
                 self._report_dead(decision, died.actor_id)
-                if attempt or is_started or decision.is_disaggregated:
-                    raise self._died_error() from died.error
-                logger.warning("retrying %s after %s", request.request_id, type(died.error).__name__)
-            # Nothing was produced: decide again without the dead replica (a new route id, so the
-            # first decision's release cannot end the second) and retry once.
+                if not progress.started:
+                    if retried:
+                        raise self._died_error() from died.error
+                    retried = True
+                    suffix = RETRY_REQUEST_ID_SUFFIX
+                    logger.warning("retrying %s after %s", request.request_id, type(died.error).__name__)
+                else:
+                    if failovers >= self._max_failovers:
+                        raise self._died_error() from died.error
+                    failovers += 1
+                    continuation = progress.continuation(failovers)
+                    if continuation is None:  # the replica died after the last token
+                        yield progress.length_end()
+                        return
+                    attempt_request, suffix = continuation, f"{FAILOVER_REQUEST_ID_SUFFIX}{failovers}"
+                    logger.warning(
+                        "replica of %s died after %d tokens; continuing on another replica",
+                        request.request_id,
+                        len(progress.token_ids),
+                    )
+                    if self._metrics is not None:
+                        self._metrics.failover()
+            # Decide again without the dead replica (a new route id, so the first decision's release
+            # cannot end the second); a continuation is routed by its own (longer) prompt.
             excluded = route.excluded_replicas + ((decision.replica_id,) if decision.replica_id else ())
+            ids = attempt_request.prompt_token_ids
             route = dataclasses.replace(
-                route, request_id=route.request_id + RETRY_REQUEST_ID_SUFFIX, excluded_replicas=excluded
+                route,
+                request_id=route.request_id + suffix,
+                num_prompt_tokens=len(ids),
+                prompt_block_hashes=route.prompt_block_hashes
+                if attempt_request is request
+                else tuple(hash_prompt_blocks(ids, self._block_sizes[route.model])),
+                excluded_replicas=excluded,
             )
             decision = await self.decide(route)
 

@@ -15,27 +15,27 @@ the model's routing block size, so hashing stays off the router's single thread)
 
 from __future__ import annotations
 
-import asyncio
-import functools
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from ray import serve
 
-from accel.block_hash import BlockHash, hash_prompt_blocks
+from accel.block_hash import BlockHash, hash_prompt_blocks, salted_root
 from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta, SamplingParams
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
-from deployments.ingress import health, limits
+from deployments.ingress import health, limits, openapi, tokenize_routes
 from deployments.ingress.auth import ApiKeyMiddleware, key_digests
 from deployments.ingress.body_limit import BodyLimitMiddleware
 from deployments.ingress.engine_client import EngineClient, merge_streams
+from deployments.ingress.engine_support import check_engine_support
 from deployments.ingress.structured_check import check_structured_outputs
+from deployments.ingress.workers import in_worker
 from deployments.router.core.sessions import session_id_from
 from deployments.router.messages import RouteRequest
 from serve_app.config.app import AppConfig, ModelConfig
@@ -44,13 +44,13 @@ from serve_app.protocol import conversion as conv
 from serve_app.protocol import responses as rsp
 from serve_app.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
 from serve_app.protocol.common import ModelCard, ModelList, random_id
+from serve_app.protocol.completions import CompletionRequest
 from serve_app.protocol.errors import APIError, model_not_found
 from serve_app.protocol.responses_api import response_events, response_from_chat, responses_call
 from serve_app.protocol.tool_output import ChoiceParser, apply_parsed_messages, parsed_chat_chunk
 from serve_app.protocol.tool_request import ChatTools
 
 POOL_HEADER = "x-meshserve-pool"
-_T = TypeVar("_T")
 Merged = AsyncGenerator[tuple[int, OutputDelta], None]  # merge_streams: (choice index, delta)
 
 logger = logging.getLogger(__name__)
@@ -95,10 +95,13 @@ class OpenAIIngress:
         self._block_sizes = {m.name: m.routing_block_size for m in config.models}
         # vLLM's tool-call / reasoning parsers per model (serve_app.protocol.tool_request).
         self._chat_tools = {m.name: ChatTools(m.parsing, m.name, self._tokenizers[m.name]) for m in config.models}
-        self._client = EngineClient(config, router_handle, pool_handles, self._metrics)
+        self._client = EngineClient(
+            config, router_handle, pool_handles, self._metrics, {n: t.fast for n, t in self._tokenizers.items()}
+        )
         self._bound = limits.ConcurrencyBound(config.ingress.max_concurrent_requests)
         self.api_key_digests = key_digests(config.ingress.api_keys)
         self.max_request_bytes = config.ingress.max_request_bytes
+        self._lookup = tokenize_routes.model_lookup(self._models, self._tokenizers)
 
     # -- endpoints ----------------------------------------------------------------------------
 
@@ -120,11 +123,23 @@ class OpenAIIngress:
         ]
         return JSONResponse(ModelList(data=cards).model_dump())
 
-    @app.post("/v1/completions")
+    @app.post("/tokenize")
+    async def tokenize(self, request: Request) -> JSONResponse:
+        return await tokenize_routes.tokenize(request, self._lookup, self._config.ingress)
+
+    @app.post("/detokenize")
+    async def detokenize(self, request: Request) -> JSONResponse:
+        return await tokenize_routes.detokenize(request, self._lookup)
+
+    @app.get("/version")
+    async def version(self) -> JSONResponse:
+        return tokenize_routes.version()
+
+    @app.post("/v1/completions", openapi_extra=openapi.json_body(CompletionRequest))
     async def completions(self, request: Request) -> Response:
         return await self._handle(request, is_chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=openapi.json_body(ChatCompletionRequest))
     async def chat_completions(self, request: Request) -> Response:
         return await self._handle(request, is_chat=True)
 
@@ -194,34 +209,40 @@ class OpenAIIngress:
         # Templates and tokenization off the event loop: a long prompt must not stall other requests.
         if isinstance(req, ChatCompletionRequest):
             plan = tools.prepare(body) if tools.needs_plan(body) else None
-            prompts = [await _in_worker(conv.chat_prompt, req, tok, plan)]
-        else:
-            prompts = await _in_worker(conv.completion_prompts, req, tok)
+        prompts = await in_worker(conv.request_prompts, req, tok, model.max_model_len, plan)
         sampling = [tools.apply(plan, conv.sampling_params(req, len(p), model.max_model_len, tok), p) for p in prompts]
         sampling = limits.cap_max_tokens(sampling, body, is_chat, self._config.ingress)
         _check_token_ids(sampling, tok.vocab_size)
         await check_structured_outputs(sampling[0].structured_outputs)
-        base_id = random_id("chatcmpl" if is_chat else "cmpl")
+        prefix = "chatcmpl" if is_chat else "cmpl"
+        # Engine ids stay unique even when clients reuse an X-Request-Id; the response carries theirs.
+        base_id = random_id(prefix)
         session = session_id_from(request.headers, req.session_id or req.user, req.prompt_cache_key)
         pool = request.headers.get(POOL_HEADER)
-        greqs = conv.generate_requests(base_id, prompts, sampling, req.n, session)
+        greqs = conv.generate_requests(base_id, prompts, sampling, req.n, session, req.cache_salt)
         self._bound.check_fan_out(len(greqs) - 1, self._config.ingress.retry_after_s)
         held[0] = len(greqs)
         self._set_inflight_gauge()
-        hashes = await _in_worker(_prompt_hashes, greqs, self._block_sizes[model.name])
+        hashes = await in_worker(_prompt_hashes, greqs, self._block_sizes[model.name])
         routes = [
             RouteRequest(g.request_id, model.name, g.num_prompt_tokens, pool, session, hashes[g.prompt_token_ids])
             for g in greqs
         ]
         self._client.check_routable(routes[0])
+        check_engine_support(routes[0], self._config.pools, sampling[0])
         streams = [self._client.stream(g, r) for g, r in zip(greqs, routes)]
+        stream_opts = req.stream_options
         opts = rsp.RenderOptions(
-            request_id=base_id,
+            request_id=conv.response_id(prefix, request.headers.get("x-request-id"), req),
             created=int(time.time()),
             model=model.name,
             num_logprobs=greqs[0].sampling.logprobs,
             return_token_ids=bool(req.return_token_ids),
-            include_usage=bool(req.stream_options and req.stream_options.include_usage),
+            include_usage=bool(stream_opts and stream_opts.include_usage),
+            continuous_usage=bool(stream_opts and stream_opts.include_usage and stream_opts.continuous_usage_stats),
+            num_prompt_tokens=len(prompts[0]),
+            tokens_as_ids=bool(req.return_tokens_as_token_ids),
+            echo=conv.echo_texts(req, tok),
         )
         choices = [rsp.ChoiceState(index=i, prompt_index=i // req.n) for i in range(len(greqs))]
         parsers = [ChoiceParser(tools, plan, prompts[0]) for _ in choices] if plan is not None else None
@@ -284,8 +305,12 @@ class OpenAIIngress:
         tok: TextTokenizer,
     ) -> AsyncGenerator[str, None]:
         offsets = [0] * len(choices)
+        echoed = [not opts.echo_of(c.prompt_index) for c in choices]
 
         def render(i: int, delta: OutputDelta) -> str | None:
+            if not echoed[i]:  # echo: the prompt comes with a choice's first chunk, as vLLM sends it
+                echoed[i] = True
+                delta = dataclasses.replace(delta, text=opts.echo_of(choices[i].prompt_index) + delta.text)
             if opts.is_text_only:
                 chunk = rsp.fast_text_chunk_sse(opts, choices[i].index, delta, is_chat=False)
                 choices[i].add(delta)
@@ -312,6 +337,9 @@ class OpenAIIngress:
     ) -> AsyncGenerator[str, None]:
         for c in choices:
             yield rsp.sse(rsp.chat_role_chunk(opts, c.index))
+        if opts.echo_of(0):  # echo: the continued message's content, once per choice (vLLM)
+            for c in choices:
+                yield rsp.sse(rsp.chat_echo_chunk(opts, c.index))
 
         def render(i: int, delta: OutputDelta) -> str | None:
             choices[i].add(delta)
@@ -376,17 +404,10 @@ async def _sse_body(
         await merged.aclose()
 
 
-# Tokenizing and chat templates run here; a few threads (the tokenizers' Rust code releases the
-# GIL), a bounded pool so a flood of long prompts queues instead of spawning threads.
-_WORKERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ingress-tokenize")
-
-
-async def _in_worker(fn: Callable[..., _T], *args: Any) -> _T:
-    return await asyncio.get_running_loop().run_in_executor(_WORKERS, functools.partial(fn, *args))
-
-
 def _prompt_hashes(greqs: Sequence[GenerateRequest], block_size: int) -> dict[tuple[int, ...], tuple[BlockHash, ...]]:
-    return {ids: tuple(hash_prompt_blocks(ids, block_size)) for ids in {g.prompt_token_ids for g in greqs}}
+    # Every choice carries the request's cache_salt: one chain root (salted prompts share no hash).
+    root = salted_root(greqs[0].cache_salt)
+    return {ids: tuple(hash_prompt_blocks(ids, block_size, root)) for ids in {g.prompt_token_ids for g in greqs}}
 
 
 def _check_token_ids(sampling: Sequence[SamplingParams], vocab_size: int) -> None:

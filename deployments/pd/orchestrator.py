@@ -2,9 +2,10 @@
 
 ``PDOrchestrator.stream`` runs prefill -> transfer -> decode import -> stream:
 1. the prefill replica gets a copy of the request clamped to one token (``max_tokens=1``, no
-   ``min_tokens``, stops or logprobs) carrying ``kv_transfer={do_remote_decode, transfer_id}``;
-   its engine exports the prompt's KV to the KV-connector actor and returns the ticket on its final
-   delta (the prefill's sampled token is discarded: decode samples it again from the same KV);
+   ``min_tokens``, stops, logprobs or logit constraints such as a structured-output grammar)
+   carrying ``kv_transfer={do_remote_decode, transfer_id}``; its engine exports the prompt's KV to
+   the KV-connector actor and returns the ticket on its final delta (the prefill's sampled token
+   is discarded: decode samples it again from the same KV);
 2. the decode replica gets the original request with that ticket (``do_remote_prefill``); its
    engine imports the KV (tokens marked computed) and decodes; its deltas stream to the caller.
 On pools whose engine's own connector moves the KV (TPU: ``TPUConnector``) the replicas translate
@@ -49,6 +50,12 @@ def prefill_request(request: GenerateRequest, transfer_id: str) -> GenerateReque
         stop_token_ids=(),
         logprobs=None,
         include_stop_str_in_output=False,
+        # no grammar (nor allow-list / bad words): the prefill's token is discarded, and a
+        # constrained row would push the prefill batch onto the host sampling path
+        structured_outputs=None,
+        allowed_token_ids=None,
+        bad_words=(),
+        bad_words_token_ids=(),
     )
     return dataclasses.replace(
         request,

@@ -27,14 +27,13 @@ import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
-
-import ray.util
+from typing import TYPE_CHECKING, Any
 
 from accel.contract import ConfigError, Engine, GenerateRequest, OutputDelta
 from accel.vllm.config import VllmEngineConfig
 from accel.vllm.engine import VllmEngine
-from accel.vllm.tpu.placement import SlicePlacement, create_slice_placement_group
+from accel.vllm.tpu.backends import get_backend
+from accel.vllm.tpu.placement import SlicePlacement, replica_placement_group
 from accel.vllm.tpu.topology import parse_slice
 from deployments.pd.wiring import native_kv_handoff, vllm_kv_transfer_config
 from deployments.replicas.engine_replica import EngineFactory, EngineReplica
@@ -43,16 +42,24 @@ from deployments.replicas.vllm_kv_subscriber import VllmKVEventSubscriber, kv_ev
 from deployments.router.kv_events import KVEvent
 from serve_app.config.app import PoolConfig
 
+if TYPE_CHECKING:
+    from ray.util.tpu import SlicePlacementGroup
+
 logger = logging.getLogger(__name__)
 
 
 def slice_placement(pool: PoolConfig) -> SlicePlacement:
     assert pool.tpu_type is not None and pool.tpu_topology is not None
-    return SlicePlacement(slice=parse_slice(pool.tpu_type, pool.tpu_topology), replica_num_cpus=pool.num_cpus)
+    return SlicePlacement(
+        slice=parse_slice(pool.tpu_type, pool.tpu_topology),
+        replica_num_cpus=pool.num_cpus,
+        workers=get_backend(pool.tpu_backend).workers,
+    )
 
 
-def make_vllm_engine(pool: PoolConfig, kv_events_endpoint: str | None = None) -> Engine:
-    """The pool's ``VllmEngine``; ``kv_events_endpoint``: publish KV cache events there."""
+def make_vllm_engine(pool: PoolConfig, kv_events_endpoint: str | None = None, placement_group: Any = None) -> Engine:
+    """The pool's ``VllmEngine``; ``kv_events_endpoint``: publish KV cache events there;
+    ``placement_group``: a TPU pool's slice group (``VllmReplica`` reserves and releases it)."""
     # The engine config the loader parsed, plus what only this process knows: the KV connector of
     # a prefill/decode pool (the app's actor, the cluster address) and where KV events go.
     config = vllm_engine_config(pool)
@@ -63,12 +70,13 @@ def make_vllm_engine(pool: PoolConfig, kv_events_endpoint: str | None = None) ->
         config = dataclasses.replace(config, kv_events_config=kv_events_config(kv_events_endpoint))
     if pool.accelerator != "tpu":
         return VllmEngine(config)  # vLLM metrics via Ray when Ray is up (always, in a replica)
-    placement = slice_placement(pool)
-    if placement.is_deferred:
-        group = create_slice_placement_group(placement, name=f"{pool.name}-slice").placement_group
-    else:
-        group = ray.util.get_current_placement_group()
-    return VllmEngine(config, slice_topology=placement.slice, placement_group=group, use_ray_metrics=True)
+    return VllmEngine(
+        config,
+        slice_topology=slice_placement(pool).slice,
+        placement_group=placement_group,
+        use_ray_metrics=True,
+        tpu_backend=get_backend(pool.tpu_backend),
+    )
 
 
 def deployment_options(pool: PoolConfig) -> dict[str, Any]:
@@ -108,11 +116,24 @@ class VllmReplica(EngineReplica):
         engine_factory: EngineFactory | None = None,
         kv_event_log_size: int = DEFAULT_CAPACITY_EVENTS,
     ):
+        # A TPU replica owns its slice for its whole life: reserved here (deferred placement) or
+        # Serve's group it runs in (static), handed to vLLM, and a reservation of ours released
+        # in shutdown(), or at once if the engine fails to start.
+        self._slice_reservation: SlicePlacementGroup | None = None
+        group = None
+        if pool.accelerator == "tpu":
+            group, self._slice_reservation = replica_placement_group(slice_placement(pool), name=f"{pool.name}-slice")
         endpoint = new_ipc_endpoint() if engine_factory is None and publishes_kv_events(pool) else None
-        factory = engine_factory or functools.partial(make_vllm_engine, kv_events_endpoint=endpoint)
-        super().__init__(
-            pool, factory, emit_vllm_metrics=engine_factory is not None, kv_event_log_size=kv_event_log_size
+        factory = engine_factory or functools.partial(
+            make_vllm_engine, kv_events_endpoint=endpoint, placement_group=group
         )
+        try:
+            super().__init__(
+                pool, factory, emit_vllm_metrics=engine_factory is not None, kv_event_log_size=kv_event_log_size
+            )
+        except BaseException:
+            self._release_slice()
+            raise
         # Connected once the engine is up and before any request (missed batches are replayed).
         self._kv_subscriber = None
         if endpoint is not None:
@@ -137,7 +158,23 @@ class VllmReplica(EngineReplica):
     def kv_block_snapshot(self) -> tuple[int, ...] | None:
         return None if self._kv_subscriber is None else self._kv_subscriber.snapshot()
 
+    @property
+    def slice_placement_group(self) -> Any:
+        """The slice group this replica reserved (deferred placement); None otherwise."""
+        return None if self._slice_reservation is None else self._slice_reservation.placement_group
+
+    def _release_slice(self) -> None:
+        """Give the reserved slice back (its head reservation too). Idempotent."""
+        reservation, self._slice_reservation = self._slice_reservation, None
+        if reservation is not None:
+            logger.info("releasing the slice placement group of pool %s", self.pool.name)
+            reservation.shutdown()  # type: ignore[no-untyped-call]  # (Ray declares no types)
+
     async def shutdown(self) -> None:
-        await super().shutdown()
-        if self._kv_subscriber is not None:
-            self._kv_subscriber.close()
+        """Engine first (its workers run in the slice group), then the slice."""
+        try:
+            await super().shutdown()
+            if self._kv_subscriber is not None:
+                self._kv_subscriber.close()
+        finally:
+            self._release_slice()

@@ -18,6 +18,7 @@ from typing import Literal
 from accel.contract import ConfigError
 from accel.tt.config import TTEngineConfig
 from accel.vllm.config import VllmEngineConfig
+from accel.vllm.tpu.backends import DEFAULT_BACKEND, TpuBackendName
 from serve_app.config.ingress import IngressConfig
 from serve_app.config.parsing import OutputParsing
 from serve_app.config.pd import PDConfig, kv_connector_name, pairing_problem
@@ -77,6 +78,8 @@ class PoolConfig:
     tt_mesh_device: str | None = None  # tt-metal's MESH_DEVICE (accelerator tt)
     tpu_type: str | None = None  # accelerator tpu: v5e, v5p, v6e, v7x
     tpu_topology: str | None = None
+    # accelerator tpu: which vLLM TPU backend the slice runs (accel.vllm.tpu.backends).
+    tpu_backend: TpuBackendName = DEFAULT_BACKEND
     # Seconds Serve waits for in-flight requests on scale-down/shutdown before killing the replica.
     graceful_shutdown_timeout_s: float = 20.0
     # Health: a replica with requests in flight and no engine output (TT: no step) for this long

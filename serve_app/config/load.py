@@ -28,10 +28,11 @@ from accel.contract import ConfigError
 from accel.envs import ENVS
 from accel.tt.config import TTEngineConfig
 from accel.vllm.config import VllmEngineConfig
+from accel.vllm.tpu.backends import DEFAULT_BACKEND, check_kv_connector, get_backend
 from serve_app.config.app import AppConfig, AutoscalingConfig, EngineConfig, ModelConfig, PoolConfig
 from serve_app.config.ingress import IngressConfig
 from serve_app.config.parsing import OutputParsing
-from serve_app.config.pd import KV_ROLES, PD_ROLES, TPU_CONNECTORS, TPU_PD_CONNECTORS, PDConfig, pairing_problem
+from serve_app.config.pd import KV_ROLES, PD_ROLES, TPU_CONNECTORS, PDConfig, pairing_problem
 from serve_app.config.router import CostWeights, LoadConfig, RouterConfig, SessionConfig
 from serve_app.config.schema import AppArgs, ModelArgs, PoolArgs, RouterArgs
 
@@ -160,6 +161,10 @@ def _check_pool(file: str, i: int, pool: PoolArgs) -> None:
         raise _fail(file, f"{key}.tpu", "only pools on accelerator tpu take a tpu section")
     if pool.accelerator == "tpu" and pool.engine != "vllm":
         raise _fail(file, f"{key}.engine", "tpu pools run the vllm engine")
+    if pool.accelerator != "tpu" and pool.tpu_backend is not None:
+        raise _fail(file, f"{key}.tpu_backend", "only pools on accelerator tpu choose a TPU backend")
+    if pool.accelerator != "tpu" and pool.tpu_kv_offload:
+        raise _fail(file, f"{key}.tpu_kv_offload", "only pools on accelerator tpu have the TPU host-DRAM KV tier")
 
 
 def _parsing(file: str, i: int, m: ModelArgs) -> OutputParsing:
@@ -179,6 +184,28 @@ def _engine_config(
     args = copy.deepcopy(dict(pool.engine_args))
     args["model"] = str(path)
     args.setdefault("max_model_len", max_model_len)
+    if pool.accelerator == "tpu":
+        backend = get_backend(pool.tpu_backend or DEFAULT_BACKEND)
+        key = f"pools[{i}].engine_args.kv_transfer_config"
+        try:
+            check_kv_connector(backend, args.get("kv_transfer_config"), key)
+        except ConfigError as exc:
+            raise ConfigError(f"{file}: {exc}") from None
+        if pool.tpu_kv_offload:
+            if args.get("kv_transfer_config") is not None:
+                raise _fail(
+                    file,
+                    f"pools[{i}].tpu_kv_offload",
+                    f"the engine already loads {args['kv_transfer_config'].get('kv_connector')} "
+                    f"(engine_args.kv_transfer_config) and a {backend.name} engine loads one connector here; "
+                    "drop one of them",
+                )
+            spec = backend.default_offload_connector
+            args["kv_transfer_config"] = {
+                "kv_connector": spec.name,
+                "kv_connector_module_path": spec.module_path,
+                "kv_role": "kv_both",
+            }
     if pool.engine == "vllm" and parsing.reasoning_parser:
         args.setdefault("reasoning_parser", parsing.reasoning_parser)
     try:
@@ -218,6 +245,7 @@ def _to_pool(file: str, i: int, pool: PoolArgs, path: Path, max_model_len: int, 
         tt_mesh_device=pool.tt.mesh_device if pool.tt else None,
         tpu_type=pool.tpu.type if pool.tpu else None,
         tpu_topology=pool.tpu.topology if pool.tpu else None,
+        tpu_backend=pool.tpu_backend or DEFAULT_BACKEND,
         graceful_shutdown_timeout_s=pool.graceful_shutdown_timeout_s,
         step_timeout_s=pool.step_timeout_s,
         stream_interval_s=pool.stream_interval_ms / 1000,
@@ -261,17 +289,21 @@ def _check_pd_pools(file: str, pools: tuple[PoolConfig, ...]) -> None:
                 f"and import index the cache with torch, not ttnn's host transfer calls); use role: "
                 f"both for pool {pool.name!r} (or accelerator: cpu, the torch program)",
             )
-        if pool.accelerator == "tpu" and connector not in TPU_PD_CONNECTORS:
-            raise _fail(
-                file,
-                key,
-                (
-                    f"a TPU pool with role {pool.role} needs its backend's own prefill/decode connector "
-                    f"(TPU backends load no other, so meshserve's cannot be wired in): {{kv_connector: "
-                    f"TPUConnector, kv_connector_module_path: tpu_inference.distributed.tpu_connector, "
-                    f"kv_role: {KV_ROLES[pool.role][0]}}}; got {connector or 'none'}"
-                ),
-            )
+        if pool.accelerator == "tpu":
+            pd_connectors = get_backend(pool.tpu_backend).connectors_for("pd")
+            if connector not in {c.name for c in pd_connectors}:
+                first = pd_connectors[0]
+                raise _fail(
+                    file,
+                    key,
+                    (
+                        f"a TPU pool with role {pool.role} needs its backend's own prefill/decode connector "
+                        f"(TPU backends load no other, so meshserve's cannot be wired in): one of "
+                        f"{', '.join(c.name for c in pd_connectors)} for {pool.tpu_backend}, e.g. "
+                        f"{{kv_connector: {first.name}, kv_connector_module_path: {first.module_path}, "
+                        f"kv_role: {KV_ROLES[pool.role][0]}}}; got {connector or 'none'}"
+                    ),
+                )
         if connector is not None and config is not None and config.get("kv_role") not in KV_ROLES[pool.role]:
             raise _fail(
                 file,

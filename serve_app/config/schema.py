@@ -28,6 +28,8 @@ Schema (``applications[].args`` of a Serve config file)::
       resources: {num_cpus: 0.5, memory: ..., resources: {...}}
       tt: {mesh_device: T3K}            # tt pools on accelerator tt
       tpu: {type: v6e, topology: 4x4}   # tpu pools
+      tpu_backend: tpu-inference        # tpu pools: tpu-inference (default) | torchtpu
+      tpu_kv_offload: false             # tpu pools: host-DRAM KV tier (the backend's offload connector)
       stream_interval_ms: 15            # under load, one message per stream per 15 ms (0 = per delta)
     router: {policy: prefix+session+load, index_mode: precise, weights: {w_prefill: 1, ...},
              session_ttl_s: 600, max_in_flight_per_session: 2, stats_max_age_s: 5,
@@ -107,6 +109,10 @@ class PoolArgs(_Strict):
     resources: ResourceArgs = Field(default_factory=ResourceArgs)
     tt: TTArgs | None = None
     tpu: TPUArgs | None = None
+    # tpu pools: the vLLM TPU backend (default tpu-inference) and the host-DRAM KV offload tier
+    # (the backend's own offload connector; accel.vllm.tpu.backends).
+    tpu_backend: Literal["tpu-inference", "torchtpu"] | None = None
+    tpu_kv_offload: bool = False
     graceful_shutdown_timeout_s: float = Field(default=PoolConfig.graceful_shutdown_timeout_s, ge=0)
     step_timeout_s: float = Field(default=PoolConfig.step_timeout_s, gt=0)
     # PoolConfig.stream_interval_s, in milliseconds.

@@ -28,6 +28,8 @@ class ChatCompletionRequest(SamplingFields):
     documents: list[dict[str, str]] | None = None  # a chat template variable (RAG templates)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    echo: bool = False  # prepend the continued last message's content (vLLM)
+    add_special_tokens: bool = False  # on top of what the template adds (vLLM's chat default)
     chat_template: str | None = None
 
 
@@ -70,6 +72,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     choices: list[ChatCompletionResponseChoice]
     system_fingerprint: str | None = None
     usage: UsageInfo
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
     prompt_token_ids: list[int] | None = None
 
 

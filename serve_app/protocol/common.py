@@ -15,7 +15,8 @@ class OpenAIBaseModel(BaseModel):
 
 
 class StreamOptions(OpenAIBaseModel):
-    include_usage: bool | None = True
+    # vLLM's defaults: a final usage chunk only when asked for; per-chunk usage only with it.
+    include_usage: bool | None = False
     continuous_usage_stats: bool | None = False
 
 

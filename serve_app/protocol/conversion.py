@@ -8,6 +8,8 @@ Defaults and the context-length rule follow vLLM's OpenAI server: ``max_tokens``
 
 from __future__ import annotations
 
+import dataclasses
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -47,7 +49,89 @@ def parse_request(body: Any, is_chat: bool) -> ChatCompletionRequest | Completio
     honour is a 400 naming it (``field_policy``), never dropped."""
     if isinstance(body, Mapping):
         check_fields(body, is_chat)
+        # vLLM's "before" validators: they look at what the client sent, not at defaults.
+        check_cache_salt(body.get("cache_salt"))
+        prompt_lps = body.get("prompt_logprobs")
+        if body.get("stream") and isinstance(prompt_lps, int) and (prompt_lps > 0 or prompt_lps == -1):
+            raise bad_request("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
+        if body.get("stream_options") and not body.get("stream"):
+            raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
+        if is_chat and body.get("continue_final_message") and body.get("add_generation_prompt"):
+            raise bad_request(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                "continue_final_message",
+            )
     return parse_body(ChatCompletionRequest, body) if is_chat else parse_body(CompletionRequest, body)
+
+
+_CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
+_MAX_CACHE_SALT_LENGTH = 128
+
+
+def check_cache_salt(salt: Any) -> None:
+    """vLLM's ``validate_cache_salt``: a non-empty string of at most 128 characters without
+    '@', '/', '\\' or NUL."""
+    if salt is None:
+        return
+    if not isinstance(salt, str) or not salt:
+        raise bad_request("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
+    if len(salt) > _MAX_CACHE_SALT_LENGTH or any(c in _CACHE_SALT_FORBIDDEN for c in salt):
+        raise bad_request(
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL.",
+            "cache_salt",
+        )
+
+
+def response_id(prefix: str, header_request_id: str | None, req: SamplingFields) -> str:
+    """The response's ``id``: ``<prefix>-<id>``, as vLLM's server builds it, the id being the
+    body's ``request_id``, else the ``X-Request-Id`` header, else a random uuid.
+
+    vLLM prefers the header; but behind Ray Serve every request has one (Serve's
+    RequestIdMiddleware and its HAProxy generate it when the client sent none), so a body
+    ``request_id`` could never win: here it does. Without one the id is the client's header, or
+    the one Serve generated and returns in its ``X-Request-ID`` response header."""
+    return f"{prefix}-{req.request_id or header_request_id or uuid.uuid4().hex}"
+
+
+def request_prompts(
+    req: CompletionRequest | ChatCompletionRequest,
+    tokenizer: TextTokenizer,
+    max_model_len: int,
+    plan: ToolPlan | None = None,
+) -> list[tuple[int, ...]]:
+    """The request's prompts as token ids, truncated as ``truncate_prompt_tokens`` asks
+    (``plan``: a chat request's tools and template kwargs)."""
+    if isinstance(req, ChatCompletionRequest):
+        prompts = [chat_prompt(req, tokenizer, plan)]
+    else:
+        prompts = completion_prompts(req, tokenizer)
+    if req.truncate_prompt_tokens is None:
+        return prompts
+    side = str(req.truncation_side or getattr(tokenizer.hf, "truncation_side", None) or "right")
+    return [
+        _truncate(p, req.truncate_prompt_tokens, side, _requested_max_tokens(req)[1], max_model_len) for p in prompts
+    ]
+
+
+def _truncate(
+    ids: tuple[int, ...], keep: int, side: str, max_tokens: int | None, max_model_len: int
+) -> tuple[int, ...]:
+    """vLLM's ``TokenizeParams`` truncation: ``keep`` > max_model_len is a 400; -1 keeps
+    max_model_len - 1 tokens when output tokens are asked for (max_model_len when not)."""
+    if keep > max_model_len:
+        raise bad_request(
+            f"truncate_prompt_tokens={keep} cannot be greater than max_model_len = {max_model_len}. "
+            "Please request a smaller truncation size.",
+            "truncate_prompt_tokens",
+        )
+    if keep < 0:
+        keep = max(0, max_model_len - 1) if max_tokens else max_model_len
+    if keep >= len(ids):
+        return ids
+    kept = ids[len(ids) - keep :] if side == "left" else ids[:keep]
+    if not kept:
+        raise bad_request("truncate_prompt_tokens=0 leaves an empty prompt", "truncate_prompt_tokens")
+    return kept
 
 
 def _check_common(req: SamplingFields) -> None:
@@ -62,21 +146,16 @@ def _check_common(req: SamplingFields) -> None:
 def completion_prompts(req: CompletionRequest, tokenizer: TextTokenizer) -> list[tuple[int, ...]]:
     """The request's prompts as token ids (a completions request may carry several)."""
     _check_common(req)
-    if req.echo:
-        raise bad_request("echo is not supported", "echo")
+    if req.echo and req.logprobs is not None:
+        # vLLM answers it with the prompt's logprobs, which not every engine kind computes.
+        raise bad_request("echo with logprobs (the prompt's logprobs) is not supported", "echo")
     if req.suffix:
         raise bad_request("suffix is not supported", "suffix")
     prompt = req.prompt
     if prompt is None or prompt == "" or prompt == []:
         raise bad_request("prompt must be a non-empty string, list of strings or list of token ids", "prompt")
-    if isinstance(prompt, str):
-        prompts: list[Any] = [prompt]
-    elif all(isinstance(p, int) for p in prompt):
-        prompts = [prompt]
-    else:
-        prompts = list(prompt)
     out = []
-    for p in prompts:
+    for p in _prompt_list(req):
         ids = tuple(tokenizer.encode(p, add_special_tokens=req.add_special_tokens)) if isinstance(p, str) else tuple(p)
         if not ids:
             raise bad_request("a prompt is empty", "prompt")
@@ -84,6 +163,32 @@ def completion_prompts(req: CompletionRequest, tokenizer: TextTokenizer) -> list
             raise bad_request(f"prompt token ids must be < vocab size {tokenizer.vocab_size}", "prompt")
         out.append(ids)
     return out
+
+
+def echo_texts(req: CompletionRequest | ChatCompletionRequest, tokenizer: TextTokenizer) -> tuple[str, ...]:
+    """What ``echo`` prepends to each prompt's choices (empty tuple: no echo), as vLLM does.
+
+    Completions: the prompt (a string prompt as sent, token ids decoded with special tokens; ""
+    with ``return_token_ids``). Chat: the last message's content when its role is the response's
+    (an open assistant turn continued), else ""."""
+    if not req.echo:
+        return ()
+    if isinstance(req, ChatCompletionRequest):
+        role = "assistant" if req.add_generation_prompt else req.messages[-1].get("role")
+        last = _message_text(req.messages[-1])
+        return (str(last["content"]) if last.get("role") == role else "",)
+    if req.return_token_ids:
+        return tuple("" for _ in _prompt_list(req))
+    return tuple(p if isinstance(p, str) else tokenizer.decode(p, skip_special_tokens=False) for p in _prompt_list(req))
+
+
+def _prompt_list(req: CompletionRequest) -> list[Any]:
+    prompt = req.prompt
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(isinstance(p, int) for p in prompt):
+        return [prompt]
+    return list(prompt or [])
 
 
 def _message_text(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -110,19 +215,55 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: TextTokenizer, plan: Tool
         raise bad_request("tools need the request's tool plan", "tools")  # the ingress always makes one
     if req.top_logprobs and not req.logprobs:
         raise bad_request("when using `top_logprobs`, `logprobs` must be set to true", "top_logprobs")
-    if not req.messages:
+    return render_chat(
+        req.messages,
+        tokenizer,
+        add_generation_prompt=req.add_generation_prompt,
+        continue_final_message=req.continue_final_message,
+        chat_template=req.chat_template,
+        add_special_tokens=req.add_special_tokens,
+        plan=plan,
+    )
+
+
+def render_chat(
+    raw_messages: Sequence[Any],
+    tokenizer: TextTokenizer,
+    *,
+    add_generation_prompt: bool,
+    continue_final_message: bool,
+    chat_template: str | None,
+    add_special_tokens: bool,
+    plan: ToolPlan | None = None,
+) -> tuple[int, ...]:
+    """The conversation's prompt ids (chat completions and ``/tokenize`` alike); ``plan``: the
+    request's tools and template kwargs."""
+    if not raw_messages:
         raise bad_request("messages must not be empty", "messages")
-    for m in req.messages:
+    for m in raw_messages:
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
             raise bad_request("every message needs a string role", "messages")
-    messages = [_message_text(m) for m in req.messages]
+    if continue_final_message and add_generation_prompt:
+        # vLLM hands both to HF's apply_chat_template, which refuses them together (the
+        # default add_generation_prompt=True included): clients send add_generation_prompt=false.
+        raise bad_request(
+            "continue_final_message and add_generation_prompt are not compatible. Use "
+            "continue_final_message when you want the model to continue the final message, and "
+            "add_generation_prompt when you want to add a header that will prompt it to start a new "
+            "assistant message instead.",
+            "continue_final_message",
+        )
+    messages = [_message_text(m) for m in raw_messages]
     tool_call_arguments_as_dicts(messages)
+    # continue_final_message leaves the final turn open, as HF renders it.
     ids = tokenizer.apply_chat_template(
         messages,
-        add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
-        chat_template=req.chat_template,
+        add_generation_prompt=add_generation_prompt,
+        chat_template=chat_template,
         tools=plan.tool_dicts if plan is not None else None,
         chat_template_kwargs=plan.chat_template_kwargs if plan is not None else None,
+        continue_final_message=continue_final_message,
+        add_special_tokens=add_special_tokens,
     )
     if not ids:
         raise bad_request("the rendered prompt is empty", "messages")
@@ -130,27 +271,38 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: TextTokenizer, plan: Tool
 
 
 def _max_tokens(requested: int | None, param: str, num_prompt_tokens: int, max_model_len: int) -> int:
-    if num_prompt_tokens >= max_model_len:
-        raise APIError(
-            400,
-            f"This model's maximum context length is {max_model_len} tokens. However, "
-            f"your request has {num_prompt_tokens} input tokens. Please reduce the "
-            "length of the input messages.",
-            "messages" if param == "max_completion_tokens" else "prompt",
-        )
-    room = max_model_len - num_prompt_tokens
-    if requested is None:
-        return room
-    if requested < 1:
-        raise bad_request(f"{param} must be at least 1, got {requested}.", param)
-    if requested > room:
+    """vLLM 0.32's rule (``TokenizeParams`` + ``get_max_tokens``): more output tokens than
+    max_model_len, or a prompt longer than max_model_len, is a 400; otherwise max_tokens is
+    clamped to what fits (the request then finishes with ``length``), and None means all of it."""
+    if requested is not None and requested > max_model_len:
         raise bad_request(
-            f"'{param}' is too large: {requested}. This model's maximum context length "
-            f"is {max_model_len} tokens and your request has {num_prompt_tokens} input "
-            f"tokens ({requested} > {max_model_len} - {num_prompt_tokens}).",
+            f"{param}={requested} cannot be greater than max_model_len={max_model_len}. "
+            "Please request fewer output tokens.",
             param,
         )
-    return requested
+    if num_prompt_tokens > max_model_len:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+            f"contains {num_prompt_tokens} input tokens, which exceeds this limit even without any "
+            "output tokens. Please reduce the length of the input prompt.",
+            "input_tokens",
+        )
+    room = max_model_len - num_prompt_tokens
+    max_tokens = room if requested is None else min(room, requested)
+    if max_tokens < 1:
+        raise bad_request(f"{param} must be at least 1, got {max_tokens}.", param)
+    return max_tokens
+
+
+def _requested_max_tokens(req: CompletionRequest | ChatCompletionRequest) -> tuple[str, int | None]:
+    """(the field that set it, the requested max_tokens; None = up to max_model_len)."""
+    if isinstance(req, ChatCompletionRequest):
+        if req.max_completion_tokens is not None:
+            return "max_completion_tokens", req.max_completion_tokens
+        return "max_tokens", req.max_tokens
+    # vLLM's completions: an explicit null is the default, 16.
+    return "max_tokens", 16 if req.max_tokens is None else req.max_tokens
 
 
 def sampling_params(
@@ -161,12 +313,11 @@ def sampling_params(
 ) -> SamplingParams:
     """The engine's sampling params; ``InvalidRequestError(field)`` for out-of-range values.
     ``tokenizer`` encodes ``bad_words`` (required when the request has any)."""
+    param, requested = _requested_max_tokens(req)
     if isinstance(req, ChatCompletionRequest):
-        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
     else:
-        param, requested, logprobs = "max_tokens", req.max_tokens, req.logprobs
+        logprobs = req.logprobs
     max_tokens = _max_tokens(requested, param, num_prompt_tokens, max_model_len)
     return SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -181,6 +332,7 @@ def sampling_params(
         include_stop_str_in_output=req.include_stop_str_in_output,
         ignore_eos=req.ignore_eos,
         logprobs=logprobs,
+        prompt_logprobs=req.prompt_logprobs,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
@@ -212,14 +364,30 @@ def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
 
 
 def generate_requests(
-    base_id: str, prompts: Sequence[tuple[int, ...]], sampling: Sequence[SamplingParams], n: int, session_id: str | None
+    base_id: str,
+    prompts: Sequence[tuple[int, ...]],
+    sampling: Sequence[SamplingParams],
+    n: int,
+    session_id: str | None,
+    cache_salt: str | None = None,
 ) -> list[GenerateRequest]:
     """One engine request per (prompt, sample): choice index = prompt_index * n + sample_index,
-    request id ``<base>-<choice index>`` (what vLLM does for n > 1)."""
+    request id ``<base>-<choice index>``; with a seed, sample i samples with seed + i (what vLLM
+    does for n > 1), so seeded choices differ and each is reproducible."""
     return [
         GenerateRequest(
-            request_id=f"{base_id}-{p * n + i}", prompt_token_ids=ids, sampling=sampling[p], session_id=session_id
+            request_id=f"{base_id}-{p * n + i}",
+            prompt_token_ids=ids,
+            sampling=_with_seed_offset(sampling[p], i),
+            session_id=session_id,
+            cache_salt=cache_salt,
         )
         for p, ids in enumerate(prompts)
         for i in range(n)
     ]
+
+
+def _with_seed_offset(sp: SamplingParams, index: int) -> SamplingParams:
+    if sp.seed is None or index == 0:
+        return sp
+    return dataclasses.replace(sp, seed=sp.seed + index)

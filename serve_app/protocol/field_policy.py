@@ -93,19 +93,19 @@ _COMMON: dict[str, FieldPolicy] = {
     "watermarking": Refused(None, True, "watermarking is not implemented"),
     "length_penalty": Refused(1.0, 0.5, "it applies to beam search, which is not implemented"),
     "spaces_between_special_tokens": Refused(True, False),
-    "truncate_prompt_tokens": Refused(None, 8),
-    "truncation_side": Refused(None, "left"),
+    "truncate_prompt_tokens": HONOURED,
+    "truncation_side": HONOURED,
     "allowed_token_ids": HONOURED,
-    "prompt_logprobs": Refused(None, 1),
+    "prompt_logprobs": HONOURED,  # on vLLM pools; a 400 naming it where a TT pool may serve it
     "logprob_token_ids": Refused(None, [1], example_needs={"logprobs": 1}),
     "bad_words": HONOURED,
     "response_format": HONOURED,
     "structured_outputs": HONOURED,
     "priority": Refused(0, 1, "priority scheduling is not enabled (vLLM's default server refuses it too)"),
-    "request_id": Refused(None, "my-request"),
-    "return_tokens_as_token_ids": Refused(None, True),
+    "request_id": HONOURED,
+    "return_tokens_as_token_ids": HONOURED,
     "routed_experts_prompt_start": Refused(0, 1, "routed-expert data is not returned"),
-    "cache_salt": Refused(None, "salt"),
+    "cache_salt": HONOURED,  # vLLM: prompt cache_salt; TT + router: salted block-hash chains
     "kv_transfer_params": Refused(None, {"do_remote_decode": True}, "prefill/decode hand-off is internal"),
     "ec_transfer_params": Refused(None, {"x": 1}, _NO_MM),
     "vllm_xargs": Refused(None, {"x": 1}, "no custom extensions are installed"),
@@ -125,14 +125,13 @@ CHAT_FIELDS: dict[str, FieldPolicy] = {
     "add_generation_prompt": HONOURED,
     "continue_final_message": HONOURED,
     "chat_template": HONOURED,
-    "add_special_tokens": Refused(False, True),
     # Tools and reasoning: through vLLM's own request model and parsers (tool_request / tool_output).
     "tools": HONOURED,
     "tool_choice": HONOURED,
     "parallel_tool_calls": HONOURED,
     "reasoning_effort": HONOURED,  # a chat template variable (and enable_thinking), as vLLM
     "include_reasoning": HONOURED,
-    "echo": Refused(False, True),
+    "echo": HONOURED,  # the continued message's content before the choices' text (vLLM)
     "documents": HONOURED,  # a chat template variable, as vLLM
     "chat_template_kwargs": HONOURED,
     "media_io_kwargs": Refused(None, {"image": {}}, _NO_MM),
@@ -143,7 +142,7 @@ CHAT_FIELDS: dict[str, FieldPolicy] = {
 COMPLETION_FIELDS: dict[str, FieldPolicy] = {
     **_COMMON,
     "prompt": HONOURED,
-    "echo": Refused(False, True),
+    "echo": HONOURED,  # with logprobs: a 400 naming echo (prompt logprobs)
     "suffix": Refused(None, "x", "no served model implements fill-in-the-middle"),
     "prompt_embeds": Refused(None, "AAAA", "prompt embeddings are not accepted"),
 }

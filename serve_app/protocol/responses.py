@@ -46,8 +46,11 @@ class ChoiceState:
     num_prompt_tokens: int = 0
     num_completion_tokens: int = 0
     num_cached_tokens: int = 0
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
     def add(self, delta: OutputDelta) -> None:
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
         self.text += delta.text
         self.token_ids.extend(delta.new_token_ids)
         if delta.logprobs:
@@ -58,6 +61,34 @@ class ChoiceState:
         if delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason.value
             self.stop_reason = delta.stop_reason
+
+
+def prompt_logprobs_json(
+    tok: TextTokenizer, lps: Sequence[TokenLogprob | None] | None
+) -> list[dict[str, dict[str, Any]] | None] | None:
+    """vLLM's ``prompt_logprobs`` shape: per prompt token None (the first) or
+    ``{token id: {"logprob", "rank", "decoded_token"}}`` for the token and its top alternatives."""
+    if lps is None:
+        return None
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for lp in lps:
+        if lp is None:
+            out.append(None)
+            continue
+        entries = {}
+        for rank, (tid, value) in enumerate(lp.top, start=1):
+            entries[str(tid)] = {
+                "logprob": value,
+                "rank": rank,
+                "decoded_token": tok.decode([tid], skip_special_tokens=False),
+            }
+        entries[str(lp.token_id)] = {
+            "logprob": lp.logprob,
+            "rank": lp.rank,
+            "decoded_token": tok.decode([lp.token_id], skip_special_tokens=False),
+        }
+        out.append(entries)
+    return out
 
 
 def usage_of(choices: Sequence[ChoiceState]) -> UsageInfo:
@@ -79,11 +110,27 @@ class RenderOptions:
     num_logprobs: int | None  # None: no logprobs requested
     return_token_ids: bool
     include_usage: bool
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage in every chunk
+    num_prompt_tokens: int = 0  # of the (first) prompt: the chat role chunk's continuous usage
+    tokens_as_ids: bool = False  # return_tokens_as_token_ids: logprob tokens as "token_id:<id>"
+    echo: tuple[str, ...] = ()  # per prompt: what echo prepends to its choices' text (conversion.echo_texts)
+
+    def echo_of(self, prompt_index: int) -> str:
+        return self.echo[prompt_index] if self.echo else ""
 
     @property
     def is_text_only(self) -> bool:
-        """Chunks carry text only (no logprobs, no token ids): ``fast_text_chunk_sse`` renders them."""
-        return self.num_logprobs is None and not self.return_token_ids
+        """Chunks carry text only (no logprobs, no token ids, no usage): ``fast_text_chunk_sse``
+        renders them."""
+        return self.num_logprobs is None and not self.return_token_ids and not self.continuous_usage
+
+
+def _chunk_usage(opts: RenderOptions, delta: OutputDelta) -> UsageInfo | None:
+    """vLLM's continuous usage: this choice's prompt and completion tokens so far."""
+    if not opts.continuous_usage:
+        return None
+    n_prompt, n_completion = delta.num_prompt_tokens, delta.num_completion_tokens
+    return UsageInfo(prompt_tokens=n_prompt, completion_tokens=n_completion, total_tokens=n_prompt + n_completion)
 
 
 def completion_response(
@@ -91,16 +138,21 @@ def completion_response(
 ) -> CompletionResponse:
     out = []
     for c in choices:
-        lps = completion_logprobs(tok, c.logprobs, opts.num_logprobs, 0) if opts.num_logprobs is not None else None
+        lps = (
+            completion_logprobs(tok, c.logprobs, opts.num_logprobs, 0, opts.tokens_as_ids)
+            if opts.num_logprobs is not None
+            else None
+        )
         out.append(
             CompletionResponseChoice(
                 index=c.index,
-                text=c.text,
+                text=opts.echo_of(c.prompt_index) + c.text,
                 logprobs=lps,
                 finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,
                 token_ids=c.token_ids if opts.return_token_ids else None,
                 prompt_token_ids=list(prompts[c.prompt_index]) if opts.return_token_ids else None,
+                prompt_logprobs=prompt_logprobs_json(tok, c.prompt_logprobs),
             )
         )
     return CompletionResponse(
@@ -113,7 +165,7 @@ def completion_chunk(
 ) -> CompletionStreamResponse:
     lps = None
     if opts.num_logprobs is not None and delta.logprobs:
-        lps = completion_logprobs(tok, delta.logprobs, opts.num_logprobs, text_offset)
+        lps = completion_logprobs(tok, delta.logprobs, opts.num_logprobs, text_offset, opts.tokens_as_ids)
     return CompletionStreamResponse(
         id=opts.request_id,
         created=opts.created,
@@ -128,6 +180,7 @@ def completion_chunk(
                 token_ids=list(delta.new_token_ids) if opts.return_token_ids else None,
             )
         ],
+        usage=_chunk_usage(opts, delta),
     )
 
 
@@ -142,11 +195,15 @@ def chat_response(
 ) -> ChatCompletionResponse:
     out = []
     for c in choices:
-        lps = chat_logprobs(tok, c.logprobs, opts.num_logprobs) if opts.num_logprobs is not None else None
+        lps = (
+            chat_logprobs(tok, c.logprobs, opts.num_logprobs, opts.tokens_as_ids)
+            if opts.num_logprobs is not None
+            else None
+        )
         out.append(
             ChatCompletionResponseChoice(
                 index=c.index,
-                message=ChatMessage(role="assistant", content=c.text),
+                message=ChatMessage(role="assistant", content=opts.echo_of(0) + c.text),
                 logprobs=lps,
                 finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,
@@ -160,15 +217,29 @@ def chat_response(
         choices=out,
         usage=usage_of(choices),
         prompt_token_ids=list(prompt) if opts.return_token_ids else None,
+        prompt_logprobs=prompt_logprobs_json(tok, choices[0].prompt_logprobs) if choices else None,
     )
 
 
 def chat_role_chunk(opts: RenderOptions, index: int) -> ChatCompletionStreamResponse:
+    n = opts.num_prompt_tokens
     return ChatCompletionStreamResponse(
         id=opts.request_id,
         created=opts.created,
         model=opts.model,
         choices=[ChatCompletionResponseStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))],
+        usage=UsageInfo(prompt_tokens=n, completion_tokens=0, total_tokens=n) if opts.continuous_usage else None,
+    )
+
+
+def chat_echo_chunk(opts: RenderOptions, index: int) -> ChatCompletionStreamResponse:
+    n = opts.num_prompt_tokens
+    return ChatCompletionStreamResponse(
+        id=opts.request_id,
+        created=opts.created,
+        model=opts.model,
+        choices=[ChatCompletionResponseStreamChoice(index=index, delta=DeltaMessage(content=opts.echo_of(0)))],
+        usage=UsageInfo(prompt_tokens=n, completion_tokens=0, total_tokens=n) if opts.continuous_usage else None,
     )
 
 
@@ -177,7 +248,7 @@ def chat_chunk(
 ) -> ChatCompletionStreamResponse:
     lps = None
     if opts.num_logprobs is not None and delta.logprobs:
-        lps = chat_logprobs(tok, delta.logprobs, opts.num_logprobs)
+        lps = chat_logprobs(tok, delta.logprobs, opts.num_logprobs, opts.tokens_as_ids)
     return ChatCompletionStreamResponse(
         id=opts.request_id,
         created=opts.created,
@@ -192,6 +263,7 @@ def chat_chunk(
                 token_ids=list(delta.new_token_ids) if opts.return_token_ids else None,
             )
         ],
+        usage=_chunk_usage(opts, delta),
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -34,6 +34,12 @@ class SamplingFields(OpenAIBaseModel):
     min_tokens: int = 0
     skip_special_tokens: bool = True
     return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
+    prompt_logprobs: int | None = None  # vLLM pools only (engine_support refuses others)
+    cache_salt: str | None = None  # checked as vLLM checks it (conversion.check_cache_salt)
+    request_id: str | None = None  # the response id's suffix (vLLM: random uuid when absent)
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    truncation_side: Literal["left", "right"] | None = None
     # Constrained decoding (serve_app/protocol/structured_outputs.py; vLLM accepts all four on both
     # endpoints): validated into the contract's StructuredOutputSpec / SamplingParams fields.
     structured_outputs: dict[str, Any] | None = None

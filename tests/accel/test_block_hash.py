@@ -2,7 +2,7 @@ import os
 import subprocess
 import sys
 
-from accel.block_hash import ROOT_HASH, hash_block, hash_prompt_blocks
+from accel.block_hash import ROOT_HASH, hash_block, hash_prompt_blocks, salted_root
 
 
 def test_chained_hashes_identify_prefixes():
@@ -24,3 +24,15 @@ def test_hash_is_stable_across_processes():
         )
     assert len(outs) == 1
     assert outs.pop().strip() == str(hash_prompt_blocks(list(range(64)), 16))
+
+
+IDS = list(range(3, 3 + 96))
+
+
+def test_salted_chains_are_disjoint_and_stable():
+    plain = hash_prompt_blocks(IDS, 32)
+    a, a2 = hash_prompt_blocks(IDS, 32, salted_root("a")), hash_prompt_blocks(IDS, 32, salted_root("a"))
+    b = hash_prompt_blocks(IDS, 32, salted_root("b"))
+    assert a == a2  # the same salt shares its prefix
+    assert not (set(a) & set(plain)) and not (set(a) & set(b))
+    assert salted_root(None) == salted_root("") == ROOT_HASH

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from accel.contract import ConfigError
+from accel.vllm.tpu.backends import WorkerPlacement
 from accel.vllm.tpu.topology import SliceTopology
 
 if TYPE_CHECKING:
@@ -55,13 +56,24 @@ class SlicePlacement:
     num_cpus_per_host: float = 1.0
     replica_num_cpus: float = 1.0
     slice_name: str | None = None
-    # SPREAD, as Ray's SlicePlacementGroup: a bundle holds a whole host's chips, so bundles land
-    # on distinct hosts anyway; SPREAD just states the intent.
-    strategy: str = "SPREAD"
+    # How the backend's Ray executor places its workers (``accel.vllm.tpu.backends``):
+    # ``per_host`` (tpu-inference: one JAX process per host takes bundle 0's TPU count) or
+    # ``per_chip`` (torchtpu: one process per chip, ``{"TPU": 1}`` each). Static placement
+    # gives per-chip backends one ``{"TPU": 1}`` bundle per chip; deferred placement uses Ray's
+    # per-host slice bundles, into which torchtpu packs ``chips_per_host`` workers each.
+    workers: WorkerPlacement = "per_host"
+    # None: SPREAD for per-host bundles (as Ray's SlicePlacementGroup: each holds a whole host's
+    # chips, so they land on distinct hosts anyway); PACK for per-chip bundles (a host's chips
+    # together), STRICT_PACK when the slice is one host.
+    strategy: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_cpus_per_host < 0 or self.replica_num_cpus < 0:
             raise ConfigError("num_cpus: CPU reservations must be >= 0")
+        if self.strategy is None:
+            per_host = self.workers == "per_host"
+            default = "SPREAD" if per_host else ("PACK" if self.slice.is_multi_host else "STRICT_PACK")
+            object.__setattr__(self, "strategy", default)
         if self.strategy not in ("SPREAD", "STRICT_SPREAD", "PACK", "STRICT_PACK"):
             raise ConfigError(f"placement_group_strategy: unknown strategy {self.strategy!r}")
 
@@ -80,8 +92,15 @@ class SlicePlacement:
 
     @property
     def bundles(self) -> tuple[dict[str, float], ...]:
-        """One bundle per host; bundle 0 also carries the replica actor's CPUs (static mode)."""
-        bundles = [dict(self.host_bundle) for _ in range(self.slice.num_hosts)]
+        """Static mode: one bundle per host (``per_host``) or per chip (``per_chip``, a host's
+        CPUs split over its chips); bundle 0 also carries the replica actor's CPUs."""
+        if self.workers == "per_host":
+            bundles = [dict(self.host_bundle) for _ in range(self.slice.num_hosts)]
+        else:
+            chip: dict[str, float] = {"TPU": 1.0}
+            if self.num_cpus_per_host:
+                chip["CPU"] = self.num_cpus_per_host / self.slice.chips_per_host
+            bundles = [dict(chip) for _ in range(self.slice.num_chips)]
         if self.replica_num_cpus:
             bundles[0]["CPU"] = bundles[0].get("CPU", 0.0) + float(self.replica_num_cpus)
         return tuple(bundles)
@@ -100,7 +119,7 @@ class SlicePlacement:
         labels = dict(self.host_label_selector)
         if self.slice_name is not None:
             labels[SLICE_NAME_LABEL] = self.slice_name
-        return tuple(dict(labels) for _ in range(self.slice.num_hosts))
+        return tuple(dict(labels) for _ in self.bundles)
 
     def deployment_options(self) -> dict[str, Any]:
         """Serve deployment options for this replica (``serve.deployment(**opts)`` / ``.options``).
@@ -136,12 +155,14 @@ def create_slice_placement_group(
     logger.info(
         "reserving a %s %s slice (%d hosts x %d chips)", sl.accelerator, sl.topology, sl.num_hosts, sl.chips_per_host
     )
-    user_selectors = [dict(s) for s in placement.bundle_label_selector]
+    # Ray's slice bundles are per host whatever the backend (a per-chip backend packs its
+    # workers into them), so one selector per host.
+    user_selectors = [dict(placement.host_label_selector) for _ in range(sl.num_hosts)]
     handle = SlicePlacementGroup(
         topology=sl.topology,
         accelerator_version=sl.ray_accelerator_version,
         resources_per_bundle=placement.host_bundle | {"CPU": float(placement.num_cpus_per_host)},
-        strategy=placement.strategy,
+        strategy="SPREAD",
         name=name,
         chips_per_vm=sl.chips_per_host,
         head_reservation_timeout_s=head_reservation_timeout_s,
@@ -156,7 +177,9 @@ def create_slice_placement_group(
     return handle
 
 
-def replica_placement_group(placement: SlicePlacement) -> tuple[Any, SlicePlacementGroup | None]:
+def replica_placement_group(
+    placement: SlicePlacement, name: str = "", head_reservation_timeout_s: float | None = 100.0
+) -> tuple[Any, SlicePlacementGroup | None]:
     """The slice placement group a starting replica hands to ``VllmEngine``, and the handle to
     shut down on exit (deferred mode only).
 
@@ -165,7 +188,7 @@ def replica_placement_group(placement: SlicePlacement) -> tuple[Any, SlicePlacem
     from inside the replica actor on a TPU cluster.
     """
     if placement.is_deferred:
-        handle = create_slice_placement_group(placement)
+        handle = create_slice_placement_group(placement, name, head_reservation_timeout_s)
         return handle.placement_group, handle
     from ray.util import get_current_placement_group
 

@@ -12,7 +12,8 @@ import asyncio
 
 import pytest
 
-from accel.contract import FinishReason, GenerateRequest, SamplingParams
+from accel.contract import FinishReason, GenerateRequest, SamplingParams, StructuredOutputSpec
+from accel.text.bad_words import bad_words_token_ids
 from accel.text.tokenizer import load_tokenizer
 from tests.accel.structured.cases import CASES, Case
 
@@ -65,7 +66,7 @@ def _run(loop, engine, request: GenerateRequest):
 
 
 def _request(rid: str, tok, prompt: str, **sampling) -> GenerateRequest:
-    sp = SamplingParams(temperature=0.0, max_tokens=48, **sampling)
+    sp = SamplingParams(**{"temperature": 0.0, "max_tokens": 48, **sampling})
     return GenerateRequest(rid, tuple(tok.encode(prompt)), sp)
 
 
@@ -94,12 +95,128 @@ def test_vllm_allowed_token_ids_and_bad_words(loop, vllm_engine, tok):
     ids, _, _ = _run(loop, vllm_engine, _request("v-allowed", tok, PROMPTS[0], allowed_token_ids=allowed))
     assert ids and set(ids) <= set(allowed)
     free, _, _ = _run(loop, vllm_engine, _request("v-free", tok, PROMPTS[1], max_tokens=16))
-    banned = (free[3],)  # a token greedy decoding emits: banning it changes the output
-    ids, _, _ = _run(
-        loop,
-        vllm_engine,
-        _request(
-            "v-bad", tok, PROMPTS[1], max_tokens=16, bad_words=(tok.decode(banned),), bad_words_token_ids=(banned,)
-        ),
+    words = (tok.decode(free[3:5]),)  # a word greedy decoding emits; vLLM tokenizes it itself
+    seqs = bad_words_token_ids(words, tok)
+    req = _request("v-bad", tok, PROMPTS[1], max_tokens=16, bad_words=words, bad_words_token_ids=seqs)
+    ids, _, _ = _run(loop, vllm_engine, req)
+    assert ids != free
+    for seq in seqs:
+        assert not any(tuple(ids[k : k + len(seq)]) == seq for k in range(len(ids))), seq
+
+
+# ---- the TT engine (torch mesh program; constrained rows sample on the host) ------------------
+
+
+@pytest.fixture(scope="module")
+def tt_engine(tiny_llama):
+    from accel.tt.torch_model import TorchMeshModel
+    from tests.accel.tt.engine_harness import make_engine
+
+    engine = make_engine(
+        tiny_llama, model_class=TorchMeshModel, tt={"enable_model_warmup": False}, max_model_len=MAX_MODEL_LEN
     )
-    assert banned[0] not in ids[:4] and ids[:3] == free[:3]
+    widths: list[int] = []  # decode batch width of every mesh call
+    decode_forward = engine.model.decode_forward
+
+    def spy(*args, **kwargs):
+        widths.append(int(kwargs["tokens"].shape[0]))
+        return decode_forward(*args, **kwargs)
+
+    engine.model.decode_forward = spy
+    engine.decode_widths = widths
+    yield engine
+    engine.close()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_tt_greedy_structured_output_equals_vllm(loop, vllm_engine, tt_engine, tok, case: Case):
+    for i, prompt in enumerate(PROMPTS):
+        req = _request(f"s-{case.name}-{i}", tok, prompt, structured_outputs=case.spec)
+        ids, text, last = _run(loop, tt_engine, req)
+        assert last.finish_reason is FinishReason.STOP, (case.name, text)  # the finished grammar ended it
+        assert case.valid(text), (case.name, text)
+        vllm_ids, _, _ = _run(loop, vllm_engine, req)
+        assert ids == vllm_ids, case.name
+
+
+def test_tt_allowed_token_ids_and_bad_words_equal_vllm(loop, vllm_engine, tt_engine, tok):
+    allowed = tuple(tok.encode(" yes no maybe", add_special_tokens=False))
+    free, free_text, _ = _run(loop, tt_engine, _request("t-free", tok, PROMPTS[1], max_tokens=16))
+    words = (tok.decode(free[3:5]), tok.decode(free[6:7]))  # words greedy decoding emits
+    for kw in (
+        {"allowed_token_ids": allowed},
+        {"bad_words": words, "bad_words_token_ids": bad_words_token_ids(words, tok)},  # as the ingress builds them
+    ):
+        req = _request("t-lists", tok, PROMPTS[1], max_tokens=16, **kw)
+        ids, _, _ = _run(loop, tt_engine, req)
+        if "allowed_token_ids" in kw:
+            assert set(ids) <= set(allowed)
+        else:
+            assert ids != free
+            for seq in kw["bad_words_token_ids"]:
+                assert not any(tuple(ids[k : k + len(seq)]) == seq for k in range(len(ids))), seq
+        assert ids == _run(loop, vllm_engine, req)[0], kw  # vLLM tokenizes the words itself
+
+
+def test_tt_mixed_batch_keeps_width_and_frees_kv(loop, tt_engine, tok, tiny_llama):
+    """Constrained and free requests share batches: the batch samples on the host, the free
+    rows still equal HF greedy, the decode width stays the engine's fixed one, and every block is
+    free once they finish."""
+    from tests.accel.tt.engine_harness import assert_lane_rules, assert_pool_full
+    from tests.hf_reference import hf_greedy
+
+    tt_engine.decode_widths.clear()
+    free = [
+        GenerateRequest(
+            f"m-free-{i}", tuple(tok.encode(p)), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+        )
+        for i, p in enumerate(PROMPTS)
+    ]
+    constrained = [_request(f"m-{c.name}", tok, PROMPTS[0], structured_outputs=c.spec) for c in CASES[:3]]
+
+    async def run_all():
+        async def one(r):
+            return [d async for d in tt_engine.generate(r)]
+
+        return await asyncio.gather(*(one(r) for r in free + constrained))
+
+    outs = loop.run_until_complete(run_all())
+    for r, deltas in zip(free, outs):
+        assert [t for d in deltas for t in d.new_token_ids] == hf_greedy(tiny_llama, r.prompt_token_ids, 12)
+    for case, deltas in zip(CASES, outs[len(free) :]):
+        assert case.valid("".join(d.text for d in deltas)) and deltas[-1].finish_reason is FinishReason.STOP
+    assert set(tt_engine.decode_widths) == {tt_engine.config.max_num_seqs_global}
+    assert any(rec.is_device_sampled is False for rec in tt_engine.step_log)
+    assert_lane_rules(tt_engine)
+    assert_pool_full(tt_engine)
+    assert not tt_engine.core.queue.runner.constraints  # dropped with their requests
+
+
+def test_tt_grammar_starts_after_reasoning_end(loop, tt_engine, tok):
+    free, _, _ = _run(loop, tt_engine, _request("r-free", tok, PROMPTS[0], max_tokens=8, ignore_eos=True))
+    end = (free[2],)  # pretend the model's third token closes its reasoning
+    if free.index(end[0]) != 2:
+        pytest.skip("the chosen end token occurs earlier")
+    spec = StructuredOutputSpec(choice=CASES[2].spec.choice, reasoning_end_token_ids=end)
+    ids, text, last = _run(loop, tt_engine, _request("r-so", tok, PROMPTS[0], structured_outputs=spec))
+    assert ids[:3] == free[:3]  # unconstrained up to and including the end marker
+    assert last.finish_reason is FinishReason.STOP and tok.decode(ids[3:]) in CASES[2].spec.choice
+
+
+def test_tt_uncompilable_spec_is_refused(loop, tt_engine, tok):
+    from accel.contract import InvalidRequestError
+
+    req = _request("bad", tok, PROMPTS[0], structured_outputs=StructuredOutputSpec(regex="(unclosed"))
+    with pytest.raises(InvalidRequestError) as err:
+        _run(loop, tt_engine, req)
+    assert err.value.field == "structured_outputs"
+
+
+def test_vllm_refusal_is_an_invalid_request(loop, vllm_engine, tok):
+    """A schema vLLM's configured xgrammar backend refuses (multipleOf) is a 400-kind error."""
+    from accel.contract import InvalidRequestError
+
+    spec = StructuredOutputSpec(json={"type": "integer", "multipleOf": 3})
+    with pytest.raises(InvalidRequestError) as err:
+        _run(loop, vllm_engine, _request("v-refused", tok, PROMPTS[0], structured_outputs=spec))
+    assert err.value.field == "structured_outputs"

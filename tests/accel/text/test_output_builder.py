@@ -67,3 +67,18 @@ def test_check_token_stop_min_tokens_blocks_eos():
     sp = SamplingParams(min_tokens=3, max_tokens=10)
     assert check_token_stop(EOS, 2, 5, sp, TOK.eos_token_ids, 100) is None
     assert check_token_stop(EOS, 4, 5, sp, TOK.eos_token_ids, 100).finish_reason is FinishReason.STOP
+
+
+def test_stop_token_text_is_left_out_even_with_special_tokens_kept():
+    """vLLM leaves an eos / stop token id's text out unless include_stop_str_in_output, also
+    when special tokens are kept (a tool parser's request sets skip_special_tokens=False)."""
+    ids = TOK.encode("abc", add_special_tokens=False) + [EOS]
+    kept = _feed_one_by_one(_builder(SamplingParams(max_tokens=100, skip_special_tokens=False)), ids)
+    assert "".join(d.text for d in kept) == "abc" and kept[-1].finish_reason is FinishReason.STOP
+    assert kept[-1].num_completion_tokens == len(ids)
+    sp = SamplingParams(max_tokens=100, skip_special_tokens=False, include_stop_str_in_output=True)
+    assert "".join(d.text for d in _feed_one_by_one(_builder(sp), ids)) == "abc</s>"
+    stop_id = ids[1]
+    sp = SamplingParams(max_tokens=100, skip_special_tokens=False, stop_token_ids=[stop_id])
+    deltas = _feed_one_by_one(_builder(sp), ids)
+    assert "".join(d.text for d in deltas) == TOK.decode(ids[:1]) and deltas[-1].stop_reason == stop_id

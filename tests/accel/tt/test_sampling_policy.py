@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from accel.contract import SamplingParams
+from accel.contract import SamplingParams, StructuredOutputSpec
 from accel.tt.mesh_model import MAX_DEVICE_TOP_K, SUPPORTS_SAMPLE_ON_DEVICE
 from accel.tt.sampling_policy import SamplingPolicy
 from accel.tt.step_plan import RowPlan, StepMode, StepPlan
@@ -79,3 +79,17 @@ def test_device_top_k_limit_when_the_model_declares_one():
     assert policy(caps=caps).use_device(plan(row(temperature=0)))  # greedy ignores top_k
     assert not policy(caps=caps).use_device(plan(row(temperature=0.8)))  # top_k off = full vocab
     assert not policy(caps=caps).use_device(plan(row(temperature=0.8, top_k=64)))
+
+
+@pytest.mark.parametrize(
+    "sp",
+    [
+        {"structured_outputs": StructuredOutputSpec(choice=["a"])},
+        {"allowed_token_ids": [1, 2]},
+        {"bad_words": ["x"], "bad_words_token_ids": [[3]]},
+    ],
+)
+def test_logit_masks_send_the_batch_to_the_host(sp):
+    p = policy()
+    assert not p.use_device(plan(row(temperature=0), row("b", temperature=0, **sp), mode=StepMode.DECODE))
+    assert "host logit masks" in (p.host_reason(plan(row("b", **sp))) or "")

@@ -13,11 +13,12 @@ def make_lane(num_blocks=16, block_size=4, per_lane=4, budget=8, max_model_len=6
     return LaneScheduler(lane, per_lane, BlockPool(num_blocks, block_size, caching, lane=lane), budget, max_model_len)
 
 
-def make_req(rid, prompt_len, max_tokens=8, first=10):
+def make_req(rid, prompt_len, max_tokens=8, first=10, cache_salt=None):
     req = GenerateRequest(
         rid,
         tuple(range(first, first + prompt_len)),
         SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+        cache_salt=cache_salt,
     )
     return RequestState.new(req, lane=0)
 
@@ -76,6 +77,20 @@ def test_prefix_hit_skips_cached_blocks_but_never_the_last_token():
     assert (row.start_pos, row.end_pos) == (8, 12)
     assert row.block_ids[:2] == tuple(a.block_ids[:2])
     assert lane.pool.prefix_cache_hits == 8 and lane.pool.prefix_cache_queries == 24
+
+
+def test_salted_prompts_share_a_prefix_only_with_the_same_salt():
+    lane = make_lane(block_size=4, budget=64, num_blocks=32)
+    a = make_req("a", 12, cache_salt="s1")
+    reqs = {"a": a}
+    lane.add(a)
+    apply(lane, lane.schedule_prefill().rows, reqs)
+    for rid, salt, start in [("plain", None, 0), ("other", "s2", 0), ("same", "s1", 8)]:
+        r = reqs[rid] = make_req(rid, 12, cache_salt=salt)
+        lane.add(r)
+        (row,) = lane.schedule_prefill().rows
+        assert row.start_pos == start, rid  # only the same salt hits a's cached blocks
+        apply(lane, [row], reqs)
 
 
 def test_decode_preempts_latest_admitted_and_it_resumes_first():

@@ -50,3 +50,12 @@ def test_tpu_probe(tmp_path):
     (tmp_path / "dev").mkdir()
     (tmp_path / "dev" / "accel0").touch()
     assert has_tpu_chips(tmp_path)
+
+
+def test_torch_tpu_not_autoloaded_by_the_cpu_stand_in():
+    env = {}
+    choose_platform(env, has_tpu=False, libtpu_installed=True, torch_tpu_installed=True)
+    assert env["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "0"
+    tpu_env = {}
+    choose_platform(tpu_env, has_tpu=True, libtpu_installed=True, torch_tpu_installed=True)
+    assert tpu_env == {}  # on TPU torch-tpu must load

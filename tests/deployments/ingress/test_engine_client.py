@@ -267,7 +267,7 @@ def test_dead_replica_before_any_output_is_reported_and_retried_elsewhere():
     asyncio.run(run())
 
 
-def test_dead_replica_after_output_began_is_a_503_and_reported():
+def test_dead_replica_after_output_began_fails_over_once_then_503():
     async def run():
         router = FakeRouterHandle(RouteDecision("tt", "t1", "r", "prefix", router_replica_id="R1"))
         pools = {"tt": FakePoolHandle(lambda r: FakeStream([_delta(r.request_id, 1)], _dead_actor_error()))}
@@ -277,9 +277,64 @@ def test_dead_replica_after_output_began_is_a_503_and_reported():
             async for d in client.stream(REQ, RouteRequest("r", "m", 2)):
                 got.append(d)
         await asyncio.sleep(0.01)
-        assert len(got) == 1 and err.value.status == 503 and err.value.headers() == {"Retry-After": "2"}
-        assert router.dead_reports == [("t1", "ab" * 16)] and len(router.routes) == 1
-        assert router.released == ["r"]
+        # One failover (ingress.max_failovers = 1); its replica dies too: 503.
+        assert len(got) == 2 and err.value.status == 503 and err.value.headers() == {"Retry-After": "2"}
+        assert router.dead_reports == [("t1", "ab" * 16)] * 2 and len(router.routes) == 2
+        assert router.routes[1].request_id == "r#failover1" and router.routes[1].excluded_replicas == ("t1",)
+        assert router.released == ["r", "r"]
+
+    asyncio.run(run())
+
+
+def test_mid_stream_failover_continues_from_the_tokens_sent():
+    """The continuation gets prompt + tokens sent and the rest of the budget; its deltas reach the
+    consumer in the original request's terms (id, prompt length, cumulative completion count)."""
+    from accel.contract import SamplingParams
+
+    request = GenerateRequest("r", (1, 2, 3), SamplingParams(max_tokens=5, min_tokens=3, temperature=0))
+
+    async def run():
+        router = FakeRouterHandle([RouteDecision("tt", "t1", "a", "prefix"), RouteDecision("tt", "t2", "b", "load")])
+        seen = []
+
+        def make(req):
+            seen.append(req)
+            if len(seen) == 1:  # two tokens, then the replica dies
+                return FakeStream(
+                    [OutputDelta("r", (7,), "x", 3, 1, 2), OutputDelta("r", (8,), "y", 3, 2, 2)], _dead_actor_error()
+                )
+            rid = req.request_id
+            return FakeStream(
+                [
+                    OutputDelta(rid, (9,), "z", 5, 1, 5),
+                    OutputDelta(rid, (4, 6), "w", 5, 3, 5, finish_reason=FinishReason.LENGTH),
+                ]
+            )
+
+        client, pools = _client(router, pools={"tt": FakePoolHandle(make)})
+        deltas = [d async for d in client.stream(request, RouteRequest("r", "m", 3))]
+        cont = seen[1]
+        assert cont.request_id == "r#failover1" and cont.prompt_token_ids == (1, 2, 3, 7, 8)
+        assert cont.sampling.max_tokens == 3 and cont.sampling.min_tokens == 1
+        assert pools["tt"].calls == [("r", "t1"), ("r#failover1", "t2")]
+        assert [t for d in deltas for t in d.new_token_ids] == [7, 8, 9, 4, 6]
+        assert {d.request_id for d in deltas} == {"r"} and {d.num_prompt_tokens for d in deltas} == {3}
+        assert [d.num_completion_tokens for d in deltas] == [1, 2, 3, 5]
+        assert {d.num_cached_tokens for d in deltas} == {2} and deltas[-1].finish_reason == FinishReason.LENGTH
+        assert router.routes[1].num_prompt_tokens == 5 and router.routes[1].excluded_replicas == ("t1",)
+
+    asyncio.run(run())
+
+
+def test_no_failover_when_disabled():
+    async def run():
+        router = FakeRouterHandle(RouteDecision("tt", "t1", "r", "prefix"))
+        pools = {"tt": FakePoolHandle(lambda r: FakeStream([_delta(r.request_id, 1)], _dead_actor_error()))}
+        config = app_config(POOLS, RouterConfig(decision_timeout_s=0.05), ingress=IngressConfig(max_failovers=0))
+        client = EngineClient(config, router, pools)
+        with pytest.raises(APIError) as err:
+            [d async for d in client.stream(REQ, RouteRequest("r", "m", 2))]
+        assert err.value.status == 503 and len(router.routes) == 1
 
     asyncio.run(run())
 
@@ -347,3 +402,44 @@ def test_no_shortcut_for_a_retry_or_a_model_with_a_prefill_pool():
     assert client.single_replica_decision(RouteRequest("r", "m", 2, pool="vllm")).replica_id == "only"
     retry = RouteRequest("r#retry", "m", 2, pool="vllm", excluded_replicas=("gone",))
     assert client.single_replica_decision(retry) is None
+
+
+def test_pd_decode_death_mid_stream_continues_on_another_decode_replica():
+    from accel.contract import KVTransferParams, SamplingParams
+
+    pd_pools = (pool_config("pre", "m", "vllm", "cpu", "prefill"), pool_config("dec", "m", "vllm", "cpu", "decode"))
+    request = GenerateRequest("r", (1, 2, 3), SamplingParams(max_tokens=4, temperature=0))
+
+    async def run():
+        router = FakeRouterHandle(
+            [
+                RouteDecision("dec", "d1", "a", "prefill_decode", prefill_pool="pre", prefill_replica_id="p1"),
+                RouteDecision("dec", "d2", "b", "load"),
+            ]
+        )
+        decode_calls = []
+        ticket = KVTransferParams(do_remote_prefill=True, transfer_id="x")
+
+        def prefill(req):
+            return FakeStream(
+                [OutputDelta(req.request_id, (5,), "", 3, 1, kv_transfer=ticket, finish_reason=FinishReason.LENGTH)]
+            )
+
+        def decode(req):
+            decode_calls.append(req)
+            if len(decode_calls) == 1:  # the decode replica dies after two tokens
+                return FakeStream(
+                    [OutputDelta("r", (7,), "", 3, 1), OutputDelta("r", (8,), "", 3, 2)], _dead_actor_error()
+                )
+            return FakeStream([OutputDelta(req.request_id, (9, 4), "", 5, 2, finish_reason=FinishReason.LENGTH)])
+
+        pools = {"pre": FakePoolHandle(prefill), "dec": FakePoolHandle(decode)}
+        client = EngineClient(app_config(pd_pools, RouterConfig(decision_timeout_s=0.05)), router, pools)
+        deltas = [d async for d in client.stream(request, RouteRequest("r", "m", 3))]
+        assert [t for d in deltas for t in d.new_token_ids] == [7, 8, 9, 4] and deltas[-1].finished
+        assert decode_calls[0].kv_transfer == ticket  # the first decode imported the prefill's KV
+        assert decode_calls[1].prompt_token_ids == (1, 2, 3, 7, 8) and decode_calls[1].kv_transfer is None
+        assert router.routes[1].excluded_replicas == ("d1",)
+        assert deltas[-1].num_prompt_tokens == 3 and deltas[-1].num_completion_tokens == 4
+
+    asyncio.run(run())

@@ -116,6 +116,9 @@ def test_chat_template_kwargs_and_history_reach_the_template(hermes_ingress):
     assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     # The prompt closed the reasoning, so the output is content (qwen3 parser on the prompt).
     assert r["choices"][0]["message"]["content"] == "Sunny." and "reasoning" not in r["choices"][0]["message"]
+    _, chunks = asyncio.run(call(hermes_ingress, {**body, "stream": True}))
+    streamed, finish = assemble(chunks)
+    assert (streamed["content"], streamed["reasoning"], finish) == ("Sunny.", "", "stop")
 
 
 def test_tool_choice_without_a_parser_is_a_400(tiny_llama):

@@ -2,7 +2,15 @@ import asyncio
 
 import pytest
 
-from accel.contract import FinishReason, GenerateRequest, KVTransferParams, OutputDelta, SamplingParams, join_token_ids
+from accel.contract import (
+    FinishReason,
+    GenerateRequest,
+    KVTransferParams,
+    OutputDelta,
+    SamplingParams,
+    StructuredOutputSpec,
+    join_token_ids,
+)
 from deployments.pd.orchestrator import PDOrchestrator, prefill_request
 
 REQ = GenerateRequest(
@@ -45,6 +53,17 @@ def test_prefill_request_is_clamped_and_exports():
     assert pre.sampling.max_tokens == 1 and pre.sampling.min_tokens == 0 and pre.sampling.stop == ()
     assert pre.sampling.logprobs is None and pre.sampling.temperature == 0
     assert pre.kv_transfer == KVTransferParams(do_remote_decode=True, transfer_id="tid")
+
+
+def test_prefill_request_carries_no_grammar():
+    sp = SamplingParams(
+        structured_outputs=StructuredOutputSpec(choice=["a", "b"]),
+        allowed_token_ids=[1, 2],
+        bad_words=["x"],
+        bad_words_token_ids=[[3]],
+    )
+    pre = prefill_request(GenerateRequest("r2", (5, 6), sp), "tid")
+    assert not pre.sampling.has_logit_constraints and pre.sampling.bad_words == ()
 
 
 def test_ticket_goes_from_prefill_to_decode():

@@ -36,10 +36,79 @@ def test_blocks_we_cannot_key_are_skipped():
     tr = VLLMEventTranslator(BS)
     assert tr.translate([stored([b"a"], b"never-seen", TOKENS[:4])]) == []  # late subscriber
     assert tr.translate([stored([b"b"], None, TOKENS[:4], lora_id=3)]) == []
-    assert tr.translate([stored([b"c"], None, TOKENS[:4], medium="CPU")]) == []
+    assert tr.translate([stored([b"c"], None, TOKENS[:4], group_idx=1)]) == []  # another KV-cache group
     assert tr.translate([stored([b"d"], None, TOKENS[:4], extra_keys=[("img", 0)])]) == []
     assert tr.num_skipped_blocks == 4
     with pytest.raises(ConfigError, match="block_size"):
         VLLMEventTranslator(16).translate([stored([b"e"], None, TOKENS[:4])])
     with pytest.raises(TypeError):
         tr.translate([object()])
+
+
+def offload_of(hashes, medium):
+    return vllm_events.BlockStored(
+        block_hashes=hashes,
+        parent_block_hash=None,
+        token_ids=[],
+        block_size=0,
+        lora_id=None,
+        medium=medium,
+        lora_name=None,
+    )
+
+
+def test_offloaded_blocks_stay_credited_until_no_medium_holds_them():
+    """vLLM's offloading connectors publish the host tier's stores and evictions (medium "CPU")
+    under the device blocks' own hashes: a prefix evicted from the device but kept in host DRAM
+    is still held (the engine loads it back), and leaves the index only when the host drops it."""
+    ours = hash_prompt_blocks(TOKENS, BS)
+    tr = VLLMEventTranslator(BS)
+    assert tr.translate([stored([b"v0", b"v1", b"v2"], None, TOKENS[:12])]) == [BlockStored(tuple(ours[:3]))]
+    # Offloaded copies (vLLM's placeholder form: no tokens, block size 0) change nothing yet.
+    offload = vllm_events.BlockStored(
+        block_hashes=[b"v1", b"v2"],
+        parent_block_hash=None,
+        token_ids=[],
+        block_size=0,
+        lora_id=None,
+        medium="CPU",
+        lora_name=None,
+    )
+    assert tr.translate([offload]) == []
+    # Device evicts v1, v2: v2 and v1 stay held in host DRAM; v0 (never offloaded) goes.
+    gpu_evict = vllm_events.BlockRemoved(block_hashes=[b"v0", b"v1", b"v2"], medium="GPU")
+    assert tr.translate([gpu_evict]) == [BlockRemoved((ours[0],))]
+    # The host tier drops v2: now it is gone; v1 loaded back to the device is not news.
+    assert tr.translate([vllm_events.BlockRemoved(block_hashes=[b"v2"], medium="CPU")]) == [BlockRemoved((ours[2],))]
+    assert tr.translate([stored([b"v1"], b"v0", TOKENS[4:8])]) == []
+    assert tr.translate([vllm_events.BlockRemoved(block_hashes=[b"v1"], medium="CPU")]) == []  # still on device
+
+
+def test_offload_event_with_tokens_keys_a_block_never_on_the_device():
+    ours = hash_prompt_blocks(TOKENS, BS)
+    tr = VLLMEventTranslator(BS)
+    assert tr.translate([stored([b"h0"], None, TOKENS[:4], medium="CPU")]) == [BlockStored((ours[0],))]
+    unknown = vllm_events.BlockStored(
+        block_hashes=[b"x"],
+        parent_block_hash=None,
+        token_ids=[],
+        block_size=0,
+        lora_id=None,
+        medium="CPU",
+        lora_name=None,
+    )
+    assert tr.translate([unknown]) == [] and tr.num_skipped_blocks == 1
+
+
+def test_a_cache_salt_starts_the_chain_at_the_salted_root():
+    """vLLM publishes a request's cache_salt untagged as the first block's only extra key; our
+    hashes then equal what the ingress computes for that salted request, and never the unsalted."""
+    from accel.block_hash import salted_root
+
+    salted = hash_prompt_blocks(TOKENS[:8], BS, salted_root("s3cret"))
+    tr = VLLMEventTranslator(BS)
+    out = tr.translate([stored([b"s0", b"s1"], None, TOKENS[:8], extra_keys=[("s3cret",), None])])
+    assert out == [BlockStored(tuple(salted))]
+    assert not set(salted) & set(hash_prompt_blocks(TOKENS[:8], BS))
+    chained = tr.translate([stored([b"s2"], b"s1", TOKENS[8:12], extra_keys=[None])])
+    assert chained == [BlockStored((hash_prompt_blocks(TOKENS[:12], BS, salted_root("s3cret"))[2],))]

@@ -217,7 +217,9 @@ def test_tpu_pd_pools_take_their_own_connector():
         ),
         (
             lambda a: a["pools"][0]["engine_args"]["kv_transfer_config"].update(kv_connector="MeshServeConnector"),
-            r"pools\[0\].engine_args.kv_transfer_config: a TPU pool with role prefill .* got MeshServeConnector",
+            r"configs/tpu_pd.yaml: pools\[0\].engine_args.kv_transfer_config.kv_connector: 'MeshServeConnector' "
+            r"is not a KV connector the tpu-inference backend loads; accepted: TPUConnector, TPUConnectorHMA, "
+            r"TPUOffloadConnector, RaidenOffloadConnector",
         ),
         (
             lambda a: a["pools"][0]["engine_args"]["kv_transfer_config"].update(kv_role="kv_consumer"),
@@ -274,3 +276,110 @@ def test_routing_block_size_and_pd_threshold_are_derived_once_per_model():
     assert tpu.pd_threshold_tokens == 2048 and tpu.routing.pd_threshold_tokens == 2048
     hetero = load_app_config(_args("hetero_pd")).models[0]
     assert hetero.pd_threshold_tokens == 2048  # the TT colocated pool takes no part in PD
+
+
+@pytest.mark.parametrize("name", ["tpu_v6e", "tpu_v7x"])
+@pytest.mark.parametrize("backend", ["tpu-inference", "torchtpu"])
+def test_tpu_configs_build_for_both_backends(name, backend):
+    from serve_app.app import build_app
+
+    args = _args(name)
+    args["pools"][0]["tpu_backend"] = backend
+    cfg = load_app_config(args)
+    assert cfg.pools[0].tpu_backend == backend
+    assert build_app(args) is not None  # the Serve application graph, with the slice placement
+
+
+def test_tpu_backend_defaults_to_tpu_inference():
+    assert load_app_config(_args("tpu_v6e")).pools[0].tpu_backend == "tpu-inference"
+
+
+@pytest.mark.parametrize(
+    "backend, connector, message",
+    [
+        (
+            "torchtpu",
+            {"kv_connector": "TPUOffloadConnector", "kv_role": "kv_both"},
+            r"configs/tpu_v6e.yaml: pools\[0\].engine_args.kv_transfer_config.kv_connector: 'TPUOffloadConnector' "
+            r"is not a KV connector the torchtpu backend loads; accepted: TPUConnector, TPURaidenConnector, "
+            r"TPUMultiConnector, TPURaidenOffloadingConnector$",
+        ),
+        (
+            "tpu-inference",
+            {"kv_connector": "TPURaidenOffloadingConnector", "kv_role": "kv_both"},
+            r"kv_transfer_config.kv_connector: 'TPURaidenOffloadingConnector' is not a KV connector the "
+            r"tpu-inference backend loads; accepted: TPUConnector, TPUConnectorHMA, TPUOffloadConnector, "
+            r"RaidenOffloadConnector",
+        ),
+        (
+            "torchtpu",
+            {"kv_connector": "DecodeBenchConnector", "kv_role": "kv_both"},
+            r"'DecodeBenchConnector' is not a KV connector the torchtpu backend loads",
+        ),
+        (
+            "torchtpu",
+            {
+                "kv_connector": "TPUConnector",
+                "kv_connector_module_path": "tpu_inference.distributed.tpu_connector",
+                "kv_role": "kv_both",
+            },
+            r"pools\[0\].engine_args.kv_transfer_config.kv_connector_module_path: the torchtpu backend defines "
+            r"TPUConnector in 'vllm_torchtpu.distributed.kv_transfer.tpu_connector'",
+        ),
+    ],
+)
+def test_connector_of_the_other_backend_is_a_config_error(backend, connector, message):
+    args = _args("tpu_v6e")
+    args["pools"][0].update(tpu_backend=backend)
+    args["pools"][0]["engine_args"]["kv_transfer_config"] = connector
+    with pytest.raises(ConfigError, match=message):
+        load_app_config(args)
+
+
+def test_torchtpu_pd_pools_take_torchtpu_connectors():
+    args = _tpu_pd_args()
+    for pool in args["pools"]:
+        pool["tpu_backend"] = "torchtpu"
+        pool["engine_args"]["kv_transfer_config"]["kv_connector_module_path"] = (
+            "vllm_torchtpu.distributed.kv_transfer.tpu_connector"
+        )
+    assert {p.kv_connector for p in load_app_config(args).pools} == {"TPUConnector"}
+    args["pools"][0]["engine_args"]["kv_transfer_config"] = {
+        "kv_connector": "TPUMultiConnector",
+        "kv_role": "kv_producer",
+    }
+    with pytest.raises(ConfigError, match=r"one of TPUConnector, TPURaidenConnector for torchtpu"):
+        load_app_config(args)
+
+
+@pytest.mark.parametrize(
+    "backend, connector, module",
+    [
+        ("tpu-inference", "TPUOffloadConnector", "tpu_inference.offload.tpu_offload_connector"),
+        ("torchtpu", "TPURaidenOffloadingConnector", "vllm_torchtpu.offload.raiden_connector"),
+    ],
+)
+def test_host_dram_kv_offload_is_the_backends_own_connector(backend, connector, module):
+    args = _args("tpu_v6e")
+    args["pools"][0].update(tpu_backend=backend, tpu_kv_offload=True)
+    pool = load_app_config(args).pools[0]
+    assert pool.engine_config.kv_transfer_config == {
+        "kv_connector": connector,
+        "kv_connector_module_path": module,
+        "kv_role": "kv_both",
+    }
+
+
+def test_kv_offload_refusals():
+    args = _tpu_pd_args()
+    args["pools"][0]["tpu_kv_offload"] = True
+    with pytest.raises(ConfigError, match=r"pools\[0\].tpu_kv_offload: the engine already loads TPUConnector"):
+        load_app_config(args)
+    args = _args()
+    args["pools"][0]["tpu_kv_offload"] = True
+    with pytest.raises(ConfigError, match=r"pools\[0\].tpu_kv_offload: only pools on accelerator tpu"):
+        load_app_config(args)
+    args = _args()
+    args["pools"][0]["tpu_backend"] = "torchtpu"
+    with pytest.raises(ConfigError, match=r"pools\[0\].tpu_backend: only pools on accelerator tpu"):
+        load_app_config(args)

@@ -97,12 +97,12 @@ def test_chat_prompt_uses_the_template(tok):
         ({"n": 0}, "n"),
         ({"prompt": ""}, "prompt"),
         ({"prompt": [5000]}, "prompt"),
-        ({"echo": True}, "echo"),
+        ({"echo": True, "logprobs": 1}, "echo"),
         ({"suffix": "x"}, "suffix"),
         ({"use_beam_search": True}, "use_beam_search"),
         ({"max_tokens": 600}, "max_tokens"),
         ({"max_tokens": 0}, "max_tokens"),
-        ({"prompt": "x " * 600}, "prompt"),
+        ({"prompt": "x " * 600}, "input_tokens"),
     ],
 )
 def test_bad_completion_params_name_the_field(tok, body, param):

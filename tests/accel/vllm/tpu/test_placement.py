@@ -62,3 +62,21 @@ def test_bad_reservations_refused():
         SlicePlacement(parse_slice("v6e", "2x4"), num_cpus_per_host=-1)
     with pytest.raises(ConfigError, match="placement_group_strategy"):
         SlicePlacement(parse_slice("v6e", "2x4"), strategy="RANDOM")
+
+
+def test_per_chip_backend_gets_one_bundle_per_chip():
+    """torchtpu: one worker process per chip asking {"TPU": 1}; static bundles match it."""
+    p = SlicePlacement(
+        parse_slice("v6e", "4x4"), num_cpus_per_host=2, replica_num_cpus=1, slice_name="s", workers="per_chip"
+    )
+    opts = p.deployment_options()
+    assert opts["placement_group_bundles"] == [{"TPU": 1.0, "CPU": 1.5}] + [{"TPU": 1.0, "CPU": 0.5}] * 15
+    assert opts["placement_group_strategy"] == "PACK"
+    assert len(opts["placement_group_bundle_label_selector"]) == 16
+    assert all(sel["ray.io/tpu-slice-name"] == "s" for sel in opts["placement_group_bundle_label_selector"])
+    single = SlicePlacement(parse_slice("v6e", "2x4"), workers="per_chip")
+    assert single.deployment_options()["placement_group_strategy"] == "STRICT_PACK"
+    assert len(single.bundles) == 8
+    # deferred: Ray's per-host slice bundles (torchtpu packs chips_per_host workers into each)
+    deferred = SlicePlacement(parse_slice("v6e", "4x4"), workers="per_chip")
+    assert deferred.is_deferred and deferred.host_bundle == {"TPU": 4.0, "CPU": 1.0}

@@ -1,0 +1,98 @@
+"""The ingress's non-generating routes, as vLLM's server has them: ``POST /tokenize``,
+``POST /detokenize`` (``vllm/entrypoints/serve/tokenize``) and ``GET /version``
+(``vllm/entrypoints/serve/instrumentator/basic.py``). They run in the ingress (it holds every
+model's tokenizer); no engine is involved."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from accel.contract import InvalidRequestError
+from accel.text.tokenizer import TextTokenizer
+from deployments.ingress import limits
+from deployments.ingress.workers import in_worker
+from serve_app.config.app import ModelConfig
+from serve_app.config.ingress import IngressConfig
+from serve_app.protocol import tokenize as tk
+from serve_app.protocol.conversion import parse_body
+from serve_app.protocol.errors import APIError, bad_request, model_not_found
+
+# What vLLM's tokenize request models accept beyond what we render (no tools / template kwargs /
+# multimodal yet): a 400 naming the field when used, never dropped.
+_REFUSED_CHAT_FIELDS = ("tools", "chat_template_kwargs", "media_io_kwargs", "mm_processor_kwargs")
+
+ModelLookup = Callable[[str | None], tuple[ModelConfig, TextTokenizer]]
+
+
+def model_lookup(models: Mapping[str, ModelConfig], tokenizers: Mapping[str, TextTokenizer]) -> ModelLookup:
+    """A request's model (no ``model``: the only served one, as vLLM's server does) and its
+    tokenizer; 404 for an unknown name."""
+
+    def lookup(name: str | None) -> tuple[ModelConfig, TextTokenizer]:
+        resolved = name if name is not None or len(models) != 1 else next(iter(models))
+        model = models.get(resolved or "")
+        if model is None:
+            raise model_not_found(name)
+        return model, tokenizers[model.name]
+
+    return lookup
+
+
+def _error(err: APIError) -> JSONResponse:
+    return JSONResponse(err.to_response().model_dump(), status_code=err.status, headers=err.headers())
+
+
+async def _body(request: Request) -> Mapping[str, Any]:
+    try:
+        body = await request.json()
+    except Exception:
+        raise APIError(400, "the request body is not valid JSON") from None
+    if not isinstance(body, Mapping):
+        raise bad_request("the request body must be a JSON object")
+    return body
+
+
+async def tokenize(request: Request, lookup: ModelLookup, limits_of: IngressConfig | None = None) -> JSONResponse:
+    """``limits_of``: the ingress's limits (untrusted chat templates, invalid Unicode, the
+    character cap), checked before the tokenizer runs, in a worker thread."""
+    try:
+        body = await _body(request)
+        req: tk.TokenizeChatRequest | tk.TokenizeCompletionRequest
+        if tk.is_chat_body(body):
+            for name in _REFUSED_CHAT_FIELDS:
+                if body.get(name):
+                    raise bad_request(f"`{name}` is not supported by this server's /tokenize.", name)
+            req = parse_body(tk.TokenizeChatRequest, body)
+        else:
+            req = parse_body(tk.TokenizeCompletionRequest, body)
+        model, tok = lookup(req.model)
+        if limits_of is not None:
+            limits.check_body(body, tk.is_chat_body(body), limits_of, model.max_model_len)
+        return JSONResponse((await in_worker(tk.tokenize, req, tok, model.max_model_len)).model_dump())
+    except APIError as err:
+        return _error(err)
+    except InvalidRequestError as err:
+        return _error(APIError(400, err.message, err.field))
+
+
+async def detokenize(request: Request, lookup: ModelLookup) -> JSONResponse:
+    try:
+        req = parse_body(tk.DetokenizeRequest, await _body(request))
+        _, tok = lookup(req.model)
+        return JSONResponse(tk.detokenize(req, tok).model_dump())
+    except APIError as err:
+        return _error(err)
+
+
+def version() -> JSONResponse:
+    """vLLM's shape, ``{"version": ...}``, with meshserve's own version."""
+    try:
+        ours = importlib.metadata.version("meshserve")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        ours = "unknown"
+    return JSONResponse({"version": ours})
