@@ -93,7 +93,10 @@ def _requests(tag: str, num_constrained: int, seed: int) -> list[GenerateRequest
 
 async def _output_tokens(engine: TTMeshEngine, reqs: list[GenerateRequest]) -> int:
     async def one(r: GenerateRequest) -> int:
-        return sum(len(d.new_token_ids) async for d in engine.generate(r))
+        count = 0
+        async for d in engine.generate(r):
+            count += len(d.new_token_ids)
+        return count
 
     return sum(await asyncio.gather(*(one(r) for r in reqs)))
 
@@ -209,7 +212,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
     parser.add_argument("--repeats", type=int, default=3, help="rounds per figure (median reported)")
-    parser.add_argument("--cost-tokens", type=int, default=2000, help="tokens per grammar-cost figure")
+    parser.add_argument("--cost-tokens", type=int, default=1000, help="tokens per grammar-cost figure")
     parser.add_argument("--skip-decode", action="store_true", help="only the grammar cost")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING if args.json else logging.INFO)

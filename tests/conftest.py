@@ -21,8 +21,15 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
 def pytest_collection_modifyitems(config, items):
-    # Fast unit tests first, then the few slow end-to-end tests (stable within each group).
-    items.sort(key=lambda item: 1 if item.get_closest_marker("slow") else 0)
+    # Fast unit tests first, then the slow end-to-end tests on the session's Ray, then the
+    # simulated-cluster tests, which shut that Ray down for their own cluster (tests/e2e/cluster.py).
+    # Stable within each group.
+    def group(item) -> int:
+        if item.get_closest_marker("cluster"):
+            return 2
+        return 1 if item.get_closest_marker("slow") else 0
+
+    items.sort(key=group)
 
 
 @pytest.fixture(scope="session")
@@ -74,7 +81,8 @@ def serve_session():
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         yield f"http://127.0.0.1:{port}"
     finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
+        if ray.is_initialized():  # (a cluster test may have shut it down already: tests/e2e/cluster.py)
+            try:
+                serve.shutdown()
+            finally:
+                ray.shutdown()

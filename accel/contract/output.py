@@ -23,6 +23,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None  # the token's rank in the vocabulary (1 = best), where the engine says
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ class OutputDelta:
     stop_reason: str | int | None = None
     # Set on the final delta of a prefill-only (do_remote_decode) request.
     kv_transfer: KVTransferParams | None = None
+    # On the first delta when the request asked for prompt_logprobs: one entry per prompt token
+    # (None for the first, which has no context), ``top`` holding the prompt_logprobs best.
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
     @property
     def finished(self) -> bool:

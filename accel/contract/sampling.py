@@ -70,6 +70,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None
+    # vLLM's prompt_logprobs: each prompt token's logprob plus its top-k (None: not asked for).
+    # Engines that cannot compute them refuse the request naming the field (the TT engine).
+    prompt_logprobs: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -122,6 +125,11 @@ class SamplingParams:
             self.logprobs is None or (is_int(self.logprobs) and 0 <= self.logprobs <= 20),
             "logprobs",
             f"must be an integer in [0, 20], got {self.logprobs!r}",
+        )
+        require(
+            self.prompt_logprobs is None or (is_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= 20),
+            "prompt_logprobs",
+            f"must be an integer in [0, 20], got {self.prompt_logprobs!r}",
         )
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)

@@ -400,6 +400,8 @@ class TTMeshEngine:
         if bad is not None:
             raise InvalidRequestError("prompt", f"token id {bad} is outside the vocabulary (size {self.vocab_size})")
         sp = request.sampling
+        if sp.prompt_logprobs is not None:
+            raise InvalidRequestError("prompt_logprobs", "prompt logprobs are not supported on the TT mesh engine")
         spec = sp.structured_outputs
         if spec is not None and spec.whitespace_pattern is not None:
             raise InvalidRequestError(spec.param, "whitespace_pattern is not supported by the xgrammar backend")

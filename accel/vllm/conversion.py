@@ -47,6 +47,7 @@ def to_vllm_sampling_params(sp: SamplingParams) -> Any:
         stop_token_ids=list(sp.stop_token_ids),
         ignore_eos=sp.ignore_eos,
         logprobs=sp.logprobs,
+        prompt_logprobs=sp.prompt_logprobs,
         presence_penalty=sp.presence_penalty,
         frequency_penalty=sp.frequency_penalty,
         repetition_penalty=sp.repetition_penalty,
@@ -104,10 +105,28 @@ def to_token_logprobs(
         )
         out.append(
             TokenLogprob(
-                token_id=token_id, logprob=float(sampled.logprob), top=tuple((tid, float(lp)) for _, tid, lp in best)
+                token_id=token_id,
+                logprob=float(sampled.logprob),
+                top=tuple((tid, float(lp)) for _, tid, lp in best),
+                rank=sampled.rank,
             )
         )
     return out
+
+
+def to_prompt_logprobs(
+    prompt_token_ids: Sequence[int], prompt_logprobs: Sequence[Mapping[int, Any] | None] | None, num_top: int
+) -> tuple[TokenLogprob | None, ...] | None:
+    """vLLM's ``RequestOutput.prompt_logprobs`` (None for the first token) as ``TokenLogprob``s."""
+    if prompt_logprobs is None:
+        return None
+    out: list[TokenLogprob | None] = [None]
+    for token_id, entries in zip(list(prompt_token_ids)[1:], list(prompt_logprobs)[1:]):
+        if entries is None or token_id not in entries:
+            out.append(None)
+            continue
+        out.extend(to_token_logprobs([token_id], [entries], num_top) or ())
+    return tuple(out)
 
 
 def to_vllm_kv_params(kv: KVTransferParams) -> dict[str, Any]:

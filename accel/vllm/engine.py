@@ -38,6 +38,7 @@ from accel.vllm.config import VllmEngineConfig
 from accel.vllm.conversion import (
     from_vllm_kv_params,
     to_finish_reason,
+    to_prompt_logprobs,
     to_token_logprobs,
     to_vllm_kv_params,
     to_vllm_sampling_params,
@@ -223,6 +224,8 @@ class VllmEngine:
         rid = request.request_id
         builder = OutputBuilder(request, self._tokenizer.fast, self._tokenizer.eos_token_ids, self.max_model_len)
         num_top = request.sampling.logprobs
+        prompt_lps = None  # vLLM's prompt logprobs, handed out with the first delta
+        prompt_sent = False
         sampling_params = to_vllm_sampling_params(request.sampling)
         if request.kv_transfer is not None:  # read by the engine's KV connector (scheduler side)
             sampling_params.extra_args = {"kv_transfer_params": to_vllm_kv_params(request.kv_transfer)}
@@ -242,6 +245,10 @@ class VllmEngine:
                 if rid in self._abort_requested and not out.finished:
                     await self._llm.abort(rid)  # abort() raced the request's arrival in vLLM
                 builder.num_cached_tokens = out.num_cached_tokens or 0
+                if prompt_lps is None and request.sampling.prompt_logprobs is not None:
+                    prompt_lps = to_prompt_logprobs(
+                        request.prompt_token_ids, out.prompt_logprobs, request.sampling.prompt_logprobs
+                    )
                 completion = out.outputs[0]
                 if completion.token_ids:
                     logprobs = (
@@ -250,6 +257,8 @@ class VllmEngine:
                         else None
                     )
                     delta = builder.add_tokens(completion.token_ids, logprobs)
+                    if prompt_lps and not prompt_sent:
+                        delta, prompt_sent = dataclasses.replace(delta, prompt_logprobs=prompt_lps), True
                     if builder.finished:
                         if not out.finished:
                             await self._llm.abort(rid)  # stopped on our side (a stop string)
@@ -266,6 +275,15 @@ class VllmEngine:
                     yield _with_kv_transfer(builder.finish(reason), out, request.kv_transfer)
                     return
             yield builder.finish(FinishReason.ABORT)  # stream ended without a finished output
+        except ValueError as exc:
+            # vLLM refuses what its own checks catch (e.g. a JSON schema its configured
+            # structured-output backend cannot enforce) when the request is added: a 400 here too.
+            from vllm.exceptions import VLLMValidationError  # deferred: vLLM is imported after the platform choice
+
+            if not isinstance(exc, VLLMValidationError):
+                raise
+            field = exc.parameter or ("structured_outputs" if request.sampling.structured_outputs else "request")
+            raise InvalidRequestError(field, str(exc.args[0]) if exc.args else str(exc)) from None
         finally:
             self._active.discard(rid)
             self._abort_requested.discard(rid)

@@ -15,14 +15,11 @@ the model's routing block size, so hashing stays off the router's single thread)
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import functools
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -36,7 +33,9 @@ from deployments.ingress import health, limits, openapi, tokenize_routes
 from deployments.ingress.auth import ApiKeyMiddleware, key_digests
 from deployments.ingress.body_limit import BodyLimitMiddleware
 from deployments.ingress.engine_client import EngineClient, merge_streams
+from deployments.ingress.engine_support import check_engine_support
 from deployments.ingress.structured_check import check_structured_outputs
+from deployments.ingress.workers import in_worker
 from deployments.router.core.sessions import session_id_from
 from deployments.router.messages import RouteRequest
 from serve_app.config.app import AppConfig, ModelConfig
@@ -52,7 +51,6 @@ from serve_app.protocol.tool_output import ChoiceParser, apply_parsed_messages, 
 from serve_app.protocol.tool_request import ChatTools
 
 POOL_HEADER = "x-meshserve-pool"
-_T = TypeVar("_T")
 Merged = AsyncGenerator[tuple[int, OutputDelta], None]  # merge_streams: (choice index, delta)
 
 logger = logging.getLogger(__name__)
@@ -127,7 +125,7 @@ class OpenAIIngress:
 
     @app.post("/tokenize")
     async def tokenize(self, request: Request) -> JSONResponse:
-        return await tokenize_routes.tokenize(request, self._lookup)
+        return await tokenize_routes.tokenize(request, self._lookup, self._config.ingress)
 
     @app.post("/detokenize")
     async def detokenize(self, request: Request) -> JSONResponse:
@@ -211,7 +209,7 @@ class OpenAIIngress:
         # Templates and tokenization off the event loop: a long prompt must not stall other requests.
         if isinstance(req, ChatCompletionRequest):
             plan = tools.prepare(body) if tools.needs_plan(body) else None
-        prompts = await _in_worker(conv.request_prompts, req, tok, model.max_model_len, plan)
+        prompts = await in_worker(conv.request_prompts, req, tok, model.max_model_len, plan)
         sampling = [tools.apply(plan, conv.sampling_params(req, len(p), model.max_model_len, tok), p) for p in prompts]
         sampling = limits.cap_max_tokens(sampling, body, is_chat, self._config.ingress)
         _check_token_ids(sampling, tok.vocab_size)
@@ -225,12 +223,13 @@ class OpenAIIngress:
         self._bound.check_fan_out(len(greqs) - 1, self._config.ingress.retry_after_s)
         held[0] = len(greqs)
         self._set_inflight_gauge()
-        hashes = await _in_worker(_prompt_hashes, greqs, self._block_sizes[model.name])
+        hashes = await in_worker(_prompt_hashes, greqs, self._block_sizes[model.name])
         routes = [
             RouteRequest(g.request_id, model.name, g.num_prompt_tokens, pool, session, hashes[g.prompt_token_ids])
             for g in greqs
         ]
         self._client.check_routable(routes[0])
+        check_engine_support(routes[0], self._config.pools, sampling[0])
         streams = [self._client.stream(g, r) for g, r in zip(greqs, routes)]
         stream_opts = req.stream_options
         opts = rsp.RenderOptions(
@@ -403,15 +402,6 @@ async def _sse_body(
         yield f"data: {err.to_response().model_dump_json()}\n\n"
     finally:
         await merged.aclose()
-
-
-# Tokenizing and chat templates run here; a few threads (the tokenizers' Rust code releases the
-# GIL), a bounded pool so a flood of long prompts queues instead of spawning threads.
-_WORKERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ingress-tokenize")
-
-
-async def _in_worker(fn: Callable[..., _T], *args: Any) -> _T:
-    return await asyncio.get_running_loop().run_in_executor(_WORKERS, functools.partial(fn, *args))
 
 
 def _prompt_hashes(greqs: Sequence[GenerateRequest], block_size: int) -> dict[tuple[int, ...], tuple[BlockHash, ...]]:

@@ -14,7 +14,10 @@ from fastapi.responses import JSONResponse
 
 from accel.contract import InvalidRequestError
 from accel.text.tokenizer import TextTokenizer
+from deployments.ingress import limits
+from deployments.ingress.workers import in_worker
 from serve_app.config.app import ModelConfig
+from serve_app.config.ingress import IngressConfig
 from serve_app.protocol import tokenize as tk
 from serve_app.protocol.conversion import parse_body
 from serve_app.protocol.errors import APIError, bad_request, model_not_found
@@ -54,7 +57,9 @@ async def _body(request: Request) -> Mapping[str, Any]:
     return body
 
 
-async def tokenize(request: Request, lookup: ModelLookup) -> JSONResponse:
+async def tokenize(request: Request, lookup: ModelLookup, limits_of: IngressConfig | None = None) -> JSONResponse:
+    """``limits_of``: the ingress's limits (untrusted chat templates, invalid Unicode, the
+    character cap), checked before the tokenizer runs, in a worker thread."""
     try:
         body = await _body(request)
         req: tk.TokenizeChatRequest | tk.TokenizeCompletionRequest
@@ -66,7 +71,9 @@ async def tokenize(request: Request, lookup: ModelLookup) -> JSONResponse:
         else:
             req = parse_body(tk.TokenizeCompletionRequest, body)
         model, tok = lookup(req.model)
-        return JSONResponse(tk.tokenize(req, tok, model.max_model_len).model_dump())
+        if limits_of is not None:
+            limits.check_body(body, tk.is_chat_body(body), limits_of, model.max_model_len)
+        return JSONResponse((await in_worker(tk.tokenize, req, tok, model.max_model_len)).model_dump())
     except APIError as err:
         return _error(err)
     except InvalidRequestError as err:

@@ -72,6 +72,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     choices: list[ChatCompletionResponseChoice]
     system_fingerprint: str | None = None
     usage: UsageInfo
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
     prompt_token_ids: list[int] | None = None
 
 

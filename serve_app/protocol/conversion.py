@@ -51,6 +51,9 @@ def parse_request(body: Any, is_chat: bool) -> ChatCompletionRequest | Completio
         check_fields(body, is_chat)
         # vLLM's "before" validators: they look at what the client sent, not at defaults.
         check_cache_salt(body.get("cache_salt"))
+        prompt_lps = body.get("prompt_logprobs")
+        if body.get("stream") and isinstance(prompt_lps, int) and (prompt_lps > 0 or prompt_lps == -1):
+            raise bad_request("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
         if body.get("stream_options") and not body.get("stream"):
             raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
         if is_chat and body.get("continue_final_message") and body.get("add_generation_prompt"):
@@ -329,6 +332,7 @@ def sampling_params(
         include_stop_str_in_output=req.include_stop_str_in_output,
         ignore_eos=req.ignore_eos,
         logprobs=logprobs,
+        prompt_logprobs=req.prompt_logprobs,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,

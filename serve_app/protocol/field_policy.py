@@ -96,7 +96,7 @@ _COMMON: dict[str, FieldPolicy] = {
     "truncate_prompt_tokens": HONOURED,
     "truncation_side": HONOURED,
     "allowed_token_ids": HONOURED,
-    "prompt_logprobs": Refused(None, 1),
+    "prompt_logprobs": HONOURED,  # on vLLM pools; a 400 naming it where a TT pool may serve it
     "logprob_token_ids": Refused(None, [1], example_needs={"logprobs": 1}),
     "bad_words": HONOURED,
     "response_format": HONOURED,

@@ -46,8 +46,11 @@ class ChoiceState:
     num_prompt_tokens: int = 0
     num_completion_tokens: int = 0
     num_cached_tokens: int = 0
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
     def add(self, delta: OutputDelta) -> None:
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
         self.text += delta.text
         self.token_ids.extend(delta.new_token_ids)
         if delta.logprobs:
@@ -58,6 +61,34 @@ class ChoiceState:
         if delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason.value
             self.stop_reason = delta.stop_reason
+
+
+def prompt_logprobs_json(
+    tok: TextTokenizer, lps: Sequence[TokenLogprob | None] | None
+) -> list[dict[str, dict[str, Any]] | None] | None:
+    """vLLM's ``prompt_logprobs`` shape: per prompt token None (the first) or
+    ``{token id: {"logprob", "rank", "decoded_token"}}`` for the token and its top alternatives."""
+    if lps is None:
+        return None
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for lp in lps:
+        if lp is None:
+            out.append(None)
+            continue
+        entries = {}
+        for rank, (tid, value) in enumerate(lp.top, start=1):
+            entries[str(tid)] = {
+                "logprob": value,
+                "rank": rank,
+                "decoded_token": tok.decode([tid], skip_special_tokens=False),
+            }
+        entries[str(lp.token_id)] = {
+            "logprob": lp.logprob,
+            "rank": lp.rank,
+            "decoded_token": tok.decode([lp.token_id], skip_special_tokens=False),
+        }
+        out.append(entries)
+    return out
 
 
 def usage_of(choices: Sequence[ChoiceState]) -> UsageInfo:
@@ -121,6 +152,7 @@ def completion_response(
                 stop_reason=c.stop_reason,
                 token_ids=c.token_ids if opts.return_token_ids else None,
                 prompt_token_ids=list(prompts[c.prompt_index]) if opts.return_token_ids else None,
+                prompt_logprobs=prompt_logprobs_json(tok, c.prompt_logprobs),
             )
         )
     return CompletionResponse(
@@ -185,6 +217,7 @@ def chat_response(
         choices=out,
         usage=usage_of(choices),
         prompt_token_ids=list(prompt) if opts.return_token_ids else None,
+        prompt_logprobs=prompt_logprobs_json(tok, choices[0].prompt_logprobs) if choices else None,
     )
 
 

@@ -35,6 +35,7 @@ class SamplingFields(OpenAIBaseModel):
     skip_special_tokens: bool = True
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
+    prompt_logprobs: int | None = None  # vLLM pools only (engine_support refuses others)
     cache_salt: str | None = None  # checked as vLLM checks it (conversion.check_cache_salt)
     request_id: str | None = None  # the response id's suffix (vLLM: random uuid when absent)
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)

@@ -369,6 +369,23 @@ def test_echo_prepends_the_prompt(client, pool):
     assert streamed == "def fib(n):" + plain
 
 
+def test_prompt_logprobs_on_vllm_pools_only(client, tiny_llama):
+    from tests.hf_reference import hf_logprobs
+
+    kw = dict(model="tiny-llama", prompt=PROMPT_IDS, max_tokens=2, temperature=0)
+    r = client.completions.create(extra_headers=_pin("vllm"), extra_body={"prompt_logprobs": 1}, **kw)
+    plp = r.choices[0].model_extra["prompt_logprobs"]
+    assert len(plp) == len(PROMPT_IDS) and plp[0] is None
+    expected = hf_logprobs(tiny_llama, PROMPT_IDS[:1], PROMPT_IDS[1:], 1)
+    for token_id, entry, (hf_lp, hf_top) in zip(PROMPT_IDS[1:], plp[1:], expected):
+        assert entry[str(token_id)]["logprob"] == pytest.approx(hf_lp, abs=2e-3)
+        assert str(hf_top[0]) in entry and 1 <= len(entry) <= 2  # the prompt token and the best one
+    for headers in ({}, _pin("tt")):  # unpinned, the router may pick the TT pool, which has none
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(extra_headers=headers, extra_body={"prompt_logprobs": 1}, **kw)
+        assert err.value.body["param"] == "prompt_logprobs"
+
+
 def test_refused_fields_name_themselves(client):
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model="tiny-llama", prompt="hi", max_tokens=2, extra_body={"priority": 5})

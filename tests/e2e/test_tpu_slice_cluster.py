@@ -2,8 +2,8 @@
 
 Each fake TPU host is a Ray node with ``TPU: 4``, the labels Ray sets on real TPU VMs
 (accelerator type, pod type, slice name, worker id), the slice head resource on worker 0, and
-``TPU_NAME`` in its environment (what Ray reads to name the slice). Marked ``cluster``: five Ray
-nodes are heavy for 2-core CI; run with ``pytest -m cluster tests/accel/tpu``.
+``TPU_NAME`` in its environment (what Ray reads to name the slice). Runs in the default suite,
+after everything else (``cluster`` marker: its own Ray cluster, tests/e2e/cluster.py).
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import pytest
 
 from accel.vllm.tpu.placement import SlicePlacement, create_slice_placement_group
 from accel.vllm.tpu.topology import parse_slice
+from tests.e2e.cluster import simulated_cluster
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 SLICE = parse_slice("v7x", "2x2x2")  # 2 hosts x 4 chips
 SLICE_NAMES = ("slice-a", "slice-b")
@@ -21,38 +22,29 @@ SLICE_NAMES = ("slice-a", "slice-b")
 
 @pytest.fixture(scope="module")
 def cluster():
-    import ray
-    from ray.cluster_utils import Cluster
-
-    c = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 0, "object_store_memory": 80 * 1024 * 1024, "include_dashboard": False},
-    )
-    node_slices = {}
+    nodes, names = [], []
     for name in SLICE_NAMES:
         for worker_id in range(SLICE.num_hosts):
             resources = {"TPU": SLICE.chips_per_host, name: 1}
             if worker_id == 0:
                 resources[SLICE.head_resource] = 1
-            node = c.add_node(
-                num_cpus=1,
-                resources=resources,
-                object_store_memory=80 * 1024 * 1024,
-                labels={
-                    "ray.io/accelerator-type": SLICE.ray_accelerator_type,
-                    "ray.io/tpu-pod-type": SLICE.pod_type,
-                    "ray.io/tpu-topology": SLICE.topology,
-                    "ray.io/tpu-slice-name": name,
-                    "ray.io/tpu-worker-id": str(worker_id),
-                },
-                env_vars={"TPU_NAME": name},
+            nodes.append(
+                {
+                    "num_cpus": 1,
+                    "resources": resources,
+                    "labels": {
+                        "ray.io/accelerator-type": SLICE.ray_accelerator_type,
+                        "ray.io/tpu-pod-type": SLICE.pod_type,
+                        "ray.io/tpu-topology": SLICE.topology,
+                        "ray.io/tpu-slice-name": name,
+                        "ray.io/tpu-worker-id": str(worker_id),
+                    },
+                    "env_vars": {"TPU_NAME": name},
+                }
             )
-            node_slices[node.node_id] = name
-    ray.init(address=c.address)
-    c.wait_for_nodes()
-    yield node_slices
-    ray.shutdown()
-    c.shutdown()
+            names.append(name)
+    with simulated_cluster({"num_cpus": 0}, nodes) as (_, handles):
+        yield {node.node_id: name for node, name in zip(handles, names)}
 
 
 def _slices_of(pg) -> list[str]:
@@ -195,3 +187,87 @@ def test_replica_finds_its_slice_group(cluster):
     _, is_deferred, nodes = ray.get(actor.slice_group.remote(deferred), timeout=180)
     assert is_deferred and len({cluster[n] for n in nodes}) == 1 and len(set(nodes)) == SLICE.num_hosts
     ray.kill(actor)
+
+
+def _tpu_pool(tiny_llama):
+    from accel.vllm.config import VllmEngineConfig
+    from serve_app.config.app import PoolConfig
+
+    return PoolConfig(
+        name="v7x",
+        accelerator="tpu",
+        model="tiny-llama",
+        model_path=tiny_llama,
+        max_model_len=512,
+        engine_config=VllmEngineConfig(model=str(tiny_llama), max_model_len=512),
+        num_cpus=0,
+        tpu_type="v7x",
+        tpu_topology="2x2x2",
+    )
+
+
+def test_replica_releases_its_slice_when_it_stops(cluster, tiny_llama):
+    """A multi-host TPU replica reserves a whole slice when it starts and gives it back (worker
+    group and slice-head reservation) when it shuts down, or when its engine fails to start. The
+    engine is the HF-replay test double: the slice group's lifetime is the replica's, whatever
+    engine runs in it (on this CPU host vLLM would run its CPU build anyway)."""
+    import ray
+    from ray.util import placement_group_table
+
+    pool = _tpu_pool(tiny_llama)
+
+    @ray.remote(num_cpus=0)
+    class Host:
+        async def start(self, pool, fail: bool):
+            from deployments.replicas.vllm_replica import VllmReplica
+            from tests.doubles.hf_replay_engine import HFReplayEngine
+
+            def engine(p):
+                if fail:
+                    raise RuntimeError("engine failed to start")
+                return HFReplayEngine(str(p.model_path), p.max_model_len, block_size=16)
+
+            try:
+                self.replica = VllmReplica(pool, engine_factory=engine)
+            except RuntimeError as exc:
+                return str(exc)
+            pg = self.replica.slice_placement_group
+            ray.get(pg.ready(), timeout=60)
+            return pg.id.hex()
+
+        async def stop(self):
+            await self.replica.shutdown()
+
+    def states() -> list[str]:
+        return [pg["state"] for pg in placement_group_table().values() if pg["name"] == "v7x-slice"]
+
+    host = Host.remote()
+    pg_id = ray.get(host.start.remote(pool, False), timeout=180)
+    table = placement_group_table()
+    assert table[pg_id]["state"] == "CREATED"
+    assert {cluster[n] for n in table[pg_id]["bundles_to_node_id"].values()} in ({"slice-a"}, {"slice-b"})
+    ray.get(host.stop.remote(), timeout=60)
+    _wait_for(lambda: placement_group_table()[pg_id]["state"] == "REMOVED")
+    # Both whole slices are free again (the head reservation too): two fresh slice groups fit.
+    handles = [
+        create_slice_placement_group(SlicePlacement(SLICE, 0, 0), head_reservation_timeout_s=30) for _ in range(2)
+    ]
+    try:
+        for h in handles:
+            ray.get(h.placement_group.ready(), timeout=60)
+    finally:
+        for h in handles:
+            h.shutdown()
+    # An engine that fails to start leaves no reservation behind either.
+    assert ray.get(host.start.remote(pool, True), timeout=180) == "engine failed to start"
+    _wait_for(lambda: len(states()) == 2 and set(states()) == {"REMOVED"})  # (both starts' groups)
+    ray.kill(host)
+
+
+def _wait_for(condition, timeout_s: float = 30) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.2)

@@ -95,15 +95,13 @@ def test_vllm_allowed_token_ids_and_bad_words(loop, vllm_engine, tok):
     ids, _, _ = _run(loop, vllm_engine, _request("v-allowed", tok, PROMPTS[0], allowed_token_ids=allowed))
     assert ids and set(ids) <= set(allowed)
     free, _, _ = _run(loop, vllm_engine, _request("v-free", tok, PROMPTS[1], max_tokens=16))
-    banned = (free[3],)  # a token greedy decoding emits: banning it changes the output
-    ids, _, _ = _run(
-        loop,
-        vllm_engine,
-        _request(
-            "v-bad", tok, PROMPTS[1], max_tokens=16, bad_words=(tok.decode(banned),), bad_words_token_ids=(banned,)
-        ),
-    )
-    assert banned[0] not in ids[:4] and ids[:3] == free[:3]
+    words = (tok.decode(free[3:5]),)  # a word greedy decoding emits; vLLM tokenizes it itself
+    seqs = bad_words_token_ids(words, tok)
+    req = _request("v-bad", tok, PROMPTS[1], max_tokens=16, bad_words=words, bad_words_token_ids=seqs)
+    ids, _, _ = _run(loop, vllm_engine, req)
+    assert ids != free
+    for seq in seqs:
+        assert not any(tuple(ids[k : k + len(seq)]) == seq for k in range(len(ids))), seq
 
 
 # ---- the TT engine (torch mesh program; constrained rows sample on the host) ------------------
@@ -211,4 +209,14 @@ def test_tt_uncompilable_spec_is_refused(loop, tt_engine, tok):
     req = _request("bad", tok, PROMPTS[0], structured_outputs=StructuredOutputSpec(regex="(unclosed"))
     with pytest.raises(InvalidRequestError) as err:
         _run(loop, tt_engine, req)
+    assert err.value.field == "structured_outputs"
+
+
+def test_vllm_refusal_is_an_invalid_request(loop, vllm_engine, tok):
+    """A schema vLLM's configured xgrammar backend refuses (multipleOf) is a 400-kind error."""
+    from accel.contract import InvalidRequestError
+
+    spec = StructuredOutputSpec(json={"type": "integer", "multipleOf": 3})
+    with pytest.raises(InvalidRequestError) as err:
+        _run(loop, vllm_engine, _request("v-refused", tok, PROMPTS[0], structured_outputs=spec))
     assert err.value.field == "structured_outputs"

@@ -198,6 +198,9 @@ def test_invalid_requests_raise_and_engine_survives(tiny_llama):
                 first(GenerateRequest("kv", (5, 6), greedy(1), kv_transfer=KVTransferParams(do_remote_decode=True)))
             )
         assert info.value.field == "kv_transfer_params"
+        with pytest.raises(InvalidRequestError) as info:  # no prompt-logprob path on TT
+            asyncio.run(first(GenerateRequest("plp", (5, 6), SamplingParams(max_tokens=1, prompt_logprobs=1))))
+        assert info.value.field == "prompt_logprobs"
         # max_model_len ends generation: 60 + 4 = 64
         out = run_requests(engine, [GenerateRequest("edge", prompt_of(0, 60), greedy(100))])["edge"]
         assert len(tokens_of(out)) == 4 and out[-1].finish_reason is FinishReason.LENGTH

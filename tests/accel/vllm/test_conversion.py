@@ -5,6 +5,7 @@ from accel.contract import FinishReason, KVTransferParams, SamplingParams, Struc
 from accel.vllm.conversion import (
     from_vllm_kv_params,
     to_finish_reason,
+    to_prompt_logprobs,
     to_token_logprobs,
     to_vllm_kv_params,
     to_vllm_sampling_params,
@@ -30,6 +31,7 @@ def test_every_contract_field_reaches_vllm():
         repetition_penalty=1.2,
         logit_bias={"5": -3.0},
         skip_special_tokens=False,
+        prompt_logprobs=3,
         structured_outputs=StructuredOutputSpec(json={"type": "object"}, disable_any_whitespace=True),
         allowed_token_ids=[1, 5, 9],
         bad_words=["foo", "bar baz"],
@@ -69,6 +71,18 @@ def test_logprobs_mapping():
     assert out[0].token_id == 9 and out[0].logprob == -3.0 and out[0].top == ((4, -0.5), (6, -1.0))
     assert out[1].top == ((4, -0.1), (2, -2.5))
     assert to_token_logprobs([1], None, 2) is None
+
+
+def test_prompt_logprobs_mapping():
+    from vllm.logprobs import Logprob
+
+    # vLLM: None for the first prompt token, then {token: Logprob} with the token and its top-k
+    raw = [None, {8: Logprob(-2.0, 4), 3: Logprob(-0.2, 1)}, {5: Logprob(-0.7, 1)}]
+    out = to_prompt_logprobs([1, 8, 5], raw, 1)
+    assert out[0] is None
+    assert (out[1].token_id, out[1].logprob, out[1].rank, out[1].top) == (8, -2.0, 4, ((3, -0.2),))
+    assert (out[2].token_id, out[2].rank, out[2].top) == (5, 1, ((5, -0.7),))
+    assert to_prompt_logprobs([1], None, 1) is None
 
 
 def test_finish_reasons():

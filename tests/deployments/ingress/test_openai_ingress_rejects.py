@@ -116,3 +116,19 @@ def test_internal_errors_do_not_leak_internals(tiny_llama, monkeypatch):
     assert status == 500 and "KeyError" not in body["error"]["message"]
     assert "secret_internal_detail" not in body["error"]["message"]
     assert body["error"]["type"] == "InternalServerError" and ingress._bound.held == 0
+
+
+def test_tokenize_applies_the_same_limits(tiny_llama):
+    ingress, _ = _ingress(tiny_llama, max_prompt_chars=10)
+
+    def run(body):
+        response = asyncio.run(ingress.tokenize(_request(body)))
+        return response.status_code, json.loads(response.body)
+
+    msgs = [{"role": "user", "content": "hi"}]
+    status, body = run({"messages": msgs, "chat_template": "{{ 1 }}"})
+    assert status == 400 and body["error"]["param"] == "chat_template"
+    assert run({"prompt": "\ud800"})[0] == 400
+    assert run({"prompt": "x" * 11})[1]["error"]["param"] == "prompt"
+    status, body = run({"prompt": "hello"})
+    assert status == 200 and body["count"] == len(body["tokens"]) > 0

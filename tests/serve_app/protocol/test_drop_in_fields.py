@@ -177,3 +177,19 @@ def test_continuous_usage_and_tokens_as_ids(tok):
     chat = rsp.chat_chunk(opts, tok, choice, delta)
     assert chat.usage.completion_tokens == 3 and chat.choices[0].logprobs.content[0].token == "token_id:5"
     assert rsp.chat_role_chunk(opts, 0).usage.prompt_tokens == 4
+
+
+def test_prompt_logprobs_in_vllms_shape(tok):
+    with pytest.raises(APIError) as err:
+        _completion(prompt_logprobs=1, stream=True)
+    assert err.value.param == "prompt_logprobs"
+    assert conv.sampling_params(_completion(prompt_logprobs=2), 2, 512).prompt_logprobs == 2
+    lps = (None, TokenLogprob(token_id=7, logprob=-1.5, top=((9, -0.5),), rank=3))
+    (first, second) = rsp.prompt_logprobs_json(tok, lps)
+    assert first is None and second["7"]["rank"] == 3 and second["7"]["logprob"] == -1.5
+    assert second["9"] == {"logprob": -0.5, "rank": 1, "decoded_token": tok.decode([9], skip_special_tokens=False)}
+    opts = rsp.RenderOptions("c", 1, "m", None, False, False)
+    c = rsp.ChoiceState(index=0, prompt_index=0)
+    c.add(OutputDelta("r", (), "", 2, 0, prompt_logprobs=lps))
+    assert rsp.completion_response(opts, tok, [c], [(1, 7)]).choices[0].prompt_logprobs[1]["7"]["rank"] == 3
+    assert rsp.chat_response(opts, tok, [c], (1, 7)).prompt_logprobs[0] is None
