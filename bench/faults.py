@@ -1,6 +1,6 @@
 """The fault suite (issue 15): faults injected into a running app under load, measured from the
 client's side. Prints ONE JSON object; run it alone:
-``flock /tmp/meshserve-bench.lock python bench/faults.py [--scenarios replica_kill,router_kill,overload]``.
+``flock /tmp/meshserve-bench.lock python bench/faults.py [--scenarios a,b]`` (default: all four below).
 
 The app (one per run, on a fresh local Ray + Serve): tiny-llama on two TT-mesh replicas (torch
 mesh model) and two vLLM-CPU replicas, ingress ``max_concurrent_requests`` = ``--capacity``.
@@ -15,11 +15,15 @@ Scenarios (each a number in the JSON, and a slow test in tests/e2e/):
 - ``router_kill`` (item 2): the router replica is killed, then ``--streams`` requests are sent at
   once; the ingress decides locally while it is gone (``meshserve_router_fallbacks``). Counted:
   failed requests (want 0), time until the router answers again.
+- ``disconnect_soak`` (item 4): ``--soak-requests`` streams (half per pool, ``--capacity`` at a
+  time), 30 % of the clients leaving after 2-5 chunks; counted: outcomes, and afterwards every
+  engine replica's requests in flight / running / waiting and KV blocks in use (want all 0: the
+  prefix cache's unreferenced blocks count as free, as in vLLM).
 - ``overload`` (item 5): ``10 x --capacity`` requests at once; counted: statuses (want only 200,
   429 and 503, every 429/503 with Retry-After), the ingress process's RSS before / peak / after,
   and whether a request succeeds right after (recovery).
-Not here yet (see docs/BENCHMARKS.md, Reliability): items 3 (KV-connector actor kill under PD),
-4 (1,000-request soak with disconnects), 6 (fuzz) and 7 (hung engine).
+Not here (see docs/BENCHMARKS.md, Reliability): items 3 (KV-connector actor kill under PD) and 7
+(hung engine); item 6 (fuzz) is a test only (tests/e2e/test_ingress_edge.py).
 """
 
 from __future__ import annotations
@@ -167,6 +171,8 @@ async def _stream(
                     started.set()
     except httpx.HTTPError as exc:
         return {"outcome": "failed", "error": type(exc).__name__, "tokens": tokens}
+    finally:
+        started.set()  # a stream that ended (or never began) does not hold the kill back
     return {"outcome": "completed", "tokens": tokens, "usage": usage}
 
 
@@ -260,6 +266,93 @@ async def router_kill(base: str, streams: int, max_tokens: int) -> dict[str, Any
     }
 
 
+async def _engine_state(pool: str) -> list[dict[str, int]]:
+    return [
+        {
+            "inflight": s.num_inflight,
+            "running": s.stats.num_running,
+            "waiting": s.stats.num_waiting,
+            "kv_used_blocks": s.stats.num_kv_blocks_total - s.stats.num_kv_blocks_free,
+        }
+        for s in await _snapshots(pool)
+        if not isinstance(s, BaseException)
+    ]
+
+
+async def _disconnecting_client(
+    client: httpx.AsyncClient, url: str, pool: str, prompt: list[int], max_tokens: int, leave_after: int | None
+) -> str:
+    """One streamed request; ``leave_after`` chunks then the client goes away (None: read it all)."""
+    try:
+        async with client.stream(
+            "POST", url, json=_body(prompt, max_tokens, True), headers={"x-meshserve-pool": pool}
+        ) as r:
+            if r.status_code != 200:
+                return f"status_{r.status_code}"
+            n = 0
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    n += 1
+                    if leave_after is not None and n >= leave_after:
+                        return "disconnected"
+        return "completed"
+    except httpx.HTTPError as exc:
+        return type(exc).__name__
+
+
+async def disconnect_soak(
+    base: str, requests: int, concurrency: int, disconnect_fraction: float, max_tokens: int, seed: int = 0
+) -> dict[str, Any]:
+    """Item 4: ``requests`` streams (half per pool) with ``disconnect_fraction`` of the clients
+    leaving mid-stream; then every engine replica must be idle with no KV block in use."""
+    import random
+
+    rng = random.Random(seed)
+    url = f"{base}/v1/completions"
+    sem = asyncio.Semaphore(concurrency)
+    plan = [
+        (
+            "tt" if i % 2 == 0 else "vllm",
+            [1] + [rng.randrange(3, 1000) for _ in range(rng.randrange(4, 40))],
+            rng.randrange(2, 6) if rng.random() < disconnect_fraction else None,
+        )
+        for i in range(requests)
+    ]
+    async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as client:
+
+        async def one(pool: str, prompt: list[int], leave_after: int | None) -> str:
+            async with sem:
+                return await _disconnecting_client(client, url, pool, prompt, max_tokens, leave_after)
+
+        t0 = time.monotonic()
+        outcomes = await asyncio.gather(*(one(*p) for p in plan))
+        wall = time.monotonic() - t0
+    # Aborts reach the engines asynchronously: give them a moment, then look.
+    settle_start = time.monotonic()
+    state: dict[str, list[dict[str, int]]] = {}
+    while time.monotonic() - settle_start < 30:
+        state = {pool: await _engine_state(pool) for pool in POOLS}
+        if all(
+            all(r["inflight"] == r["running"] == r["waiting"] == r["kv_used_blocks"] == 0 for r in rs)
+            for rs in state.values()
+        ):
+            break
+        await asyncio.sleep(0.5)
+    return {
+        "requests": requests,
+        "concurrency": concurrency,
+        "disconnect_fraction": disconnect_fraction,
+        "outcomes": {o: outcomes.count(o) for o in sorted(set(outcomes))},
+        "wall_s": round(wall, 1),
+        "settled_after_s": round(time.monotonic() - settle_start, 1),
+        "engines_after": state,
+        "leaked_kv_blocks": sum(r["kv_used_blocks"] for rs in state.values() for r in rs),
+        "requests_left_in_flight": sum(
+            r["inflight"] + r["running"] + r["waiting"] for rs in state.values() for r in rs
+        ),
+    }
+
+
 def _ingress_rss() -> int:
     import ray
 
@@ -314,11 +407,12 @@ def _free_port() -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scenarios", default="replica_kill,router_kill,overload")
+    parser.add_argument("--scenarios", default="replica_kill,router_kill,disconnect_soak,overload")
     parser.add_argument("--streams", type=int, default=24)
     parser.add_argument("--max-tokens", type=int, default=200)
-    parser.add_argument("--capacity", type=int, default=16)
+    parser.add_argument("--capacity", type=int, default=32)  # >= --streams
     parser.add_argument("--hang-s", type=float, default=60.0)
+    parser.add_argument("--soak-requests", type=int, default=1000)
     args = parser.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
@@ -344,6 +438,8 @@ def main() -> None:
                 result = loop.run_until_complete(replica_kill(base, args.streams, args.max_tokens, args.hang_s))
             elif name == "router_kill":
                 result = loop.run_until_complete(router_kill(base, args.streams, 16))
+            elif name == "disconnect_soak":
+                result = loop.run_until_complete(disconnect_soak(base, args.soak_requests, args.capacity, 0.3, 32))
             elif name == "overload":
                 result = loop.run_until_complete(overload(base, args.capacity, 16))
             else:

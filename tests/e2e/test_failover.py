@@ -144,3 +144,69 @@ def test_seeded_stream_continues_exactly_on_tt(client):
     tokens, _, usage = _stream_with_a_kill(client, "tt", **sampling)
     assert tokens == reference and usage.completion_tokens == MAX_TOKENS
     _wait_pool_size("tt", 2)
+
+
+async def _engine_state(pool: str) -> list[tuple[int, int, int]]:
+    """(requests inside generate(), running + waiting, KV blocks in use) per live replica."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle(POOLS[pool], APP)
+    answers = await handle.broadcast("routing_snapshot", {}).results_async(return_exceptions=True)
+    return [
+        (
+            a.num_inflight,
+            a.stats.num_running + a.stats.num_waiting,
+            a.stats.num_kv_blocks_total - a.stats.num_kv_blocks_free,
+        )
+        for a in answers
+        if not isinstance(a, BaseException)
+    ]
+
+
+def test_client_disconnects_leave_no_request_and_no_kv_block(client, serve_session):
+    """30 % of the clients go away mid-stream: afterwards no request is left in any replica and the
+    TT engines' KV pools are full again (vLLM's own stats refresh only on its next step, so its
+    replicas are checked by the requests inside generate())."""
+    import asyncio
+    import random
+
+    import httpx
+
+    rng = random.Random(7)
+    url = f"{serve_session}/{APP}/v1/completions"
+
+    async def one(i: int) -> str:
+        pool = "tt" if i % 2 == 0 else "vllm"
+        prompt = [1] + [rng.randrange(3, 1000) for _ in range(rng.randrange(4, 30))]
+        leave = rng.randrange(2, 5) if rng.random() < 0.3 else None
+        body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 24, "ignore_eos": True, "stream": True}
+        async with httpx.AsyncClient(timeout=120) as http:
+            async with http.stream("POST", url, json=body, headers={"x-meshserve-pool": pool}) as r:
+                assert r.status_code == 200
+                n = 0
+                async for line in r.aiter_lines():
+                    n += line.startswith("data: ")
+                    if leave is not None and n >= leave:
+                        return "left"
+        return "done"
+
+    async def soak() -> list[str]:
+        sem = asyncio.Semaphore(8)
+
+        async def bounded(i: int) -> str:
+            async with sem:
+                return await one(i)
+
+        return await asyncio.gather(*(bounded(i) for i in range(60)))
+
+    outcomes = asyncio.run(soak())
+    assert 0 < outcomes.count("left") < 60
+    deadline = time.monotonic() + 30
+    while True:
+        tt = HANDLES.call(_engine_state("tt"))
+        vllm = HANDLES.call(_engine_state("vllm"))
+        clean = all(s == (0, 0, 0) for s in tt) and all(s[0] == 0 for s in vllm)
+        if clean or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert clean, (tt, vllm)
