@@ -275,7 +275,7 @@ class VllmEngine:
                     yield _with_kv_transfer(builder.finish(reason), out, request.kv_transfer)
                     return
             yield builder.finish(FinishReason.ABORT)  # stream ended without a finished output
-        except ValueError as exc:
+        except Exception as exc:  # (VLLMValidationError is not a ValueError)
             # vLLM refuses what its own checks catch (e.g. a JSON schema its configured
             # structured-output backend cannot enforce) when the request is added: a 400 here too.
             from vllm.exceptions import VLLMValidationError  # deferred: vLLM is imported after the platform choice

@@ -99,8 +99,7 @@ def test_vllm_allowed_token_ids_and_bad_words(loop, vllm_engine, tok):
     seqs = bad_words_token_ids(words, tok)
     req = _request("v-bad", tok, PROMPTS[1], max_tokens=16, bad_words=words, bad_words_token_ids=seqs)
     ids, _, _ = _run(loop, vllm_engine, req)
-    assert ids != free
-    for seq in seqs:
+    for seq in seqs:  # (whether the ban changes the output depends on vLLM's own tokenization)
         assert not any(tuple(ids[k : k + len(seq)]) == seq for k in range(len(ids))), seq
 
 
