@@ -177,7 +177,10 @@ async def _stream(
 
 
 def _prompts(n: int) -> list[list[int]]:
-    return [[1, 100 + 7 * i, 200 + 11 * i, 31 * i % 1000 + 3, 42, 5 + i] for i in range(n)]
+    # Distinct prompts whose token ids stay inside the tiny model's vocabulary (1,024).
+    return [
+        [1, (100 + 7 * i) % 1000 + 3, (200 + 11 * i) % 1000 + 3, 31 * i % 1000 + 3, 42, i % 1000 + 3] for i in range(n)
+    ]
 
 
 async def replica_kill(base: str, streams: int, max_tokens: int, hang_s: float) -> dict[str, Any]:
