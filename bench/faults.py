@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import faults_clients as clients  # noqa: E402
 import faults_cluster as cluster  # noqa: E402
 from faults_cluster import APP, POOLS  # noqa: E402
+from serving_servers import free_port  # noqa: E402
 
 
 def app_args(model_path: str, capacity: int) -> dict[str, Any]:
@@ -273,7 +274,7 @@ def main() -> None:
     out: dict[str, Any] = {"load_average_start": os.getloadavg()}
     ray.init(address="local", num_cpus=2, object_store_memory=200 * 2**20, include_dashboard=False, log_to_driver=False)
     try:
-        port = cluster.free_port()
+        port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         model = str(ENVS.checkpoint_dir / "tiny-llama")
         serve.run(build_app(app_args(model, args.capacity)), name=APP, route_prefix="/")

@@ -68,11 +68,3 @@ def ingress_rss() -> int:
     import psutil
 
     return int(psutil.Process(pid).memory_info().rss)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
