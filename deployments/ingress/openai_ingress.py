@@ -32,6 +32,7 @@ from deployments.ingress.auth import ApiKeyMiddleware, key_digests
 from deployments.ingress.body_limit import BodyLimitMiddleware
 from deployments.ingress.engine_client import EngineClient, merge_streams
 from deployments.ingress.engine_support import check_engine_support
+from deployments.ingress.json_io import error_response, read_body
 from deployments.ingress.structured_check import check_structured_outputs
 from deployments.ingress.workers import in_worker
 from deployments.router.core.sessions import session_id_from
@@ -43,7 +44,7 @@ from serve_app.protocol import responses as rsp
 from serve_app.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
 from serve_app.protocol.common import ModelCard, ModelList, random_id
 from serve_app.protocol.completions import CompletionRequest
-from serve_app.protocol.errors import APIError, model_not_found
+from serve_app.protocol.errors import APIError
 from serve_app.protocol.responses_api import response_events, response_from_chat, responses_call
 from serve_app.protocol.tool_output import ChoiceParser
 from serve_app.protocol.tool_request import ChatTools
@@ -77,10 +78,6 @@ def _max_request_bytes() -> int | None:
 # Outermost first: auth before the body is read.
 app.add_middleware(BodyLimitMiddleware, limit_of=_max_request_bytes)
 app.add_middleware(ApiKeyMiddleware, keys_of=_api_key_digests)
-
-
-def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(err.to_response().model_dump(), status_code=err.status, headers=err.headers())
 
 
 class OpenAIIngress:
@@ -183,25 +180,15 @@ class OpenAIIngress:
     async def _prepare(
         self, request: Request, is_chat: bool, label: dict[str, str], held: list[int], is_responses: bool = False
     ) -> Response:
-        try:
-            body = await request.json()
-        except Exception:
-            raise APIError(400, "the request body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise APIError(400, "the request body must be a JSON object")
+        body = await read_body(request)
         call = None
         if is_responses:
             call = responses_call(body)
             body = call.chat_body
         req = conv.parse_request(body, is_chat)
-        # No "model": the only served model, as vLLM's server does.
-        name = req.model if req.model is not None or len(self._models) != 1 else next(iter(self._models))
-        model = self._models.get(name or "")
-        if model is None:
-            raise model_not_found(req.model)
+        model, tok = self._lookup(req.model)  # no "model": the only served one, as vLLM's server does
         label["model"] = model.name
         limits.check_body(body, is_chat, self._config.ingress, model.max_model_len)
-        tok = self._tokenizers[model.name]
         tools, plan = self._chat_tools[model.name], None
         # Templates and tokenization off the event loop: a long prompt must not stall other requests.
         if isinstance(req, ChatCompletionRequest):
