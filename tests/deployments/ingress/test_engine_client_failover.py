@@ -183,3 +183,40 @@ def test_pd_decode_death_mid_stream_continues_on_another_decode_replica():
         assert deltas[-1].num_prompt_tokens == 3 and deltas[-1].num_completion_tokens == 4
 
     asyncio.run(run())
+
+
+def test_a_salted_continuation_is_routed_by_its_salted_block_hashes():
+    """The continuation's prefix hashes chain from the request's ``cache_salt`` root, as the
+    ingress hashes the first attempt's prompt (salted prompts share no hash with others)."""
+    from accel.block_hash import hash_prompt_blocks, salted_root
+    from accel.contract import SamplingParams
+
+    block_size = app_config(POOLS).models[0].routing_block_size
+    prompt = tuple(range(1, 2 * block_size))  # one token short of two blocks: the continuation fills it
+    request = GenerateRequest("r", prompt, SamplingParams(max_tokens=4, temperature=0), cache_salt="tenant-a")
+
+    async def run():
+        router = FakeRouterHandle([RouteDecision("tt", "t1", "a", "prefix"), RouteDecision("tt", "t2", "b", "load")])
+        seen = []
+
+        def make(req):
+            seen.append(req)
+            if len(seen) == 1:
+                return FakeStream([OutputDelta("r", (7,), "x", len(prompt), 1)], dead_actor_error())
+            return FakeStream(
+                [OutputDelta(req.request_id, (9,), "z", len(prompt) + 1, 1, finish_reason=FinishReason.LENGTH)]
+            )
+
+        client, _ = make_client(router, pools={"tt": FakePoolHandle(make)})
+        root = salted_root("tenant-a")
+        first = RouteRequest(
+            "r", "m", len(prompt), prompt_block_hashes=tuple(hash_prompt_blocks(prompt, block_size, root))
+        )
+        [d async for d in client.stream(request, first)]
+        continued = seen[1].prompt_token_ids
+        assert len(continued) == 2 * block_size
+        hashes = router.routes[1].prompt_block_hashes
+        assert hashes == tuple(hash_prompt_blocks(continued, block_size, root)) and len(hashes) == 2
+        assert hashes != tuple(hash_prompt_blocks(continued, block_size))
+
+    asyncio.run(run())
