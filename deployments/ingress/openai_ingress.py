@@ -246,6 +246,7 @@ class OpenAIIngress:
         except BaseException:
             await merged.aclose()
             raise
+        body_gen: AsyncIterator[str]
         if is_chat:
             body_gen = stream_render.chat_sse(merged, first, choices, opts, tok, parsers)
             if call is not None:
