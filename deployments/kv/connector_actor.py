@@ -326,9 +326,10 @@ def get_or_create_kv_connector(app_name: str, config: KVConnectorConfig = KVConn
         lifetime="detached",
         num_cpus=0,
         # A crashed actor (its process killed, OOM) is restarted by Ray with the same arguments;
-        # handles stay valid and calls queue until it is back. What it held is lost: object-store
-        # transfers in flight are unreadable and their decode sides recompute; the node's
-        # shared-memory store is adopted as is. Only ``kill_kv_connector`` (``ray.kill``) ends it.
+        # handles stay valid. Calls while it restarts fail at once (``ActorUnavailableError``:
+        # that hand-off is recomputed, no engine waits on the restart). What it held is lost:
+        # object-store transfers in flight are unreadable and their decode sides recompute; the
+        # node's shared-memory store is adopted as is. Only ``kill_kv_connector`` ends it.
         max_restarts=-1,
     ).remote(config, app_name)
     client = KVConnectorClient(handle)

@@ -150,11 +150,19 @@ def test_crashed_actor_is_restarted_and_found_again(app):
     with pytest.raises(KVTransferError):
         transport.fetch("t1", timeout_s=30)
     transport.report_recompute("actor_dead")
+    deadline = time.time() + 60
+    while True:  # calls fail fast (ActorUnavailableError) while Ray restarts it
+        try:
+            if _actor_pid(app) != pid:
+                break
+        except ray.exceptions.RayError:
+            pass
+        assert time.time() < deadline, "the actor was not restarted"
+        time.sleep(0.2)
     payload = _payload(seed=3)
     transport.put("t2", payload, timeout_s=30)
     assert torch.equal(transport.fetch("t2", timeout_s=30).kv, payload.kv)
     transport.complete("t2")
-    assert _actor_pid(app) != pid
     deadline = time.time() + 10
     while _stats(app)["num_transfers"] and time.time() < deadline:
         time.sleep(0.1)
