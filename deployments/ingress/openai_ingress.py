@@ -229,7 +229,7 @@ class OpenAIIngress:
             echo=conv.echo_texts(req, tok),
         )
         choices = [rsp.ChoiceState(index=i, prompt_index=i // req.n) for i in range(len(greqs))]
-        # Output parsers only where vLLM's would run: per-token parsing costs nothing otherwise.
+        # Output parsers only for a model with vLLM parsers (without one, every choice is plain content).
         parsers = (
             [ChoiceParser(tools, plan, prompts[0]) for _ in choices] if plan is not None and tools.has_parser else None
         )

@@ -99,7 +99,8 @@ class ChatTools:
                 model_name=model_name,
                 tokenizer=tokenizer.hf,
             )
-            self.has_reasoning_parser = self.parser_cls.reasoning_parser_cls is not None
+            # (get_parser may still answer None: keep the guard the per-request checks had)
+            self.has_reasoning_parser = self.parser_cls is not None and self.parser_cls.reasoning_parser_cls is not None
 
     @property
     def enable_auto_tools(self) -> bool:
