@@ -266,7 +266,8 @@ def test_overload_answers_only_429_or_503_with_retry_after_then_recovers(base_ur
     async def engine_state() -> list[tuple[int, int, int]]:
         from ray import serve
 
-        snaps = await serve.get_deployment_handle(POOL, APP).broadcast("routing_snapshot", {}).results_async(timeout_s=30)
+        handle = serve.get_deployment_handle(POOL, APP)
+        snaps = await handle.broadcast("routing_snapshot", {}).results_async(timeout_s=30)
         return [
             (
                 s.num_inflight,
