@@ -174,7 +174,8 @@ def test_client_disconnects_leave_no_request_and_no_kv_block(client, serve_sessi
     while True:
         tt = HANDLES.call(_engine_state("tt"))
         vllm = HANDLES.call(_engine_state("vllm"))
-        clean = all(s == (0, 0, 0) for s in tt) and all(s[0] == 0 for s in vllm)
+        # (non-empty: a broadcast that reached no replica proves nothing)
+        clean = bool(tt and vllm) and all(s == (0, 0, 0) for s in tt) and all(s[0] == 0 for s in vllm)
         if clean or time.monotonic() > deadline:
             break
         time.sleep(0.5)
