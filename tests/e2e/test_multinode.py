@@ -24,6 +24,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from tests.conftest import free_port
 from tests.doubles.app_args import TT_ENGINE_ARGS, app_args, pool_args
 from tests.doubles.handle_loop import HANDLES, wait_until_router_knows
 from tests.e2e.cluster import simulated_cluster
@@ -60,20 +61,12 @@ def cluster(tmp_path_factory):
         with simulated_cluster({"num_cpus": 2, "resources": {"head": 1}}, nodes) as (c, handles):
             from ray import serve
 
-            port = _free_port()
+            port = free_port()
             serve.start(http_options={"host": "127.0.0.1", "port": port, "location": "HeadOnly"})
             yield {"cluster": c, "nodes": handles, "url": f"http://127.0.0.1:{port}"}
     finally:
         for root in roots:
             shutil.rmtree(root, ignore_errors=True)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tt_pool(name: str, role: str, replicas: int, resources: dict[str, float]) -> dict:
