@@ -39,10 +39,13 @@ from typing import Any
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-APP = "faults"
-POOLS = {"tt": "TTMeshReplica-tt", "vllm": "VllmReplica-vllm"}
+import faults_clients as clients  # noqa: E402
+import faults_cluster as cluster  # noqa: E402
+from faults_cluster import APP, POOLS  # noqa: E402
+from serving_servers import free_port  # noqa: E402
 
 
 def app_args(model_path: str, capacity: int) -> dict[str, Any]:
@@ -75,139 +78,31 @@ def app_args(model_path: str, capacity: int) -> dict[str, Any]:
     }
 
 
-# -- Serve helpers (driver side, one event loop) ------------------------------------------------
-
-
-async def _snapshots(pool: str) -> list[Any]:
-    from ray import serve
-
-    handle = serve.get_deployment_handle(POOLS[pool], APP)
-    return list(await handle.broadcast("routing_snapshot", {}).results_async(return_exceptions=True))
-
-
-def _kill_actor(name: str) -> None:
-    import ray
-
-    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
-
-
-def _replica_actor_name(pool: str, replica_id: str) -> str:
-    from ray.serve._private.common import DeploymentID, ReplicaID
-
-    return ReplicaID(replica_id, DeploymentID(name=POOLS[pool], app_name=APP)).to_full_id_str()
-
-
-async def _live_replicas(pool: str) -> int:
-    return sum(1 for s in await _snapshots(pool) if not isinstance(s, BaseException))
-
-
-async def _wait_replicas(pool: str, n: int, timeout_s: float = 300) -> float:
-    start = time.monotonic()
-    while await _live_replicas(pool) < n:
-        if time.monotonic() - start > timeout_s:
-            return float("nan")
-        await asyncio.sleep(0.25)
-    return time.monotonic() - start
-
-
-# -- clients ------------------------------------------------------------------------------------
-
-
-def _body(prompt: list[int], max_tokens: int, stream: bool) -> dict[str, Any]:
-    return {
-        "model": "tiny-llama",
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "return_token_ids": True,
-        "stream": stream,
-        **({"stream_options": {"include_usage": True}} if stream else {}),
-    }
-
-
-async def _reference(client: httpx.AsyncClient, url: str, pool: str, prompt: list[int], max_tokens: int) -> list[int]:
-    r = await client.post(url, json=_body(prompt, max_tokens, False), headers={"x-meshserve-pool": pool})
-    r.raise_for_status()
-    ids: list[int] = r.json()["choices"][0]["token_ids"]
-    return ids
-
-
-async def _stream(
-    client: httpx.AsyncClient,
-    url: str,
-    pool: str,
-    prompt: list[int],
-    max_tokens: int,
-    started: asyncio.Event,
-    hang_s: float,
-) -> dict[str, Any]:
-    tokens: list[int] = []
-    usage = None
-    try:
-        async with client.stream(
-            "POST", url, json=_body(prompt, max_tokens, True), headers={"x-meshserve-pool": pool}
-        ) as r:
-            if r.status_code != 200:
-                return {"outcome": "failed", "status": r.status_code, "tokens": tokens}
-            lines = r.aiter_lines()
-            while True:
-                try:
-                    line = await asyncio.wait_for(lines.__anext__(), hang_s)
-                except StopAsyncIteration:
-                    break
-                except asyncio.TimeoutError:
-                    return {"outcome": "hung", "tokens": tokens}
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
-                if "error" in event:
-                    return {"outcome": "failed", "error": event["error"].get("message"), "tokens": tokens}
-                if event.get("usage"):
-                    usage = event["usage"]
-                for choice in event.get("choices", []):
-                    tokens.extend(choice.get("token_ids") or [])
-                if tokens:
-                    started.set()
-    except httpx.HTTPError as exc:
-        return {"outcome": "failed", "error": type(exc).__name__, "tokens": tokens}
-    finally:
-        started.set()  # a stream that ended (or never began) does not hold the kill back
-    return {"outcome": "completed", "tokens": tokens, "usage": usage}
-
-
-def _prompts(n: int) -> list[list[int]]:
-    # Distinct prompts whose token ids stay inside the tiny model's vocabulary (1,024).
-    return [
-        [1, (100 + 7 * i) % 1000 + 3, (200 + 11 * i) % 1000 + 3, 31 * i % 1000 + 3, 42, i % 1000 + 3] for i in range(n)
-    ]
-
-
 async def replica_kill(base: str, streams: int, max_tokens: int, hang_s: float) -> dict[str, Any]:
     url = f"{base}/v1/completions"
-    prompts = _prompts(streams)
+    prompts = clients.prompts(streams)
     pools = ["tt" if i % 2 == 0 else "vllm" for i in range(streams)]
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
-        refs = [await _reference(client, url, pool, p, max_tokens) for pool, p in zip(pools, prompts)]
+        refs = [await clients.reference(client, url, pool, p, max_tokens) for pool, p in zip(pools, prompts)]
         events = [asyncio.Event() for _ in prompts]
         tasks = [
-            asyncio.ensure_future(_stream(client, url, pool, p, max_tokens, ev, hang_s))
+            asyncio.ensure_future(clients.stream(client, url, pool, p, max_tokens, ev, hang_s))
             for pool, p, ev in zip(pools, prompts, events)
         ]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 300)
         killed: dict[str, str] = {}
         kill_at = time.monotonic()
         for pool in ("tt", "vllm"):
-            busy = [s for s in await _snapshots(pool) if not isinstance(s, BaseException) and s.num_inflight > 0]
+            busy = [s for s in await cluster.snapshots(pool) if not isinstance(s, BaseException) and s.num_inflight > 0]
             if busy:
                 victim = max(busy, key=lambda s: s.num_inflight)
-                _kill_actor(_replica_actor_name(pool, victim.replica_id))
+                cluster.kill_actor(cluster.replica_actor_name(pool, victim.replica_id))
                 killed[pool] = victim.replica_id
         results = await asyncio.gather(*tasks)
         clients_done_s = time.monotonic() - kill_at
         recovery = {}
         for pool in killed:
-            await _wait_replicas(pool, 2)
+            await cluster.wait_replicas(pool, 2)
             recovery[pool] = round(time.monotonic() - kill_at, 2)
     outcomes = [r["outcome"] for r in results]
     exact = [r["outcome"] == "completed" and r["tokens"] == ref for r, ref in zip(results, refs)]
@@ -242,10 +137,11 @@ async def router_kill(base: str, streams: int, max_tokens: int) -> dict[str, Any
     url = f"{base}/v1/completions"
     killed_at = time.monotonic()
     for name in names:
-        _kill_actor(name)
+        cluster.kill_actor(name)
     async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as client:
         rs = await asyncio.gather(
-            *(client.post(url, json=_body(p, max_tokens, False)) for p in _prompts(streams)), return_exceptions=True
+            *(client.post(url, json=clients.body(p, max_tokens, False)) for p in clients.prompts(streams)),
+            return_exceptions=True,
         )
         statuses = [r.status_code if isinstance(r, httpx.Response) else type(r).__name__ for r in rs]
     from ray import serve
@@ -267,40 +163,6 @@ async def router_kill(base: str, streams: int, max_tokens: int) -> dict[str, Any
         "statuses": sorted({str(s) for s in statuses}),
         "router_back_after_kill_s": round(router_back_s, 2),
     }
-
-
-async def _engine_state(pool: str) -> list[dict[str, int]]:
-    return [
-        {
-            "inflight": s.num_inflight,
-            "running": s.stats.num_running,
-            "waiting": s.stats.num_waiting,
-            "kv_used_blocks": s.stats.num_kv_blocks_total - s.stats.num_kv_blocks_free,
-        }
-        for s in await _snapshots(pool)
-        if not isinstance(s, BaseException)
-    ]
-
-
-async def _disconnecting_client(
-    client: httpx.AsyncClient, url: str, pool: str, prompt: list[int], max_tokens: int, leave_after: int | None
-) -> str:
-    """One streamed request; ``leave_after`` chunks then the client goes away (None: read it all)."""
-    try:
-        async with client.stream(
-            "POST", url, json=_body(prompt, max_tokens, True), headers={"x-meshserve-pool": pool}
-        ) as r:
-            if r.status_code != 200:
-                return f"status_{r.status_code}"
-            n = 0
-            async for line in r.aiter_lines():
-                if line.startswith("data: "):
-                    n += 1
-                    if leave_after is not None and n >= leave_after:
-                        return "disconnected"
-        return "completed"
-    except httpx.HTTPError as exc:
-        return type(exc).__name__
 
 
 async def disconnect_soak(
@@ -325,7 +187,7 @@ async def disconnect_soak(
 
         async def one(pool: str, prompt: list[int], leave_after: int | None) -> str:
             async with sem:
-                return await _disconnecting_client(client, url, pool, prompt, max_tokens, leave_after)
+                return await clients.disconnecting_client(client, url, pool, prompt, max_tokens, leave_after)
 
         t0 = time.monotonic()
         outcomes = await asyncio.gather(*(one(*p) for p in plan))
@@ -334,7 +196,7 @@ async def disconnect_soak(
     settle_start = time.monotonic()
     state: dict[str, list[dict[str, int]]] = {}
     while time.monotonic() - settle_start < 30:
-        state = {pool: await _engine_state(pool) for pool in POOLS}
+        state = {pool: await cluster.engine_state(pool) for pool in POOLS}
         if all(
             all(r["inflight"] == r["running"] == r["waiting"] == r["kv_used_blocks"] == 0 for r in rs)
             for rs in state.values()
@@ -356,31 +218,22 @@ async def disconnect_soak(
     }
 
 
-def _ingress_rss() -> int:
-    import ray
-
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if f"{APP}#OpenAIIngress#" in a["name"]]
-    actor = ray.get_actor(names[0], namespace="serve")
-    pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
-    import psutil
-
-    return int(psutil.Process(pid).memory_info().rss)
-
-
 async def overload(base: str, capacity: int, max_tokens: int) -> dict[str, Any]:
     url = f"{base}/v1/completions"
     n = 10 * capacity
-    rss_before = _ingress_rss()
+    rss_before = cluster.ingress_rss()
     peak = rss_before
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=n)) as client:
         t0 = time.monotonic()
-        tasks = [asyncio.ensure_future(client.post(url, json=_body(p, max_tokens, False))) for p in _prompts(n)]
+        tasks = [
+            asyncio.ensure_future(client.post(url, json=clients.body(p, max_tokens, False))) for p in clients.prompts(n)
+        ]
         while not all(t.done() for t in tasks):
-            peak = max(peak, _ingress_rss())
+            peak = max(peak, cluster.ingress_rss())
             await asyncio.sleep(0.2)
         rs = [t.result() if not t.exception() else t.exception() for t in tasks]
         wall = time.monotonic() - t0
-        after = await client.post(url, json=_body([1, 2, 3], 4, False))
+        after = await client.post(url, json=clients.body([1, 2, 3], 4, False))
     statuses = [r.status_code if isinstance(r, httpx.Response) else type(r).__name__ for r in rs]
     rejects = [r for r in rs if isinstance(r, httpx.Response) and r.status_code in (429, 503)]
     return {
@@ -394,18 +247,10 @@ async def overload(base: str, capacity: int, max_tokens: int) -> dict[str, Any]:
         "ingress_rss_mb": {
             "before": round(rss_before / 2**20, 1),
             "peak": round(peak / 2**20, 1),
-            "after": round(_ingress_rss() / 2**20, 1),
+            "after": round(cluster.ingress_rss() / 2**20, 1),
         },
         "recovered": after.status_code == 200,
     }
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def main() -> None:
@@ -429,7 +274,7 @@ def main() -> None:
     out: dict[str, Any] = {"load_average_start": os.getloadavg()}
     ray.init(address="local", num_cpus=2, object_store_memory=200 * 2**20, include_dashboard=False, log_to_driver=False)
     try:
-        port = _free_port()
+        port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         model = str(ENVS.checkpoint_dir / "tiny-llama")
         serve.run(build_app(app_args(model, args.capacity)), name=APP, route_prefix="/")

@@ -23,7 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.serve_overhead import CpuSampler, base_env, process_label, run_client, server_env  # noqa: E402
+from bench.process_cpu import CpuSampler, process_label  # noqa: E402
+from bench.serve_overhead import base_env, run_client, server_env  # noqa: E402
 from bench.serving_servers import bare_vllm_command, free_port, serve_command, started, vllm_engine_args  # noqa: E402
 
 PY_SPY = Path(sys.executable).with_name("py-spy")

@@ -295,11 +295,15 @@ class OurStack:
         )
         self._ray_started = True
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(our_app_args(self.spec, self.router_overrides)), name="bench", route_prefix="/")
+        serve.run(build_app(self.app_args()), name="bench", route_prefix="/")
         self.url = f"http://127.0.0.1:{port}"
         wait_healthy(self.url, None)
         self._router = serve.get_deployment_handle(ROUTER_NAME, "bench")
         return self.url
+
+    def app_args(self) -> dict[str, Any]:
+        """The app's arguments (``build_app``): the vLLM pool of ``spec`` behind our router."""
+        return our_app_args(self.spec, self.router_overrides)
 
     async def loads(self) -> list[int]:
         """Requests in flight per engine replica (the router's own counts: it is the only one)."""

@@ -37,16 +37,17 @@ import contextlib
 import io
 import json
 import os
-import random
 import statistics
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.engine_driver import drive_engine  # noqa: E402
+from bench.process_cpu import CpuSampler  # noqa: E402
 from bench.serving_servers import (  # noqa: E402
     REPO,
     SERVED_MODEL,
@@ -150,65 +151,6 @@ def run_client(url: str, opts, concurrency: int, num_prompts: int, seed: int, lo
     if out["completed"] != num_prompts:
         raise RuntimeError(f"{url}: {out['completed']} of {num_prompts} requests completed (see {log.name})")
     return out
-
-
-# -- CPU per process ----------------------------------------------------------------------------
-
-
-def process_label(cmdline: Sequence[str], name: str) -> str:
-    """A readable name for one server process: Ray's proctitle (``ray::ServeReplica:...``)
-    or the executable's role."""
-    line = " ".join(cmdline)
-    for tag, label in (
-        ("ProxyActor", "serve_proxy"),
-        ("ServeController", "serve_controller"),
-        ("OpenAIIngress", "ingress"),
-        ("ServeReplica:ours:Router", "router"),
-        ("VllmReplica", "engine_replica"),
-        ("TTMeshReplica", "engine_replica"),
-        ("LLMServer", "llm_server_replica"),
-        ("OpenAiIngress", "rayllm_ingress"),
-        ("LLMRouter", "rayllm_ingress"),
-        ("HAProxyManager", "haproxy_manager"),
-        ("haproxy", "haproxy"),
-        ("raylet", "raylet"),
-        ("gcs_server", "gcs"),
-        ("serving_servers.py", "driver"),
-        ("api_server", "api_server"),
-    ):
-        if tag in line:
-            return label
-    if "VLLM::Worker" in name or "VLLM::Worker" in line:
-        return "vllm_worker"
-    if "EngineCore" in name or "EngineCore" in line:
-        return "vllm_engine_core"
-    return "ray_other" if "ray" in line else name
-
-
-class CpuSampler:
-    """CPU seconds (user + system) per labelled process of one server between two samples."""
-
-    def __init__(self, server: Server):
-        self._server = server
-        self._start: dict[int, tuple[str, float]] = {}
-
-    def _read(self) -> dict[int, tuple[str, float]]:
-        out = {}
-        for p in self._server.cpu_processes():
-            with contextlib.suppress(Exception):
-                t = p.cpu_times()
-                out[p.pid] = (process_label(p.cmdline(), p.name()), t.user + t.system)
-        return out
-
-    def start(self) -> None:
-        self._start = self._read()
-
-    def stop(self, num_tokens: int) -> dict[str, float]:
-        per_label: dict[str, float] = {}
-        for pid, (label, cpu_s) in self._read().items():
-            used = cpu_s - self._start.get(pid, (label, 0.0))[1]
-            per_label[label] = per_label.get(label, 0.0) + used
-        return {k: round(1e6 * v / max(1, num_tokens), 1) for k, v in sorted(per_label.items()) if v > 0}
 
 
 # -- rounds -------------------------------------------------------------------------------------
@@ -336,56 +278,6 @@ def vllm_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
 # -- TT mode: the stack vs the same engine in this process --------------------------------------
 
 
-async def _drive_engine(engine, concurrency: int, num_prompts: int, opts, seed: int) -> dict[str, Any]:
-    """``num_prompts`` requests, ``concurrency`` at a time, straight into the engine."""
-    from accel.contract import GenerateRequest, SamplingParams
-    from accel.text.tokenizer import load_tokenizer
-
-    rng = random.Random(seed)
-    vocab_size = load_tokenizer(opts.tokenizer).vocab_size
-    prompts = [tuple(rng.randrange(3, vocab_size) for _ in range(opts.input_len)) for _ in range(num_prompts)]
-    sampling = SamplingParams(temperature=1.0, max_tokens=opts.output_len, ignore_eos=True)
-    ttfts: list[float] = []
-    itls: list[float] = []
-    tpots: list[float] = []  # per request: (end - first token) / (tokens - 1), as vLLM's client
-    num_tokens = 0
-    queue = list(enumerate(prompts))
-
-    async def worker() -> None:
-        nonlocal num_tokens
-        while queue:
-            i, prompt = queue.pop()
-            req = GenerateRequest(request_id=f"bench-{seed}-{i}", prompt_token_ids=prompt, sampling=sampling)
-            start = last = time.perf_counter()
-            first_at, n = None, 0
-            async for delta in engine.generate(req):
-                if not delta.new_token_ids:
-                    continue
-                now = time.perf_counter()
-                n += len(delta.new_token_ids)
-                (ttfts if first_at is None else itls).append(now - (start if first_at is None else last))
-                first_at, last = first_at or now, now
-            num_tokens += n
-            if first_at is not None and n > 1:
-                tpots.append((last - first_at) / (n - 1))
-
-    start = time.perf_counter()
-    await asyncio.gather(*[worker() for _ in range(concurrency)])
-    duration = time.perf_counter() - start
-    itls.sort()
-    return {
-        "completed": num_prompts,
-        "total_output_tokens": num_tokens,
-        "duration": duration,
-        "output_throughput": num_tokens / duration,
-        "median_ttft_ms": 1000 * statistics.median(ttfts),
-        "p99_ttft_ms": 1000 * sorted(ttfts)[int(0.99 * (len(ttfts) - 1))],
-        "median_tpot_ms": 1000 * statistics.median(tpots),
-        "median_itl_ms": 1000 * statistics.median(itls),
-        "p99_itl_ms": 1000 * itls[int(0.99 * (len(itls) - 1))],
-    }
-
-
 def tt_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
     from deployments.replicas.tt_replica import make_tt_engine
 
@@ -403,7 +295,7 @@ def tt_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
 
         def in_process(c: int, seed: int, warmup: bool = False) -> dict[str, Any]:
             own = time.process_time()
-            result = loop.run_until_complete(_drive_engine(engine, c, 32 if warmup else opts.num_prompts, opts, seed))
+            result = loop.run_until_complete(drive_engine(engine, c, 32 if warmup else opts.num_prompts, opts, seed))
             result["cpu_us_per_token"] = {
                 "in_process": round(1e6 * (time.process_time() - own) / result["total_output_tokens"], 1)
             }

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from router_peers import _load_avg, _warm, figures, replay  # noqa: E402
-from router_peers_servers import ENGINE_ENV, OurStack, free_port, wait_healthy  # noqa: E402
+from router_peers_servers import OurStack  # noqa: E402
 from router_peers_traces import FAMILIES  # noqa: E402
 
 BLOCK_SIZE = 32
@@ -67,31 +67,10 @@ class TTStack(OurStack):
 
     def __init__(self, app_args: dict[str, Any]) -> None:
         super().__init__(spec=None, router=None)  # type: ignore[arg-type]
-        self.app_args = app_args
+        self._app_args = app_args
 
-    def start(self) -> str:
-        import ray
-        from ray import serve
-
-        from serve_app.app import ROUTER_NAME, build_app
-
-        os.environ.update(ENGINE_ENV)
-        os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
-        port = free_port()
-        ray.init(
-            address="local",
-            num_cpus=2,
-            object_store_memory=100 * 1024 * 1024,
-            include_dashboard=False,
-            log_to_driver=False,
-        )
-        self._ray_started = True
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(self.app_args), name="bench", route_prefix="/")
-        self.url = f"http://127.0.0.1:{port}"
-        wait_healthy(self.url, None)
-        self._router = serve.get_deployment_handle(ROUTER_NAME, "bench")
-        return self.url
+    def app_args(self) -> dict[str, Any]:
+        return self._app_args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

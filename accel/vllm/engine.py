@@ -239,6 +239,9 @@ class VllmEngine:
         spec = request.sampling.structured_outputs
         reasoning_ended = True if spec is not None and not spec.reasoning_end_token_ids else None
         stream = self._llm.generate(prompt, sampling_params, rid, reasoning_ended=reasoning_ended)
+        # (deferred: vLLM is imported after the platform choice; __init__ has imported it already)
+        from vllm.exceptions import VLLMValidationError
+
         self._active.add(rid)
         try:
             async for out in stream:
@@ -275,13 +278,9 @@ class VllmEngine:
                     yield _with_kv_transfer(builder.finish(reason), out, request.kv_transfer)
                     return
             yield builder.finish(FinishReason.ABORT)  # stream ended without a finished output
-        except Exception as exc:  # (VLLMValidationError is not a ValueError)
+        except VLLMValidationError as exc:  # (not a ValueError)
             # vLLM refuses what its own checks catch (e.g. a JSON schema its configured
             # structured-output backend cannot enforce) when the request is added: a 400 here too.
-            from vllm.exceptions import VLLMValidationError  # deferred: vLLM is imported after the platform choice
-
-            if not isinstance(exc, VLLMValidationError):
-                raise
             field = exc.parameter or ("structured_outputs" if request.sampling.structured_outputs else "request")
             raise InvalidRequestError(field, str(exc.args[0]) if exc.args else str(exc)) from None
         finally:

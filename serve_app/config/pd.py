@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from accel.contract import ConfigError
-from accel.vllm.tpu.backends import BACKENDS, all_tpu_connectors
+from accel.vllm.tpu.backends import all_tpu_connectors
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,8 @@ class PDConfig:
 
 PD_ROLES = ("prefill", "decode")
 MESHSERVE_PATH = "meshserve"
-# The connectors TPU backends accept (each backend its own: accel.vllm.tpu.backends) ...
+# The connectors TPU backends accept (each backend its own, with its role: accel.vllm.tpu.backends).
 TPU_CONNECTORS = all_tpu_connectors()
-# ... and those of them that hand KV from a prefill engine to a decode engine (the rest offload).
-TPU_PD_CONNECTORS = frozenset(c.name for b in BACKENDS.values() for c in b.connectors_for("pd"))
 # The vLLM kv_role each pool role needs from a native connector.
 KV_ROLES = {"prefill": ("kv_producer", "kv_both"), "decode": ("kv_consumer", "kv_both")}
 

@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from accel.vllm.tpu.backends import TpuBackendName
 from serve_app.config.app import AutoscalingConfig, PoolConfig
 from serve_app.config.ingress import MAX_N, IngressConfig
 from serve_app.config.parsing import OutputParsing, ToolStrictLevel
@@ -111,7 +112,7 @@ class PoolArgs(_Strict):
     tpu: TPUArgs | None = None
     # tpu pools: the vLLM TPU backend (default tpu-inference) and the host-DRAM KV offload tier
     # (the backend's own offload connector; accel.vllm.tpu.backends).
-    tpu_backend: Literal["tpu-inference", "torchtpu"] | None = None
+    tpu_backend: TpuBackendName | None = None
     tpu_kv_offload: bool = False
     graceful_shutdown_timeout_s: float = Field(default=PoolConfig.graceful_shutdown_timeout_s, ge=0)
     step_timeout_s: float = Field(default=PoolConfig.step_timeout_s, gt=0)

@@ -46,6 +46,7 @@ def test_blocks_we_cannot_key_are_skipped():
 
 
 def offload_of(hashes, medium):
+    """vLLM's offloading connectors' placeholder form: no tokens, block size 0."""
     return vllm_events.BlockStored(
         block_hashes=hashes,
         parent_block_hash=None,
@@ -65,16 +66,7 @@ def test_offloaded_blocks_stay_credited_until_no_medium_holds_them():
     tr = VLLMEventTranslator(BS)
     assert tr.translate([stored([b"v0", b"v1", b"v2"], None, TOKENS[:12])]) == [BlockStored(tuple(ours[:3]))]
     # Offloaded copies (vLLM's placeholder form: no tokens, block size 0) change nothing yet.
-    offload = vllm_events.BlockStored(
-        block_hashes=[b"v1", b"v2"],
-        parent_block_hash=None,
-        token_ids=[],
-        block_size=0,
-        lora_id=None,
-        medium="CPU",
-        lora_name=None,
-    )
-    assert tr.translate([offload]) == []
+    assert tr.translate([offload_of([b"v1", b"v2"], "CPU")]) == []
     # Device evicts v1, v2: v2 and v1 stay held in host DRAM; v0 (never offloaded) goes.
     gpu_evict = vllm_events.BlockRemoved(block_hashes=[b"v0", b"v1", b"v2"], medium="GPU")
     assert tr.translate([gpu_evict]) == [BlockRemoved((ours[0],))]
@@ -88,16 +80,7 @@ def test_offload_event_with_tokens_keys_a_block_never_on_the_device():
     ours = hash_prompt_blocks(TOKENS, BS)
     tr = VLLMEventTranslator(BS)
     assert tr.translate([stored([b"h0"], None, TOKENS[:4], medium="CPU")]) == [BlockStored((ours[0],))]
-    unknown = vllm_events.BlockStored(
-        block_hashes=[b"x"],
-        parent_block_hash=None,
-        token_ids=[],
-        block_size=0,
-        lora_id=None,
-        medium="CPU",
-        lora_name=None,
-    )
-    assert tr.translate([unknown]) == [] and tr.num_skipped_blocks == 1
+    assert tr.translate([offload_of([b"x"], "CPU")]) == [] and tr.num_skipped_blocks == 1
 
 
 def test_a_cache_salt_starts_the_chain_at_the_salted_root():
