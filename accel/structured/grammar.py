@@ -122,13 +122,21 @@ def check_spec(spec: StructuredOutputSpec) -> None:
         raise InvalidRequestError(param, f"invalid {kind.value} specification: {_first_line(exc)}") from None
 
 
+def _legacy_structural_tag(tag: Any) -> tuple[list[Any], Any] | None:
+    """``(items, triggers)`` of the deprecated ``{"structures": [...], "triggers": [...]}`` form
+    (vLLM still takes it), None for the current form (passed to xgrammar as its JSON text)."""
+    if not (isinstance(tag, dict) and "structures" in tag):
+        return None
+    items = [
+        xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"]) for s in tag["structures"]
+    ]
+    return items, tag["triggers"]
+
+
 def _structural_tag_grammar(tag: Any, text: str) -> Any:
-    if isinstance(tag, dict) and "structures" in tag:  # the deprecated form (vLLM still takes it)
-        items = [
-            xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"])
-            for s in tag["structures"]
-        ]
-        return xgr.Grammar.from_structural_tag(items, tag["triggers"])
+    legacy = _legacy_structural_tag(tag)
+    if legacy is not None:
+        return xgr.Grammar.from_structural_tag(*legacy)
     return xgr.Grammar.from_structural_tag(text)
 
 
@@ -179,11 +187,7 @@ class GrammarCompiler:
                 return compiler.compile_lark(spec.grammar)
             return compiler.compile_grammar(spec.grammar)
         assert spec.structural_tag is not None
-        tag = json.loads(spec.structural_tag)
-        if isinstance(tag, dict) and "structures" in tag:
-            items = [
-                xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"])
-                for s in tag["structures"]
-            ]
-            return compiler.compile_structural_tag(items, tag["triggers"])
+        legacy = _legacy_structural_tag(json.loads(spec.structural_tag))
+        if legacy is not None:
+            return compiler.compile_structural_tag(*legacy)
         return compiler.compile_structural_tag(spec.structural_tag)

@@ -5,10 +5,13 @@ In (the inbox; the thread applies every posted message, in order, before its nex
 ``AddRequest``, ``FinishRequest``, ``AbortRequest``.
 Out (per request, to its consumer's asyncio queue): ``NewTokens`` after each step that gave the
 request tokens (or the abort notice), ``RequestFailed`` when the request cannot go on.
+``put_all`` delivers a batch of them on the consumer's event loop; ``take_pending`` merges what
+a consumer finds queued into one ``NewTokens``.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
@@ -79,3 +82,30 @@ class RequestFailed:
 
 
 OutboxMessage = NewTokens | RequestFailed
+
+
+def take_pending(first: OutboxMessage, queue: asyncio.Queue[OutboxMessage]) -> NewTokens:
+    """``first`` and every message queued behind it (a slow consumer takes every pending step at
+    once) as one ``NewTokens``: token ids concatenated, logprobs too when every item with tokens
+    has them, the rest from the last. Raises the error of a ``RequestFailed`` among them."""
+    if queue.empty() and type(first) is NewTokens:  # the common case: one step's tokens
+        return first
+    items = [first]
+    while not queue.empty():
+        items.append(queue.get_nowait())
+    news: list[NewTokens] = []
+    for item in items:
+        if isinstance(item, RequestFailed):
+            raise item.error
+        news.append(item)
+    token_ids = tuple(t for item in news for t in item.token_ids)
+    logprobs = None
+    if all(item.logprobs is not None for item in news if item.token_ids):
+        logprobs = tuple(lp for item in news for lp in (item.logprobs or ()))
+    return news[-1]._replace(token_ids=token_ids, logprobs=logprobs)
+
+
+def put_all(batch: list[tuple[asyncio.Queue[OutboxMessage], OutboxMessage]]) -> None:
+    """Queue each message on its consumer's queue (run on that queue's event loop)."""
+    for queue, value in batch:
+        queue.put_nowait(value)

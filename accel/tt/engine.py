@@ -14,8 +14,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, cast
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
 
 from accel.block_hash import BlockHash
 from accel.contract import (
@@ -37,13 +37,14 @@ from accel.tt.core_messages import (
     AddRequest,
     FinishRequest,
     InboxMessage,
-    NewTokens,
     OutboxMessage,
     RequestFailed,
+    put_all,
+    take_pending,
 )
 from accel.tt.engine_core import EngineCore, KVHookPoints, StepRecord
 from accel.tt.grammars import EngineGrammars
-from accel.tt.health import DEFAULT_STEP_TIMEOUT_S, DeviceProbe, EngineUnhealthy, stalled_problem
+from accel.tt.health import DEFAULT_STEP_TIMEOUT_S, DeviceProbe, EngineUnhealthy, device_probe, stalled_problem
 from accel.tt.lane_coordinator import LaneCoordinator
 from accel.tt.mesh_model import SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING, MeshModel
 from accel.tt.model_setup import (
@@ -60,6 +61,7 @@ from accel.tt.model_setup import (
     open_default_backend,
     platform_name,
 )
+from accel.tt.request_checks import check_request
 from accel.tt.request_state import RequestState
 from accel.tt.runner import MeshRunner
 from accel.tt.sampling_policy import SamplingPolicy
@@ -188,7 +190,12 @@ class TTMeshEngine:
         so that work stays off the step loop. A stop the builder sees is posted back
         (``FinishRequest``).
         """
-        self._validate(request)
+        check_request(
+            request,
+            vocab_size=self.vocab_size,
+            max_model_len=self.max_model_len,
+            can_transfer_kv=self.core.kv_hooks is not None,
+        )
         req_id = request.request_id
         grammar = None
         if request.sampling.structured_outputs is not None:  # compiled off the step loop (and cached)
@@ -206,7 +213,7 @@ class TTMeshEngine:
         self._post(AddRequest(request, grammar))
         try:
             while not builder.finished:
-                news = _take_pending(await queue.get(), queue)  # raises the error of a RequestFailed
+                news = take_pending(await queue.get(), queue)  # raises the error of a RequestFailed
                 builder.num_cached_tokens = news.num_cached_tokens
                 if news.token_ids:
                     delta = builder.add_tokens(news.token_ids, news.logprobs, kv_transfer=news.kv_transfer)
@@ -383,71 +390,6 @@ class TTMeshEngine:
                     by_loop.setdefault(sink[0], []).append((sink[1], message))
         for loop, batch in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_put_all, batch)
+                loop.call_soon_threadsafe(put_all, batch)
             except RuntimeError:  # that event loop is closed; its requests are gone
                 pass
-
-    # ---- validation ----------------------------------------------------------------------
-    def _validate(self, request: GenerateRequest) -> None:
-        n = request.num_prompt_tokens
-        if n >= self.max_model_len:
-            raise InvalidRequestError(
-                "prompt",
-                f"the prompt has {n} tokens but max_model_len is "
-                f"{self.max_model_len}; at least one token must be generated",
-            )
-        bad = next((t for t in request.prompt_token_ids if t >= self.vocab_size), None)
-        if bad is not None:
-            raise InvalidRequestError("prompt", f"token id {bad} is outside the vocabulary (size {self.vocab_size})")
-        sp = request.sampling
-        if sp.prompt_logprobs is not None:
-            raise InvalidRequestError("prompt_logprobs", "prompt logprobs are not supported on the TT mesh engine")
-        spec = sp.structured_outputs
-        if spec is not None and spec.whitespace_pattern is not None:
-            raise InvalidRequestError(spec.param, "whitespace_pattern is not supported by the xgrammar backend")
-        bad_ids = [t for t in sp.allowed_token_ids or () if t >= self.vocab_size]
-        if bad_ids:
-            raise InvalidRequestError("allowed_token_ids", f"out-of-vocab token ids {bad_ids}")
-        kv = request.kv_transfer
-        if kv is not None and (kv.do_remote_decode or kv.do_remote_prefill) and self.core.kv_hooks is None:
-            raise InvalidRequestError(
-                "kv_transfer_params", "KV export/import is not supported by the TT mesh engine yet"
-            )
-
-
-def device_probe(model: Any, backend: Any) -> Callable[[], None] | None:
-    """What answers once the device queue has run everything before it: the model's
-    ``device_ping`` (the torch programs), else ``ttnn.synchronize_device`` on an opened mesh."""
-    ping = getattr(model, "device_ping", None)
-    if ping is not None:
-        return cast("Callable[[], None]", ping)
-    if getattr(backend, "kind", None) == "ttnn" and backend.mesh_device is not None:
-        ttnn, mesh_device = backend.ttnn, backend.mesh_device
-        return lambda: ttnn.synchronize_device(device=mesh_device)
-    return None
-
-
-def _take_pending(first: OutboxMessage, queue: asyncio.Queue[OutboxMessage]) -> NewTokens:
-    """``first`` and every message queued behind it (a slow consumer takes every pending step at
-    once) as one ``NewTokens``: token ids concatenated, logprobs too when every item with tokens
-    has them, the rest from the last. Raises the error of a ``RequestFailed`` among them."""
-    if queue.empty() and type(first) is NewTokens:  # the common case: one step's tokens
-        return first
-    items = [first]
-    while not queue.empty():
-        items.append(queue.get_nowait())
-    news: list[NewTokens] = []
-    for item in items:
-        if isinstance(item, RequestFailed):
-            raise item.error
-        news.append(item)
-    token_ids = tuple(t for item in news for t in item.token_ids)
-    logprobs = None
-    if all(item.logprobs is not None for item in news if item.token_ids):
-        logprobs = tuple(lp for item in news for lp in (item.logprobs or ()))
-    return news[-1]._replace(token_ids=token_ids, logprobs=logprobs)
-
-
-def _put_all(batch: list[tuple[asyncio.Queue[OutboxMessage], OutboxMessage]]) -> None:
-    for queue, value in batch:
-        queue.put_nowait(value)

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any, cast
 
 logger = logging.getLogger(__name__)
 
@@ -76,3 +77,15 @@ def stalled_problem(
         f"the engine step loop has not completed an iteration for {age:.1f} s while "
         f"{num_inflight} request(s) are in flight (step_timeout_s {step_timeout_s:g})"
     )
+
+
+def device_probe(model: Any, backend: Any) -> Callable[[], None] | None:
+    """What answers once the device queue has run everything before it: the model's
+    ``device_ping`` (the torch programs), else ``ttnn.synchronize_device`` on an opened mesh."""
+    ping = getattr(model, "device_ping", None)
+    if ping is not None:
+        return cast("Callable[[], None]", ping)
+    if getattr(backend, "kind", None) == "ttnn" and backend.mesh_device is not None:
+        ttnn, mesh_device = backend.ttnn, backend.mesh_device
+        return lambda: ttnn.synchronize_device(device=mesh_device)
+    return None

@@ -21,6 +21,7 @@ import torch
 
 from accel.contract import SamplingParams, TokenLogprob
 from accel.structured.constraint import LogitsConstraint, mask_grammar, mask_token_lists
+from accel.tt.sampling_rules import normalize_top_k, row_seed
 from accel.tt.step_plan import PENDING_TOKEN, RowPlan
 
 
@@ -34,12 +35,9 @@ def _needs_processing(sp: SamplingParams, num_output_tokens: int) -> bool:
     return bool(sp.logit_bias) or sp.has_penalties or num_output_tokens < sp.min_tokens
 
 
-_SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, position) over the seed space
-
-
 def row_generator(seed: int, position: int) -> torch.Generator:
     gen = torch.Generator()
-    gen.manual_seed((seed * _SEED_MIX + position) % (2**63))
+    gen.manual_seed(row_seed(seed, position))
     return gen
 
 
@@ -127,7 +125,7 @@ def _filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> t
         p = torch.softmax(x, dim=-1)
         x = x.masked_fill(p < min_p[:, None] * p.max(dim=-1, keepdim=True).values, float("-inf"))
     sorted_x, order = x.sort(dim=-1, descending=True)
-    top_k = torch.tensor([sp.top_k if 0 < sp.top_k < vocab else vocab for sp in params])
+    top_k = torch.tensor([normalize_top_k(sp.top_k, vocab) for sp in params])
     ranks = torch.arange(vocab)[None, :]
     sorted_x = sorted_x.masked_fill(ranks >= top_k[:, None], float("-inf"))
     top_p = torch.tensor([sp.top_p for sp in params], dtype=x.dtype)

@@ -44,7 +44,7 @@ TTNN_CALLS: dict[str, tuple[str, ...]] = {
     "close_mesh_device": ("mesh_device",),
     "record_event": ("mesh_device", "cq_id"),
     "event_synchronize": ("mesh_event",),
-    "synchronize_device": ("device",),  # the health check's device probe (engine.device_probe)
+    "synchronize_device": ("device",),  # the health check's device probe (health.device_probe)
     "MeshDevice.get_submeshes": (),
 }
 TTNN_ATTRIBUTES: tuple[str, ...] = (

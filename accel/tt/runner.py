@@ -26,6 +26,7 @@ from accel.tt.host_sampler import sample_on_host
 from accel.tt.mesh_model import MeshModel, TTSamplingParams
 from accel.tt.model_output import HostOutput, finalize_decode, unpack_output
 from accel.tt.sampling_policy import SamplingPolicy
+from accel.tt.sampling_rules import normalize_top_k
 from accel.tt.step_plan import PENDING_TOKEN, RowPlan, StepMode, StepPlan
 
 NO_TOKEN = -1  # a row that samples nothing this step (intermediate prefill chunk)
@@ -109,7 +110,7 @@ def device_sampling_row(sp: SamplingParams, vocab_size: int) -> SamplingRow:
     """§6 normalization of one request's device sampling arguments (``_SAMPLING_FIELDS`` order):
     an unseeded request's seed is None (tt-metal reads any int as an explicit seed);
     ``enable_log_probs`` is ``num_logprobs >= 0`` as the plugin sets it."""
-    top_k = vocab_size if sp.top_k <= 0 or sp.top_k >= vocab_size else sp.top_k
+    top_k = normalize_top_k(sp.top_k, vocab_size)
     if sp.is_greedy:
         temperature, top_k, top_p = 0.0, 1, 0.0
     else:

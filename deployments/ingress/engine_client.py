@@ -39,7 +39,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 from tokenizers import Tokenizer
 
-from accel.block_hash import hash_prompt_blocks
+from accel.block_hash import hash_prompt_blocks, salted_root
 from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta
 from deployments.ingress.failover import FAILOVER_REQUEST_ID_SUFFIX, StreamProgress
 from deployments.pd.orchestrator import Call, PDOrchestrator
@@ -200,7 +200,8 @@ class EngineClient:
                     if self._metrics is not None:
                         self._metrics.failover()
             # Decide again without the dead replica (a new route id, so the first decision's release
-            # cannot end the second); a continuation is routed by its own (longer) prompt.
+            # cannot end the second); a continuation is routed by its own (longer) prompt, hashed
+            # from the request's salted root as the ingress hashes every prompt.
             excluded = route.excluded_replicas + ((decision.replica_id,) if decision.replica_id else ())
             ids = attempt_request.prompt_token_ids
             route = dataclasses.replace(
@@ -209,7 +210,7 @@ class EngineClient:
                 num_prompt_tokens=len(ids),
                 prompt_block_hashes=route.prompt_block_hashes
                 if attempt_request is request
-                else tuple(hash_prompt_blocks(ids, self._block_sizes[route.model])),
+                else tuple(hash_prompt_blocks(ids, self._block_sizes[route.model], salted_root(request.cache_salt))),
                 excluded_replicas=excluded,
             )
             decision = await self.decide(route)

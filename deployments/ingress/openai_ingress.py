@@ -15,25 +15,24 @@ the model's routing block size, so hashing stays off the router's single thread)
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel
 from ray import serve
 
 from accel.block_hash import BlockHash, hash_prompt_blocks, salted_root
 from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta, SamplingParams
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
-from deployments.ingress import health, limits, openapi, tokenize_routes
+from deployments.ingress import health, limits, openapi, stream_render, tokenize_routes
 from deployments.ingress.auth import ApiKeyMiddleware, key_digests
 from deployments.ingress.body_limit import BodyLimitMiddleware
 from deployments.ingress.engine_client import EngineClient, merge_streams
 from deployments.ingress.engine_support import check_engine_support
+from deployments.ingress.json_io import error_response, read_body
 from deployments.ingress.structured_check import check_structured_outputs
 from deployments.ingress.workers import in_worker
 from deployments.router.core.sessions import session_id_from
@@ -45,13 +44,12 @@ from serve_app.protocol import responses as rsp
 from serve_app.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
 from serve_app.protocol.common import ModelCard, ModelList, random_id
 from serve_app.protocol.completions import CompletionRequest
-from serve_app.protocol.errors import APIError, model_not_found
+from serve_app.protocol.errors import APIError
 from serve_app.protocol.responses_api import response_events, response_from_chat, responses_call
-from serve_app.protocol.tool_output import ChoiceParser, apply_parsed_messages, parsed_chat_chunk
+from serve_app.protocol.tool_output import ChoiceParser
 from serve_app.protocol.tool_request import ChatTools
 
 POOL_HEADER = "x-meshserve-pool"
-Merged = AsyncGenerator[tuple[int, OutputDelta], None]  # merge_streams: (choice index, delta)
 
 logger = logging.getLogger(__name__)
 
@@ -80,10 +78,6 @@ def _max_request_bytes() -> int | None:
 # Outermost first: auth before the body is read.
 app.add_middleware(BodyLimitMiddleware, limit_of=_max_request_bytes)
 app.add_middleware(ApiKeyMiddleware, keys_of=_api_key_digests)
-
-
-def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(err.to_response().model_dump(), status_code=err.status, headers=err.headers())
 
 
 class OpenAIIngress:
@@ -186,25 +180,15 @@ class OpenAIIngress:
     async def _prepare(
         self, request: Request, is_chat: bool, label: dict[str, str], held: list[int], is_responses: bool = False
     ) -> Response:
-        try:
-            body = await request.json()
-        except Exception:
-            raise APIError(400, "the request body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise APIError(400, "the request body must be a JSON object")
+        body = await read_body(request)
         call = None
         if is_responses:
             call = responses_call(body)
             body = call.chat_body
         req = conv.parse_request(body, is_chat)
-        # No "model": the only served model, as vLLM's server does.
-        name = req.model if req.model is not None or len(self._models) != 1 else next(iter(self._models))
-        model = self._models.get(name or "")
-        if model is None:
-            raise model_not_found(req.model)
+        model, tok = self._lookup(req.model)  # no "model": the only served one, as vLLM's server does
         label["model"] = model.name
         limits.check_body(body, is_chat, self._config.ingress, model.max_model_len)
-        tok = self._tokenizers[model.name]
         tools, plan = self._chat_tools[model.name], None
         # Templates and tokenization off the event loop: a long prompt must not stall other requests.
         if isinstance(req, ChatCompletionRequest):
@@ -248,7 +232,7 @@ class OpenAIIngress:
         parsers = [ChoiceParser(tools, plan, prompts[0]) for _ in choices] if plan is not None else None
         merged = merge_streams(streams)
         if not req.stream:
-            out = await self._collect(merged, choices, opts, tok, prompts, is_chat, parsers)
+            out = await stream_render.collect(merged, choices, opts, tok, prompts, is_chat, parsers)
             if call is not None:
                 assert isinstance(out, ChatCompletionResponse)
                 return JSONResponse(response_from_chat(call, out, sampling[0].max_tokens))
@@ -262,101 +246,14 @@ class OpenAIIngress:
         except BaseException:
             await merged.aclose()
             raise
-        if call is not None:
-            body_gen = response_events(
-                call, model.name, sampling[0].max_tokens, self._chat_sse(merged, first, choices, opts, tok, parsers)
-            )
-        elif is_chat:
-            body_gen = self._chat_sse(merged, first, choices, opts, tok, parsers)
-        else:
-            body_gen = self._completion_sse(merged, first, choices, opts, tok)
-        return StreamingResponse(body_gen, media_type="text/event-stream")
-
-    async def _collect(
-        self,
-        merged: Merged,
-        choices: list[rsp.ChoiceState],
-        opts: rsp.RenderOptions,
-        tok: TextTokenizer,
-        prompts: list[tuple[int, ...]],
-        is_chat: bool,
-        parsers: list[ChoiceParser] | None = None,
-    ) -> BaseModel:
-        try:
-            async for i, delta in merged:
-                choices[i].add(delta)
-        finally:
-            await merged.aclose()
-        body: BaseModel
+        body_gen: AsyncIterator[str]
         if is_chat:
-            body = rsp.chat_response(opts, tok, choices, prompts[0])
-            if parsers is not None:
-                apply_parsed_messages(body, choices, parsers)
+            body_gen = stream_render.chat_sse(merged, first, choices, opts, tok, parsers)
+            if call is not None:
+                body_gen = response_events(call, model.name, sampling[0].max_tokens, body_gen)
         else:
-            body = rsp.completion_response(opts, tok, choices, prompts)
-        return body
-
-    async def _completion_sse(
-        self,
-        merged: Merged,
-        first: tuple[int, OutputDelta] | None,
-        choices: list[rsp.ChoiceState],
-        opts: rsp.RenderOptions,
-        tok: TextTokenizer,
-    ) -> AsyncGenerator[str, None]:
-        offsets = [0] * len(choices)
-        echoed = [not opts.echo_of(c.prompt_index) for c in choices]
-
-        def render(i: int, delta: OutputDelta) -> str | None:
-            if not echoed[i]:  # echo: the prompt comes with a choice's first chunk, as vLLM sends it
-                echoed[i] = True
-                delta = dataclasses.replace(delta, text=opts.echo_of(choices[i].prompt_index) + delta.text)
-            if opts.is_text_only:
-                chunk = rsp.fast_text_chunk_sse(opts, choices[i].index, delta, is_chat=False)
-                choices[i].add(delta)
-                return chunk
-            completion = rsp.completion_chunk(opts, tok, choices[i], delta, offsets[i])
-            choices[i].add(delta)
-            offsets[i] += len(delta.text)
-            return rsp.sse(completion)
-
-        async for line in _sse_body(merged, first, render):
-            yield line
-        if opts.include_usage:
-            yield rsp.sse(rsp.completion_usage_chunk(opts, choices))
-        yield rsp.SSE_DONE
-
-    async def _chat_sse(
-        self,
-        merged: Merged,
-        first: tuple[int, OutputDelta] | None,
-        choices: list[rsp.ChoiceState],
-        opts: rsp.RenderOptions,
-        tok: TextTokenizer,
-        parsers: list[ChoiceParser] | None = None,
-    ) -> AsyncGenerator[str, None]:
-        for c in choices:
-            yield rsp.sse(rsp.chat_role_chunk(opts, c.index))
-        if opts.echo_of(0):  # echo: the continued message's content, once per choice (vLLM)
-            for c in choices:
-                yield rsp.sse(rsp.chat_echo_chunk(opts, c.index))
-
-        def render(i: int, delta: OutputDelta) -> str | None:
-            choices[i].add(delta)
-            if parsers is not None and parsers[i].active:
-                chunk = parsed_chat_chunk(opts, tok, choices[i], delta, parsers[i])
-                return rsp.sse(chunk) if chunk is not None else None
-            if not delta.text and not delta.finished and not opts.return_token_ids:
-                return None
-            if opts.is_text_only:
-                return rsp.fast_text_chunk_sse(opts, choices[i].index, delta, is_chat=True)
-            return rsp.sse(rsp.chat_chunk(opts, tok, choices[i], delta))
-
-        async for line in _sse_body(merged, first, render):
-            yield line
-        if opts.include_usage:
-            yield rsp.sse(rsp.chat_usage_chunk(opts, choices))
-        yield rsp.SSE_DONE
+            body_gen = stream_render.completion_sse(merged, first, choices, opts, tok)
+        return StreamingResponse(body_gen, media_type="text/event-stream")
 
     async def _leave_after(self, body: AsyncIterable[Any], slots: int) -> AsyncIterator[Any]:
         try:
@@ -382,26 +279,6 @@ class OpenAIIngress:
     def _reject(self, model: str, status: int) -> None:
         if self._metrics is not None:
             self._metrics.reject(model, status)
-
-
-async def _sse_body(
-    merged: Merged, first: tuple[int, OutputDelta] | None, render: Callable[[int, OutputDelta], str | None]
-) -> AsyncGenerator[str, None]:
-    """Render the first delta and the rest; an error mid-stream becomes an error event (the
-    200 status is already sent), as vLLM does."""
-    try:
-        if first is not None:
-            line = render(*first)
-            if line:
-                yield line
-        async for i, delta in merged:
-            line = render(i, delta)
-            if line:
-                yield line
-    except APIError as err:
-        yield f"data: {err.to_response().model_dump_json()}\n\n"
-    finally:
-        await merged.aclose()
 
 
 def _prompt_hashes(greqs: Sequence[GenerateRequest], block_size: int) -> dict[tuple[int, ...], tuple[BlockHash, ...]]:

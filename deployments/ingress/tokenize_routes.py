@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.metadata
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -15,6 +14,7 @@ from fastapi.responses import JSONResponse
 from accel.contract import InvalidRequestError
 from accel.text.tokenizer import TextTokenizer
 from deployments.ingress import limits
+from deployments.ingress.json_io import error_response, read_body
 from deployments.ingress.workers import in_worker
 from serve_app.config.app import ModelConfig
 from serve_app.config.ingress import IngressConfig
@@ -43,25 +43,11 @@ def model_lookup(models: Mapping[str, ModelConfig], tokenizers: Mapping[str, Tex
     return lookup
 
 
-def _error(err: APIError) -> JSONResponse:
-    return JSONResponse(err.to_response().model_dump(), status_code=err.status, headers=err.headers())
-
-
-async def _body(request: Request) -> Mapping[str, Any]:
-    try:
-        body = await request.json()
-    except Exception:
-        raise APIError(400, "the request body is not valid JSON") from None
-    if not isinstance(body, Mapping):
-        raise bad_request("the request body must be a JSON object")
-    return body
-
-
 async def tokenize(request: Request, lookup: ModelLookup, limits_of: IngressConfig | None = None) -> JSONResponse:
     """``limits_of``: the ingress's limits (untrusted chat templates, invalid Unicode, the
     character cap), checked before the tokenizer runs, in a worker thread."""
     try:
-        body = await _body(request)
+        body = await read_body(request)
         req: tk.TokenizeChatRequest | tk.TokenizeCompletionRequest
         if tk.is_chat_body(body):
             for name in _REFUSED_CHAT_FIELDS:
@@ -75,18 +61,18 @@ async def tokenize(request: Request, lookup: ModelLookup, limits_of: IngressConf
             limits.check_body(body, tk.is_chat_body(body), limits_of, model.max_model_len)
         return JSONResponse((await in_worker(tk.tokenize, req, tok, model.max_model_len)).model_dump())
     except APIError as err:
-        return _error(err)
+        return error_response(err)
     except InvalidRequestError as err:
-        return _error(APIError(400, err.message, err.field))
+        return error_response(APIError(400, err.message, err.field))
 
 
 async def detokenize(request: Request, lookup: ModelLookup) -> JSONResponse:
     try:
-        req = parse_body(tk.DetokenizeRequest, await _body(request))
+        req = parse_body(tk.DetokenizeRequest, await read_body(request))
         _, tok = lookup(req.model)
         return JSONResponse(tk.detokenize(req, tok).model_dump())
     except APIError as err:
-        return _error(err)
+        return error_response(err)
 
 
 def version() -> JSONResponse:

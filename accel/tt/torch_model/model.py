@@ -9,6 +9,8 @@ What makes it "compiled-like" (and therefore a faithful stand-in for a tt-metal 
 - every forward runs on a single-worker device queue, so ``decode_forward(read_from_device=False)``
   returns at once and the host overlaps the next step's scheduling with this step's compute.
 Runs on CUDA when available (fp32; warmup logs each shape), on CPU otherwise (fp32, eager).
+The forward pass itself is ``decoder.decoder_forward``; the fixed shapes and the warmup that runs
+each once are ``warmup``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 
 from accel.tt.mesh_model import (
     MAX_DEVICE_TOP_K,
@@ -31,32 +32,15 @@ from accel.tt.mesh_model import (
     TTSamplingParams,
 )
 from accel.tt.torch_model.config import DecoderConfig
+from accel.tt.torch_model.decoder import decoder_forward
 from accel.tt.torch_model.device_queue import DeviceQueue, FutureEvent, PendingDecode
-from accel.tt.torch_model.layers import RotaryTables, project_qkv, rms_norm, swiglu_mlp
-from accel.tt.torch_model.paged_attention import AttentionMetadata, PagedKVStore, paged_attention, write_kv
-from accel.tt.torch_model.sampler import (
-    DecodeSamplingCache,
-    PreparedSampling,
-    prepare_sampling,
-    sample,
-)
+from accel.tt.torch_model.layers import RotaryTables
+from accel.tt.torch_model.paged_attention import PagedKVStore, check_block_ids
+from accel.tt.torch_model.sampler import DecodeSamplingCache, prepare_sampling, sample
+from accel.tt.torch_model.warmup import CTX_TOKEN_ALIGN, prefill_bucket, round_up, warm_decode, warm_prefill
 from accel.tt.torch_model.weights import ModelWeights, load_weights
 
 logger = logging.getLogger(__name__)
-
-MIN_PREFILL_BUCKET_TOKENS = 128
-# Attention reads the longest row's context rounded up to this many keys, not to whole blocks
-# (its cost is linear in the key count); few distinct shapes, no partial-vector tails.
-CTX_TOKEN_ALIGN = 16
-
-
-def prefill_bucket(num_tokens: int) -> int:
-    """Padded prefill length: <= 128 -> 128, else the next power of two."""
-    return MIN_PREFILL_BUCKET_TOKENS if num_tokens <= MIN_PREFILL_BUCKET_TOKENS else 1 << (num_tokens - 1).bit_length()
-
-
-def _next_pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 class TorchMeshModel:
@@ -236,7 +220,7 @@ class TorchMeshModel:
         last_index = ends - starts - 1
         page_table = torch.as_tensor(page_table, dtype=torch.int64)
         num_ctx_blocks = self._num_ctx_blocks(int(ends.max()), store, page_table.shape[1])
-        _check_block_ids(page_table, ends, store)
+        check_block_ids(page_table, ends, store)
         prep = (
             prepare_sampling(sampling_params, ends.tolist(), self.config.vocab_size, self.device)
             if sampling_params is not None
@@ -244,7 +228,11 @@ class TorchMeshModel:
         )
 
         def program() -> Any:
-            logits = self._forward(
+            logits = decoder_forward(
+                self.config,
+                self.weights,
+                self.rope,
+                self.device,
                 store,
                 step_tokens,
                 positions,
@@ -253,7 +241,7 @@ class TorchMeshModel:
                 page_table,
                 num_ctx_blocks,
                 last_index,
-                _round_up(int(ends.max()), CTX_TOKEN_ALIGN),
+                round_up(int(ends.max()), CTX_TOKEN_ALIGN),
             )
             if prep is None:
                 return logits[:, None, :].float().cpu()
@@ -298,8 +286,8 @@ class TorchMeshModel:
         lanes = torch.arange(self.max_batch_size) // self.per_lane
         max_end = int(start_pos.max()) + 1
         num_ctx_blocks = self._num_ctx_blocks(max_end, store, page_table.shape[1])
-        num_ctx_tokens = _round_up(max_end, CTX_TOKEN_ALIGN)
-        _check_block_ids(page_table, start_pos + 1, store)
+        num_ctx_tokens = round_up(max_end, CTX_TOKEN_ALIGN)
+        check_block_ids(page_table, start_pos + 1, store)
         prep = (
             self._decode_sampling.prepare(sampling_params, (start_pos + 1).tolist())
             if sampling_params is not None
@@ -307,7 +295,11 @@ class TorchMeshModel:
         )
 
         def program() -> Any:
-            logits = self._forward(
+            logits = decoder_forward(
+                self.config,
+                self.weights,
+                self.rope,
+                self.device,
                 store,
                 tokens,
                 positions,
@@ -343,30 +335,13 @@ class TorchMeshModel:
             return tt_out.result()
         return tt_out
 
-    # ---- warmup ("trace capture") ----
+    # ---- warmup ("trace capture", ``warmup``) ----
 
     def warmup_model_prefill(
         self, kv_cache: Any, enable_trace: bool, can_sample_on_device: bool, **kwargs: Any
     ) -> None:
         """Runs every prefill bucket (128 .. max_seq_len) once, batch 1; writes only the scratch block."""
-        store = self._store_for(kv_cache)
-        variants = ["logits"] + (["sampled"] if can_sample_on_device else [])
-        length = MIN_PREFILL_BUCKET_TOKENS
-        while True:
-            num_blocks = _next_pow2(-(-length // store.block_size))
-            self._warm(
-                store,
-                tokens=torch.zeros(1, length, dtype=torch.int64),
-                positions=torch.arange(length)[None, :],
-                table=torch.zeros(1, num_blocks, dtype=torch.int64),  # reads lane 0 block 0 only
-                last_index=torch.tensor([length - 1]),
-                variants=variants,
-            )
-            for variant in variants:
-                self._log_capture("prefill", (1, length), variant, enable_trace)
-            if length >= self.max_seq_len:
-                break
-            length *= 2
+        warm_prefill(self, self._store_for(kv_cache), enable_trace, can_sample_on_device)
 
     def warmup_model_decode(
         self,
@@ -378,58 +353,7 @@ class TorchMeshModel:
         **kwargs: Any,
     ) -> None:
         """Runs the full-width decode (every slot empty: no KV write) and each sampling variant."""
-        store = self._store_for(kv_cache)
-        batch = self.max_batch_size
-        variants = ["logits"] + (["greedy", "sampled", "sampled+logprobs"] if can_sample_on_device else [])
-        self._warm(
-            store,
-            tokens=torch.zeros(batch, 1, dtype=torch.int64),
-            positions=torch.zeros(batch, 1, dtype=torch.int64),
-            table=torch.zeros(batch, num_blocks, dtype=torch.int64),
-            last_index=torch.zeros(batch, dtype=torch.int64),
-            variants=variants,
-        )
-        for variant in variants:
-            self._log_capture("decode", (batch, 1, num_blocks), variant, enable_trace)
-
-    def _warm(
-        self,
-        store: PagedKVStore,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        table: torch.Tensor,
-        last_index: torch.Tensor,
-        variants: list[str],
-    ) -> None:
-        """One forward of the shape (nothing written: ``is_written`` all False), then each sampler tail."""
-        rows = tokens.shape[0]
-        lanes = torch.arange(rows) // self.per_lane
-
-        def program() -> None:
-            logits = self._forward(
-                store,
-                tokens,
-                positions,
-                torch.zeros_like(tokens, dtype=torch.bool),
-                lanes,
-                table,
-                table.shape[1],
-                last_index,
-            )
-            for variant in variants[1:]:
-                sample(
-                    logits,
-                    _warmup_sampling(rows, variant, self.config.vocab_size, self.device),
-                    self.generator,
-                    self.model_capabilities[MAX_DEVICE_TOP_K],
-                )
-
-        self._queue.run(program)
-
-    def _log_capture(self, phase: str, shape: tuple[int, ...], variant: str, enable_trace: bool) -> None:
-        mode = "captured" if enable_trace else "compiled"
-        self.captured_shapes.append((phase, shape, variant))
-        logger.info("%s %s shape %s (%s, eager on %s)", mode, phase, shape, variant, self.device)
+        warm_decode(self, self._store_for(kv_cache), enable_trace, num_blocks, can_sample_on_device)
 
     # ---- the program ----
 
@@ -440,86 +364,3 @@ class TorchMeshModel:
         if needed > table_width:
             raise ValueError(f"page table width {table_width} < {needed} blocks needed for {max_end} tokens")
         return needed
-
-    @torch.inference_mode()
-    def _forward(
-        self,
-        store: PagedKVStore,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        is_written: torch.Tensor,
-        lanes: torch.Tensor,
-        page_table: torch.Tensor,
-        num_ctx_blocks: int,
-        last_index: torch.Tensor,
-        num_ctx_tokens: int | None = None,
-    ) -> torch.Tensor:
-        """``tokens``/``positions``/``is_written`` ``[n, L]`` -> logits ``[n, vocab]`` at ``last_index``;
-        attention reads ``num_ctx_tokens`` keys per row (default: every gathered block's)."""
-        dev = self.device
-        tokens, positions, is_written = tokens.to(dev), positions.to(dev), is_written.to(dev)
-        n, length = tokens.shape
-        cfg, w = self.config, self.weights
-        meta = AttentionMetadata.build(
-            store,
-            page_table.to(dev),
-            lanes.to(dev),
-            positions,
-            is_written,
-            num_ctx_blocks,
-            cfg.num_queries_per_kv,
-            dtype=store.keys[0].dtype,
-            num_ctx_tokens=num_ctx_tokens,
-        )
-        cos_sin = self.rope.at_rolled(positions.reshape(-1))
-        scale = cfg.head_dim**-0.5
-        h = w.embed[tokens.reshape(-1)]  # [n * L, hidden]
-        kv_dtype = store.keys[0].dtype
-        is_cast = kv_dtype != h.dtype  # casts only where KV and model dtypes differ (fewer ops per layer)
-        for i, layer in enumerate(w.layers):
-            x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
-            q, k, v = project_qkv(x, layer, cfg, cos_sin)
-            if is_cast:
-                q, k, v = q.to(kv_dtype), k.to(kv_dtype), v.to(kv_dtype)
-            write_kv(store, i, meta, k, v)
-            attn = paged_attention(store, i, meta, q.view(n, length, cfg.num_heads, cfg.head_dim), scale)
-            attn = attn.view(n * length, -1)
-            h = h + F.linear(attn.to(h.dtype) if is_cast else attn, layer.o_proj)
-            h = h + swiglu_mlp(rms_norm(h, layer.post_attention_norm, cfg.rms_norm_eps), layer)
-        # Decode (L == 1): every row's only token is its last.
-        last = h if length == 1 else h.view(n, length, -1)[torch.arange(n, device=dev), last_index.to(dev)]
-        return F.linear(rms_norm(last, w.final_norm, cfg.rms_norm_eps), w.lm_head)
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
-def _check_block_ids(page_table: torch.Tensor, ends: torch.Tensor, store: PagedKVStore) -> None:
-    """Every block a row reads or writes (its first ``ceil(end / block_size)``) must be a lane-local
-    id; anything else would address another lane's memory. Rows with ``end <= 0`` read nothing."""
-    num_used = (ends + store.block_size - 1) // store.block_size  # [rows]
-    used = torch.arange(page_table.shape[1])[None, :] < num_used[:, None]
-    bad = used & ((page_table < 0) | (page_table >= store.num_blocks))
-    if bool(bad.any()):
-        row = int(bad.any(dim=1).nonzero()[0])
-        raise ValueError(
-            f"page table row {row} holds block ids outside [0, {store.num_blocks}): "
-            f"{page_table[row, : int(num_used[row])].tolist()}"
-        )
-
-
-def _warmup_sampling(rows: int, variant: str, vocab_size: int, device: torch.device) -> PreparedSampling:
-    greedy = variant == "greedy"
-    params = TTSamplingParams(
-        temperature=[0.0 if greedy else 0.8] * rows,
-        top_k=[1 if greedy else 32] * rows,
-        top_p=[1.0 if greedy else 0.9] * rows,
-        presence_penalty=[0.0] * rows,
-        frequency_penalty=[0.0] * rows,
-        repetition_penalty=[1.0] * rows,
-        seed=[None] * rows,
-        num_logprobs=[1 if variant.endswith("logprobs") else -2] * rows,
-        enable_log_probs=[variant.endswith("logprobs")] * rows,
-    )
-    return prepare_sampling(params, [0] * rows, vocab_size, device)

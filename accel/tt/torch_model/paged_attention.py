@@ -201,3 +201,17 @@ def _gather(storage: torch.Tensor, blocks: torch.Tensor, n: int) -> torch.Tensor
     _, block_size, num_kv, head_dim = storage.shape
     pages = storage.index_select(0, blocks)  # row copies: faster than 2-D advanced indexing
     return pages.view(n, -1, num_kv, head_dim).transpose(1, 2)
+
+
+def check_block_ids(page_table: torch.Tensor, ends: torch.Tensor, store: PagedKVStore) -> None:
+    """Every block a row reads or writes (its first ``ceil(end / block_size)``) must be a lane-local
+    id; anything else would address another lane's memory. Rows with ``end <= 0`` read nothing."""
+    num_used = (ends + store.block_size - 1) // store.block_size  # [rows]
+    used = torch.arange(page_table.shape[1])[None, :] < num_used[:, None]
+    bad = used & ((page_table < 0) | (page_table >= store.num_blocks))
+    if bool(bad.any()):
+        row = int(bad.any(dim=1).nonzero()[0])
+        raise ValueError(
+            f"page table row {row} holds block ids outside [0, {store.num_blocks}): "
+            f"{page_table[row, : int(num_used[row])].tolist()}"
+        )

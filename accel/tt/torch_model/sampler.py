@@ -19,13 +19,9 @@ from typing import Any
 import torch
 
 from accel.tt.mesh_model import TTSamplingParams
+from accel.tt.sampling_rules import normalize_top_k, row_seed
 
 NO_LOGPROBS = -2
-_SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, position) over the seed space
-
-
-def normalize_top_k(top_k: int, vocab_size: int) -> int:
-    return vocab_size if top_k <= 0 or top_k >= vocab_size else top_k
 
 
 @dataclass(frozen=True)
@@ -158,6 +154,6 @@ def _exponential_noise(
     if seeded:
         row_gen = torch.Generator(device=device)
         for i, seed in seeded:
-            row_gen.manual_seed((seed * _SEED_MIX + prep.positions[i]) % (2**63))
+            row_gen.manual_seed(row_seed(seed, prep.positions[i]))
             noise[i] = torch.empty(shape[1], device=device).exponential_(generator=row_gen)
     return noise.clamp_min_(1e-10)

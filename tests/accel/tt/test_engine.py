@@ -6,23 +6,12 @@ import asyncio
 
 import pytest
 
-from accel.contract import (
-    ConfigError,
-    Engine,
-    FinishReason,
-    GenerateRequest,
-    InvalidRequestError,
-    KVTransferParams,
-    SamplingParams,
-)
-from accel.tt.config import TTEngineConfig
-from accel.tt.engine import TTMeshEngine
+from accel.contract import ConfigError, Engine, FinishReason, GenerateRequest, SamplingParams
 from accel.tt.scripted_model import ScriptedMeshModel, expected_tokens
 from accel.tt.step_plan import StepMode
 from tests.accel.tt.engine_harness import (
     assert_lane_rules,
     assert_pool_full,
-    collect,
     greedy,
     make_engine,
     prompt_of,
@@ -181,33 +170,6 @@ def test_abort_and_disconnect_free_every_block(tiny_llama):
         engine.close()
 
 
-def test_invalid_requests_raise_and_engine_survives(tiny_llama):
-    engine = make_engine(tiny_llama, data_parallel_size=1, max_model_len=64)
-    try:
-
-        async def first(req):
-            return await collect(engine, req)
-
-        with pytest.raises(InvalidRequestError) as info:
-            asyncio.run(first(GenerateRequest("long", prompt_of(0, 64), greedy(4))))
-        assert info.value.field == "prompt" and "max_model_len is 64" in info.value.message
-        with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
-            asyncio.run(first(GenerateRequest("vocab", (5, 5000), greedy(4))))
-        with pytest.raises(InvalidRequestError) as info:  # no kv_hooks attached
-            asyncio.run(
-                first(GenerateRequest("kv", (5, 6), greedy(1), kv_transfer=KVTransferParams(do_remote_decode=True)))
-            )
-        assert info.value.field == "kv_transfer_params"
-        with pytest.raises(InvalidRequestError) as info:  # no prompt-logprob path on TT
-            asyncio.run(first(GenerateRequest("plp", (5, 6), SamplingParams(max_tokens=1, prompt_logprobs=1))))
-        assert info.value.field == "prompt_logprobs"
-        # max_model_len ends generation: 60 + 4 = 64
-        out = run_requests(engine, [GenerateRequest("edge", prompt_of(0, 60), greedy(100))])["edge"]
-        assert len(tokens_of(out)) == 4 and out[-1].finish_reason is FinishReason.LENGTH
-    finally:
-        engine.close()
-
-
 def test_stop_tokens_and_eos_use_the_shared_output_builder(tiny_llama):
     engine = make_engine(tiny_llama, data_parallel_size=1)
     try:
@@ -267,198 +229,5 @@ def test_capability_refusals_at_construction(tiny_llama):
         out = run_requests(engine, [GenerateRequest("a", prompt, greedy(3))])["a"]
         assert tokens_of(out) == expected_tokens(prompt, 3, VOCAB)
         assert all(rec.is_device_sampled is False for rec in engine.step_log)  # model can't sample
-    finally:
-        engine.close()
-
-
-def test_kv_events_carry_the_lane_that_changed(tiny_llama):
-    engine = make_engine(
-        tiny_llama, data_parallel_size=2, max_num_seqs=1, async_scheduling=False, num_gpu_blocks_override=16
-    )
-    try:
-        prompt = prompt_of(4, 40)  # 2 full blocks of 16
-        both = run_requests(engine, [GenerateRequest("a", prompt, greedy(2)), GenerateRequest("b", prompt, greedy(2))])
-        assert tokens_of(both["a"]) == tokens_of(both["b"])
-        events = engine.take_kv_events()
-        stored: dict[int, list[int]] = {0: [], 1: []}
-        for e in events:
-            if e.kind == "stored":
-                stored[e.lane] += e.block_hashes
-        # each lane is its own cache: both cached the same 2 blocks, and each says so
-        assert stored[0] == stored[1] and len(set(stored[0])) == 2
-        assert set(engine.kv_block_snapshot()) == set(stored[0])  # the union of the lanes
-        assert engine.take_kv_events() == []
-    finally:
-        engine.close()
-
-
-class CellTransferHooks:
-    """KV export/import through the hook points, moving the scripted model's KV cells."""
-
-    def __init__(self, block_size):
-        self.block_size = block_size
-        self.model = None
-        self.exported: dict[str, dict] = {}
-        self.num_imported_blocks = 0
-
-    def on_finished(self, r, lane_kv):
-        kv = r.request.kv_transfer
-        if kv is None or not kv.do_remote_decode:
-            return None
-        assert r.block_ids, "export runs before the blocks are freed"
-        bs = self.block_size
-        self.exported[r.req_id] = {
-            p: self.model._cells[r.lane][(r.block_ids[p // bs], p % bs)] for p in range(r.num_prompt_tokens)
-        }
-        return KVTransferParams(do_remote_decode=True, transfer_id=f"t-{r.req_id}", num_tokens=r.num_prompt_tokens)
-
-    async def prefetch(self, request):
-        pass  # the cells are in this process: on_added reads them
-
-    def may_import(self, r):
-        kv = r.request.kv_transfer
-        return kv is not None and kv.do_remote_prefill
-
-    def on_added(self, r, pool, lane_kv):
-        if not self.may_import(r):
-            return
-        cells, bs = self.exported[r.request.kv_transfer.transfer_id[2:]], self.block_size
-        r.update_block_hashes(bs)
-        num_full = r.num_prompt_tokens // bs
-        blocks = pool.allocate(num_full)
-        for p in range(num_full * bs):
-            self.model._cells[r.lane][(blocks[p // bs], p % bs)] = cells[p]
-        pool.cache_blocks(blocks, r.block_hashes[:num_full])
-        pool.free(blocks)  # cached and free: admission takes them as a prefix hit
-        self.num_imported_blocks += num_full
-
-
-def test_kv_hook_points_export_and_import(tiny_llama):
-    hooks = CellTransferHooks(block_size=16)
-    engine = TTMeshEngine(
-        TTEngineConfig.from_engine_args(
-            dict(
-                model=str(tiny_llama),
-                max_num_seqs=2,
-                data_parallel_size=2,
-                block_size=16,
-                max_model_len=256,
-                max_num_batched_tokens=32,
-                async_scheduling=True,
-                additional_config={"tt": {"sample_on_device_mode": "all"}},
-            )
-        ),
-        model_class=ScriptedMeshModel,
-        keep_step_log=True,
-        kv_hooks=hooks,
-    )
-    hooks.model = engine.model
-    waits = []
-    wait_idle = engine.core.queue.wait_idle
-    engine.core.queue.wait_idle = lambda: (waits.append(1), wait_idle())[1]
-    try:
-        prompt = prompt_of(8, 50)
-        pre = run_requests(
-            engine, [GenerateRequest("pre", prompt, greedy(1), kv_transfer=KVTransferParams(do_remote_decode=True))]
-        )["pre"]
-        ticket = pre[-1].kv_transfer
-        assert ticket is not None and ticket.transfer_id == "t-pre" and ticket.num_tokens == 50
-        # Drop the prefill replica's own cache so only the import can give a hit.
-        for lane in engine.core.coordinator.lanes:
-            lane.pool._cached.clear()
-        dec = GenerateRequest(
-            "dec", prompt, greedy(8), kv_transfer=KVTransferParams(do_remote_prefill=True, transfer_id="t-pre")
-        )
-        out = run_requests(engine, [dec])["dec"]
-        assert tokens_of(out) == expected_tokens(prompt, 8, VOCAB)
-        assert hooks.num_imported_blocks == 3 and out[-1].num_cached_tokens == 48
-        computed = sum(
-            n
-            for rec in engine.step_log
-            if rec.mode is StepMode.PREFILL
-            for rows in rec.lane_rows
-            for rid, _, n in rows
-            if rid == "dec"
-        )
-        assert computed == 2
-        # Only the import waited for in-flight steps; the export request was added without waiting.
-        assert len(waits) == 1
-        assert_pool_full(engine)
-    finally:
-        engine.close()
-
-
-class FailingOnceModel(ScriptedMeshModel):
-    """Raises on its 3rd decode, like a device op failing mid-run."""
-
-    def decode_forward(self, **kw):
-        if self.num_decode_calls == 2:
-            self.num_decode_calls += 1
-            raise RuntimeError("device fault")
-        return super().decode_forward(**kw)
-
-
-def test_a_failed_step_fails_its_requests_frees_blocks_and_the_engine_survives(tiny_llama):
-    engine = make_engine(tiny_llama, model_class=FailingOnceModel, data_parallel_size=1)
-    try:
-        with pytest.raises(RuntimeError, match="TT mesh engine step failed: device fault"):
-            run_requests(engine, [GenerateRequest("a", prompt_of(0, 5), greedy(10))])
-        assert_pool_full(engine)
-        out = run_requests(engine, [GenerateRequest("b", prompt_of(1, 5), greedy(5))])["b"]
-        assert tokens_of(out) == expected_tokens(prompt_of(1, 5), 5, VOCAB)
-    finally:
-        engine.close()
-
-
-class RefusingImportHooks:
-    """KV hooks whose import for request "bad" raises (say, the KV actor is gone)."""
-
-    async def prefetch(self, request):
-        pass
-
-    def may_import(self, r):
-        return True
-
-    def on_added(self, r, pool, lane_kv):
-        if r.req_id == "bad":
-            raise RuntimeError("actor gone")
-
-    def on_finished(self, r, lane_kv):
-        return None
-
-
-def test_a_failed_inbox_message_fails_only_its_request(tiny_llama):
-    """An ``AddRequest`` whose handling raises (here: the KV import hook) reaches that request's
-    consumer as its error and leaves nothing behind; the engine keeps serving."""
-    config = TTEngineConfig.from_engine_args(
-        dict(model=str(tiny_llama), max_num_seqs=2, block_size=16, max_model_len=256, max_num_batched_tokens=32)
-    )
-    engine = TTMeshEngine(config, model_class=ScriptedMeshModel, kv_hooks=RefusingImportHooks())
-    try:
-        with pytest.raises(RuntimeError, match="TT mesh engine could not add bad: actor gone"):
-            run_requests(engine, [GenerateRequest("bad", prompt_of(0, 5), greedy(4))])
-        assert not engine.core.requests
-        assert_pool_full(engine)
-        out = run_requests(engine, [GenerateRequest("good", prompt_of(1, 5), greedy(4))])["good"]
-        assert tokens_of(out) == expected_tokens(prompt_of(1, 5), 4, VOCAB)
-    finally:
-        engine.close()
-
-
-def test_duplicate_running_request_id_is_refused(tiny_llama):
-    engine = make_engine(tiny_llama, data_parallel_size=1)
-    try:
-
-        async def main():
-            first = engine.generate(GenerateRequest("same", prompt_of(0, 5), greedy(50)))
-            await first.__anext__()
-            with pytest.raises(InvalidRequestError, match="already running"):
-                await engine.generate(GenerateRequest("same", prompt_of(1, 5), greedy(2))).__anext__()
-            rest = [d async for d in first]
-            return rest
-
-        rest = asyncio.run(main())
-        assert rest[-1].finish_reason is FinishReason.LENGTH
-        assert_pool_full(engine)
     finally:
         engine.close()

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from accel.contract import GenerateRequest
 from accel.tt.config import TTEngineConfig
 from accel.tt.engine import TTMeshEngine
-from accel.tt.health import DeviceProbe, EngineUnhealthy, stalled_problem
+from accel.tt.health import DeviceProbe, EngineUnhealthy, device_probe, stalled_problem
 from accel.tt.scripted_model import ScriptedMeshModel
 
 from .engine_harness import greedy
@@ -43,6 +44,18 @@ def test_device_probe_reports_a_failed_probe():
     while probe._started_at is not None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert "RuntimeError: TT_FATAL device lost" in probe.problem()
+
+
+def test_device_probe_is_the_models_ping_else_ttnn_synchronize_device(ttnn_stub):
+    model = ScriptedMeshModel.__new__(ScriptedMeshModel)
+    assert device_probe(model, None) == model.device_ping  # the torch programs answer themselves
+    ttnn_stub._stub_simulate(1)
+    mesh = object()
+    probe = device_probe(object(), SimpleNamespace(kind="ttnn", ttnn=ttnn_stub, mesh_device=mesh))
+    probe()
+    assert ttnn_stub._stub_calls[-1][:2] == ("synchronize_device", (mesh,))
+    assert device_probe(object(), SimpleNamespace(kind="ttnn", ttnn=ttnn_stub, mesh_device=None)) is None
+    assert device_probe(object(), SimpleNamespace(kind="torch")) is None
 
 
 def test_stalled_problem_needs_work_in_flight():

@@ -10,7 +10,6 @@ import torch
 
 from accel.tt.mesh_model import MeshModel, TTSamplingParams
 from accel.tt.torch_model import TorchMeshModel
-from accel.tt.torch_model.model import prefill_bucket
 from tests.hf_reference import hf_greedy
 
 NUM_LANES, PER_LANE = 2, 3
@@ -287,10 +286,6 @@ def test_warmup_runs_each_bucket_once(model, kv):
     assert prefill == [((1, 128), "logits"), ((1, 128), "sampled")]  # max_seq_len 128: one bucket
     assert [s for s, _ in decode] == [(B_WIRE, 1, MAX_BLOCKS_PER_REQ)] * 4
     assert all(torch.count_nonzero(t) == 0 for lane in kv for layer in lane for t in layer)  # no KV written
-
-
-def test_prefill_buckets():
-    assert [prefill_bucket(n) for n in (1, 128, 129, 256, 257, 3000)] == [128, 128, 256, 256, 512, 4096]
 
 
 def test_block_ids_and_slots_are_validated(model, kv):

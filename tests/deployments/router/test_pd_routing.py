@@ -19,7 +19,7 @@ from deployments.router.deployment import RouterDeployment
 from deployments.router.messages import ReplicaSnapshot, RouteRequest
 from serve_app.config.pd import PDConfig
 from serve_app.config.router import RouterConfig
-from tests.deployments.ingress.test_engine_client import FakePoolHandle, FakeRouterHandle, FakeStream
+from tests.deployments.ingress.engine_doubles import FakePoolHandle, FakeRouterHandle, FakeStream
 from tests.doubles.app_configs import app_config, pool_config
 from tests.doubles.router_fakes import FakePoolHandle as FakePolledPool
 

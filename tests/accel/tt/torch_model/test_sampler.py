@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from accel.tt.mesh_model import TTSamplingParams
-from accel.tt.torch_model.sampler import DecodeSamplingCache, normalize_top_k, prepare_sampling, sample
+from accel.tt.torch_model.sampler import DecodeSamplingCache, prepare_sampling, sample
 
 VOCAB = 100
 
@@ -15,10 +15,6 @@ def params(rows: int, **overrides) -> TTSamplingParams:
     values.update({k: list(v) for k, v in overrides.items()})
     values["enable_log_probs"] = [n >= 0 for n in values["num_logprobs"]]  # as the plugin sets it
     return TTSamplingParams(**values)
-
-
-def test_normalize_top_k():
-    assert [normalize_top_k(k, VOCAB) for k in (-1, 0, 1, 5, 99, 100, 500)] == [100, 100, 1, 5, 99, 100, 100]
 
 
 def test_pad_defaults_are_greedy_without_logprobs():

@@ -1,0 +1,69 @@
+"""The torch mesh program's forward pass: a Llama/Qwen3 decoder over paged, lane-local KV.
+
+One call runs ``n`` rows of ``L`` tokens (decode: the full slot batch, ``L == 1``; prefill: the
+step's chunks padded to a bucket), writes the KV of the positions marked ``is_written`` and
+returns the logits of each row's ``last_index`` token.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from accel.tt.torch_model.config import DecoderConfig
+from accel.tt.torch_model.layers import RotaryTables, project_qkv, rms_norm, swiglu_mlp
+from accel.tt.torch_model.paged_attention import AttentionMetadata, PagedKVStore, paged_attention, write_kv
+from accel.tt.torch_model.weights import ModelWeights
+
+
+@torch.inference_mode()
+def decoder_forward(
+    config: DecoderConfig,
+    weights: ModelWeights,
+    rope: RotaryTables,
+    device: torch.device,
+    store: PagedKVStore,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    is_written: torch.Tensor,
+    lanes: torch.Tensor,
+    page_table: torch.Tensor,
+    num_ctx_blocks: int,
+    last_index: torch.Tensor,
+    num_ctx_tokens: int | None = None,
+) -> torch.Tensor:
+    """``tokens``/``positions``/``is_written`` ``[n, L]`` -> logits ``[n, vocab]`` at ``last_index``;
+    attention reads ``num_ctx_tokens`` keys per row (default: every gathered block's)."""
+    dev = device
+    tokens, positions, is_written = tokens.to(dev), positions.to(dev), is_written.to(dev)
+    n, length = tokens.shape
+    cfg, w = config, weights
+    meta = AttentionMetadata.build(
+        store,
+        page_table.to(dev),
+        lanes.to(dev),
+        positions,
+        is_written,
+        num_ctx_blocks,
+        cfg.num_queries_per_kv,
+        dtype=store.keys[0].dtype,
+        num_ctx_tokens=num_ctx_tokens,
+    )
+    cos_sin = rope.at_rolled(positions.reshape(-1))
+    scale = cfg.head_dim**-0.5
+    h = w.embed[tokens.reshape(-1)]  # [n * L, hidden]
+    kv_dtype = store.keys[0].dtype
+    is_cast = kv_dtype != h.dtype  # casts only where KV and model dtypes differ (fewer ops per layer)
+    for i, layer in enumerate(w.layers):
+        x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
+        q, k, v = project_qkv(x, layer, cfg, cos_sin)
+        if is_cast:
+            q, k, v = q.to(kv_dtype), k.to(kv_dtype), v.to(kv_dtype)
+        write_kv(store, i, meta, k, v)
+        attn = paged_attention(store, i, meta, q.view(n, length, cfg.num_heads, cfg.head_dim), scale)
+        attn = attn.view(n * length, -1)
+        h = h + F.linear(attn.to(h.dtype) if is_cast else attn, layer.o_proj)
+        h = h + swiglu_mlp(rms_norm(h, layer.post_attention_norm, cfg.rms_norm_eps), layer)
+    # Decode (L == 1): every row's only token is its last.
+    last = h if length == 1 else h.view(n, length, -1)[torch.arange(n, device=dev), last_index.to(dev)]
+    return F.linear(rms_norm(last, w.final_norm, cfg.rms_norm_eps), w.lm_head)

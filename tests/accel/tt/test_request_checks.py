@@ -1,0 +1,43 @@
+"""What the TT engine refuses before a request reaches its step thread (``check_request``), each
+refusal naming its field. The engine-level test is test_engine_failures.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from accel.contract import GenerateRequest, InvalidRequestError, KVTransferParams, SamplingParams, StructuredOutputSpec
+from accel.tt.request_checks import check_request
+
+WS_SPEC = StructuredOutputSpec(regex="a+", whitespace_pattern=" ")
+LIMITS = dict(vocab_size=100, max_model_len=16, can_transfer_kv=False)
+
+
+def _field(request: GenerateRequest, **limits) -> str | None:
+    try:
+        check_request(request, **{**LIMITS, **limits})
+    except InvalidRequestError as exc:
+        return exc.field
+    return None
+
+
+@pytest.mark.parametrize(
+    "request_, field",
+    [
+        (GenerateRequest("ok", (1, 2, 3)), None),
+        (GenerateRequest("long", tuple(range(16))), "prompt"),
+        (GenerateRequest("vocab", (1, 100)), "prompt"),
+        (GenerateRequest("plp", (1,), SamplingParams(prompt_logprobs=0)), "prompt_logprobs"),
+        (GenerateRequest("ws", (1,), SamplingParams(structured_outputs=WS_SPEC)), "structured_outputs"),
+        (GenerateRequest("allow", (1,), SamplingParams(allowed_token_ids=[5, 100])), "allowed_token_ids"),
+        (GenerateRequest("allow-ok", (1,), SamplingParams(allowed_token_ids=[5, 99])), None),
+        (GenerateRequest("kv", (1,), kv_transfer=KVTransferParams(do_remote_decode=True)), "kv_transfer_params"),
+    ],
+    ids=lambda v: v.request_id if isinstance(v, GenerateRequest) else None,
+)
+def test_refusals_name_their_field(request_, field):
+    assert _field(request_) == field
+
+
+def test_kv_transfer_passes_with_hooks():
+    request = GenerateRequest("kv", (1,), kv_transfer=KVTransferParams(do_remote_decode=True))
+    assert _field(request, can_transfer_kv=True) is None
