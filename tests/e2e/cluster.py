@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from collections.abc import Iterator
 from typing import Any
 
-from tests.conftest import REPO_ROOT, free_port
+from tests.conftest import REPO_ROOT
 
 SMALL_OBJECT_STORE = 80 * 1024 * 1024
 
@@ -65,8 +66,8 @@ def _start_head(head: dict[str, Any]) -> Any:
         args = {
             "object_store_memory": SMALL_OBJECT_STORE,
             "include_dashboard": False,
-            "gcs_server_port": free_port(),
-            "dashboard_agent_listen_port": free_port(),
+            "gcs_server_port": _free_port(),
+            "dashboard_agent_listen_port": _free_port(),
             **head,
         }
         try:
@@ -75,3 +76,9 @@ def _start_head(head: dict[str, Any]) -> Any:
             if attempt == 1:
                 raise
     raise AssertionError("unreachable")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

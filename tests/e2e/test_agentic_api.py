@@ -19,9 +19,6 @@ import jsonschema
 import openai
 import pytest
 
-from tests.doubles.app_args import app_args, pin, tt_pool, vllm_pool
-from tests.doubles.deployed_app import deployed_app
-
 pytestmark = pytest.mark.slow
 
 APP = "meshserve-agentic"
@@ -56,8 +53,20 @@ AUTO_CALL = (
 )
 
 
-# The tools block of the Hermes template is ~400 tokens of the tiny tokenizer.
-ENGINE_ARGS = {"max_model_len": 1024, "block_size": 32, "enable_prefix_caching": True}
+def _pool(name: str, engine: str) -> dict:
+    # The tools block of the Hermes template is ~400 tokens of the tiny tokenizer.
+    args = {"max_model_len": 1024, "max_num_seqs": 4, "block_size": 32, "enable_prefix_caching": True}
+    if engine == "vllm":
+        args.update(dtype="float32", enforce_eager=True)
+    return {
+        "name": name,
+        "engine": engine,
+        "accelerator": "cpu",
+        "model": "tiny-llama",
+        "replicas": 1,
+        "resources": {"num_cpus": 0},
+        "engine_args": args,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +83,33 @@ def no_ws(tiny_llama):
 
 @pytest.fixture(scope="module")
 def client(serve_session, tiny_llama):
-    parsers = {"enable_auto_tool_choice": True, "tool_call_parser": "hermes", "reasoning_parser": "qwen3"}
-    pools = [tt_pool(**ENGINE_ARGS), vllm_pool(**ENGINE_ARGS)]
-    ingress = {"replicas": 1, "max_concurrent_requests": 16}
-    args = app_args(Path(__file__).name, tiny_llama, pools, model=parsers, ingress=ingress)
-    with deployed_app(serve_session, APP, args, "/agentic") as url:
-        yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=180)
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    args = {
+        "config_file": str(Path(__file__).name),
+        "models": [
+            {
+                "name": "tiny-llama",
+                "path": str(tiny_llama),
+                "enable_auto_tool_choice": True,
+                "tool_call_parser": "hermes",
+                "reasoning_parser": "qwen3",
+            }
+        ],
+        "pools": [_pool("tt", "tt"), _pool("vllm", "vllm")],
+        "ingress": {"replicas": 1, "max_concurrent_requests": 16},
+    }
+    serve.run(build_app(args), name=APP, route_prefix="/agentic")
+    try:
+        yield openai.OpenAI(base_url=f"{serve_session}/agentic/v1", api_key="unused", max_retries=0, timeout=180)
+    finally:
+        serve.delete(APP)
+
+
+def _pin(pool: str) -> dict:
+    return {"x-meshserve-pool": pool}
 
 
 @pytest.mark.parametrize("pool", POOLS)
@@ -95,7 +125,7 @@ def test_named_and_required_tool_choice_return_valid_calls(client, no_ws, pool):
             max_tokens=120,
             temperature=0,
             logit_bias=no_ws,
-            extra_headers=pin(pool),
+            extra_headers=_pin(pool),
             extra_body=NO_THINKING,
         )
         (c,) = r.choices
@@ -123,7 +153,7 @@ def test_auto_tool_call_is_parsed_and_streams_to_the_same_message(client, no_ws,
         max_tokens=120,
         temperature=0,
         logit_bias=no_ws,
-        extra_headers=pin(pool),
+        extra_headers=_pin(pool),
         extra_body={**NO_THINKING, "structured_outputs": {"regex": AUTO_CALL}},
     )
     r = client.chat.completions.create(**kw)
@@ -153,7 +183,7 @@ def test_reasoning_split(client, pool):
         messages=MESSAGES,
         max_tokens=8,
         temperature=0,
-        extra_headers=pin(pool),
+        extra_headers=_pin(pool),
         extra_body={"ignore_eos": True},
     )
     # Thinking on (the template leaves the reasoning open): the qwen3 parser reads the output,
@@ -181,7 +211,7 @@ def test_responses_api(client, no_ws, pool):
         parallel_tool_calls=False,
         max_output_tokens=120,
         temperature=0,
-        extra_headers=pin(pool),
+        extra_headers=_pin(pool),
         extra_body={**NO_THINKING, "logit_bias": no_ws},
     )
     r = client.responses.create(**kw)
@@ -198,7 +228,7 @@ def test_responses_api(client, no_ws, pool):
     assert item.arguments == args
 
     # A plain text answer, streamed: the deltas are the final text.
-    text_kw = dict(model="tiny-llama", input="Hello", max_output_tokens=8, extra_headers=pin(pool))
+    text_kw = dict(model="tiny-llama", input="Hello", max_output_tokens=8, extra_headers=_pin(pool))
     text_kw["extra_body"] = {**NO_THINKING, "ignore_eos": True, "temperature": 0}
     final = client.responses.create(**text_kw)
     stream = list(client.responses.create(stream=True, **text_kw))
@@ -206,4 +236,4 @@ def test_responses_api(client, no_ws, pool):
     assert deltas == final.output_text == stream[-1].response.output_text and final.usage.output_tokens == 8
 
     with pytest.raises(openai.BadRequestError, match="previous_response_id"):
-        client.responses.create(model="tiny-llama", input="x", previous_response_id="resp_1", extra_headers=pin(pool))
+        client.responses.create(model="tiny-llama", input="x", previous_response_id="resp_1", extra_headers=_pin(pool))

@@ -24,8 +24,6 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.conftest import free_port
-from tests.doubles.app_args import TT_ENGINE_ARGS, app_args, pool_args
 from tests.doubles.handle_loop import HANDLES, wait_until_router_knows
 from tests.e2e.cluster import simulated_cluster
 from tests.hf_reference import hf_greedy
@@ -61,7 +59,7 @@ def cluster(tmp_path_factory):
         with simulated_cluster({"num_cpus": 2, "resources": {"head": 1}}, nodes) as (c, handles):
             from ray import serve
 
-            port = free_port()
+            port = _free_port()
             serve.start(http_options={"host": "127.0.0.1", "port": port, "location": "HeadOnly"})
             yield {"cluster": c, "nodes": handles, "url": f"http://127.0.0.1:{port}"}
     finally:
@@ -69,15 +67,25 @@ def cluster(tmp_path_factory):
             shutil.rmtree(root, ignore_errors=True)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _tt_pool(name: str, role: str, replicas: int, resources: dict[str, float]) -> dict:
-    return pool_args(
-        name,
-        "tt",
-        dict(TT_ENGINE_ARGS),
-        replicas=replicas,
-        role=role,
-        resources={"num_cpus": 0, "resources": resources},
-    )
+    return {
+        "name": name,
+        "engine": "tt",
+        "accelerator": "cpu",
+        "model": "tiny-llama",
+        "role": role,
+        "replicas": replicas,
+        "resources": {"num_cpus": 0, "resources": resources},
+        "engine_args": {"max_model_len": 512, "data_parallel_size": 1, "max_num_seqs": 4, "block_size": 16},
+    }
 
 
 def _deploy(app: str, pools: list[dict], tiny_llama, **extra) -> None:
@@ -85,11 +93,15 @@ def _deploy(app: str, pools: list[dict], tiny_llama, **extra) -> None:
 
     from serve_app.app import build_app
 
-    # A sliver of CPU: only the head has CPUs, so the router and the ingress land there.
-    sliver = 0.05
-    args = app_args(
-        f"test_multinode_{app}", tiny_llama, pools, router={"num_cpus": sliver}, ingress={"num_cpus": sliver}, **extra
-    )
+    args = {
+        "config_file": f"test_multinode_{app}",
+        "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
+        "pools": pools,
+        # A sliver of CPU: only the head has CPUs, so the router and the ingress land there.
+        "router": {"num_cpus": 0.05},
+        "ingress": {"num_cpus": 0.05},
+        **extra,
+    }
     serve.run(build_app(args), name=app, route_prefix=f"/{app}")
     wait_until_router_knows(app, len(pools) if pools[0]["replicas"] == 1 else pools[0]["replicas"], timeout_s=180)
 
