@@ -1,6 +1,6 @@
 """The fault suite (issue 15): faults injected into a running app under load, measured from the
 client's side. Prints ONE JSON object; run it alone:
-``flock /tmp/meshserve-bench.lock python bench/faults.py [--scenarios a,b]`` (default: all four below).
+``flock /tmp/meshserve-bench.lock python bench/faults.py [--scenarios a,b]`` (default: all five below).
 
 The app (one per run, on a fresh local Ray + Serve): tiny-llama on two TT-mesh replicas (torch
 mesh model) and two vLLM-CPU replicas, ingress ``max_concurrent_requests`` = ``--capacity``.
@@ -22,8 +22,10 @@ Scenarios (each a number in the JSON, and a slow test in tests/e2e/):
 - ``overload`` (item 5): ``10 x --capacity`` requests at once; counted: statuses (want only 200,
   429 and 503, every 429/503 with Retry-After), the ingress process's RSS before / peak / after,
   and whether a request succeeds right after (recovery).
-Not here (see docs/BENCHMARKS.md, Reliability): items 3 (KV-connector actor kill under PD) and 7
-(hung engine); item 6 (fuzz) is a test only (tests/e2e/test_ingress_edge.py).
+- ``kv_actor_kill`` (item 3): the KV-connector actor killed under PD streams, on its own PD app
+  (``bench/faults_pd.py``, deployed only when this scenario runs; tests/e2e/test_pd_faults.py).
+Not here (see docs/BENCHMARKS.md, Reliability): item 7 (hung engine; tests/e2e/test_hung_replica.py);
+item 6 (fuzz) is a test only (tests/e2e/test_ingress_edge.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import faults_clients as clients  # noqa: E402
 import faults_cluster as cluster  # noqa: E402
+import faults_pd  # noqa: E402
 from faults_cluster import APP, POOLS  # noqa: E402
 from serving_servers import free_port  # noqa: E402
 
@@ -255,7 +258,8 @@ async def overload(base: str, capacity: int, max_tokens: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scenarios", default="replica_kill,router_kill,disconnect_soak,overload")
+    parser.add_argument("--scenarios", default="replica_kill,router_kill,disconnect_soak,overload,kv_actor_kill")
+    parser.add_argument("--kv-path", choices=("object", "shm"), default="object")  # kv_actor_kill's data path
     parser.add_argument("--streams", type=int, default=24)
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--capacity", type=int, default=32)  # >= --streams
@@ -277,10 +281,15 @@ def main() -> None:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         model = str(ENVS.checkpoint_dir / "tiny-llama")
-        serve.run(build_app(app_args(model, args.capacity)), name=APP, route_prefix="/")
+        scenarios = args.scenarios.split(",")
+        if set(scenarios) - {"kv_actor_kill"}:
+            serve.run(build_app(app_args(model, args.capacity)), name=APP, route_prefix="/")
+        if "kv_actor_kill" in scenarios:
+            faults_pd.make_actor(args.kv_path)
+            serve.run(build_app(faults_pd.pd_app_args(model, args.capacity)), name=faults_pd.PD_APP, route_prefix="/pd")
         base = f"http://127.0.0.1:{port}"
         loop = asyncio.new_event_loop()
-        for name in args.scenarios.split(","):
+        for name in scenarios:
             t0 = time.monotonic()
             if name == "replica_kill":
                 result = loop.run_until_complete(replica_kill(base, args.streams, args.max_tokens, args.hang_s))
@@ -290,6 +299,12 @@ def main() -> None:
                 result = loop.run_until_complete(disconnect_soak(base, args.soak_requests, args.capacity, 0.3, 32))
             elif name == "overload":
                 result = loop.run_until_complete(overload(base, args.capacity, 16))
+            elif name == "kv_actor_kill":
+                pd_base = f"{base}/pd"
+                result = loop.run_until_complete(
+                    faults_pd.kv_actor_kill(pd_base, args.streams, args.max_tokens, args.hang_s)
+                )
+                result["kv_path"] = args.kv_path
             else:
                 raise SystemExit(f"unknown scenario {name!r}")
             result["scenario_s"] = round(time.monotonic() - t0, 1)
@@ -297,6 +312,8 @@ def main() -> None:
             print(json.dumps({name: result}), file=sys.stderr, flush=True)
     finally:
         out["load_average_end"] = os.getloadavg()
+        if "kv_actor_kill" in args.scenarios:
+            faults_pd.remove_actor()  # detached: outlives Serve (and its tmpfs store would too)
         serve.shutdown()
         ray.shutdown()
     print(json.dumps(out, indent=1))

@@ -25,8 +25,14 @@ def body(prompt: list[int], max_tokens: int, stream: bool) -> dict[str, Any]:
     }
 
 
-async def reference(client: httpx.AsyncClient, url: str, pool: str, prompt: list[int], max_tokens: int) -> list[int]:
-    r = await client.post(url, json=body(prompt, max_tokens, False), headers={"x-meshserve-pool": pool})
+def _pinned(pool: str | None) -> dict[str, str]:
+    return {"x-meshserve-pool": pool} if pool else {}  # None: the router decides (PD apps)
+
+
+async def reference(
+    client: httpx.AsyncClient, url: str, pool: str | None, prompt: list[int], max_tokens: int
+) -> list[int]:
+    r = await client.post(url, json=body(prompt, max_tokens, False), headers=_pinned(pool))
     r.raise_for_status()
     ids: list[int] = r.json()["choices"][0]["token_ids"]
     return ids
@@ -35,7 +41,7 @@ async def reference(client: httpx.AsyncClient, url: str, pool: str, prompt: list
 async def stream(
     client: httpx.AsyncClient,
     url: str,
-    pool: str,
+    pool: str | None,
     prompt: list[int],
     max_tokens: int,
     started: asyncio.Event,
@@ -44,9 +50,7 @@ async def stream(
     tokens: list[int] = []
     usage = None
     try:
-        async with client.stream(
-            "POST", url, json=body(prompt, max_tokens, True), headers={"x-meshserve-pool": pool}
-        ) as r:
+        async with client.stream("POST", url, json=body(prompt, max_tokens, True), headers=_pinned(pool)) as r:
             if r.status_code != 200:
                 return {"outcome": "failed", "status": r.status_code, "tokens": tokens}
             lines = r.aiter_lines()

@@ -25,7 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.process_cpu import CpuSampler, process_label  # noqa: E402
 from bench.serve_overhead import base_env, run_client, server_env  # noqa: E402
-from bench.serving_servers import bare_vllm_command, free_port, serve_command, started, vllm_engine_args  # noqa: E402
+from bench.serving_servers import (  # noqa: E402
+    bare_vllm_command,
+    free_port,
+    serve_command,
+    started,
+    stop_servers_on_sigterm,
+    vllm_engine_args,
+)
 
 PY_SPY = Path(sys.executable).with_name("py-spy")
 
@@ -78,6 +85,7 @@ def main() -> None:
     parser.add_argument("--mode", default="vllm", help=argparse.SUPPRESS)
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp/meshserve-profile"))
     opts = parser.parse_args()
+    stop_servers_on_sigterm()
     opts.config = opts.config.resolve()
     opts.log_dir.mkdir(parents=True, exist_ok=True)
     env = base_env(opts)

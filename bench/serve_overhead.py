@@ -57,6 +57,7 @@ from bench.serving_servers import (  # noqa: E402
     free_port,
     serve_command,
     started,
+    stop_servers_on_sigterm,
     vllm_engine_args,
 )
 from serve_app.config.load import load_app_config  # noqa: E402
@@ -342,6 +343,7 @@ def main() -> None:
     )
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp/meshserve-bench"))
     opts = parser.parse_args()
+    stop_servers_on_sigterm()
     opts.config = (
         opts.config or REPO / "configs" / ("tt_cpu.yaml" if opts.mode == "tt" else "vllm_cpu.yaml")
     ).resolve()

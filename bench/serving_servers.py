@@ -129,6 +129,17 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
+def stop_servers_on_sigterm() -> None:
+    """Make SIGTERM unwind like Ctrl-C, so every ``started`` server's ``finally`` stops its process
+    group: by default SIGTERM ends Python without running ``finally`` blocks, leaving the servers
+    (and their Ray clusters) running behind a killed benchmark."""
+
+    def _raise(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _raise)
+
+
 @contextlib.contextmanager
 def started(
     name: str, cmd: list[str], env: Mapping[str, str], port: int, log_dir: Path, timeout_s: float = 600

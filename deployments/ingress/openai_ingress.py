@@ -229,7 +229,10 @@ class OpenAIIngress:
             echo=conv.echo_texts(req, tok),
         )
         choices = [rsp.ChoiceState(index=i, prompt_index=i // req.n) for i in range(len(greqs))]
-        parsers = [ChoiceParser(tools, plan, prompts[0]) for _ in choices] if plan is not None else None
+        # Output parsers only for a model with vLLM parsers (without one, every choice is plain content).
+        parsers = (
+            [ChoiceParser(tools, plan, prompts[0]) for _ in choices] if plan is not None and tools.has_parser else None
+        )
         merged = merge_streams(streams)
         if not req.stream:
             out = await stream_render.collect(merged, choices, opts, tok, prompts, is_chat, parsers)

@@ -27,7 +27,9 @@ node's shared-memory store (its spare, reusable files included).
 Addressing: a named detached actor ``kv_connector`` in namespace ``meshserve-kv-<app>``, so any
 process of the cluster — a Serve replica, or a vLLM engine-core/worker child that joined the
 cluster with ``ray.init(address="auto")`` — finds it by name. Created idempotently by
-``get_or_create_kv_connector``; ``kill_kv_connector`` removes it with the application. Callers
+``get_or_create_kv_connector`` and restarted by Ray if its process dies (``max_restarts=-1``:
+in-flight object-store transfers are lost and recomputed, see ``get_or_create_kv_connector``);
+``kill_kv_connector`` removes it with the application. Callers
 talk to it through ``connector_client.KVConnectorClient`` (what both lookups return).
 """
 
@@ -343,7 +345,12 @@ def get_or_create_kv_connector(app_name: str, config: KVConnectorConfig = KVConn
         get_if_exists=True,
         lifetime="detached",
         num_cpus=0,
-        max_restarts=0,
+        # A crashed actor (its process killed, OOM) is restarted by Ray with the same arguments;
+        # handles stay valid. Calls while it restarts fail at once (``ActorUnavailableError``:
+        # that hand-off is recomputed, no engine waits on the restart). What it held is lost:
+        # object-store transfers in flight are unreadable and their decode sides recompute; the
+        # node's shared-memory store is adopted as is. Only ``kill_kv_connector`` ends it.
+        max_restarts=-1,
     ).remote(config, app_name)
     client = KVConnectorClient(handle)
     client.shm_config(timeout_s=60)  # started: its node's store exists from here on

@@ -33,6 +33,10 @@ class ChoiceParser:
         self._prompt = list(prompt_token_ids)
         self._parser = tools.make_parser(plan)
         self._tools_streamed = False
+        if self._parser is not None:  # imported once per choice, not per streamed delta
+            from vllm.entrypoints.serve.utils.tool_calls_utils import maybe_filter_parallel_tool_calls
+
+            self._filter_parallel = maybe_filter_parallel_tool_calls
 
     @property
     def active(self) -> bool:
@@ -46,8 +50,6 @@ class ChoiceParser:
         this text back (e.g. a partial ``<tool_call>`` tag)."""
         if self._parser is None:
             return {"content": text}
-        from vllm.entrypoints.serve.utils.tool_calls_utils import maybe_filter_parallel_tool_calls
-
         request = self._plan.vllm_request
         message = self._parser.parse_delta(
             delta_text=text,
@@ -58,7 +60,7 @@ class ChoiceParser:
         )
         if message is None:
             return None
-        message = maybe_filter_parallel_tool_calls(message, request)
+        message = self._filter_parallel(message, request)
         if message.tool_calls:
             self._tools_streamed = True
         out = _with_reasoning_content(message.model_dump(exclude_none=True))

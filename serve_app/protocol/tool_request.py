@@ -86,6 +86,7 @@ class ChatTools:
         self.parsing = parsing
         self.tokenizer = tokenizer
         self.parser_cls: Any = None
+        self.has_reasoning_parser = False
         if parsing.has_parser:
             from vllm.parser import ParserManager
 
@@ -98,6 +99,8 @@ class ChatTools:
                 model_name=model_name,
                 tokenizer=tokenizer.hf,
             )
+            # (get_parser may still answer None: keep the guard the per-request checks had)
+            self.has_reasoning_parser = self.parser_cls is not None and self.parser_cls.reasoning_parser_cls is not None
 
     @property
     def enable_auto_tools(self) -> bool:
@@ -107,12 +110,16 @@ class ChatTools:
     def has_tool_parser(self) -> bool:
         return self.parser_cls is not None and self.parser_cls.tool_parser_cls is not None
 
+    @property
+    def has_parser(self) -> bool:
+        """Whether this model's output goes through a vLLM parser (``tool_output.ChoiceParser``)."""
+        return self.parser_cls is not None
+
     def needs_plan(self, body: Mapping[str, Any]) -> bool:
         """Whether this request goes through vLLM's request model: it has tools (or template
         kwargs), or the model has a reasoning parser. (A tool parser alone leaves a request
         without tools as it is: vLLM neither adjusts it nor parses its output.)"""
-        has_reasoning = self.parser_cls is not None and self.parser_cls.reasoning_parser_cls is not None
-        return has_reasoning or any(
+        return self.has_reasoning_parser or any(
             body.get(k) is not None
             for k in ("tools", "tool_choice", "chat_template_kwargs", "reasoning_effort", "documents")
         )
@@ -192,7 +199,7 @@ class ChatTools:
         original_skip, original_so = request.skip_special_tokens, request.structured_outputs
         if self.parser_cls is not None:
             # vLLM (OnlineRenderer.preprocess_chat) adjusts for a reasoning parser or a tool choice.
-            if self.parser_cls.reasoning_parser_cls is not None or request.tool_choice != "none":
+            if self.has_reasoning_parser or request.tool_choice != "none":
                 try:
                     request = self.parser_cls(
                         self.tokenizer.hf, request.tools, chat_template_kwargs=kwargs

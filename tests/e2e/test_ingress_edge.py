@@ -2,7 +2,8 @@
 health, through the official ``openai`` client and raw HTTP (issue 15).
 
 One app for the module: API key required, a 64 KiB body bound, a concurrency bound of 4 engine
-requests, one TT replica (so killing it leaves the model with none: /health 503, /v1/models empty).
+requests, one TT replica taking 2 requests at a time with 1 queued per handle (Serve's bounds:
+past them 503), so killing it leaves the model with none: /health 503, /v1/models empty.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def _args(tiny_llama) -> dict:
                 "model": "tiny-llama",
                 "replicas": 1,
                 "resources": {"num_cpus": 0},
+                "max_ongoing_requests": 2,
+                "max_queued_requests": 1,
                 "engine_args": {"max_model_len": 256, "data_parallel_size": 1, "max_num_seqs": 4, "block_size": 16},
             }
         ],
@@ -226,6 +229,58 @@ def test_fuzz_mutated_bodies_never_5xx(base_url):
     run()
     assert 400 in statuses
     assert _post(base_url, "/v1/completions", _VALID).status_code == 200  # still serving
+
+
+def test_overload_answers_only_429_or_503_with_retry_after_then_recovers(base_url):
+    """Fault item 5: 40 requests at once, 10x the ingress's bound of 4 engine requests (and past the
+    pool's 2 running + 1 queued): every answer is a 200 or a 429/503 with Retry-After and an
+    OpenAI error body, never another status. Afterwards nothing is held: the ingress takes its
+    full bound at once again (no 429), requests succeed, the engine is idle with every KV block free."""
+    import asyncio
+
+    from tests.doubles.handle_loop import HANDLES
+
+    url = f"{base_url}/v1/completions"
+    body = {"model": "tiny-llama", "prompt": [1, 5, 9, 13, 17], "max_tokens": 48, "ignore_eos": True}
+    headers = {"Authorization": f"Bearer {KEY}"}
+
+    async def at_once(n: int) -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=n)) as http:
+            return list(await asyncio.gather(*(http.post(url, json=body, headers=headers) for _ in range(n))))
+
+    burst = asyncio.run(at_once(40))
+    statuses = [r.status_code for r in burst]
+    counts = {s: statuses.count(s) for s in sorted(set(statuses))}
+    print(json.dumps({"overload_status_counts": counts}))
+    assert set(statuses) <= {200, 429, 503}, counts
+    rejects = [r for r in burst if r.status_code != 200]
+    assert rejects and 200 in statuses, counts
+    for r in rejects:
+        assert r.headers.get("retry-after") == "1" and r.json()["error"]["code"] == r.status_code
+    # Recovery: every ingress slot is free again (4 at once: none refused by the ingress; the
+    # pool's own bound may still answer 503) and requests succeed.
+    after = [r.status_code for r in asyncio.run(at_once(4))]
+    assert 429 not in after and set(after) <= {200, 503}, after
+    assert all(_post(base_url, "/v1/completions", body).status_code == 200 for _ in range(2))
+
+    async def engine_state() -> list[tuple[int, int, int]]:
+        from ray import serve
+
+        handle = serve.get_deployment_handle(POOL, APP)
+        snaps = await handle.broadcast("routing_snapshot", {}).results_async(timeout_s=30)
+        return [
+            (
+                s.num_inflight,
+                s.stats.num_running + s.stats.num_waiting,
+                s.stats.num_kv_blocks_total - s.stats.num_kv_blocks_free,
+            )
+            for s in snaps
+        ]
+
+    deadline = time.monotonic() + 30
+    while (state := HANDLES.call(engine_state())) != [(0, 0, 0)]:
+        assert time.monotonic() < deadline, state
+        time.sleep(0.2)
 
 
 def test_health_503_while_the_model_has_no_replica(base_url):

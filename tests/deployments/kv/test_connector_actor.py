@@ -129,6 +129,47 @@ def test_actor_killed_mid_transfer_fails_cleanly(app):
     transport.report_recompute("actor_dead")  # must not raise with the actor gone
 
 
+def _actor_pid(app_name):
+    import os
+
+    return ray.get(get_kv_connector(app_name).handle.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
+
+
+def test_crashed_actor_is_restarted_and_found_again(app):
+    """Its process killed (a crash, not ``kill_kv_connector``): Ray restarts it under the same
+    name. The object-store transfer it held is lost (the consumer recomputes); the same transport
+    then stores and reads through the restarted actor, and the lost payload's lease is not held."""
+    import os
+    import signal
+
+    get_or_create_kv_connector(app, _config("object"))
+    transport = RayKVTransport(app)
+    transport.put("t1", _payload(), timeout_s=5)
+    pid = _actor_pid(app)
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(KVTransferError):
+        transport.fetch("t1", timeout_s=30)
+    transport.report_recompute("actor_dead")
+    deadline = time.time() + 60
+    while True:  # calls fail fast (ActorUnavailableError) while Ray restarts it
+        try:
+            if _actor_pid(app) != pid:
+                break
+        except ray.exceptions.RayError:
+            pass
+        assert time.time() < deadline, "the actor was not restarted"
+        time.sleep(0.2)
+    payload = _payload(seed=3)
+    transport.put("t2", payload, timeout_s=30)
+    assert torch.equal(transport.fetch("t2", timeout_s=30).kv, payload.kv)
+    transport.complete("t2")
+    deadline = time.time() + 10
+    while _stats(app)["num_transfers"] and time.time() < deadline:
+        time.sleep(0.1)
+    stats = _stats(app)
+    assert stats["num_transfers"] == 0 and stats["num_bytes_used"] == 0 and stats["num_completed"] == 1
+
+
 def test_shared_memory_transfer_survives_the_actor(app):
     """Shared-memory path: the transfer lives in the node's store, not in the actor, so killing
     the actor mid-transfer loses nothing; a restarted actor adopts the store and sweeps it."""
