@@ -54,6 +54,10 @@ def decoder_forward(
     h = w.embed[tokens.reshape(-1)]  # [n * L, hidden]
     kv_dtype = store.keys[0].dtype
     is_cast = kv_dtype != h.dtype  # casts only where KV and model dtypes differ (fewer ops per layer)
+    # Prefill: only each row's last token leaves the program, and the last layer's K/V come from
+    # its input; so that layer's o_proj and MLP run on those n tokens, not all n * L.
+    last_rows = None if length == 1 else torch.arange(n, device=dev) * length + last_index.to(dev)
+    num_layers = len(w.layers)
     for i, layer in enumerate(w.layers):
         x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
         q, k, v = project_qkv(x, layer, cfg, cos_sin)
@@ -62,8 +66,9 @@ def decoder_forward(
         write_kv(store, i, meta, k, v)
         attn = paged_attention(store, i, meta, q.view(n, length, cfg.num_heads, cfg.head_dim), scale)
         attn = attn.view(n * length, -1)
+        if last_rows is not None and i == num_layers - 1:
+            h, attn = h.index_select(0, last_rows), attn.index_select(0, last_rows)
         h = h + F.linear(attn.to(h.dtype) if is_cast else attn, layer.o_proj)
         h = h + swiglu_mlp(rms_norm(h, layer.post_attention_norm, cfg.rms_norm_eps), layer)
-    # Decode (L == 1): every row's only token is its last.
-    last = h if length == 1 else h.view(n, length, -1)[torch.arange(n, device=dev), last_index.to(dev)]
-    return F.linear(rms_norm(last, w.final_norm, cfg.rms_norm_eps), w.lm_head)
+    # h is [n, hidden] now: decode rows' only token, or prefill rows' last one.
+    return F.linear(rms_norm(h, w.final_norm, cfg.rms_norm_eps), w.lm_head)
