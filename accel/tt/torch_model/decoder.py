@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 
 from accel.tt.torch_model.config import DecoderConfig
-from accel.tt.torch_model.decode_kv import DecodeKV, resident_attention
 from accel.tt.torch_model.layers import RotaryTables, project_qkv, rms_norm, swiglu_mlp
 from accel.tt.torch_model.paged_attention import AttentionMetadata, PagedKVStore, paged_attention, write_kv
 from accel.tt.torch_model.weights import ModelWeights
@@ -32,12 +31,9 @@ def decoder_forward(
     num_ctx_blocks: int,
     last_index: torch.Tensor,
     num_ctx_tokens: int | None = None,
-    resident: DecodeKV | None = None,
 ) -> torch.Tensor:
     """``tokens``/``positions``/``is_written`` ``[n, L]`` -> logits ``[n, vocab]`` at ``last_index``;
-    attention reads ``num_ctx_tokens`` keys per row (default: every gathered block's).
-    ``resident`` (full-width decode only, ``sync``ed for this step): K/V are appended to its
-    rows too and attention reads them there instead of copying pages."""
+    attention reads ``num_ctx_tokens`` keys per row (default: every gathered block's)."""
     dev = device
     tokens, positions, is_written = tokens.to(dev), positions.to(dev), is_written.to(dev)
     n, length = tokens.shape
@@ -53,8 +49,7 @@ def decoder_forward(
         dtype=store.keys[0].dtype,
         num_ctx_tokens=num_ctx_tokens,
     )
-    flat_positions = positions.reshape(-1)
-    cos_sin = rope.at_rolled(flat_positions)
+    cos_sin = rope.at_rolled(positions.reshape(-1))
     scale = cfg.head_dim**-0.5
     h = w.embed[tokens.reshape(-1)]  # [n * L, hidden]
     kv_dtype = store.keys[0].dtype
@@ -69,12 +64,7 @@ def decoder_forward(
         if is_cast:
             q, k, v = q.to(kv_dtype), k.to(kv_dtype), v.to(kv_dtype)
         write_kv(store, i, meta, k, v)
-        q = q.view(n, length, cfg.num_heads, cfg.head_dim)
-        if resident is not None:
-            resident.write(i, flat_positions, k, v)
-            attn = resident_attention(resident, i, meta, q, scale)
-        else:
-            attn = paged_attention(store, i, meta, q, scale)
+        attn = paged_attention(store, i, meta, q.view(n, length, cfg.num_heads, cfg.head_dim), scale)
         attn = attn.view(n * length, -1)
         if last_rows is not None and i == num_layers - 1:
             h, attn = h.index_select(0, last_rows), attn.index_select(0, last_rows)

@@ -32,7 +32,6 @@ from accel.tt.mesh_model import (
     TTSamplingParams,
 )
 from accel.tt.torch_model.config import DecoderConfig
-from accel.tt.torch_model.decode_kv import DecodeKV
 from accel.tt.torch_model.decoder import decoder_forward
 from accel.tt.torch_model.device_queue import DeviceQueue, FutureEvent, PendingDecode
 from accel.tt.torch_model.layers import RotaryTables
@@ -83,7 +82,6 @@ class TorchMeshModel:
         self.generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
         self.captured_shapes: list[tuple[str, tuple[int, ...], str]] = []  # (phase, shape, variant)
         self._store: PagedKVStore | None = None
-        self._resident: DecodeKV | None = None  # decode slots' contexts, beside the pages
         self._queue = DeviceQueue()
         self._decode_sampling = DecodeSamplingCache(config.vocab_size, device)
 
@@ -174,7 +172,6 @@ class TorchMeshModel:
         self._store = PagedKVStore.allocate(
             self.num_lanes, num_layers, (num_blocks, num_kv_heads, block_size, head_dim), self.device, kv_dtype
         )
-        self._resident = DecodeKV(self._store, self.max_batch_size, self.max_seq_len)
         return self._store.lane_views()
 
     def _store_for(self, kv_cache: Any) -> PagedKVStore:
@@ -230,12 +227,7 @@ class TorchMeshModel:
             else None
         )
 
-        resident = self._resident
-        written_slots = torch.as_tensor(slots, dtype=torch.int64)
-
         def program() -> Any:
-            if resident is not None:
-                resident.invalidate(written_slots)  # its decode rows no longer mirror these slots' pages
             logits = decoder_forward(
                 self.config,
                 self.weights,
@@ -302,11 +294,7 @@ class TorchMeshModel:
             else None
         )
 
-        resident = self._resident
-
         def program() -> Any:
-            table = lanes[:, None] * store.num_blocks + page_table  # global block ids
-            is_resident = resident is not None and resident.sync(table, start_pos, num_ctx_tokens)
             logits = decoder_forward(
                 self.config,
                 self.weights,
@@ -321,10 +309,7 @@ class TorchMeshModel:
                 num_ctx_blocks,
                 torch.zeros(self.max_batch_size, dtype=torch.int64),
                 num_ctx_tokens,
-                resident if is_resident else None,
             )
-            if resident is not None:
-                resident.advance(start_pos if is_resident else torch.full_like(start_pos, -1))
             if prep is None:
                 return logits[:, None, :].float().cpu()
             return sample(logits, prep, self.generator, self.model_capabilities[MAX_DEVICE_TOP_K]).as_tt_output()
