@@ -59,10 +59,11 @@ def loop():
     loop.close()
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this machine now (shared by the e2e and cluster fixtures)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +74,7 @@ def serve_session():
 
     # Workers inherit the raylet's environment: make `tests.*` (test doubles) importable there.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    port = _free_port()
+    port = free_port()
     ray.init(
         address="local", num_cpus=2, object_store_memory=100 * 1024 * 1024, include_dashboard=False, log_to_driver=False
     )

@@ -7,7 +7,9 @@ put it to the actor and return the ticket ``{do_remote_prefill, transfer_id, num
 final delta. The put is synchronous (one copy into the node's shared-memory store, no RPC, or
 for large payloads into the object store plus one RPC; waits at most ``put_timeout_s`` when the
 store is full, stalling this engine's step loop that long): the ticket is only handed out once
-the payload is committed, so the decode side never races the producer. A failed put returns no ticket and the
+the payload is committed, so the decode side never races the producer (a decode replica on another
+node learns where it is from the actor, which waits briefly for the producer's background note:
+``deployments.kv.connector_actor.NOTE_GRACE_S``). A failed put returns no ticket and the
 decode side recomputes.
 
 Import: ``prefetch`` (asyncio side, called by ``TTMeshEngine.generate``) reads the payload named by

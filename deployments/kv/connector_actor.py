@@ -62,6 +62,13 @@ logger = logging.getLogger(__name__)
 
 ACTOR_NAME = "kv_connector"
 SWEEP_PERIOD_S = 1.0
+# A producer's note (``note_shm_transfers``) leaves its node in the background, after ``put``
+# returned and the ticket went out, so a consumer on another node can ask before it arrives (the
+# ticket's path through Serve is a few RPCs; the note one RPC after a batching pause). ``locate``
+# and ``contains`` wait this long for it before answering "not found" (below the callers'
+# deadlines: ``fetch_timeout_s`` 5 s, vLLM's ``lookup_timeout_s`` 2 s).
+NOTE_GRACE_S = 1.0
+NOTE_POLL_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -136,8 +143,7 @@ class KVConnectorActor:
         than ``searched`` (the store the caller already looked in)."""
         if self._registry.contains(transfer_id):
             return True
-        where = self._shm.where(transfer_id) if self._shm is not None else None
-        return where is not None and where != searched
+        return await self._noted(transfer_id, searched) is not None
 
     async def put_params(self, transfer_id: str, params: dict[str, Any]) -> float:
         """An engine-native connector's ``kv_transfer_params`` (TPU PD: this actor is only the
@@ -186,10 +192,24 @@ class KVConnectorActor:
             descriptor, refs = await self.claim(transfer_id)
             return InObjectStore(descriptor, tuple(refs))
         except KVTransferNotFound:
-            where = self._shm.where(transfer_id) if self._shm is not None else None
+            where = await self._noted(transfer_id)
             if where is None:
                 raise
             return where
+
+    async def _noted(self, transfer_id: str, searched: InNodeStore | None = None) -> InNodeStore | None:
+        """The node store a producer noted ``transfer_id`` in (not ``searched``, the store the
+        caller already looked in), waiting up to ``NOTE_GRACE_S`` for a note still in flight."""
+        if self._shm is None:
+            return None
+        deadline = time.monotonic() + NOTE_GRACE_S
+        while True:
+            where = self._shm.where(transfer_id)
+            if where is not None:
+                return where if where != searched else None
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(NOTE_POLL_S)
 
     async def destroy_shm(self) -> list[str]:
         """Remove this node's store (the application is going away); returns the other nodes

@@ -6,7 +6,8 @@ process (``connect`` joins the running cluster with ``ray.init(address="auto")``
 Data path per payload (see ``deployments.kv.connector_actor``): up to the store's
 ``max_payload_bytes``, this node's shared-memory store — ``put``, ``fetch`` and ``complete`` are
 file operations, no RPC (in a multi-node cluster the actor learns of the transfer from a batched
-background notification, for consumers on other nodes). Larger payloads, or a node without a usable store:
+background notification, for consumers on other nodes; the actor's ``locate`` waits briefly for
+one still in flight). Larger payloads, or a node without a usable store:
 the object store plus actor RPCs. A consumer looks in its node's store first, then asks the actor
 where the transfer is. The shared-memory path keeps working while the actor is dead; the
 object-store path then raises ``KVTransferError`` and the next call looks the actor up again.
@@ -29,7 +30,7 @@ from accel.kv_transfer.transport import KVTransferError, KVTransferNotFound
 from deployments.kv.connector_actor import actor_namespace, get_kv_connector, shm_store_path
 from deployments.kv.connector_client import KVConnectorClient
 from deployments.kv.messages import InNodeStore, InObjectStore
-from deployments.kv.shm_remote import complete_on_node, read_on_node
+from deployments.kv.shm_remote import complete_on_node, read_on_node, start_local_reader
 
 logger = logging.getLogger(__name__)
 
@@ -210,6 +211,20 @@ class RayKVTransport:
 
     # -- this node's shared-memory store ----------------------------------------------------
 
+    def serve_other_nodes(self) -> None:
+        """At replica start, in a multi-node cluster: open (or create) this node's store and start
+        its reader for consumers on other nodes (``shm_remote``), so the first cross-node
+        hand-off finds a warm process. Best effort: a consumer starts a missing reader itself."""
+        try:
+            connect_to_cluster(self.app_name, self.address)
+            if not _is_multi_node():
+                return
+            store = self._shm()
+            if store is not None:
+                start_local_reader(str(store.path))
+        except Exception:
+            logger.warning("KV store of %r: no reader for other nodes started", self.app_name, exc_info=True)
+
     def _shm(self) -> ShmKVStore | None:
         """This node's store: opened once; created from the actor's config if this node has none
         yet (the actor creates its own node's); None when disabled or unusable (retried later)."""
@@ -255,8 +270,7 @@ class RayKVTransport:
         while True:
             if self._note_transfers is None and time.monotonic() >= next_check_s:
                 try:
-                    nodes = ray.nodes()  # type: ignore[no-untyped-call]  # ray.nodes has no annotations upstream
-                    self._is_multi_node = len([n for n in nodes if n.get("Alive")]) > 1
+                    self._is_multi_node = _is_multi_node()
                 except Exception:
                     self._is_multi_node = True
                 next_check_s = time.monotonic() + NODE_CHECK_S
@@ -272,3 +286,9 @@ class RayKVTransport:
             except Exception:  # only cross-node consumers miss it (they recompute)
                 self._connector = None
                 logger.debug("KV connector not told of %d transfer(s)", len(batch), exc_info=True)
+
+
+def _is_multi_node() -> bool:
+    """Whether the cluster has more than one live node now."""
+    nodes = ray.nodes()  # type: ignore[no-untyped-call]  # ray.nodes has no annotations upstream
+    return len([n for n in nodes if n.get("Alive")]) > 1

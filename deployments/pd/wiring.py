@@ -49,7 +49,9 @@ def tt_kv_hooks(pool: PoolConfig) -> Any:
     name = app_name()
     get_or_create_kv_connector(name)
     logger.info("pool %s (%s): KV transfer through the %r KV connector", pool.name, pool.role, name)
-    return KVTransferHooks(RayKVTransport(name), pool.engine_config.model)
+    transport = RayKVTransport(name)
+    transport.serve_other_nodes()
+    return KVTransferHooks(transport, pool.engine_config.model)
 
 
 def vllm_kv_transfer_config(pool: PoolConfig) -> dict[str, Any] | None:
@@ -80,6 +82,8 @@ def _filled_in(config: dict[str, Any]) -> dict[str, Any]:
     extra.setdefault("ray_address", ray.get_runtime_context().gcs_address)
     extra.setdefault("transport", f"{RayKVTransport.__module__}:{RayKVTransport.__qualname__}")
     get_or_create_kv_connector(extra["app_name"])
+    # The engine's children put into this node's store; its reader serves other nodes' consumers.
+    RayKVTransport(extra["app_name"]).serve_other_nodes()
     return {**config, "kv_connector_extra_config": extra}
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from tests.conftest import REPO_ROOT
 
 SMALL_OBJECT_STORE = 80 * 1024 * 1024
+NODE_START_TIMEOUT_S = 90.0  # Ray's 30 s is short for a raylet on a loaded 2-core machine
 
 
 def leave_session_ray() -> None:
@@ -43,9 +44,9 @@ def simulated_cluster(head: dict[str, Any], nodes: list[dict[str, Any]]) -> Iter
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     cluster = _start_head(head)
     try:
-        handles = [cluster.add_node(**{"object_store_memory": SMALL_OBJECT_STORE, **n}) for n in nodes]
+        handles = [_add_node(cluster, {"object_store_memory": SMALL_OBJECT_STORE, **n}) for n in nodes]
         ray.init(address=cluster.address, log_to_driver=False)
-        cluster.wait_for_nodes()
+        cluster.wait_for_nodes(timeout=NODE_START_TIMEOUT_S)
         try:
             yield cluster, handles
         finally:
@@ -73,6 +74,24 @@ def _start_head(head: dict[str, Any]) -> Any:
         try:
             return Cluster(initialize_head=True, head_node_args=args)
         except Exception:
+            if attempt == 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _add_node(cluster: Any, args: dict[str, Any]) -> Any:
+    """A worker node, waited for longer than Ray's default; one retry (its processes are removed
+    first) when the raylet does not come up in time."""
+    for attempt in range(2):
+        node = None
+        try:
+            node = cluster.add_node(wait=False, **args)
+            cluster._wait_for_node(node, timeout=NODE_START_TIMEOUT_S)
+            return node
+        except Exception:
+            if node is not None:
+                with contextlib.suppress(Exception):
+                    cluster.remove_node(node, allow_graceful=False)
             if attempt == 1:
                 raise
     raise AssertionError("unreachable")

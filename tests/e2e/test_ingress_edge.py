@@ -15,6 +15,9 @@ import httpx
 import openai
 import pytest
 
+from tests.doubles.app_args import app_args, tt_pool
+from tests.doubles.deployed_app import deployed_app
+
 pytestmark = pytest.mark.slow
 
 APP = "ingress-edge-e2e"
@@ -24,39 +27,17 @@ MAX_BYTES = 64 * 1024
 
 
 def _args(tiny_llama) -> dict:
-    return {
-        "config_file": "test_ingress_edge",
-        "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
-        "pools": [
-            {
-                "name": "tt",
-                "engine": "tt",
-                "accelerator": "cpu",
-                "model": "tiny-llama",
-                "replicas": 1,
-                "resources": {"num_cpus": 0},
-                "max_ongoing_requests": 2,
-                "max_queued_requests": 1,
-                "engine_args": {"max_model_len": 256, "data_parallel_size": 1, "max_num_seqs": 4, "block_size": 16},
-            }
-        ],
-        "ingress": {"api_keys": [KEY], "max_request_bytes": MAX_BYTES, "max_concurrent_requests": 4},
-    }
+    # Serve's bounds on the one replica: 2 running, 1 queued per handle (past them 503).
+    pool = {**tt_pool(max_model_len=256), "max_ongoing_requests": 2, "max_queued_requests": 1}
+    ingress = {"api_keys": [KEY], "max_request_bytes": MAX_BYTES, "max_concurrent_requests": 4}
+    return app_args("test_ingress_edge", tiny_llama, [pool], ingress=ingress)
 
 
 @pytest.fixture(scope="module")
 def base_url(serve_session, tiny_llama):
-    from ray import serve
-
-    from serve_app.app import build_app
-
-    serve.run(build_app(_args(tiny_llama)), name=APP, route_prefix=f"/{APP}")
-    try:
-        url = f"{serve_session}/{APP}"
+    with deployed_app(serve_session, APP, _args(tiny_llama)) as url:
         _wait_health(url, 200)
         yield url
-    finally:
-        serve.delete(APP)
 
 
 def _wait_health(url: str, status: int, timeout_s: float = 90) -> float:

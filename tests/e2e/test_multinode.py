@@ -28,14 +28,7 @@ from tests.doubles.handle_loop import HANDLES, wait_until_router_knows
 from tests.e2e.cluster import simulated_cluster
 from tests.hf_reference import hf_greedy
 
-# Written for issue 14 but never yet seen passing (one run died in cluster start-up on a loaded
-# machine, one in Ray's state API, since replaced by the GCS actor table): kept out of CI until a
-# run of this module alone passes; then remove the skip.
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.cluster,
-    pytest.mark.skip(reason="issue 14: not yet seen passing once; run it alone and remove this skip"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 PD_APP = "mn-pd"
 TT_APP = "mn-tt"

@@ -8,7 +8,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.doubles.handle_loop import wait_until_router_knows
+from tests.doubles.app_args import app_args, tt_pool, vllm_pool
+from tests.doubles.deployed_app import deployed_app
 from tests.hf_reference import hf_greedy
 
 pytestmark = pytest.mark.slow
@@ -18,45 +19,12 @@ APP = "meshserve-pd"
 
 @pytest.fixture(scope="module")
 def client(serve_session, tiny_llama):
-    from ray import serve
-
-    from serve_app.app import build_app
-
-    common = {"model": "tiny-llama", "accelerator": "cpu", "replicas": 1, "resources": {"num_cpus": 0}}
-    args = {
-        "config_file": "test_pd_e2e",
-        "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
-        "pools": [
-            {
-                **common,
-                "name": "tt-prefill",
-                "engine": "tt",
-                "role": "prefill",
-                "engine_args": {"max_model_len": 512, "data_parallel_size": 1, "max_num_seqs": 4, "block_size": 16},
-            },
-            {
-                **common,
-                "name": "vllm-decode",
-                "engine": "vllm",
-                "role": "decode",
-                "engine_args": {
-                    "max_model_len": 512,
-                    "max_num_seqs": 4,
-                    "dtype": "float32",
-                    "enforce_eager": True,
-                    "block_size": 32,
-                    "enable_prefix_caching": True,
-                },
-            },
-        ],
-        "pd": {"threshold_tokens": 64},
-    }
-    serve.run(build_app(args), name=APP, route_prefix="/pd")
+    pools = [tt_pool("tt-prefill", role="prefill"), vllm_pool("vllm-decode", role="decode", enable_prefix_caching=True)]
+    args = app_args("test_pd_e2e", tiny_llama, pools, pd={"threshold_tokens": 64})
     try:
-        wait_until_router_knows(APP, 2)
-        yield openai.OpenAI(base_url=f"{serve_session}/pd/v1", api_key="unused", max_retries=0, timeout=120)
+        with deployed_app(serve_session, APP, args, "/pd", engine_replicas=2) as url:
+            yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
     finally:
-        serve.delete(APP)
         from deployments.kv.connector_actor import kill_kv_connector
 
         kill_kv_connector(APP)

@@ -13,7 +13,9 @@ import openai
 import pytest
 
 from accel.contract import GenerateRequest, SamplingParams, join_token_ids
-from tests.doubles.handle_loop import HANDLES, wait_until_router_knows
+from tests.doubles.app_args import app_args, vllm_pool
+from tests.doubles.deployed_app import deployed_app
+from tests.doubles.handle_loop import HANDLES
 from tests.hf_reference import hf_greedy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -33,52 +35,19 @@ def _connector(role):
 
 @pytest.fixture(scope="module")
 def client(serve_session, tiny_llama):
-    from ray import serve
-
     from deployments.kv.connector_actor import KVConnectorConfig, get_or_create_kv_connector, kill_kv_connector
-    from serve_app.app import build_app
 
     get_or_create_kv_connector(APP, KVConnectorConfig(lease_s=LEASE_S))  # before the replicas ask for it
-    engine_args = {
-        "max_model_len": 512,
-        "max_num_seqs": 4,
-        "dtype": "float32",
-        "enforce_eager": True,
-        "block_size": 32,
-        "enable_prefix_caching": False,
-    }  # only the connector can import
-    common = {
-        "engine": "vllm",
-        "model": "tiny-llama",
-        "accelerator": "cpu",
-        "replicas": 1,
-        "resources": {"num_cpus": 0},
-    }
-    args = {
-        "config_file": "test_pd_native_serve_e2e",
-        "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
-        "pools": [
-            {
-                **common,
-                "name": "pre",
-                "role": "prefill",
-                "engine_args": {**engine_args, "kv_transfer_config": _connector("kv_producer")},
-            },
-            {
-                **common,
-                "name": "dec",
-                "role": "decode",
-                "engine_args": {**engine_args, "kv_transfer_config": _connector("kv_consumer")},
-            },
-        ],
-        "pd": {"threshold_tokens": 64},
-    }
-    serve.run(build_app(args), name=APP, route_prefix="/pdn")
+    pools = [
+        # No prefix caching: only the connector can import.
+        vllm_pool("pre", role="prefill", enable_prefix_caching=False, kv_transfer_config=_connector("kv_producer")),
+        vllm_pool("dec", role="decode", enable_prefix_caching=False, kv_transfer_config=_connector("kv_consumer")),
+    ]
+    args = app_args("test_pd_native_serve_e2e", tiny_llama, pools, pd={"threshold_tokens": 64})
     try:
-        wait_until_router_knows(APP, 2)
-        yield openai.OpenAI(base_url=f"{serve_session}/pdn/v1", api_key="unused", max_retries=0, timeout=120)
+        with deployed_app(serve_session, APP, args, "/pdn", engine_replicas=2) as url:
+            yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
     finally:
-        serve.delete(APP)
         kill_kv_connector(APP)
 
 

@@ -10,15 +10,15 @@ same grammar (the tiny model is random: free whitespace would let it ramble to m
 
 from __future__ import annotations
 
-import copy
 import json
 import re
-from pathlib import Path
 
 import jsonschema
 import openai
 import pytest
-import yaml
+
+from tests.doubles.app_args import local_app_args, pin
+from tests.doubles.deployed_app import deployed_app
 
 pytestmark = pytest.mark.slow
 
@@ -37,25 +37,13 @@ COMPACT = {"structured_outputs": {"disable_any_whitespace": True}}
 
 @pytest.fixture(scope="module")
 def client(serve_session):
-    from ray import serve
-
-    from serve_app.app import build_app
-
-    path = Path(__file__).parents[2] / "configs" / "local.yaml"
-    args = copy.deepcopy(yaml.safe_load(path.read_text())["applications"][0]["args"])
+    args = local_app_args()
     for pool in args["pools"]:
         pool["replicas"] = 1
         if pool["engine"] == "vllm":
             pool["engine_args"]["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
-    serve.run(build_app(args), name=APP, route_prefix="/e2e-so")
-    try:
-        yield openai.OpenAI(base_url=f"{serve_session}/e2e-so/v1", api_key="unused", max_retries=0, timeout=120)
-    finally:
-        serve.delete(APP)
-
-
-def _pin(pool: str) -> dict:
-    return {"x-meshserve-pool": pool}
+    with deployed_app(serve_session, APP, args, "/e2e-so") as url:
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 @pytest.mark.parametrize("pool", ["tt", "vllm"])
@@ -67,7 +55,7 @@ def test_chat_json_schema(client, pool):
         max_tokens=48,
         temperature=0,
         extra_body=COMPACT,
-        extra_headers=_pin(pool),
+        extra_headers=pin(pool),
     )
     choice = r.choices[0]
     assert choice.finish_reason == "stop"
@@ -83,7 +71,7 @@ def test_completion_regex_and_choice(client, pool):
         max_tokens=24,
         temperature=0,
         extra_body={"structured_outputs": {"regex": regex}},
-        extra_headers=_pin(pool),
+        extra_headers=pin(pool),
     )
     assert r.choices[0].finish_reason == "stop" and re.fullmatch(regex, r.choices[0].text)
     choices = ["yes", "no"]
@@ -95,7 +83,7 @@ def test_completion_regex_and_choice(client, pool):
         seed=1,
         n=2,
         extra_body={"structured_outputs": {"choice": choices}},
-        extra_headers=_pin(pool),
+        extra_headers=pin(pool),
     )
     assert all(c.text in choices and c.finish_reason == "stop" for c in r.choices)
 

@@ -200,10 +200,10 @@ def test_consumer_on_another_node_pulls_through_a_pinned_task(app, tmp_path):
     payload = _payload(seed=7)
     RayKVTransport(app, note_transfers=True).put("t1", payload, timeout_s=5)  # (one node: notes off by default)
     remote = RayKVTransport(app, shm_root=str(tmp_path))
-    deadline = time.time() + 5  # the producer's note reaches the actor in the background
-    while not remote.contains("t1", timeout_s=5) and time.time() < deadline:
-        time.sleep(0.05)
+    # At once: the producer's note reaches the actor in the background, and the actor waits for a
+    # note in flight (NOTE_GRACE_S), as the decode side of a cross-node PD hand-off needs.
     assert torch.equal(remote.fetch("t1", timeout_s=30).kv, payload.kv)
+    deadline = time.time() + 5
     remote.complete("t1")
     while _stats(app)["num_transfers"] and time.time() < deadline + 25:
         time.sleep(0.1)
