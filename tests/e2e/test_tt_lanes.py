@@ -16,7 +16,8 @@ import asyncio
 import httpx
 import pytest
 
-from tests.doubles.handle_loop import wait_until_router_knows
+from tests.doubles.app_args import app_args, tt_pool
+from tests.doubles.deployed_app import deployed_app
 
 pytestmark = pytest.mark.slow
 
@@ -28,41 +29,14 @@ MAX_TOKENS = 6
 
 
 def _args(tiny_llama) -> dict:
-    return {
-        "config_file": "test_tt_lanes_e2e",
-        "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
-        "pools": [
-            {
-                "name": "tt",
-                "engine": "tt",
-                "accelerator": "cpu",
-                "model": "tiny-llama",
-                "replicas": 1,
-                "resources": {"num_cpus": 0},
-                "engine_args": {
-                    "max_model_len": 512,
-                    "data_parallel_size": 2,
-                    "max_num_seqs": 2,
-                    "block_size": BLOCK_SIZE,
-                    "enable_prefix_caching": True,
-                },
-            }
-        ],
-    }
+    pool = tt_pool(data_parallel_size=2, max_num_seqs=2, block_size=BLOCK_SIZE, enable_prefix_caching=True)
+    return app_args("test_tt_lanes_e2e", tiny_llama, [pool])
 
 
 @pytest.fixture(scope="module")
 def base_url(serve_session, tiny_llama):
-    from ray import serve
-
-    from serve_app.app import build_app
-
-    serve.run(build_app(_args(tiny_llama)), name=APP, route_prefix=f"/{APP}")
-    wait_until_router_knows(APP, 1)
-    try:
-        yield f"{serve_session}/{APP}"
-    finally:
-        serve.delete(APP)
+    with deployed_app(serve_session, APP, _args(tiny_llama), engine_replicas=1) as url:
+        yield url
 
 
 def _tokens(seed: int, n: int) -> list[int]:

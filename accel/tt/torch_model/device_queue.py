@@ -8,6 +8,7 @@ for it (``synchronize()`` waits and re-raises the forward's exception, like a fa
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,9 +37,25 @@ class DeviceQueue:
         self._executor = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=name, initializer=torch.set_num_threads, initargs=(threads,)
         )
+        self._time = DeviceTime(0, 0.0, 0.0)  # replaced (never mutated) by the worker only
 
     def submit(self, fn: Callable[[], T]) -> Future[T]:
-        return self._executor.submit(fn)
+        return self._executor.submit(self._timed, fn)
+
+    def device_time(self) -> DeviceTime:
+        return self._time
+
+    def _timed(self, fn: Callable[[], T]) -> T:
+        started, started_cpu = time.perf_counter(), time.thread_time()
+        try:
+            return fn()
+        finally:
+            t = self._time
+            self._time = DeviceTime(
+                t.num_programs + 1,
+                t.busy_s + time.perf_counter() - started,
+                t.busy_cpu_s + time.thread_time() - started_cpu,
+            )
 
     def run(self, fn: Callable[[], T]) -> T:
         """Submit and wait: synchronous calls still queue behind in-flight work."""
@@ -46,6 +63,17 @@ class DeviceQueue:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=False)
+
+
+@dataclass(frozen=True)
+class DeviceTime:
+    """Cumulative device-queue accounting (benchmarks read differences of two snapshots).
+    ``busy_s``: wall time inside programs; ``busy_cpu_s``: the worker's CPU time in them (the
+    rest of ``busy_s`` is the worker waiting for the GIL or for a core)."""
+
+    num_programs: int
+    busy_s: float
+    busy_cpu_s: float
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from accel.tt.mesh_model import (
 )
 from accel.tt.torch_model.config import DecoderConfig
 from accel.tt.torch_model.decoder import decoder_forward
-from accel.tt.torch_model.device_queue import DeviceQueue, FutureEvent, PendingDecode
+from accel.tt.torch_model.device_queue import DeviceQueue, DeviceTime, FutureEvent, PendingDecode
 from accel.tt.torch_model.layers import RotaryTables
 from accel.tt.torch_model.paged_attention import PagedKVStore, check_block_ids
 from accel.tt.torch_model.sampler import DecodeSamplingCache, prepare_sampling, sample
@@ -146,6 +146,10 @@ class TorchMeshModel:
 
     def close(self) -> None:
         self._queue.close()
+
+    def device_time(self) -> DeviceTime:
+        """Programs run so far and the time spent in them (for benchmarks; not tt-metal's)."""
+        return self._queue.device_time()
 
     def device_ping(self) -> None:
         """Returns once the device queue has run everything submitted before it (the torch
