@@ -5,7 +5,6 @@ Serve replaces the replica, and nothing is left in flight."""
 from __future__ import annotations
 
 import concurrent.futures
-import copy
 import tempfile
 import threading
 import time
@@ -13,9 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 from accel.tt.scripted_model import ScriptedMeshModel
+from tests.doubles.app_args import local_app_args
 from tests.doubles.handle_loop import HANDLES
 
 pytestmark = pytest.mark.slow
@@ -49,8 +48,7 @@ def base_url(serve_session, tiny_llama):
     from serve_app.app import build_from_config
     from serve_app.config.load import load_app_config
 
-    args = yaml.safe_load((Path(__file__).parents[2] / "configs" / "local.yaml").read_text())["applications"][0]["args"]
-    args = copy.deepcopy(args)
+    args = local_app_args()
     tt_pool = next(p for p in args["pools"] if p["name"] == "tt")
     args["pools"] = [dict(tt_pool, replicas=1, step_timeout_s=STEP_TIMEOUT_S)]
     args["router"]["index_mode"] = "approximate"
