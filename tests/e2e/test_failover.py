@@ -180,3 +180,44 @@ def test_client_disconnects_leave_no_request_and_no_kv_block(client, serve_sessi
             break
         time.sleep(0.5)
     assert clean, (tt, vllm)
+
+
+def test_requests_are_answered_while_the_router_is_dead(client):
+    """Fault item 2: the router replica killed (Serve replaces it), then requests on both pools at
+    once: the ingress decides locally while the router is gone, every request is answered in full,
+    and the replaced router answers again. Last in the module: the router is replaced under it."""
+    import asyncio
+
+    import ray
+    from ray import serve
+
+    from serve_app.app import ROUTER_NAME
+
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if f"{APP}#{ROUTER_NAME}#" in a["name"]]
+    assert names, "no router replica found"
+    for name in names:
+        ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+
+    async def ask(i: int):
+        pool = "tt" if i % 2 == 0 else "vllm"
+        return await asyncio.to_thread(
+            client.completions.create, temperature=0, **{**_kw(pool), "max_tokens": 16, "prompt": PROMPT_IDS[i:]}
+        )
+
+    async def all_of_them():
+        return await asyncio.gather(*(ask(i) for i in range(6)))
+
+    for answer in asyncio.run(all_of_them()):
+        assert answer.usage.completion_tokens == 16 and len(answer.choices[0].model_extra["token_ids"]) == 16
+
+    async def router_answers() -> bool:
+        try:
+            await serve.get_deployment_handle(ROUTER_NAME, APP).snapshot.remote()
+            return True
+        except Exception:
+            return False
+
+    deadline = time.monotonic() + 120
+    while not HANDLES.call(router_answers()):
+        assert time.monotonic() < deadline, "the router was never replaced"
+        time.sleep(0.5)
