@@ -21,6 +21,7 @@ import time
 import httpx
 import pytest
 
+from tests.doubles.app_args import app_args, tt_pool, vllm_pool
 from tests.doubles.handle_loop import HANDLES, wait_until_router_knows
 from tests.hf_reference import hf_greedy
 
@@ -33,35 +34,11 @@ LEASE_S = 5.0
 
 
 def _args(tiny_llama) -> dict:
-    common = {"model": "tiny-llama", "accelerator": "cpu", "replicas": 1, "resources": {"num_cpus": 0}}
-    return {
-        "config_file": "test_pd_faults_e2e",
-        "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],
-        "pools": [
-            {
-                **common,
-                "name": "tt-prefill",
-                "engine": "tt",
-                "role": "prefill",
-                "engine_args": {"max_model_len": 512, "data_parallel_size": 1, "max_num_seqs": 4, "block_size": 16},
-            },
-            {
-                **common,
-                "name": "vllm-decode",
-                "engine": "vllm",
-                "role": "decode",
-                "engine_args": {
-                    "max_model_len": 512,
-                    "max_num_seqs": 4,
-                    "dtype": "float32",
-                    "enforce_eager": True,
-                    "block_size": 32,
-                    "enable_prefix_caching": True,
-                },
-            },
-        ],
-        "pd": {"threshold_tokens": 64},
-    }
+    pools = [
+        tt_pool("tt-prefill", role="prefill"),
+        vllm_pool("vllm-decode", role="decode", enable_prefix_caching=True),
+    ]
+    return app_args("test_pd_faults_e2e", tiny_llama, pools, pd={"threshold_tokens": 64})
 
 
 @pytest.fixture(scope="module")
