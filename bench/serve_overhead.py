@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.engine_driver import drive_engine  # noqa: E402
 from bench.process_cpu import CpuSampler  # noqa: E402
+from bench.sched_stall import StallProbe  # noqa: E402
 from bench.serving_servers import (  # noqa: E402
     REPO,
     SERVED_MODEL,
@@ -159,9 +160,15 @@ def run_client(url: str, opts, concurrency: int, num_prompts: int, seed: int, lo
 
 def measure(server: Server, opts, concurrency: int, seed: int, log) -> dict[str, Any]:
     sampler = CpuSampler(server)
+    stall = StallProbe()
     own = time.process_time()
     sampler.start()
-    result = run_client(server.url, opts, concurrency, opts.num_prompts, seed, log)
+    stall.start()
+    try:
+        result = run_client(server.url, opts, concurrency, opts.num_prompts, seed, log)
+    finally:
+        stall_ms = stall.stop()
+    result["sched_stall_ms"] = stall_ms
     result["cpu_us_per_token"] = sampler.stop(result["total_output_tokens"])
     result["cpu_us_per_token"]["client"] = round(
         1e6 * (time.process_time() - own) / max(1, result["total_output_tokens"]), 1
@@ -181,6 +188,9 @@ def summarize_server(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "tpot_p50_ms": median_of(runs, "median_tpot_ms"),
         "itl_p99_ms": median_of(runs, "p99_itl_ms"),
         "rounds_tok_s": [round(r["output_throughput"], 1) for r in runs],
+        # How late an idle process on the machine woke up during each round (bench/sched_stall.py).
+        "sched_stall_p99_ms": [r["sched_stall_ms"]["p99_ms"] for r in runs if "sched_stall_ms" in r],
+        "sched_stall_max_ms": [r["sched_stall_ms"]["max_ms"] for r in runs if "sched_stall_ms" in r],
         "tokens_per_round": [r["total_output_tokens"] for r in runs],
         "cpu_us_per_token": {
             k: round(statistics.median(r["cpu_us_per_token"].get(k, 0.0) for r in runs), 1) for k in cpu_labels
