@@ -331,6 +331,18 @@ def tt_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
     return result
 
 
+def require_bench_extra() -> None:
+    """Ray Serve LLM imports pyarrow, which ``make setup`` does not install: say so before any
+    server starts, instead of a peer that "did not start" minutes into the run."""
+    import importlib.util
+
+    if importlib.util.find_spec("pyarrow") is None:
+        raise SystemExit(
+            "Ray Serve LLM (--servers rayllm, rayllm_default) needs pyarrow: pip install -e '.[bench]' "
+            "(or leave the rayllm servers out of --servers)"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=("vllm", "tt"), default="vllm")
@@ -358,6 +370,8 @@ def main() -> None:
         opts.config or REPO / "configs" / ("tt_cpu.yaml" if opts.mode == "tt" else "vllm_cpu.yaml")
     ).resolve()
     opts.servers = [s for s in opts.servers.split(",") if s]
+    if opts.mode == "vllm" and any(s.startswith("rayllm") for s in opts.servers):
+        require_bench_extra()
     opts.concurrency = [int(c) for c in opts.concurrency.split(",")]
     opts.log_dir.mkdir(parents=True, exist_ok=True)
     env = base_env(opts)
