@@ -27,12 +27,14 @@ from bench.process_cpu import CpuSampler, process_label  # noqa: E402
 from bench.serve_overhead import base_env, run_client, server_env  # noqa: E402
 from bench.serving_servers import (  # noqa: E402
     bare_vllm_command,
+    config_args,
     free_port,
     serve_command,
     started,
     stop_servers_on_sigterm,
     vllm_engine_args,
 )
+from serve_app.config.load import load_app_config  # noqa: E402
 
 PY_SPY = Path(sys.executable).with_name("py-spy")
 
@@ -89,12 +91,15 @@ def main() -> None:
     opts.config = opts.config.resolve()
     opts.log_dir.mkdir(parents=True, exist_ok=True)
     env = base_env(opts)
-    engine_args = vllm_engine_args(opts.config)
-    opts.tokenizer = engine_args["model"]
     port = free_port()
-    cmd = (
-        bare_vllm_command(engine_args, port) if opts.server == "bare" else serve_command(opts.server, opts.config, port)
-    )
+    if opts.server == "ours":  # any config: a TT-only one has no vLLM engine args to read
+        opts.tokenizer = str(load_app_config(config_args(opts.config)).models[0].path)
+        cmd = serve_command(opts.server, opts.config, port)
+    else:
+        engine_args = vllm_engine_args(opts.config)
+        opts.tokenizer = engine_args["model"]
+        bare = opts.server == "bare"
+        cmd = bare_vllm_command(engine_args, port) if bare else serve_command(opts.server, opts.config, port)
     log = open(opts.log_dir / "client.log", "w")
     with started(opts.server, cmd, server_env(env), port, opts.log_dir) as server:
         run_client(server.url, opts, opts.concurrency, 32, 1, log)  # warm-up
