@@ -24,12 +24,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.process_cpu import CpuSampler, process_label  # noqa: E402
-from bench.serve_overhead import base_env, run_client, server_env  # noqa: E402
+from bench.serving_rounds import run_client  # noqa: E402
 from bench.serving_servers import (  # noqa: E402
     bare_vllm_command,
+    base_env,
     config_args,
     free_port,
     serve_command,
+    server_env,
     started,
     stop_servers_on_sigterm,
     vllm_engine_args,

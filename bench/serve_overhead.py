@@ -34,46 +34,33 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import io
 import json
 import os
-import statistics
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.engine_driver import drive_engine  # noqa: E402
-from bench.process_cpu import CpuSampler  # noqa: E402
-from bench.sched_stall import StallProbe  # noqa: E402
+from bench.serving_rounds import LoadWatch, measure, ratio, run_client, run_rounds, summarize_server  # noqa: E402
 from bench.serving_servers import (  # noqa: E402
     REPO,
-    SERVED_MODEL,
     Server,
     bare_vllm_command,
+    base_env,
     config_args,
+    default_ray_env,
     free_port,
     serve_command,
+    server_env,
     started,
     stop_servers_on_sigterm,
     vllm_engine_args,
 )
 from serve_app.config.load import load_app_config  # noqa: E402
 
-CLIENT_KEYS = (
-    "completed",
-    "total_output_tokens",
-    "duration",
-    "output_throughput",
-    "median_ttft_ms",
-    "p99_ttft_ms",
-    "median_tpot_ms",
-    "median_itl_ms",
-    "p99_itl_ms",
-)
 GOALS = {
     "ours_over_bare": 0.9,
     "ours_over_rayllm": 1.7,
@@ -81,154 +68,6 @@ GOALS = {
     "added_ttft_p50_ms": 15.0,
     "ours_itl_p99_ms": 30.0,
 }
-
-
-def server_env(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` for one Ray server: HAProxy's stats and metrics ports (fixed by default) of its own,
-    so two HAProxy-mode servers can run side by side."""
-    out = dict(env)
-    if out.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
-        out.setdefault("RAY_SERVE_HAPROXY_STATS_PORT", str(free_port()))
-        out.setdefault("RAY_SERVE_HAPROXY_METRICS_PORT", str(free_port()))
-    return out
-
-
-# Ray's own settings that --ray-env turns on; ``rayllm_default`` runs without them.
-RAY_TUNING_VARS = ("RAY_worker_niceness", "RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_HA_PROXY")
-
-
-def default_ray_env(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` without the Ray tuning: Ray Serve LLM as its quickstart runs it (the issue's 0.52x row)."""
-    return {k: v for k, v in env.items() if k not in RAY_TUNING_VARS}
-
-
-def base_env(opts) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    env.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if opts.ray_env in ("throughput", "haproxy"):
-        # Ray starts workers at nice 15; the bare server runs at 0: same priority for all, or a
-        # busy machine measures niceness. Serve's documented throughput mode for both Ray servers.
-        env.setdefault("RAY_worker_niceness", "0")
-        env.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
-    if opts.ray_env == "haproxy":
-        # HAProxy in front of the ingress replicas' own HTTP servers (direct ingress), instead of
-        # Serve's Python proxy.
-        env.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")
-    return env
-
-
-# -- the client ---------------------------------------------------------------------------------
-
-
-def client_args(url: str, opts, concurrency: int, num_prompts: int, seed: int):
-    from vllm.benchmarks.serve import add_cli_args
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = FlexibleArgumentParser()
-    add_cli_args(parser)
-    argv = ["--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions"]
-    argv += ["--model", opts.tokenizer, "--served-model-name", SERVED_MODEL, "--tokenizer", opts.tokenizer]
-    argv += ["--dataset-name", "random", "--random-input-len", str(opts.input_len)]
-    argv += ["--random-output-len", str(opts.output_len), "--num-prompts", str(num_prompts), "--ignore-eos"]
-    argv += ["--max-concurrency", str(concurrency), "--seed", str(seed), "--disable-tqdm"]
-    argv += ["--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,90,99"]
-    argv += ["--ready-check-timeout-sec", "0"]
-    if opts.mode == "tt":
-        argv += ["--header", "x-meshserve-pool=tt"]
-    return parser.parse_args(argv)
-
-
-def run_client(url: str, opts, concurrency: int, num_prompts: int, seed: int, log: io.TextIOBase) -> dict[str, Any]:
-    from vllm.benchmarks.serve import main_async
-
-    args = client_args(url, opts, concurrency, num_prompts, seed)
-    with contextlib.redirect_stdout(log):
-        result = asyncio.run(main_async(args))
-    out = {k: int(result[k]) if k in ("completed", "total_output_tokens") else float(result[k]) for k in CLIENT_KEYS}
-    if out["completed"] != num_prompts:
-        raise RuntimeError(f"{url}: {out['completed']} of {num_prompts} requests completed (see {log.name})")
-    return out
-
-
-# -- rounds -------------------------------------------------------------------------------------
-
-
-def measure(server: Server, opts, concurrency: int, seed: int, log) -> dict[str, Any]:
-    sampler = CpuSampler(server)
-    stall = StallProbe()
-    own = time.process_time()
-    sampler.start()
-    stall.start()
-    try:
-        result = run_client(server.url, opts, concurrency, opts.num_prompts, seed, log)
-    finally:
-        stall_ms = stall.stop()
-    result["sched_stall_ms"] = stall_ms
-    result["cpu_us_per_token"] = sampler.stop(result["total_output_tokens"])
-    result["cpu_us_per_token"]["client"] = round(
-        1e6 * (time.process_time() - own) / max(1, result["total_output_tokens"]), 1
-    )
-    return result
-
-
-def median_of(runs: list[dict[str, Any]], key: str) -> float:
-    return round(statistics.median(r[key] for r in runs), 2)
-
-
-def summarize_server(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    cpu_labels = sorted({k for r in runs for k in r["cpu_us_per_token"]})
-    return {
-        "output_tok_s": median_of(runs, "output_throughput"),
-        "ttft_p50_ms": median_of(runs, "median_ttft_ms"),
-        "tpot_p50_ms": median_of(runs, "median_tpot_ms"),
-        "itl_p99_ms": median_of(runs, "p99_itl_ms"),
-        "rounds_tok_s": [round(r["output_throughput"], 1) for r in runs],
-        # How late an idle process on the machine woke up during each round (bench/sched_stall.py).
-        "sched_stall_p99_ms": [r["sched_stall_ms"]["p99_ms"] for r in runs if "sched_stall_ms" in r],
-        "sched_stall_max_ms": [r["sched_stall_ms"]["max_ms"] for r in runs if "sched_stall_ms" in r],
-        "tokens_per_round": [r["total_output_tokens"] for r in runs],
-        "cpu_us_per_token": {
-            k: round(statistics.median(r["cpu_us_per_token"].get(k, 0.0) for r in runs), 1) for k in cpu_labels
-        },
-    }
-
-
-class LoadWatch:
-    def __init__(self) -> None:
-        self.start = [round(x, 2) for x in os.getloadavg()]
-        self.max_1min = self.start[0]
-
-    def note(self) -> None:
-        self.max_1min = max(self.max_1min, round(os.getloadavg()[0], 2))
-
-    def report(self) -> dict[str, Any]:
-        return {"start": self.start, "end": [round(x, 2) for x in os.getloadavg()], "max_1min": self.max_1min}
-
-
-def run_rounds(runners: Mapping[str, Any], opts, load: LoadWatch) -> dict[int, dict[str, list[dict[str, Any]]]]:
-    """``runners``: name -> callable(concurrency, seed) -> one measurement. Rounds alternate
-    the runners, rotated each round; every runner gets the same seed within a round."""
-    names = list(runners)
-    for name in names:  # warm-up (compile, caches, connection pools), not measured
-        runners[name](opts.concurrency[0], 1, warmup=True)
-    out: dict[int, dict[str, list[dict[str, Any]]]] = {c: {n: [] for n in names} for c in opts.concurrency}
-    for i in range(opts.rounds):
-        order = names[i % len(names) :] + names[: i % len(names)]
-        for c in opts.concurrency:
-            for name in order:
-                load.note()
-                out[c][name].append(runners[name](c, 100 + i))
-                print(f"round {i} c={c} {name}: {out[c][name][-1]['output_throughput']:.1f} tok/s", file=sys.stderr)
-    return out
-
-
-def ratio(a: float, b: float) -> float:
-    return round(a / b, 3) if b else float("nan")
 
 
 def vllm_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:

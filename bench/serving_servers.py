@@ -171,6 +171,48 @@ def bare_vllm_command(engine_args: Mapping[str, Any], port: int) -> list[str]:
     return cmd
 
 
+# -- the environment the servers run in ----------------------------------------------------
+
+
+def server_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` for one Ray server: HAProxy's stats and metrics ports (fixed by default) of its own,
+    so two HAProxy-mode servers can run side by side."""
+    out = dict(env)
+    if out.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
+        out.setdefault("RAY_SERVE_HAPROXY_STATS_PORT", str(free_port()))
+        out.setdefault("RAY_SERVE_HAPROXY_METRICS_PORT", str(free_port()))
+    return out
+
+
+# Ray's own settings that --ray-env turns on; ``rayllm_default`` runs without them.
+RAY_TUNING_VARS = ("RAY_worker_niceness", "RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_HA_PROXY")
+
+
+def default_ray_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without the Ray tuning: Ray Serve LLM as its quickstart runs it (the issue's 0.52x row)."""
+    return {k: v for k, v in env.items() if k not in RAY_TUNING_VARS}
+
+
+def base_env(opts) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if opts.ray_env in ("throughput", "haproxy"):
+        # Ray starts workers at nice 15; the bare server runs at 0: same priority for all, or a
+        # busy machine measures niceness. Serve's documented throughput mode for both Ray servers.
+        env.setdefault("RAY_worker_niceness", "0")
+        env.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+    if opts.ray_env == "haproxy":
+        # HAProxy in front of the ingress replicas' own HTTP servers (direct ingress), instead of
+        # Serve's Python proxy.
+        env.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")
+    return env
+
+
 def serve_command(kind: str, config: Path, port: int) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), kind, "--config", str(config), "--port", str(port)]
 
