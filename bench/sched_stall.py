@@ -51,6 +51,11 @@ class StallProbe:
             text=True,
         )
 
+    @property
+    def pid(self) -> int | None:
+        """The probe process while it runs."""
+        return None if self._proc is None else self._proc.pid
+
     def stop(self) -> dict[str, Any]:
         proc, self._proc = self._proc, None
         if proc is None:
