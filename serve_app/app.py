@@ -79,6 +79,8 @@ def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | N
     factories = dict(engine_factories or {})
     pool_apps: dict[str, Application] = {}
     for i, pool in enumerate(config.pools):
+        if pool.placement == "ingress":
+            continue  # built inside each ingress replica (ingress_deployment_options)
         cls = TTMeshReplica if pool.engine == "tt" else VllmReplica
         try:
             options = engine_deployment_options(pool)
@@ -96,15 +98,43 @@ def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | N
         logging_config={"enable_access_log": False},
         request_router_config=_request_router(RENDEZVOUS_REQUEST_ROUTER, stats_period_s=10),
     )(RouterDeployment).bind(config, pool_apps)
-    ingress = serve.deployment(
+    ingress = serve.deployment(**ingress_deployment_options(config))(make_ingress_class()).bind(
+        config, router, pool_apps, factories
+    )
+    return ingress
+
+
+def ingress_deployment_options(config: AppConfig) -> dict[str, Any]:
+    """The ingress deployment's options; with pools placed in the ingress (``placement:
+    ingress``) each replica also reserves what one engine replica of each of them needs
+    (resources, memory, the TT mesh's environment) and gets their shutdown and health timing."""
+    actor: dict[str, Any] = {"num_cpus": config.ingress.num_cpus}
+    options: dict[str, Any] = dict(
         name=INGRESS_NAME,
         num_replicas=config.ingress.replicas,
-        ray_actor_options={"num_cpus": config.ingress.num_cpus},
         # Our own bound (max_concurrent_requests -> 429) decides; Serve's must not be lower.
         max_ongoing_requests=config.ingress.max_concurrent_requests + 16,
         logging_config={"enable_access_log": config.ingress.access_log},
-    )(make_ingress_class()).bind(config, router, pool_apps)
-    return ingress
+    )
+    for pool in config.pools:
+        if pool.placement != "ingress":
+            continue
+        engine = engine_deployment_options(pool)["ray_actor_options"]
+        actor["num_cpus"] += engine.get("num_cpus", 0)
+        for key in ("num_gpus", "memory"):
+            if key in engine:
+                actor[key] = actor.get(key, 0) + engine[key]
+        for name, amount in engine.get("resources", {}).items():
+            actor.setdefault("resources", {})[name] = actor.get("resources", {}).get(name, 0) + amount
+        env = engine.get("runtime_env", {}).get("env_vars", {})
+        if env:
+            actor.setdefault("runtime_env", {}).setdefault("env_vars", {}).update(env)
+        options["graceful_shutdown_timeout_s"] = max(
+            options.get("graceful_shutdown_timeout_s", 0), pool.graceful_shutdown_timeout_s
+        )
+        options["health_check_period_s"] = 10
+    options["ray_actor_options"] = actor
+    return options
 
 
 def build_app(args: dict[str, Any]) -> Application:

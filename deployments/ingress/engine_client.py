@@ -12,8 +12,9 @@ ticket (``replica_hint``), and ``forget`` / ``report_dead`` to all of them (broa
 forget: control messages that must not delay the request).
 
 No router round trip when it has nothing to choose: a request whose only eligible pool has one
-running replica (as Serve last told this process's pool handle) and whose model has no prefill
-pool (no PD plan to make) goes straight to that replica (reason ``single_replica``, no ticket).
+running replica (as Serve last told this process's pool handle; a pool whose engine runs in this
+process, ``placement: ingress``, always has one) and whose model has no prefill pool (no PD plan
+to make) goes straight to that replica (reason ``single_replica``, no ticket).
 Until the pool handle has heard from Serve, and for a retry, the router decides as usual.
 
 A call to an engine replica that fails because the replica's actor died (``RayActorError``:
@@ -43,8 +44,7 @@ from accel.block_hash import hash_prompt_blocks, salted_root
 from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta
 from deployments.ingress.failover import FAILOVER_REQUEST_ID_SUFFIX, StreamProgress
 from deployments.pd.orchestrator import Call, PDOrchestrator
-from deployments.replicas.client import EnginePoolClient
-from deployments.router import replica_membership
+from deployments.replicas.client import EnginePoolClient, PoolClient
 from deployments.router.client import RouterClient
 from deployments.router.messages import RouteDecision, RouteRequest, RoutingError, eligible_pools
 from serve_app.config.app import AppConfig
@@ -81,11 +81,14 @@ class EngineClient:
         pool_handles: Mapping[str, Any],
         metrics: Any = None,
         tokenizers: Mapping[str, Tokenizer] | None = None,
+        local_pools: Mapping[str, PoolClient] | None = None,
     ):
-        """``tokenizers``: each model's (a failover's continuation text is made with it)."""
+        """``tokenizers``: each model's (a failover's continuation text is made with it).
+        ``local_pools``: the pools whose engine runs in this process (``placement: ingress``)."""
         self._pools = config.pools
         self._router = RouterClient(router_handle)
-        self._engines = {name: EnginePoolClient(handle) for name, handle in pool_handles.items()}
+        self._engines: dict[str, PoolClient] = {name: EnginePoolClient(handle) for name, handle in pool_handles.items()}
+        self._engines.update(local_pools or {})
         for engine in self._engines.values():
             engine.watch()  # hear of the pools' running replicas from now on (/health, /v1/models)
         self._models_with_prefill = {p.model for p in self._pools if p.role == "prefill"}
@@ -99,7 +102,7 @@ class EngineClient:
         self._pd = PDOrchestrator()
 
     @property
-    def engines(self) -> Mapping[str, EnginePoolClient]:
+    def engines(self) -> Mapping[str, PoolClient]:
         return self._engines
 
     def check_routable(self, route: RouteRequest) -> None:
@@ -119,10 +122,7 @@ class EngineClient:
             return None
         if len(pools) != 1:
             return None
-        deployment = self._engines[pools[0].name].deployment
-        if deployment is None:
-            return None
-        running = replica_membership.latest(*deployment)
+        running = self._engines[pools[0].name].running_replicas()
         if running is None or len(running) != 1:
             return None
         return RouteDecision(pool=pools[0].name, replica_id=next(iter(running)), ticket="", reason="single_replica")

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from deployments.replicas.client import EnginePoolClient
+from deployments.replicas.client import PoolClient
 from serve_app.config.app import ModelConfig
 
 SERVING_ROLES = ("both", "decode")
 
 
-def model_can_serve(model: ModelConfig, engines: Mapping[str, EnginePoolClient]) -> bool:
+def model_can_serve(model: ModelConfig, engines: Mapping[str, PoolClient]) -> bool:
     for pool in model.pools:
         if pool.role not in SERVING_ROLES or pool.name not in engines:
             continue
@@ -28,5 +28,5 @@ def model_can_serve(model: ModelConfig, engines: Mapping[str, EnginePoolClient])
     return False
 
 
-def unhealthy_models(models: Mapping[str, ModelConfig], engines: Mapping[str, EnginePoolClient]) -> list[str]:
+def unhealthy_models(models: Mapping[str, ModelConfig], engines: Mapping[str, PoolClient]) -> list[str]:
     return [name for name, m in models.items() if not model_can_serve(m, engines)]

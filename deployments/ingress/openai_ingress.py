@@ -35,6 +35,7 @@ from deployments.ingress.engine_support import check_engine_support
 from deployments.ingress.json_io import error_response, read_body
 from deployments.ingress.structured_check import check_structured_outputs
 from deployments.ingress.workers import in_worker
+from deployments.replicas.local import LocalPoolClient, make_replica
 from deployments.router.core.sessions import session_id_from
 from deployments.router.messages import RouteRequest
 from serve_app.config.app import AppConfig, ModelConfig
@@ -80,9 +81,30 @@ app.add_middleware(BodyLimitMiddleware, limit_of=_max_request_bytes)
 app.add_middleware(ApiKeyMiddleware, keys_of=_api_key_digests)
 
 
+async def _shut_down_local_engines() -> None:
+    """ASGI lifespan shutdown (Serve runs it when it stops the replica): engines inside this
+    replica (``placement: ingress``) shut down gracefully."""
+    ingress = _serving()
+    if ingress is not None:
+        await ingress.shutdown_local_engines()
+
+
+app.router.add_event_handler("shutdown", _shut_down_local_engines)
+
+
 class OpenAIIngress:
-    def __init__(self, config: AppConfig, router_handle: Any, pool_handles: Mapping[str, Any]):
+    def __init__(
+        self,
+        config: AppConfig,
+        router_handle: Any,
+        pool_handles: Mapping[str, Any],
+        engine_factories: Mapping[str, Any] | None = None,
+    ):
+        """``pool_handles``: the pools with a deployment of their own. A pool with ``placement:
+        ingress`` gets its engine built here, in this replica (``engine_factories``: engine kind ->
+        ``callable(PoolConfig) -> Engine``, for tests)."""
         self._config = config
+        self._local_pools = _start_local_pools(config, engine_factories or {})
         self._models: dict[str, ModelConfig] = {m.name: m for m in config.models}
         self._tokenizers: dict[str, TextTokenizer] = {m.name: load_tokenizer(str(m.path)) for m in config.models}
         self._metrics = _ingress_metrics()
@@ -90,12 +112,28 @@ class OpenAIIngress:
         # vLLM's tool-call / reasoning parsers per model (serve_app.protocol.tool_request).
         self._chat_tools = {m.name: ChatTools(m.parsing, m.name, self._tokenizers[m.name]) for m in config.models}
         self._client = EngineClient(
-            config, router_handle, pool_handles, self._metrics, {n: t.fast for n, t in self._tokenizers.items()}
+            config,
+            router_handle,
+            pool_handles,
+            self._metrics,
+            {n: t.fast for n, t in self._tokenizers.items()},
+            local_pools=self._local_pools,
         )
         self._bound = limits.ConcurrencyBound(config.ingress.max_concurrent_requests)
         self.api_key_digests = key_digests(config.ingress.api_keys)
         self.max_request_bytes = config.ingress.max_request_bytes
         self._lookup = tokenize_routes.model_lookup(self._models, self._tokenizers)
+
+    async def check_health(self) -> None:
+        """Serve's periodic probe: fails when an engine inside this replica fails its own check
+        (``EngineReplica.check_health``: its in-flight streams end with the error), so Serve
+        restarts the replica, engine and all."""
+        for pool in self._local_pools.values():
+            await pool.check_health()
+
+    async def shutdown_local_engines(self) -> None:
+        for pool in self._local_pools.values():
+            await pool.shutdown()
 
     # -- endpoints ----------------------------------------------------------------------------
 
@@ -301,6 +339,20 @@ def _check_token_ids(sampling: Sequence[SamplingParams], vocab_size: int) -> Non
         bad = [t for t in sp.allowed_token_ids or () if t >= vocab_size]
         if bad:
             raise APIError(400, f"allowed_token_ids contains out-of-vocab token id! {bad}", "allowed_token_ids")
+
+
+def _start_local_pools(config: AppConfig, engine_factories: Mapping[str, Any]) -> dict[str, LocalPoolClient]:
+    local = [p for p in config.pools if p.placement == "ingress"]
+    if not local:
+        return {}
+    # (A constructor that fails takes the replica's process down with what it started: vLLM's
+    # engine core and the TT engine's threads end with their parent.)
+    return {
+        pool.name: LocalPoolClient(
+            make_replica(pool, engine_factories.get(pool.engine), config.router.kv_event_log_size)
+        )
+        for pool in local
+    }
 
 
 def _ingress_metrics() -> IngressMetrics | None:

@@ -23,6 +23,17 @@ class ReplicaStream(Protocol):
     def cancel(self) -> None: ...
 
 
+class PoolClient(Protocol):
+    """What the ingress calls on a pool: ``EnginePoolClient`` (the pool's own deployment) or
+    ``local.LocalPoolClient`` (its engine inside the ingress process)."""
+
+    def watch(self) -> None: ...
+
+    def running_replicas(self) -> frozenset[str] | None: ...
+
+    def generate(self, request: GenerateRequest, replica_id: str | None) -> ReplicaStream: ...
+
+
 class EnginePoolClient:
     def __init__(self, handle: Any):
         """``handle``: the pool's engine deployment ``DeploymentHandle`` (bound by the builder)."""

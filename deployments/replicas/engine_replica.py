@@ -15,7 +15,7 @@ import os
 import pickle
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
 from accel.contract import Engine, EngineStats, FinishReason, GenerateRequest, OutputDelta, PrefixCacheChange
@@ -114,7 +114,9 @@ class EngineReplica:
 
     # -- request path -------------------------------------------------------------------------
 
-    async def generate(self, request: GenerateRequest, replica_hint: str | None = None) -> AsyncIterator[OutputDelta]:
+    async def generate(
+        self, request: GenerateRequest, replica_hint: str | None = None
+    ) -> AsyncGenerator[OutputDelta, None]:
         """Stream the request's deltas. ``replica_hint`` is read by the handle's request router
         (``PinnedReplicaRequestRouter``), not here. If the caller goes away (Serve cancels this
         generator) the engine request is aborted, which frees its KV blocks.
@@ -148,6 +150,10 @@ class EngineReplica:
         finally:
             self._num_inflight -= 1
             self._streams.pop(id(out), None)
+            if self.pool.placement == "ingress":
+                # No router polls an engine inside the ingress: its KV events would pile up
+                # in the engine's buffer for ever (the engine has nothing else to route by).
+                self._engine.take_kv_events()
             if finished is None:
                 pump.cancel()
                 await self._abort_quietly(request.request_id)
@@ -296,6 +302,10 @@ class EngineReplica:
             for out in list(self._streams.values()):
                 out.put_error(error)
             raise error from exc
+
+    @property
+    def is_shut_down(self) -> bool:
+        return self._is_shut_down
 
     async def shutdown(self) -> None:
         if self._is_shut_down:

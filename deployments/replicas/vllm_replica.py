@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
 from accel.contract import ConfigError, Engine, GenerateRequest, OutputDelta
@@ -123,7 +123,9 @@ class VllmReplica(EngineReplica):
         group = None
         if pool.accelerator == "tpu":
             group, self._slice_reservation = replica_placement_group(slice_placement(pool), name=f"{pool.name}-slice")
-        endpoint = new_ipc_endpoint() if engine_factory is None and publishes_kv_events(pool) else None
+        # (An engine inside the ingress has no router to tell: vLLM publishes nothing.)
+        routed = pool.placement == "own"
+        endpoint = new_ipc_endpoint() if engine_factory is None and routed and publishes_kv_events(pool) else None
         factory = engine_factory or functools.partial(
             make_vllm_engine, kv_events_endpoint=endpoint, placement_group=group
         )
@@ -141,7 +143,9 @@ class VllmReplica(EngineReplica):
             self._kv_subscriber = VllmKVEventSubscriber(endpoint, self._engine.block_size)
         self._kv_handoff = native_kv_handoff(pool)  # None unless the engine's own connector moves KV
 
-    async def generate(self, request: GenerateRequest, replica_hint: str | None = None) -> AsyncIterator[OutputDelta]:
+    async def generate(
+        self, request: GenerateRequest, replica_hint: str | None = None
+    ) -> AsyncGenerator[OutputDelta, None]:
         """``EngineReplica.generate``; on a native-connector pool the PD hand-off is translated
         to the engine's connector params on the way in and back to our ticket on the way out."""
         handoff = self._kv_handoff if request.kv_transfer is not None else None

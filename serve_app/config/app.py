@@ -27,6 +27,10 @@ from serve_app.config.router import ModelRouting, RouterConfig
 EngineKind = Literal["tt", "vllm"]
 Accelerator = Literal["tt", "tpu", "cuda", "cpu"]
 Role = Literal["both", "prefill", "decode"]
+# Where a pool's engines run: "own" = the pool's own Serve deployment (the router places requests
+# on its replicas); "ingress" = one engine inside each ingress replica, called in-process (no Ray
+# message per token: the lowest serving cost, for a model served by this one pool).
+Placement = Literal["own", "ingress"]
 EngineConfig = TTEngineConfig | VllmEngineConfig
 
 # vLLM's KV block size when engine_args leave it out, for attention backends without a preference;
@@ -89,6 +93,7 @@ class PoolConfig:
     # many seconds (deltas in between merged: deployments.replicas.delta_coalescer); the first token
     # and the finish are never held, and a lone stream gets every token at once. 0 = every delta.
     stream_interval_s: float = 0.015
+    placement: Placement = "own"
 
     def __post_init__(self) -> None:
         if (self.replicas is None) == (self.autoscaling is None):

@@ -17,7 +17,7 @@ name ``<serve args>``. Every error is a ``ConfigError`` whose message reads
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,7 @@ def load_app_config(args: Mapping[str, Any] | AppArgs, config_file: str | None =
     all_pools = tuple(pool_by_index[j] for j in range(len(parsed.pools)))
     _check_pd_pools(file, all_pools)
     ing = parsed.ingress
+    _check_placements(file, parsed.pools, ing.replicas)
     return AppConfig(
         config_file=file,
         models=tuple(models),
@@ -167,6 +168,33 @@ def _check_pool(file: str, i: int, pool: PoolArgs) -> None:
         raise _fail(file, f"{key}.tpu_kv_offload", "only pools on accelerator tpu have the TPU host-DRAM KV tier")
 
 
+def _check_placements(file: str, pools: Sequence[PoolArgs], ingress_replicas: int) -> None:
+    """A pool whose engines run inside the ingress replicas (``placement: ingress``) has one engine
+    per ingress replica and nothing to route between: it must be its model's only pool (so role
+    both: the PD pairing rules refuse a lone prefill or decode pool) and have exactly
+    ``ingress.replicas`` replicas (no autoscaling, no TPU slice group)."""
+    for i, pool in enumerate(pools):
+        if pool.placement != "ingress":
+            continue
+        key = f"pools[{i}]"
+        others = [p.name for p in pools if p.model == pool.model and p is not pool]
+        if others:
+            raise _fail(
+                file, f"{key}.placement", f"an engine inside the ingress must be its model's only pool (also: {others})"
+            )
+        if pool.accelerator == "tpu":
+            raise _fail(
+                file, f"{key}.placement", "a TPU slice replica needs its own placement group: use placement own"
+            )
+        if pool.replicas != ingress_replicas:
+            raise _fail(
+                file,
+                f"{key}.replicas",
+                f"placement ingress runs one engine per ingress replica: set replicas to ingress.replicas "
+                f"({ingress_replicas}), not {pool.replicas if pool.autoscaling is None else 'autoscaling'}",
+            )
+
+
 def _parsing(file: str, i: int, m: ModelArgs) -> OutputParsing:
     try:
         return OutputParsing(m.enable_auto_tool_choice, m.tool_call_parser, m.reasoning_parser, m.tool_strict_level)
@@ -249,6 +277,7 @@ def _to_pool(file: str, i: int, pool: PoolArgs, path: Path, max_model_len: int, 
         graceful_shutdown_timeout_s=pool.graceful_shutdown_timeout_s,
         step_timeout_s=pool.step_timeout_s,
         stream_interval_s=pool.stream_interval_ms / 1000,
+        placement=pool.placement,
     )
 
 

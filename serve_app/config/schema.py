@@ -31,6 +31,8 @@ Schema (``applications[].args`` of a Serve config file)::
       tpu_backend: tpu-inference        # tpu pools: tpu-inference (default) | torchtpu
       tpu_kv_offload: false             # tpu pools: host-DRAM KV tier (the backend's offload connector)
       stream_interval_ms: 15            # under load, one message per stream per 15 ms (0 = per delta)
+      placement: own | ingress          # ingress: one engine inside each ingress replica (the model's
+                                        # only pool, role both, replicas = ingress.replicas)
     router: {policy: prefix+session+load, index_mode: precise, weights: {w_prefill: 1, ...},
              session_ttl_s: 600, max_in_flight_per_session: 2, stats_max_age_s: 5,
              replicas: 1, stats_period_s: 0.5, decision_timeout_s: 0.2, kv_event_log_size: 8192}
@@ -47,7 +49,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from accel.vllm.tpu.backends import TpuBackendName
-from serve_app.config.app import AutoscalingConfig, PoolConfig
+from serve_app.config.app import AutoscalingConfig, Placement, PoolConfig
 from serve_app.config.ingress import MAX_N, IngressConfig
 from serve_app.config.parsing import OutputParsing, ToolStrictLevel
 from serve_app.config.pd import PDConfig
@@ -118,6 +120,7 @@ class PoolArgs(_Strict):
     step_timeout_s: float = Field(default=PoolConfig.step_timeout_s, gt=0)
     # PoolConfig.stream_interval_s, in milliseconds.
     stream_interval_ms: float = Field(default=PoolConfig.stream_interval_s * 1000, ge=0, le=1000)
+    placement: Placement = PoolConfig.placement
 
 
 class RouterWeightsArgs(_Strict):

@@ -51,8 +51,9 @@ def test_every_config_builds(path):
     graph = _graph(app)
     cfg_pools = _args(path)["pools"]
     assert INGRESS_NAME in graph and ROUTER_NAME in graph
-    assert len(graph) == 2 + len(cfg_pools)
-    for pool in cfg_pools:
+    own = [p for p in cfg_pools if p.get("placement", "own") == "own"]
+    assert len(graph) == 2 + len(own)
+    for pool in own:
         kind = "TTMeshReplica" if pool["engine"] == "tt" else "VllmReplica"
         d = graph[f"{kind}-{pool['name']}"]
         router_cfg = d._deployment_config.request_router_config
@@ -130,3 +131,21 @@ def test_unknown_mesh_device_is_a_config_error():
     args["pools"][0]["tt"]["mesh_device"] = "T9K"
     with pytest.raises(ConfigError, match=r"configs/tt_t3k.yaml: pools\[0\].tt: unknown MESH_DEVICE"):
         build_app(args)
+
+
+def test_a_pool_placed_in_the_ingress_has_no_deployment_and_the_ingress_reserves_its_resources():
+    args = _args(Path(CONFIGS[0]).parent / "tt_t3k.yaml")
+    (pool,) = [p for p in args["pools"] if p["name"] == "t3k"]
+    args["pools"] = [dict(pool, placement="ingress", replicas=2, graceful_shutdown_timeout_s=45)]
+    args["ingress"] = dict(args.get("ingress", {}), replicas=2, num_cpus=0.5)
+    graph = _graph(build_app(args))
+    assert set(graph) == {INGRESS_NAME, ROUTER_NAME}
+    ingress = graph[INGRESS_NAME]
+    opts = ingress.ray_actor_options
+    # One engine per ingress replica: the mesh's chips, its MESH_DEVICE, the pool's CPUs on top
+    # of the ingress's own.
+    assert opts["resources"]["TTNPU"] == 8
+    assert opts["runtime_env"]["env_vars"]["MESH_DEVICE"] == "T3K"
+    assert opts["num_cpus"] == 0.5 + pool.get("resources", {}).get("num_cpus", 1.0)
+    assert ingress.num_replicas == 2
+    assert ingress._deployment_config.graceful_shutdown_timeout_s == 45

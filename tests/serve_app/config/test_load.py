@@ -383,3 +383,56 @@ def test_kv_offload_refusals():
     args["pools"][0]["tpu_backend"] = "torchtpu"
     with pytest.raises(ConfigError, match=r"pools\[0\].tpu_backend: only pools on accelerator tpu"):
         load_app_config(args)
+
+
+def _placed_in_ingress(args: dict, only: bool = False, **changes) -> None:
+    """Pool 0 placed in the ingress (``only``: the model's only pool)."""
+    if only:
+        del args["pools"][1:]
+    args["pools"][0].update(placement="ingress", **changes)
+
+
+def test_a_pool_placed_in_the_ingress_parses():
+    args = _args("vllm_cpu")
+    args["pools"][0]["placement"] = "ingress"
+    (pool,) = load_app_config(args).pools
+    assert pool.placement == "ingress"
+    assert load_app_config(_args("vllm_cpu")).pools[0].placement == "own"  # the default
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        # local.yaml serves tiny-llama from two pools: nothing would route between them.
+        (
+            lambda a: _placed_in_ingress(a),
+            r"pools\[0\].placement: an engine inside the ingress must be its model's only",
+        ),
+        (
+            lambda a: _placed_in_ingress(a, only=True, replicas=2),
+            r"pools\[0\].replicas: placement ingress runs one engine per ingress replica: set replicas to "
+            r"ingress.replicas \(1\), not 2",
+        ),
+        (
+            lambda a: _placed_in_ingress(
+                a, only=True, replicas=None, autoscaling={"min_replicas": 1, "max_replicas": 2}
+            ),
+            r"pools\[0\].replicas: .* not autoscaling",
+        ),
+        (lambda a: a["pools"][0].__setitem__("placement", "node"), r"pools\[0\].placement: Input should be 'own' or"),
+    ],
+)
+def test_placement_in_the_ingress_cross_checks(mutate, message):
+    args = copy.deepcopy(_args())
+    mutate(args)
+    with pytest.raises(ConfigError, match=message):
+        load_app_config(args)
+
+
+def test_a_tpu_pool_cannot_be_placed_in_the_ingress():
+    args = copy.deepcopy(_args("tpu_v6e"))
+    args["pools"] = [p for p in args["pools"] if p["model"] == args["pools"][0]["model"]][:1]
+    args["pools"][0].update(placement="ingress", replicas=args.get("ingress", {}).get("replicas", 1))
+    args["pools"][0].pop("autoscaling", None)
+    with pytest.raises(ConfigError, match=r"pools\[0\].placement: a TPU slice replica needs its own placement group"):
+        load_app_config(args)

@@ -1,0 +1,57 @@
+"""End to end on a real (small) Ray Serve: a pool whose engine runs inside the ingress replica
+(``placement: ingress``), the real TT engine, called through the official ``openai`` client.
+
+The app has no engine deployment of its own; greedy output equals HF token for token, streamed
+token by token to a lone client; /health and /v1/models see the engine. (A stream the client
+leaves aborts its engine request: tests/deployments/replicas/test_local.py, KV blocks counted.)"""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.doubles.app_args import app_args, tt_pool
+from tests.doubles.deployed_app import deployed_app
+from tests.hf_reference import hf_greedy
+
+pytestmark = pytest.mark.slow
+
+APP = "ingress-placement-e2e"
+
+
+@pytest.fixture(scope="module")
+def base_url(serve_session, tiny_llama):
+    pool = {**tt_pool(max_model_len=256, max_num_seqs=2), "placement": "ingress"}
+    with deployed_app(serve_session, APP, app_args("test_ingress_placement", tiny_llama, [pool])) as url:
+        yield url
+
+
+@pytest.fixture
+def client(base_url):
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def test_only_the_ingress_and_router_are_deployed_and_the_engine_answers_health(base_url):
+    from ray import serve
+
+    deployments = set(serve.status().applications[APP].deployments)
+    assert deployments == {"OpenAIIngress", "Router"}
+    assert httpx.get(f"{base_url}/health", timeout=10).status_code == 200
+    models = httpx.get(f"{base_url}/v1/models", timeout=10).json()
+    assert [m["id"] for m in models["data"]] == ["tiny-llama"]
+
+
+def test_streamed_greedy_tokens_equal_hf_one_token_per_chunk(client, tiny_llama):
+    prompt = [0, 5, 6, 7, 8]
+    stream = client.completions.create(
+        model="tiny-llama",
+        prompt=prompt,
+        max_tokens=10,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
+    per_chunk = [c.choices[0].model_extra.get("token_ids") or [] for c in stream if c.choices]
+    assert [t for ids in per_chunk for t in ids] == hf_greedy(tiny_llama, prompt, 10)
+    assert all(len(ids) <= 1 for ids in per_chunk)  # a lone stream is not coalesced
