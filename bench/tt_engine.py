@@ -16,6 +16,9 @@ Prints ONE JSON object:
   for that ``TorchMeshModel`` run, the fraction of a round its device queue ran a program, the
   share of that time its thread was on a CPU (the rest is waiting for the GIL or a core), and
   the busy time per program.
+- ``process_vs_vllm_cpu`` / ``tt_torch_process_tok_s`` / ``tt_torch_process_host_ms_per_step``: the
+  same engine with its step loop in an engine-core process of its own (``TTMeshEngineProcess``,
+  ``additional_config.tt.engine_core_process``), measured in the same alternating rounds.
 Every figure is the median of ``--repeats`` rounds (this machine is shared and noisy).
 """
 
@@ -31,6 +34,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -149,25 +153,28 @@ def _throughput_requests(tag: str, n: int, prompt_len: int, max_tokens: int, see
     ]
 
 
+def _torch_config(ckpt: Path, n: int) -> TTEngineConfig:
+    return TTEngineConfig.from_engine_args(
+        dict(
+            model=str(ckpt),
+            max_num_seqs=n,
+            data_parallel_size=1,
+            block_size=64,
+            max_model_len=512,
+            max_num_batched_tokens=2048,
+            async_scheduling=True,
+            additional_config={"tt": {"sample_on_device_mode": "all"}},
+        )
+    )
+
+
 class OursTorch:
     """This engine with TorchMeshModel (the registry's torch backend), one lane x ``n`` seqs."""
 
     def __init__(self, ckpt: Path, n: int):
         from accel.tt.backend import open_backend
 
-        config = TTEngineConfig.from_engine_args(
-            dict(
-                model=str(ckpt),
-                max_num_seqs=n,
-                data_parallel_size=1,
-                block_size=64,
-                max_model_len=512,
-                max_num_batched_tokens=2048,
-                async_scheduling=True,
-                additional_config={"tt": {"sample_on_device_mode": "all"}},
-            )
-        )
-        self.engine = TTMeshEngine(config, backend=open_backend("torch"))
+        self.engine = TTMeshEngine(_torch_config(ckpt, n), backend=open_backend("torch"))
         self.rounds: list[tuple[DeviceTime, DeviceTime, float]] = []  # device time before, after; wall
 
     async def output_tokens(self, reqs: list[GenerateRequest]) -> int:
@@ -196,6 +203,27 @@ class OursTorch:
             "tt_torch_device_cpu_in_busy": round(statistics.median(c / b for b, c, _, _ in rows), 3),
             "tt_torch_device_ms_per_program": round(statistics.median(1000 * b / n for b, _, n, _ in rows), 3),
         }
+
+    def host_ms_per_step(self) -> float:
+        return 1000 * self.engine.host_busy_s / max(self.engine.num_busy_iterations, 1)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class OursTorchProcess:
+    """``OursTorch``'s engine with its step loop in an engine-core process of its own
+    (``TTMeshEngineProcess``, ``additional_config.tt.engine_core_process``): this process only
+    detokenizes and streams, as vLLM's ``AsyncLLM`` does beside its ``EngineCore``."""
+
+    def __init__(self, ckpt: Path, n: int):
+        from accel.tt.engine_process import TTMeshEngineProcess
+
+        self.engine = TTMeshEngineProcess(_torch_config(ckpt, n), accelerator="cpu")
+
+    async def output_tokens(self, reqs: list[GenerateRequest]) -> int:
+        _, _, arrivals = await _run_timed(self.engine, reqs)
+        return len(arrivals)
 
     def host_ms_per_step(self) -> float:
         return 1000 * self.engine.host_busy_s / max(self.engine.num_busy_iterations, 1)
@@ -269,6 +297,9 @@ def main() -> None:
     parser.add_argument("--decode-steps", type=int, default=150)
     parser.add_argument("--repeats", type=int, default=3, help="rounds per figure (median reported)")
     parser.add_argument("--skip-vllm", action="store_true", help="leave vs_vllm_cpu out (no vLLM run)")
+    parser.add_argument(
+        "--skip-process", action="store_true", help="leave out the engine-core process variant (tt_torch_process)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING if args.json else logging.INFO)
     ensure_checkpoints(ENVS.checkpoint_dir)
@@ -289,22 +320,32 @@ def main() -> None:
         "ideal_tok_s": round(overlap["ideal_tok_s"], 1),
         "repeats": args.repeats,
     }
-    engines = {"tt_torch": OursTorch(ckpt, 32)}
+    engines: dict[str, Any] = {"tt_torch": OursTorch(ckpt, 32)}
     try:
+        if not args.skip_process:
+            engines["tt_torch_process"] = OursTorchProcess(ckpt, 32)
         if not args.skip_vllm:
             engines["vllm_cpu"] = VllmCpu(ckpt, 32)
         tok_s = throughput_rounds(engines, 32, 128, 128, args.repeats)
         result["tt_torch_host_ms_per_step"] = round(engines["tt_torch"].host_ms_per_step(), 3)
+        process_host_ms = (
+            round(engines["tt_torch_process"].host_ms_per_step(), 3) if "tt_torch_process" in engines else None
+        )
         result.update(engines["tt_torch"].device_split())
     finally:
         for eng in engines.values():
             eng.close()
     result["tt_torch_tok_s"] = round(statistics.median(tok_s["tt_torch"]), 1)
+    if "tt_torch_process" in tok_s:
+        result["tt_torch_process_tok_s"] = round(statistics.median(tok_s["tt_torch_process"]), 1)
+        result["tt_torch_process_host_ms_per_step"] = process_host_ms
     if "vllm_cpu" in tok_s:
         result["vllm_cpu_tok_s"] = round(statistics.median(tok_s["vllm_cpu"]), 1)
-        ratios = [a / b for a, b in zip(tok_s["tt_torch"], tok_s["vllm_cpu"])]
-        result["vs_vllm_cpu"] = round(statistics.median(ratios), 3)
-        result["vs_vllm_cpu_rounds"] = [round(r, 3) for r in ratios]
+        for name, key in (("tt_torch", "vs_vllm_cpu"), ("tt_torch_process", "process_vs_vllm_cpu")):
+            if name in tok_s:
+                ratios = [a / b for a, b in zip(tok_s[name], tok_s["vllm_cpu"])]
+                result[key] = round(statistics.median(ratios), 3)
+                result[f"{key}_rounds"] = [round(r, 3) for r in ratios]
     print(json.dumps(result))
 
 

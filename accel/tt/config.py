@@ -55,6 +55,10 @@ class TTOptions:
     l1_small_size: int | None = None
     always_compat_sampling: bool = False  # force host sampling for every batch
     optimizations: str | None = None  # forwarded to initialize_vllm_model
+    # meshserve's own knob (not the plugin's): run the step loop, model and KV in an engine-core
+    # process of their own (accel.tt.engine_process), as vLLM runs EngineCore apart from AsyncLLM,
+    # so detokenizing and streaming do not share a GIL with the steps. Not with PD KV transfer.
+    engine_core_process: bool = False
 
     def __post_init__(self) -> None:
         _check_choice(
@@ -71,7 +75,7 @@ class TTOptions:
             "additional_config.tt.dispatch_core_axis", self.dispatch_core_axis, DISPATCH_CORE_AXES, allow_none=True
         )
         _check_choice("additional_config.tt.optimizations", self.optimizations, OPTIMIZATIONS, allow_none=True)
-        for name in ("enable_model_warmup", "always_compat_sampling"):
+        for name in ("enable_model_warmup", "always_compat_sampling", "engine_core_process"):
             _check_type(f"additional_config.tt.{name}", getattr(self, name), bool)
         for name in ("worker_l1_size", "trace_region_size", "l1_small_size"):
             value = getattr(self, name)

@@ -245,6 +245,13 @@ def _engine_config(
 
 
 def _to_pool(file: str, i: int, pool: PoolArgs, path: Path, max_model_len: int, parsing: OutputParsing) -> PoolConfig:
+    engine_config = _engine_config(file, i, pool, path, max_model_len, parsing)
+    if isinstance(engine_config, TTEngineConfig) and engine_config.tt.engine_core_process and pool.role in PD_ROLES:
+        raise _fail(
+            file,
+            f"pools[{i}].engine_args.additional_config.tt.engine_core_process",
+            "a prefill/decode pool's KV transfer runs in the step loop, in the replica's process: leave it off",
+        )
     auto = pool.autoscaling
     return PoolConfig(
         name=pool.name,
@@ -252,7 +259,7 @@ def _to_pool(file: str, i: int, pool: PoolArgs, path: Path, max_model_len: int, 
         model=pool.model,
         model_path=path,
         max_model_len=max_model_len,
-        engine_config=_engine_config(file, i, pool, path, max_model_len, parsing),
+        engine_config=engine_config,
         role=pool.role,
         replicas=pool.replicas,
         autoscaling=None

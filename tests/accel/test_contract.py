@@ -91,7 +91,12 @@ ENGINE_METHODS = sorted(n for n, v in vars(Engine).items() if not n.startswith("
 
 @pytest.mark.parametrize(
     "engine_class",
-    ["accel.tt.engine:TTMeshEngine", "accel.vllm.engine:VllmEngine", "tests.doubles.hf_replay_engine:HFReplayEngine"],
+    [
+        "accel.tt.engine:TTMeshEngine",
+        "accel.tt.engine_process:TTMeshEngineProcess",
+        "accel.vllm.engine:VllmEngine",
+        "tests.doubles.hf_replay_engine:HFReplayEngine",
+    ],
 )
 def test_every_engine_implements_every_engine_method(engine_class):
     """Optional capabilities are declared on the protocol (answered None where unsupported), so

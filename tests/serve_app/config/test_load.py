@@ -436,3 +436,16 @@ def test_a_tpu_pool_cannot_be_placed_in_the_ingress():
     args["pools"][0].pop("autoscaling", None)
     with pytest.raises(ConfigError, match=r"pools\[0\].placement: a TPU slice replica needs its own placement group"):
         load_app_config(args)
+
+
+def test_a_tt_engine_core_process_is_refused_on_a_pd_pool(tiny_llama):
+    from tests.doubles.app_args import app_args, tt_pool, vllm_pool
+
+    prefill = tt_pool("tt-prefill", role="prefill", additional_config={"tt": {"engine_core_process": True}})
+    pools = [prefill, vllm_pool("vllm-decode", role="decode", enable_prefix_caching=True)]
+    with pytest.raises(
+        ConfigError, match=r"pools\[0\].engine_args.additional_config.tt.engine_core_process: a prefill/decode pool"
+    ):
+        load_app_config(app_args("pd.yaml", tiny_llama, pools))
+    both = dict(prefill, role="both", name="tt")
+    assert load_app_config(app_args("one.yaml", tiny_llama, [both])).pools[0].engine_config.tt.engine_core_process
