@@ -38,6 +38,8 @@ def process_label(cmdline: Sequence[str], name: str) -> str:
         return "vllm_worker"
     if "EngineCore" in name or "EngineCore" in line:
         return "vllm_engine_core"
+    if "multiprocessing.spawn" in line:  # our TT engine-core process (accel.tt.engine_process)
+        return "tt_engine_core"
     return "ray_other" if "ray" in line else name
 
 

@@ -138,8 +138,10 @@ def vllm_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
 def tt_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
     from deployments.replicas.tt_replica import make_tt_engine
 
-    pool = next(p for p in load_app_config(config_args(opts.config)).pools if p.engine == "tt")
-    model = next(m for m in load_app_config(config_args(opts.config)).models if m.name == pool.model)
+    app = load_app_config(config_args(opts.config))
+    pool = next(p for p in app.pools if p.engine == "tt")
+    model = next(m for m in app.models if m.name == pool.model)
+    threads = served_torch_threads(app, pool)
     opts.tokenizer = str(model.path)
     log = open(opts.log_dir / "client.log", "w")
     loop = asyncio.new_event_loop()
@@ -147,15 +149,18 @@ def tt_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
         port = free_port()
         cmd = serve_command("ours", opts.config, port)
         server = stack.enter_context(started("ours", cmd, server_env(env), port, opts.log_dir))
-        engine = make_tt_engine(pool)
+        engine = make_tt_engine(pool)  # (an engine-core process inherits OMP_NUM_THREADS from here)
         stack.callback(lambda: loop.run_until_complete(engine.shutdown()))
 
+        core_pid = getattr(engine, "core_pid", None)  # an engine-core process of its own (TTMeshEngineProcess)
+
         def in_process(c: int, seed: int, warmup: bool = False) -> dict[str, Any]:
-            own = time.process_time()
+            own, core = time.process_time(), _cpu_s(core_pid)
             result = loop.run_until_complete(drive_engine(engine, c, 32 if warmup else opts.num_prompts, opts, seed))
-            result["cpu_us_per_token"] = {
-                "in_process": round(1e6 * (time.process_time() - own) / result["total_output_tokens"], 1)
-            }
+            tokens = result["total_output_tokens"]
+            result["cpu_us_per_token"] = {"in_process": round(1e6 * (time.process_time() - own) / tokens, 1)}
+            if core_pid is not None:
+                result["cpu_us_per_token"]["engine_core"] = round(1e6 * (_cpu_s(core_pid) - core) / tokens, 1)
             return result
 
         def through_stack(c: int, seed: int, warmup: bool = False) -> dict[str, Any]:
@@ -165,7 +170,7 @@ def tt_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
 
         runs = run_rounds({"ours": through_stack, "in_process": in_process}, opts, load)
     loop.close()
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = {"torch_threads": threads}
     for c, per in runs.items():
         summary = {name: summarize_server(r) for name, r in per.items()}
         r = ratio(summary["ours"]["output_tok_s"], summary["in_process"]["output_tok_s"])
@@ -175,6 +180,35 @@ def tt_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
             "meets": {"ours_over_in_process": bool(r >= 0.9)},
         }
     return result
+
+
+def served_torch_threads(app: Any, pool: Any) -> int:
+    """Give the in-process engine the thread budget the served one has, and return it.
+
+    The served engine runs in a Ray worker (the pool's replica, or the ingress replica with
+    ``placement: ingress``), where Ray sets ``OMP_NUM_THREADS`` = max(floor(num_cpus), 1) unless it
+    is set already (``ray._private.utils.set_omp_num_threads_if_unset``); torch there, and in an
+    engine-core process it spawns, uses that many intra-op threads. Without this the in-process
+    engine would get torch's default (every core) and the ratio would compare thread budgets."""
+    import math
+
+    import torch
+
+    num_cpus = pool.num_cpus + (app.ingress.num_cpus if pool.placement == "ingress" else 0)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(math.floor(num_cpus), 1)))
+    threads = int(os.environ["OMP_NUM_THREADS"])
+    torch.set_num_threads(threads)
+    return threads
+
+
+def _cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0 for None)."""
+    if pid is None:
+        return 0.0
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def require_bench_extra() -> None:

@@ -178,6 +178,11 @@ class TTMeshEngineProcess:
         return self.config.max_model_len
 
     @property
+    def core_pid(self) -> int | None:
+        """The engine-core process's pid (for CPU accounting)."""
+        return self._process.pid
+
+    @property
     def num_busy_iterations(self) -> int:
         return self._view.num_busy_iterations
 

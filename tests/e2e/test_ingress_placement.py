@@ -1,6 +1,7 @@
 """End to end on a real (small) Ray Serve: a pool whose engine runs inside the ingress replica
-(``placement: ingress``), the real TT engine with its step loop in an engine-core process
-(``additional_config.tt.engine_core_process``), called through the official ``openai`` client.
+(``placement: ingress``), called through the official ``openai`` client: the real TT engine with
+its step loop in an engine-core process (``additional_config.tt.engine_core_process``), and
+vLLM-CPU (``AsyncLLM``, as ``configs/vllm_cpu.yaml`` runs it).
 
 The app has no engine deployment of its own; the ingress replica's process has the engine core as
 its child; greedy output equals HF token for token, streamed
@@ -13,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.doubles.app_args import app_args, tt_pool
+from tests.doubles.app_args import app_args, tt_pool, vllm_pool
 from tests.doubles.deployed_app import deployed_app
 from tests.hf_reference import hf_greedy
 
@@ -75,3 +76,35 @@ def test_streamed_greedy_tokens_equal_hf(client, tiny_llama):
     # Streamed as produced, not as one blob at the end (a consumer that lags a step behind takes
     # what is pending at once, as vLLM's output collector does).
     assert len([ids for ids in per_chunk if ids]) >= 3
+
+
+VLLM_APP = "ingress-placement-vllm-e2e"
+
+
+@pytest.fixture(scope="module")
+def vllm_url(serve_session, tiny_llama):
+    pool = {**vllm_pool(enable_prefix_caching=True), "placement": "ingress"}
+    with deployed_app(serve_session, VLLM_APP, app_args("test_ingress_placement_vllm", tiny_llama, [pool])) as url:
+        yield url
+
+
+def test_a_vllm_engine_inside_the_ingress_streams_hf_greedy_tokens(vllm_url, tiny_llama):
+    from ray import serve
+
+    assert set(serve.status().applications[VLLM_APP].deployments) == {"OpenAIIngress", "Router"}
+    client = openai.OpenAI(base_url=f"{vllm_url}/v1", api_key="none", max_retries=0, timeout=60)
+    prompt = [0, 21, 22, 23]
+    for _ in range(2):  # the second time from vLLM's prefix cache
+        stream = client.completions.create(
+            model="tiny-llama",
+            prompt=prompt,
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        )
+        chunks = list(stream)
+        ids = [t for c in chunks if c.choices for t in c.choices[0].model_extra.get("token_ids") or []]
+        assert ids == hf_greedy(tiny_llama, prompt, 10)
+        assert chunks[-1].usage.completion_tokens == 10
