@@ -19,7 +19,8 @@ Prints ONE JSON object:
 - ``process_vs_vllm_cpu`` / ``tt_torch_process_tok_s`` / ``tt_torch_process_host_ms_per_step``: the
   same engine with its step loop in an engine-core process of its own (``TTMeshEngineProcess``,
   ``additional_config.tt.engine_core_process``), measured in the same alternating rounds.
-Every figure is the median of ``--repeats`` rounds (this machine is shared and noisy).
+Every figure is the median of ``--repeats`` rounds (this machine is shared and noisy). Thread
+budget: ``OMP_NUM_THREADS=1`` unless set (vLLM's own serving rule, see below).
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+# vLLM's serving thread budget for every engine here (before torch loads): its EngineCore drops
+# torch to 1 intra-op thread (vllm.utils.torch_utils.set_torch_threads_for_runtime) and its CPU
+# worker runs one OMP thread on the core it reserves; our in-process engine gets the same.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -30,12 +30,15 @@ import concurrent.futures
 import itertools
 import logging
 import multiprocessing
+import os
 import threading
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
+
+import torch
 
 from accel.block_hash import BlockHash
 from accel.contract import (
@@ -69,6 +72,7 @@ START_TIMEOUT_S = 600.0  # model build + warm-up on a real mesh takes minutes
 class _Ready:
     platform: str
     num_blocks_per_lane: int
+    torch_threads: int
     stats: EngineStats
     extra_stats: TTEngineStats
 
@@ -158,6 +162,7 @@ class TTMeshEngineProcess:
         assert isinstance(first, _Ready)
         self.platform = first.platform
         self.num_blocks_per_lane = first.num_blocks_per_lane
+        self.torch_threads = first.torch_threads  # the core's intra-op threads (_set_torch_threads_for_serving)
         self._view = _CoreView(first.stats, first.extra_stats)
         self._send_lock = threading.Lock()
         self._replies: dict[int, concurrent.futures.Future[Any]] = {}
@@ -311,6 +316,16 @@ class TTMeshEngineProcess:
 # -- the core process ----------------------------------------------------------------------------
 
 
+def _set_torch_threads_for_serving() -> None:
+    """One torch intra-op thread in the engine core unless ``OMP_NUM_THREADS`` says otherwise:
+    vLLM's rule for its own engine core (``vllm.utils.torch_utils.set_torch_threads_for_runtime``:
+    OMP workers spin-waiting after each parallel region steal the step's serial code's cycles).
+    Measured here on the torch mesh program: 1 thread 3,704 tok/s, 2 threads 3,268
+    (docs/BENCHMARKS.md)."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+
+
 def _core_main(
     conn: Connection,
     config: TTEngineConfig,
@@ -320,6 +335,7 @@ def _core_main(
 ) -> None:
     """The engine-core process: build, report ready, run the step loop on this (main) thread
     while a receiver thread feeds its inbox and answers queries."""
+    _set_torch_threads_for_serving()
     try:
         parts = build_engine_parts(
             config, model_class=model_class, step_timeout_s=step_timeout_s, accelerator=accelerator
@@ -340,7 +356,7 @@ def _core_main(
         send(_Step(list(outputs), loop.stats, loop.extra_stats, kv_events, loop.num_busy_iterations, loop.host_busy_s))
 
     loop = StepLoop(parts.core, parts.grammars, parts.platform, publish)
-    send(_Ready(parts.platform, parts.num_blocks_per_lane, loop.stats, loop.extra_stats))
+    send(_Ready(parts.platform, parts.num_blocks_per_lane, torch.get_num_threads(), loop.stats, loop.extra_stats))
 
     def answer(query: _Query) -> Any:
         if query.what == "snapshot":

@@ -55,6 +55,10 @@ def test_concurrent_greedy_streams_equal_hf(engine, tiny_llama):
     assert engine.stats().num_running == 0
 
 
+def test_the_core_runs_one_torch_thread_unless_omp_num_threads_says_otherwise(engine):
+    assert engine.torch_threads == int(os.environ.get("OMP_NUM_THREADS", "1"))
+
+
 def test_leaving_a_stream_aborts_it_in_the_core_and_frees_its_blocks(engine):
     async def run():
         free_before = engine.stats().num_kv_blocks_free
