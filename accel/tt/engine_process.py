@@ -319,9 +319,9 @@ class TTMeshEngineProcess:
 def _set_torch_threads_for_serving() -> None:
     """One torch intra-op thread in the engine core unless ``OMP_NUM_THREADS`` says otherwise:
     vLLM's rule for its own engine core (``vllm.utils.torch_utils.set_torch_threads_for_runtime``:
-    OMP workers spin-waiting after each parallel region steal the step's serial code's cycles).
-    Measured here on the torch mesh program: 1 thread 3,704 tok/s, 2 threads 3,268
-    (docs/BENCHMARKS.md)."""
+    OMP workers spin-waiting after each parallel region steal the step's serial code's cycles),
+    so the engine has vLLM's thread budget. On the torch mesh program here one thread was not
+    slower than two (3,704 and 3,273 tok/s against 3,268; docs/BENCHMARKS.md)."""
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
 
