@@ -82,11 +82,7 @@ def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | N
         if pool.placement == "ingress":
             continue  # built inside each ingress replica (ingress_deployment_options)
         cls = TTMeshReplica if pool.engine == "tt" else VllmReplica
-        try:
-            options = engine_deployment_options(pool)
-        except ConfigError as exc:  # placement: TPU topology, MESH_DEVICE name
-            section = "tpu" if pool.accelerator == "tpu" else "tt"
-            raise ConfigError(f"{config.config_file}: pools[{i}].{section}: {exc}") from None
+        options = _pool_options(config, i, pool)
         pool_apps[pool.name] = serve.deployment(**options)(cls).bind(
             pool, factories.get(pool.engine), kv_event_log_size=config.router.kv_event_log_size
         )
@@ -116,16 +112,16 @@ def ingress_deployment_options(config: AppConfig) -> dict[str, Any]:
         max_ongoing_requests=config.ingress.max_concurrent_requests + 16,
         logging_config={"enable_access_log": config.ingress.access_log},
     )
-    for pool in config.pools:
+    resources: dict[str, float] = {}
+    for i, pool in enumerate(config.pools):
         if pool.placement != "ingress":
             continue
-        engine = engine_deployment_options(pool)["ray_actor_options"]
-        actor["num_cpus"] += engine.get("num_cpus", 0)
-        for key in ("num_gpus", "memory"):
+        engine = _pool_options(config, i, pool)["ray_actor_options"]
+        for key in ("num_cpus", "num_gpus", "memory"):
             if key in engine:
                 actor[key] = actor.get(key, 0) + engine[key]
         for name, amount in engine.get("resources", {}).items():
-            actor.setdefault("resources", {})[name] = actor.get("resources", {}).get(name, 0) + amount
+            resources[name] = resources.get(name, 0) + amount
         env = engine.get("runtime_env", {}).get("env_vars", {})
         if env:
             actor.setdefault("runtime_env", {}).setdefault("env_vars", {}).update(env)
@@ -133,8 +129,19 @@ def ingress_deployment_options(config: AppConfig) -> dict[str, Any]:
             options.get("graceful_shutdown_timeout_s", 0), pool.graceful_shutdown_timeout_s
         )
         options["health_check_period_s"] = 10
+    if resources:
+        actor["resources"] = resources
     options["ray_actor_options"] = actor
     return options
+
+
+def _pool_options(config: AppConfig, i: int, pool: PoolConfig) -> dict[str, Any]:
+    """``engine_deployment_options`` of ``config.pools[i]``; a placement error names its key."""
+    try:
+        return engine_deployment_options(pool)
+    except ConfigError as exc:  # placement: TPU topology, MESH_DEVICE name
+        section = "tpu" if pool.accelerator == "tpu" else "tt"
+        raise ConfigError(f"{config.config_file}: pools[{i}].{section}: {exc}") from None
 
 
 def build_app(args: dict[str, Any]) -> Application:

@@ -31,7 +31,7 @@ from accel.tt.config import TTEngineConfig, check_model_capabilities
 from accel.tt.core_messages import AbortRequest, InboxMessage
 from accel.tt.engine_core import EngineCore, KVHookPoints, StepRecord
 from accel.tt.grammars import EngineGrammars
-from accel.tt.health import DEFAULT_STEP_TIMEOUT_S, DeviceProbe, EngineUnhealthy, device_probe, stalled_problem
+from accel.tt.health import DEFAULT_STEP_TIMEOUT_S, DeviceProbe, EngineUnhealthy, device_probe
 from accel.tt.lane_coordinator import LaneCoordinator
 from accel.tt.mesh_model import SUPPORTS_ASYNC_DECODE, SUPPORTS_PREFIX_CACHING, MeshModel
 from accel.tt.model_setup import (
@@ -275,10 +275,7 @@ class TTMeshEngine:
     def take_kv_events(self) -> list[PrefixCacheChange]:
         """KV blocks stored / evicted since the previous call, per lane (for the router's prefix
         index)."""
-        events = []
-        while self._loop.kv_events:
-            events.append(self._loop.kv_events.popleft())
-        return events
+        return self._loop.take_kv_events()
 
     def kv_block_snapshot(self) -> list[BlockHash]:
         """Every block hash some lane holds in its prefix cache now (the union of the lane caches
@@ -297,13 +294,7 @@ class TTMeshEngine:
         does not answer a probe within ``step_timeout_s`` (``accel.tt.health``). Never blocks."""
         if self._loop.is_stopped or not self._thread.is_alive():
             raise EngineUnhealthy("the TT mesh engine's step loop is not running")
-        problem = stalled_problem(
-            last_iteration_at=self._loop.last_iteration_at,
-            num_inflight=self._loop.num_inflight(),
-            step_timeout_s=self.step_timeout_s,
-        )
-        if problem is None and self._parts.device_probe is not None:
-            problem = self._parts.device_probe.problem()
+        problem = self._loop.health_problem(self.step_timeout_s, self._parts.device_probe)
         if problem is not None:
             raise EngineUnhealthy(problem)
 

@@ -1,21 +1,13 @@
 """``TTMeshEngineProcess``: the TT mesh engine with its step loop in a process of its own (the
-engine core), as vLLM runs ``EngineCore`` apart from ``AsyncLLM``.
+engine core, ``core_process.py``), as vLLM runs ``EngineCore`` apart from ``AsyncLLM``.
 
 Why: in one process the step loop (scheduling, the model's host code) and everything on the
 asyncio side (detokenizing, the caller's streaming, HTTP when the engine sits in the ingress)
 take turns on one GIL, so the engine gets at most one core for both. Here the core process builds
-the model, the KV cache and the ``EngineCore`` (``build_engine_parts``) and runs the same
-``StepLoop`` on its main thread; this process keeps the tokenizer and the ``RequestStreams`` (the
-``OutputBuilder`` per request), so detokenization and streaming overlap the next step.
-
-Wire (one ``multiprocessing`` pipe, pickled objects, a lock per direction and side):
-- to the core: the inbox messages (``AddRequest`` — its grammar compiled there, by the core's
-  receiver thread, off the step loop —, ``FinishRequest``, ``AbortRequest``), ``_Query``
-  (``snapshot``: the lanes' cached block hashes; ``health``: the loop's stall check and the
-  device probe) and ``_Stop``;
-- from the core: ``_Ready`` / ``_Failed`` once at start, then one ``_Step`` per loop iteration
-  with outputs (the step's ``NewTokens`` / ``RequestFailed`` with the stats, step stats and KV
-  events as of that iteration) and a ``_Reply`` per query.
+the model, the KV cache and the ``EngineCore`` and runs the same ``StepLoop`` on its main thread;
+this process keeps the tokenizer and the ``RequestStreams`` (the ``OutputBuilder`` per request),
+so detokenization and streaming overlap the next step. The messages between the two are
+``core_process``'s.
 
 Invariants: every request this process streams is in ``RequestStreams`` until its stream ends;
 when the core process dies every open stream ends with ``EngineUnhealthy`` and the health check
@@ -30,83 +22,28 @@ import concurrent.futures
 import itertools
 import logging
 import multiprocessing
-import os
 import threading
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from typing import Any
 
-import torch
-
 from accel.block_hash import BlockHash
-from accel.contract import (
-    EngineStats,
-    GenerateRequest,
-    InvalidRequestError,
-    OutputDelta,
-    PrefixCacheChange,
-    TTEngineStats,
-)
+from accel.contract import EngineStats, GenerateRequest, OutputDelta, PrefixCacheChange, TTEngineStats
 from accel.text.tokenizer import load_tokenizer
 from accel.tt.config import TTEngineConfig
-from accel.tt.core_messages import AbortRequest, AddRequest, FinishRequest, InboxMessage, OutboxMessage, RequestFailed
-from accel.tt.engine import build_engine_parts, lane_block_snapshot
-from accel.tt.health import DEFAULT_STEP_TIMEOUT_S, EngineUnhealthy, stalled_problem
+from accel.tt.core_messages import AbortRequest, FinishRequest, InboxMessage
+from accel.tt.core_process import CoreFailed, CoreQuery, CoreReady, CoreReply, CoreStep, CoreStop, core_main
+from accel.tt.health import DEFAULT_STEP_TIMEOUT_S, EngineUnhealthy
 from accel.tt.mesh_model import MeshModel
 from accel.tt.model_setup import load_hf_config
 from accel.tt.request_checks import check_request
 from accel.tt.request_streams import RequestStreams
-from accel.tt.step_loop import StepLoop
+from accel.tt.step_loop import drain
 
 logger = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 600.0  # model build + warm-up on a real mesh takes minutes
-
-
-# -- the wire ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Ready:
-    platform: str
-    num_blocks_per_lane: int
-    torch_threads: int
-    stats: EngineStats
-    extra_stats: TTEngineStats
-
-
-@dataclass(frozen=True)
-class _Failed:
-    error: str
-
-
-@dataclass(frozen=True)
-class _Step:
-    outputs: list[OutboxMessage]
-    stats: EngineStats
-    extra_stats: TTEngineStats
-    kv_events: list[PrefixCacheChange]
-    num_busy_iterations: int
-    host_busy_s: float
-
-
-@dataclass(frozen=True)
-class _Query:
-    seq: int
-    what: str  # "snapshot" | "health"
-
-
-@dataclass(frozen=True)
-class _Reply:
-    seq: int
-    value: Any
-
-
-@dataclass(frozen=True)
-class _Stop:
-    pass
 
 
 # -- this process's side -----------------------------------------------------------------------
@@ -142,7 +79,7 @@ class TTMeshEngineProcess:
         context = multiprocessing.get_context("spawn")  # (fork would copy threads and locks)
         self._conn, child_conn = context.Pipe()
         self._process = context.Process(
-            target=_core_main,
+            target=core_main,
             args=(child_conn, config, model_class, step_timeout_s, accelerator),
             name="tt-engine-core",
             daemon=True,
@@ -155,14 +92,14 @@ class TTMeshEngineProcess:
         try:
             first = self._conn.recv()
         except EOFError:
-            first = _Failed(f"the TT engine-core process exited with code {self._process.exitcode} while starting")
-        if isinstance(first, _Failed):
+            first = CoreFailed(f"the TT engine-core process exited with code {self._process.exitcode} while starting")
+        if isinstance(first, CoreFailed):
             self._process.join(timeout=10)
             raise RuntimeError(first.error)
-        assert isinstance(first, _Ready)
+        assert isinstance(first, CoreReady)
         self.platform = first.platform
         self.num_blocks_per_lane = first.num_blocks_per_lane
-        self.torch_threads = first.torch_threads  # the core's intra-op threads (_set_torch_threads_for_serving)
+        self.torch_threads = first.torch_threads  # the core's intra-op threads (set_torch_threads_for_serving)
         self._view = _CoreView(first.stats, first.extra_stats)
         self._send_lock = threading.Lock()
         self._replies: dict[int, concurrent.futures.Future[Any]] = {}
@@ -213,10 +150,7 @@ class TTMeshEngineProcess:
         return self._view.extra_stats
 
     def take_kv_events(self) -> list[PrefixCacheChange]:
-        events = []
-        while self._view.kv_events:
-            events.append(self._view.kv_events.popleft())
-        return events
+        return drain(self._view.kv_events)
 
     def kv_block_snapshot(self) -> list[BlockHash]:
         """``TTMeshEngine.kv_block_snapshot``, asked of the core process (blocks this thread for
@@ -249,7 +183,7 @@ class TTMeshEngineProcess:
         self._stopping = True
         self._streams.close("the TT mesh engine is shut down")
         try:
-            self._send(_Stop())
+            self._send(CoreStop())
         except (OSError, EngineUnhealthy):
             pass
         self._process.join(timeout=self.step_timeout_s)
@@ -260,7 +194,7 @@ class TTMeshEngineProcess:
         self._receiver.join(timeout=10)
 
     # ---- the pipe ------------------------------------------------------------------------------
-    def _send(self, message: InboxMessage | _Query | _Stop) -> None:
+    def _send(self, message: InboxMessage | CoreQuery | CoreStop) -> None:
         if self._dead is not None:
             if isinstance(message, (FinishRequest, AbortRequest)):
                 return  # nothing left to free: the core process and its KV are gone
@@ -273,7 +207,7 @@ class TTMeshEngineProcess:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._replies[seq] = future
         try:
-            self._send(_Query(seq, what))
+            self._send(CoreQuery(seq, what))
         except Exception as exc:
             self._replies.pop(seq, None)
             future.set_exception(exc)
@@ -287,13 +221,13 @@ class TTMeshEngineProcess:
                 message = self._conn.recv()
             except (EOFError, OSError):
                 break
-            if isinstance(message, _Step):
+            if isinstance(message, CoreStep):
                 view.stats, view.extra_stats = message.stats, message.extra_stats
                 view.num_busy_iterations, view.host_busy_s = message.num_busy_iterations, message.host_busy_s
                 view.kv_events.extend(message.kv_events)
                 if message.outputs:
                     self._streams.deliver(message.outputs)
-            elif isinstance(message, _Reply):
+            elif isinstance(message, CoreReply):
                 future = self._replies.pop(message.seq, None)
                 if future is not None:
                     future.set_result(message.value)
@@ -311,92 +245,3 @@ class TTMeshEngineProcess:
         for future in list(self._replies.values()):
             future.set_exception(error)
         self._replies.clear()
-
-
-# -- the core process ----------------------------------------------------------------------------
-
-
-def _set_torch_threads_for_serving() -> None:
-    """One torch intra-op thread in the engine core unless ``OMP_NUM_THREADS`` says otherwise:
-    vLLM's rule for its own engine core (``vllm.utils.torch_utils.set_torch_threads_for_runtime``:
-    OMP workers spin-waiting after each parallel region steal the step's serial code's cycles),
-    so the engine has vLLM's thread budget. On the torch mesh program here one thread was not
-    slower than two (3,704 and 3,273 tok/s against 3,268; docs/BENCHMARKS.md)."""
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(1)
-
-
-def _core_main(
-    conn: Connection,
-    config: TTEngineConfig,
-    model_class: type[MeshModel] | None,
-    step_timeout_s: float,
-    accelerator: str,
-) -> None:
-    """The engine-core process: build, report ready, run the step loop on this (main) thread
-    while a receiver thread feeds its inbox and answers queries."""
-    _set_torch_threads_for_serving()
-    try:
-        parts = build_engine_parts(
-            config, model_class=model_class, step_timeout_s=step_timeout_s, accelerator=accelerator
-        )
-    except BaseException as exc:
-        conn.send(_Failed(f"{type(exc).__name__}: {exc}"))
-        return
-    send_lock = threading.Lock()
-
-    def send(message: Any) -> None:
-        with send_lock:
-            conn.send(message)
-
-    def publish(outputs: Any) -> None:
-        kv_events: list[PrefixCacheChange] = []
-        while loop.kv_events:
-            kv_events.append(loop.kv_events.popleft())
-        send(_Step(list(outputs), loop.stats, loop.extra_stats, kv_events, loop.num_busy_iterations, loop.host_busy_s))
-
-    loop = StepLoop(parts.core, parts.grammars, parts.platform, publish)
-    send(_Ready(parts.platform, parts.num_blocks_per_lane, torch.get_num_threads(), loop.stats, loop.extra_stats))
-
-    def answer(query: _Query) -> Any:
-        if query.what == "snapshot":
-            return lane_block_snapshot(parts.core)
-        problem = stalled_problem(
-            last_iteration_at=loop.last_iteration_at, num_inflight=loop.num_inflight(), step_timeout_s=step_timeout_s
-        )
-        if problem is None and parts.device_probe is not None:
-            problem = parts.device_probe.problem()
-        return problem
-
-    def receive() -> None:
-        while True:
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):  # the parent is gone
-                break
-            if isinstance(message, _Stop):
-                break
-            if isinstance(message, _Query):
-                send(_Reply(message.seq, answer(message)))
-            elif isinstance(message, AddRequest) and message.request.sampling.structured_outputs is not None:
-                try:
-                    grammar = parts.grammars.compile_sync(message.request.sampling.structured_outputs)
-                except InvalidRequestError as exc:
-                    failed: list[OutboxMessage] = [RequestFailed(message.req_id, exc)]
-                    send(_Step(failed, loop.stats, loop.extra_stats, [], loop.num_busy_iterations, loop.host_busy_s))
-                    continue
-                loop.post(AddRequest(message.request, grammar))
-            else:
-                loop.post(message)
-        loop.stop()
-
-    threading.Thread(target=receive, name="tt-engine-core-inbox", daemon=True).start()
-    try:
-        loop.run()
-    finally:
-        parts.close()
-        try:
-            publish([])  # the last stats
-        except (OSError, ValueError):
-            pass
-        conn.close()

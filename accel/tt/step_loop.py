@@ -16,16 +16,27 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from accel.contract import PrefixCacheChange
 from accel.tt.core_messages import AddRequest, FinishRequest, InboxMessage, OutboxMessage, RequestFailed
 from accel.tt.engine_core import EngineCore
 from accel.tt.grammars import EngineGrammars
+from accel.tt.health import DeviceProbe, stalled_problem
 from accel.tt.request_state import RequestState
 
 logger = logging.getLogger(__name__)
 
 Deliver = Callable[[Sequence[OutboxMessage]], None]
+T = TypeVar("T")
+
+
+def drain(queue: deque[T]) -> list[T]:
+    """Everything in ``queue``, taken from the left while another thread may append."""
+    items = []
+    while queue:
+        items.append(queue.popleft())
+    return items
 
 
 class StepLoop:
@@ -37,7 +48,7 @@ class StepLoop:
         self._cv = threading.Condition()
         self._inbox: deque[InboxMessage] = deque()
         self._stopped = False
-        self.kv_events: deque[PrefixCacheChange] = deque()  # drained by the engine's take_kv_events
+        self.kv_events: deque[PrefixCacheChange] = deque()  # drained by take_kv_events
         self.stats = core.stats(platform)
         self.extra_stats = core.step_stats()
         # Step-loop host cost: CPU time of this thread in iterations that ran a step (blocking on
@@ -53,6 +64,20 @@ class StepLoop:
     def num_inflight(self) -> int:
         """Requests the loop holds or has been posted (read-only peeks from any thread)."""
         return len(self.core.requests) + len(self._inbox)
+
+    def take_kv_events(self) -> list[PrefixCacheChange]:
+        """The lanes' prefix-cache changes published since the previous call."""
+        return drain(self.kv_events)
+
+    def health_problem(self, step_timeout_s: float, device_probe: DeviceProbe | None) -> str | None:
+        """Why the loop counts as unhealthy — hung (requests in flight and no iteration within
+        ``step_timeout_s``) or the device queue not answering a probe — else None."""
+        problem = stalled_problem(
+            last_iteration_at=self.last_iteration_at, num_inflight=self.num_inflight(), step_timeout_s=step_timeout_s
+        )
+        if problem is None and device_probe is not None:
+            problem = device_probe.problem()
+        return problem
 
     def post(self, message: InboxMessage) -> None:
         with self._cv:

@@ -54,10 +54,6 @@ class LocalPoolClient:
         self.replica = replica
         self._closing: set[asyncio.Task[None]] = set()
 
-    @property
-    def deployment(self) -> tuple[str, str] | None:
-        return None  # no Serve deployment of its own
-
     def watch(self) -> None:
         pass  # nothing to hear from Serve: the replica is here
 

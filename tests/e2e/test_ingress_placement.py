@@ -61,17 +61,24 @@ def _engine_core_parents() -> set[str]:
     return parents
 
 
-def test_streamed_greedy_tokens_equal_hf(client, tiny_llama):
-    prompt = [0, 5, 6, 7, 8]
+def _greedy_stream(client: openai.OpenAI, prompt: list[int], max_tokens: int) -> list:
+    """The chunks of a streamed greedy completion with token ids and usage."""
     stream = client.completions.create(
         model="tiny-llama",
         prompt=prompt,
-        max_tokens=10,
+        max_tokens=max_tokens,
         temperature=0,
         stream=True,
+        stream_options={"include_usage": True},
         extra_body={"ignore_eos": True, "return_token_ids": True},
     )
-    per_chunk = [c.choices[0].model_extra.get("token_ids") or [] for c in stream if c.choices]
+    return list(stream)
+
+
+def test_streamed_greedy_tokens_equal_hf(client, tiny_llama):
+    prompt = [0, 5, 6, 7, 8]
+    chunks = _greedy_stream(client, prompt, 10)
+    per_chunk = [c.choices[0].model_extra.get("token_ids") or [] for c in chunks if c.choices]
     assert [t for ids in per_chunk for t in ids] == hf_greedy(tiny_llama, prompt, 10)
     # Streamed as produced, not as one blob at the end (a consumer that lags a step behind takes
     # what is pending at once, as vLLM's output collector does).
@@ -95,16 +102,7 @@ def test_a_vllm_engine_inside_the_ingress_streams_hf_greedy_tokens(vllm_url, tin
     client = openai.OpenAI(base_url=f"{vllm_url}/v1", api_key="none", max_retries=0, timeout=60)
     prompt = [0, 21, 22, 23]
     for _ in range(2):  # the second time from vLLM's prefix cache
-        stream = client.completions.create(
-            model="tiny-llama",
-            prompt=prompt,
-            max_tokens=10,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True, "return_token_ids": True},
-        )
-        chunks = list(stream)
+        chunks = _greedy_stream(client, prompt, 10)
         ids = [t for c in chunks if c.choices for t in c.choices[0].model_extra.get("token_ids") or []]
         assert ids == hf_greedy(tiny_llama, prompt, 10)
         assert chunks[-1].usage.completion_tokens == 10

@@ -1,0 +1,161 @@
+"""The TT engine-core process (``TTMeshEngineProcess``'s child) and the messages on its pipe.
+
+``core_main`` builds the engine's parts (``build_engine_parts``: model, KV, ``EngineCore``), runs
+the same ``StepLoop`` as the in-process engine on its main thread, and a receiver thread feeds the
+loop's inbox and answers queries.
+
+Wire (one ``multiprocessing`` pipe, pickled objects, a send lock per side):
+- to the core: the inbox messages (``AddRequest`` — its grammar compiled here, by the receiver
+  thread, off the step loop: compiled grammars do not pickle —, ``FinishRequest``,
+  ``AbortRequest``), ``CoreQuery`` (``snapshot``: the lanes' cached block hashes; ``health``: the
+  loop's stall check and the device probe) and ``CoreStop``;
+- from the core: ``CoreReady`` / ``CoreFailed`` once at start, then one ``CoreStep`` per loop
+  iteration that changed something (the step's ``NewTokens`` / ``RequestFailed`` with the stats,
+  step stats and KV events as of that iteration) and a ``CoreReply`` per query.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from accel.contract import EngineStats, InvalidRequestError, PrefixCacheChange, TTEngineStats
+from accel.tt.config import TTEngineConfig
+from accel.tt.core_messages import AddRequest, OutboxMessage, RequestFailed
+from accel.tt.engine import build_engine_parts, lane_block_snapshot
+from accel.tt.mesh_model import MeshModel
+from accel.tt.step_loop import StepLoop
+
+# -- the wire ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CoreReady:
+    platform: str
+    num_blocks_per_lane: int
+    torch_threads: int
+    stats: EngineStats
+    extra_stats: TTEngineStats
+
+
+@dataclass(frozen=True)
+class CoreFailed:
+    error: str
+
+
+@dataclass(frozen=True)
+class CoreStep:
+    outputs: list[OutboxMessage]
+    stats: EngineStats
+    extra_stats: TTEngineStats
+    kv_events: list[PrefixCacheChange]
+    num_busy_iterations: int
+    host_busy_s: float
+
+
+@dataclass(frozen=True)
+class CoreQuery:
+    seq: int
+    what: str  # "snapshot" | "health"
+
+
+@dataclass(frozen=True)
+class CoreReply:
+    seq: int
+    value: Any
+
+
+@dataclass(frozen=True)
+class CoreStop:
+    pass
+
+
+# -- the core process ----------------------------------------------------------------------------
+
+
+def set_torch_threads_for_serving() -> None:
+    """One torch intra-op thread in the engine core unless ``OMP_NUM_THREADS`` says otherwise:
+    vLLM's rule for its own engine core (``vllm.utils.torch_utils.set_torch_threads_for_runtime``:
+    OMP workers spin-waiting after each parallel region steal the step's serial code's cycles),
+    so the engine has vLLM's thread budget. On the torch mesh program here one thread was not
+    slower than two (3,704 and 3,273 tok/s against 3,268; docs/BENCHMARKS.md)."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+
+
+def core_main(
+    conn: Connection,
+    config: TTEngineConfig,
+    model_class: type[MeshModel] | None,
+    step_timeout_s: float,
+    accelerator: str,
+) -> None:
+    """The engine-core process: build, report ready, run the step loop on this (main) thread
+    while a receiver thread feeds its inbox and answers queries."""
+    set_torch_threads_for_serving()
+    try:
+        parts = build_engine_parts(
+            config, model_class=model_class, step_timeout_s=step_timeout_s, accelerator=accelerator
+        )
+    except BaseException as exc:
+        conn.send(CoreFailed(f"{type(exc).__name__}: {exc}"))
+        return
+    send_lock = threading.Lock()
+
+    def send(message: Any) -> None:
+        with send_lock:
+            conn.send(message)
+
+    def step_message(outputs: Sequence[OutboxMessage], kv_events: list[PrefixCacheChange]) -> CoreStep:
+        counters = (loop.num_busy_iterations, loop.host_busy_s)
+        return CoreStep(list(outputs), loop.stats, loop.extra_stats, kv_events, *counters)
+
+    def publish(outputs: Sequence[OutboxMessage]) -> None:  # (the step loop's thread)
+        send(step_message(outputs, loop.take_kv_events()))
+
+    loop = StepLoop(parts.core, parts.grammars, parts.platform, publish)
+    send(CoreReady(parts.platform, parts.num_blocks_per_lane, torch.get_num_threads(), loop.stats, loop.extra_stats))
+
+    def answer(query: CoreQuery) -> Any:
+        if query.what == "snapshot":
+            return lane_block_snapshot(parts.core)
+        return loop.health_problem(step_timeout_s, parts.device_probe)
+
+    def receive() -> None:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):  # the parent is gone
+                break
+            if isinstance(message, CoreStop):
+                break
+            if isinstance(message, CoreQuery):
+                send(CoreReply(message.seq, answer(message)))
+            elif isinstance(message, AddRequest) and message.request.sampling.structured_outputs is not None:
+                try:
+                    grammar = parts.grammars.compile_sync(message.request.sampling.structured_outputs)
+                except InvalidRequestError as exc:
+                    # (KV events stay with the loop's thread, which sends them in order.)
+                    send(step_message([RequestFailed(message.req_id, exc)], []))
+                    continue
+                loop.post(AddRequest(message.request, grammar))
+            else:
+                loop.post(message)
+        loop.stop()
+
+    threading.Thread(target=receive, name="tt-engine-core-inbox", daemon=True).start()
+    try:
+        loop.run()
+    finally:
+        parts.close()
+        try:
+            publish([])  # the last stats
+        except (OSError, ValueError):
+            pass
+        conn.close()
