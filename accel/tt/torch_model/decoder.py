@@ -8,7 +8,6 @@ returns the logits of each row's ``last_index`` token.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from accel.tt.torch_model.config import DecoderConfig
 from accel.tt.torch_model.layers import RotaryTables, project_qkv, rms_norm, swiglu_mlp
@@ -68,7 +67,7 @@ def decoder_forward(
         attn = attn.view(n * length, -1)
         if last_rows is not None and i == num_layers - 1:
             h, attn = h.index_select(0, last_rows), attn.index_select(0, last_rows)
-        h = h + F.linear(attn.to(h.dtype) if is_cast else attn, layer.o_proj)
+        h = h + layer.o_proj(attn.to(h.dtype) if is_cast else attn)
         h = h + swiglu_mlp(rms_norm(h, layer.post_attention_norm, cfg.rms_norm_eps), layer)
     # h is [n, hidden] now: decode rows' only token, or prefill rows' last one.
-    return F.linear(rms_norm(h, w.final_norm, cfg.rms_norm_eps), w.lm_head)
+    return w.lm_head(rms_norm(h, w.final_norm, cfg.rms_norm_eps))

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from accel.tt.torch_model.config import DecoderConfig
+from accel.tt.torch_model.linear import Linear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -106,19 +107,16 @@ def apply_rotary_rolled(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Te
 @dataclass(frozen=True)
 class LayerWeights:
     """One decoder layer; q/k/v and gate/up are fused along the output dim for fewer matmuls.
-
-    Projection weights are ``[out, in]`` (HF's shape) but stored input-major: ``w.t()`` is the
-    contiguous ``[in, out]`` matrix ``F.linear`` multiplies by (see ``weights._as_matmul_weight``)."""
+    Projections are ``Linear`` layers (HF's ``[out, in]`` weights, oneDNN-packed on CPU)."""
 
     input_norm: torch.Tensor  # [hidden]
-    qkv: torch.Tensor  # [(H + 2*Hkv) * D, hidden]
-    qkv_bias: torch.Tensor | None
-    o_proj: torch.Tensor  # [hidden, H * D]
+    qkv: Linear  # [(H + 2*Hkv) * D, hidden], with the fused q/k/v bias when the checkpoint has one
+    o_proj: Linear  # [hidden, H * D]
     q_norm: torch.Tensor | None  # [D] (Qwen3)
     k_norm: torch.Tensor | None  # [D]
     post_attention_norm: torch.Tensor  # [hidden]
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    down: torch.Tensor  # [hidden, intermediate]
+    gate_up: Linear  # [2 * intermediate, hidden]
+    down: Linear  # [hidden, intermediate]
 
 
 def project_qkv(
@@ -127,7 +125,7 @@ def project_qkv(
     """``h`` ``[T, hidden]`` -> q ``[T, H, D]``, k and v ``[T, Hkv, D]`` (q/k normed and rotated).
     ``cos_sin`` from ``RotaryTables.at_rolled``."""
     num_heads, num_kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
-    qkv = F.linear(h, layer.qkv, layer.qkv_bias).view(-1, num_heads + 2 * num_kv_heads, head_dim)
+    qkv = layer.qkv(h).view(-1, num_heads + 2 * num_kv_heads, head_dim)
     v = qkv[:, num_heads + num_kv_heads :]
     if layer.q_norm is not None:
         assert layer.k_norm is not None  # q/k norm checkpoints (Qwen3) carry both
@@ -143,5 +141,5 @@ def project_qkv(
 def swiglu_mlp(h: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
     # In place on the fused projection's gate half (no two [T, intermediate] temporaries; a big
     # prefill's are MBs each); the down GEMM reads that strided half as is (leading dim 2I).
-    gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-    return F.linear(F.silu(gate, inplace=True).mul_(up), layer.down)
+    gate, up = layer.gate_up(h).chunk(2, dim=-1)
+    return layer.down(F.silu(gate, inplace=True).mul_(up))

@@ -1,7 +1,8 @@
 """Load an HF ``LlamaForCausalLM`` / ``Qwen3ForCausalLM`` safetensors checkpoint into fused tensors.
 
 Reads ``model.safetensors`` or the shards listed in ``model.safetensors.index.json``. Tied
-embeddings (no ``lm_head.weight``, or ``tie_word_embeddings``) reuse the embedding matrix.
+embeddings (no ``lm_head.weight``, or ``tie_word_embeddings``) reuse the embedding matrix (a
+packed ``lm_head`` is its own oneDNN copy; the embedding lookup needs the dense one).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from safetensors import safe_open
 
 from accel.tt.torch_model.config import DecoderConfig
 from accel.tt.torch_model.layers import LayerWeights
+from accel.tt.torch_model.linear import Linear, can_pack
 
 
 @dataclass(frozen=True)
@@ -22,7 +24,7 @@ class ModelWeights:
     embed: torch.Tensor  # [vocab, hidden]
     layers: tuple[LayerWeights, ...]
     final_norm: torch.Tensor  # [hidden]
-    lm_head: torch.Tensor  # [vocab, hidden] (the embedding itself when tied)
+    lm_head: Linear  # [vocab, hidden] (the embedding's values when tied)
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -46,9 +48,15 @@ def read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def load_weights(
-    model_dir: str | Path, config: DecoderConfig, device: torch.device, dtype: torch.dtype
+    model_dir: str | Path,
+    config: DecoderConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    pack_linear: bool | None = None,
 ) -> ModelWeights:
+    """``pack_linear``: oneDNN-packed projections (``linear.py``); None packs wherever ``can_pack``."""
     raw = read_tensors(Path(model_dir))
+    pack = can_pack(device, dtype) if pack_linear is None else pack_linear
 
     def get(name: str) -> torch.Tensor:
         if name not in raw:
@@ -62,17 +70,18 @@ def load_weights(
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
         biases = [maybe(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
+        qkv = torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"], dim=0)
+        gate_up = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
         layers.append(
             LayerWeights(
                 input_norm=get(p + "input_layernorm.weight"),
-                qkv=_as_matmul_weight(torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"], dim=0)),
-                qkv_bias=_qkv_bias(biases),
-                o_proj=_as_matmul_weight(get(p + "self_attn.o_proj.weight")),
+                qkv=Linear.build(qkv, _qkv_bias(biases), pack=pack),
+                o_proj=Linear.build(get(p + "self_attn.o_proj.weight"), pack=pack),
                 q_norm=maybe(p + "self_attn.q_norm.weight") if config.has_qk_norm else None,
                 k_norm=maybe(p + "self_attn.k_norm.weight") if config.has_qk_norm else None,
                 post_attention_norm=get(p + "post_attention_layernorm.weight"),
-                gate_up=_as_matmul_weight(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])),
-                down=_as_matmul_weight(get(p + "mlp.down_proj.weight")),
+                gate_up=Linear.build(gate_up, pack=pack),
+                down=Linear.build(get(p + "mlp.down_proj.weight"), pack=pack),
             )
         )
     embed = get("model.embed_tokens.weight")
@@ -81,15 +90,16 @@ def load_weights(
         embed=embed,
         layers=tuple(layers),
         final_norm=get("model.norm.weight"),
-        lm_head=embed if is_tied else _as_matmul_weight(get("lm_head.weight")),
+        lm_head=_lm_head(embed if is_tied else get("lm_head.weight"), is_tied, pack),
     )
 
 
-def _as_matmul_weight(w: torch.Tensor) -> torch.Tensor:
-    """``w`` ``[out, in]`` with the same values, stored input-major (``w.t()`` is contiguous
-    ``[in, out]``): ``F.linear`` then runs a plain ``x @ W`` GEMM, ~25% faster on CPU for the
-    skinny decode batches than the transposed-B GEMM a row-major ``[out, in]`` weight gets."""
-    return w.t().contiguous().t()
+def _lm_head(weight: torch.Tensor, is_tied: bool, pack: bool) -> Linear:
+    if is_tied and not pack:
+        # Dense and tied: the embedding matrix itself, row-major as the lookup needs it (F.linear's
+        # transposed-B GEMM on it), not a second input-major copy.
+        return Linear(weight.shape[0], weight.shape[1], weight, None, None)
+    return Linear.build(weight, pack=pack)
 
 
 def _qkv_bias(biases: list[torch.Tensor | None]) -> torch.Tensor | None:

@@ -10,6 +10,9 @@ import torch
 
 from accel.tt.mesh_model import MeshModel, TTSamplingParams
 from accel.tt.torch_model import TorchMeshModel
+from accel.tt.torch_model.config import DecoderConfig
+from accel.tt.torch_model.linear import can_pack
+from accel.tt.torch_model.weights import load_weights
 from tests.hf_reference import hf_greedy
 
 NUM_LANES, PER_LANE = 2, 3
@@ -23,14 +26,33 @@ def model_dir(request):
     return request.getfixturevalue(request.param)
 
 
-@pytest.fixture(scope="module")
-def model(model_dir):
+# "packed": the projections as this CPU runs them by default (oneDNN-packed where torch has
+# oneDNN); "dense": F.linear, what CUDA and oneDNN-less builds run.
+@pytest.fixture(scope="module", params=["packed", "dense"])
+def model(model_dir, request):
     from transformers import AutoConfig
 
     torch.set_num_threads(1)
-    m = TorchMeshModel.initialize_vllm_model(
-        AutoConfig.from_pretrained(model_dir), None, B_WIRE, max_seq_len=MAX_SEQ_LEN, tt_data_parallel=NUM_LANES
-    )
+    hf_config = AutoConfig.from_pretrained(model_dir)
+    if request.param == "packed":
+        m = TorchMeshModel.initialize_vllm_model(
+            hf_config, None, B_WIRE, max_seq_len=MAX_SEQ_LEN, tt_data_parallel=NUM_LANES
+        )
+        assert m.weights.lm_head.packed is not None or not can_pack(m.device, m.dtype)
+    else:
+        config = DecoderConfig.from_hf(hf_config)
+        device = torch.device("cpu")
+        weights = load_weights(model_dir, config, device, torch.float32, pack_linear=False)
+        m = TorchMeshModel(
+            config,
+            weights,
+            max_batch_size=B_WIRE,
+            max_seq_len=MAX_SEQ_LEN,
+            num_lanes=NUM_LANES,
+            device=device,
+            dtype=torch.float32,
+        )
+        assert m.weights.lm_head.packed is None
     yield m
     m.close()
 
