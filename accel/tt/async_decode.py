@@ -71,7 +71,7 @@ class AsyncDecodeQueue:
         if not plan.is_decode:
             self._last_decode_layout = None
             return False
-        layout = tuple((r.row, r.req_id) for r in plan.rows)
+        layout = plan.layout
         same_layout = layout == self._last_decode_layout
         self._last_decode_layout = layout
         # Device sampling already excludes logprobs rows (SamplingPolicy).

@@ -202,7 +202,7 @@ class MeshRunner:
         if not plan.is_decode:
             return PreparedStep(plan, self.policy.use_device(plan))
         capacity, rows = plan.capacity, plan.rows
-        layout = tuple((r.row, r.req_id) for r in rows)
+        layout = plan.layout
         reset_batch = layout != self._last_decode_layout
         if reset_batch:  # same requests in the same slots: same sampling decision as last step
             self._last_use_device = self.policy.use_device(plan)
@@ -320,7 +320,7 @@ class MeshRunner:
         """Pick each row's token from the program output (``out_index``: row -> output index)."""
         if out.is_tokens:
             all_ids = out.values.tolist()
-            device_ids = tuple(int(all_ids[j]) if r.samples else NO_TOKEN for r, j in zip(rows, out_index))
+            device_ids = tuple(all_ids[j] if r.samples else NO_TOKEN for r, j in zip(rows, out_index))  # ints: tolist()
             return StepResult(device_ids, None, True)
         logits = out.values
         sampling_rows = [i for i, r in enumerate(rows) if r.samples]

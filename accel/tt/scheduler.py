@@ -73,8 +73,9 @@ class LaneScheduler:
         return len(self._free_slots)
 
     def has_prefill_intent(self) -> bool:
-        if any(len(r.token_ids) + r.num_pending - r.num_computed > 1 for r in self.running):
-            return True
+        for r in self.running:  # (a loop, not any(genexpr): per step over every running request)
+            if len(r.token_ids) + r.num_pending - r.num_computed > 1:
+                return True
         return bool(self._free_slots) and any(not r.is_kv_preloaded for r in self.waiting)
 
     def has_decode_work(self) -> bool:
@@ -245,7 +246,7 @@ class LaneScheduler:
             if pos // bs >= len(r.block_ids) and not self._reserve(r, pos + 1, part):
                 continue
             token = r.token_ids[pos] if pos < num_known else PENDING_TOKEN
-            history = _history(r)
+            history = _history(r) if r.has_penalties else None
             slot = r.slot
             assert slot is not None  # running: it holds a slot
             rows.append(
@@ -288,9 +289,12 @@ class LaneScheduler:
         """Register newly full, computed blocks of ``requests`` in the prefix cache."""
         if not self.pool.enable_prefix_caching:
             return
+        bs = self.block_size
         for r in requests:
-            if r.status is RequestStatus.RUNNING:
-                self._cache_blocks_up_to(r, min(r.num_computed, len(r.token_ids)))
+            num_tokens = min(r.num_computed, len(r.token_ids))
+            # (the common decode step fills no block: skip the call)
+            if r.status is RequestStatus.RUNNING and num_tokens // bs > r.num_cached_blocks:
+                self._cache_blocks_up_to(r, num_tokens)
 
     def cache_finishing_blocks(self, r: RequestState) -> None:
         """Before running ``r`` is freed at its finish: register the blocks its last step
@@ -315,6 +319,6 @@ def _row_index(row: RowPlan) -> int:
 
 def _history(r: RequestState) -> tuple[int, ...] | None:
     """Prompt + outputs for host penalties (pending tokens as PENDING_TOKEN); None otherwise."""
-    if not r.sampling.has_penalties:
+    if not r.has_penalties:
         return None
     return tuple(r.token_ids) + (PENDING_TOKEN,) * r.num_pending

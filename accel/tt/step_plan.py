@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
 from accel.contract import SamplingParams
@@ -68,6 +69,12 @@ class StepPlan:
     @property
     def is_decode(self) -> bool:
         return self.mode is StepMode.DECODE
+
+    @cached_property
+    def layout(self) -> tuple[tuple[int, str], ...]:
+        """``(row, req_id)`` per row: two decode steps with equal layouts run the same requests in
+        the same slots (computed once per plan; the runner and the async queue both compare it)."""
+        return tuple((r.row, r.req_id) for r in self.rows)
 
     @property
     def scheduled_req_ids(self) -> tuple[str, ...]:
