@@ -17,8 +17,10 @@ prefill/decode disaggregation vs colocated serving under a mixed long/short load
    process (a Ray actor, as a Serve replica is), pinned to its own core (``--no-pin``: unpinned)
    with torch on one thread; fresh replicas per setup, warmed on prompts outside the workload (no
    measured prompt is in a prefix cache). Colocated = both replicas serve whole requests (fewer
-   in flight); PD = replica A prefills, replica B decodes: prompts >= ``--pd-threshold`` tokens
-   go prefill -> actor -> decode via ``PDOrchestrator``, shorter ones straight to B. Token stamps
+   in flight); PD = replica A prefills, replica B decodes, each request placed by the router's
+   own ``RouterCore`` at the config's PD defaults (``--pd-threshold``, ``--pd-busy-threshold``:
+   prompts of at least the threshold, and shorter ones while B has requests in flight and A has
+   none, go prefill -> actor -> decode via ``PDOrchestrator``; the rest straight to B). Token stamps
    are taken in the replica as the engine emits each delta (CLOCK_MONOTONIC, comparable across
    processes); ``client_*`` = the same stamped at the bench driver after Ray's streaming hop.
    ``itl_p99_ratio`` = PD / colocated p99 gap between streamed tokens (all requests; p99.9 is
@@ -46,9 +48,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from accel.envs import ENVS  # noqa: E402
+from serve_app.config.pd import PDConfig  # noqa: E402
 
 MIB = 1 << 20
 APP = "kv-bench"
+BLOCK_SIZE, MAX_MODEL_LEN, MAX_NUM_SEQS = 32, 2048, 16  # each TT engine's
 
 
 def bandwidth(sizes_mib: list[int], reps: int, in_flight: int) -> dict:
@@ -121,10 +125,10 @@ def _engine(model_dir: str, hooks):
     config = TTEngineConfig.from_engine_args(
         dict(
             model=model_dir,
-            max_num_seqs=16,
+            max_num_seqs=MAX_NUM_SEQS,
             data_parallel_size=1,
-            block_size=32,
-            max_model_len=2048,
+            block_size=BLOCK_SIZE,
+            max_model_len=MAX_MODEL_LEN,
             max_num_batched_tokens=512,
             async_scheduling=True,
             additional_config={"tt": {"enable_model_warmup": False}},
@@ -220,7 +224,11 @@ def _run_setup(args, model: str, workload, is_pd: bool) -> tuple[list[dict], dic
     ``--pd-threshold`` prefill on A -> actor -> decode on B, shorter ones straight to B."""
     import ray
 
+    from accel.block_hash import hash_prompt_blocks
     from deployments.pd.orchestrator import PDOrchestrator
+    from deployments.router.core.router_core import ReplicaInfo, RouterCore
+    from deployments.router.messages import RouteRequest
+    from serve_app.config.router import ModelRouting, RouterConfig
 
     cores = sorted(os.sched_getaffinity(0))
     pin = [cores[0], cores[1]] if args.pin and len(cores) >= 2 else [None, None]
@@ -252,11 +260,29 @@ def _run_setup(args, model: str, workload, is_pd: bool) -> tuple[list[dict], dic
             inflight[name] -= 1
 
     orch = PDOrchestrator(metrics=False)
+    router = RouterCore(RouterConfig(), {"m": ModelRouting(BLOCK_SIZE, args.pd_threshold, args.pd_busy_threshold)})
+    num_blocks = MAX_MODEL_LEN * MAX_NUM_SEQS // BLOCK_SIZE
+    router.add_replica(ReplicaInfo("a", "prefill", "m", num_blocks, "prefill", publishes_kv_events=False))
+    router.add_replica(ReplicaInfo("b", "decode", "m", num_blocks, "decode", publishes_kv_events=False))
+    num_disaggregated = [0]
 
-    def pd(req):
-        if req.num_prompt_tokens >= args.pd_threshold:
-            return orch.stream(req, gen_a, gen_b)
-        return gen_b(req)
+    async def pd(req):
+        hashes = tuple(hash_prompt_blocks(req.prompt_token_ids, BLOCK_SIZE))
+        decision = router.route(RouteRequest(req.request_id, "m", req.num_prompt_tokens, prompt_block_hashes=hashes))
+        try:
+            if decision.prefill_replica_id is None:
+                async for d in gen_b(req):
+                    yield d
+                return
+            num_disaggregated[0] += 1
+            is_prefilled = False
+            async for d in orch.stream(req, gen_a, gen_b):
+                if not is_prefilled:  # the decode side streams only once the prefill returned
+                    router.on_prefill_done(req.request_id, "a")
+                    is_prefilled = True
+                yield d
+        finally:
+            router.on_completed(req.request_id)
 
     try:
         affinity = ray.get([a.affinity.remote(), b.affinity.remote()])
@@ -266,19 +292,20 @@ def _run_setup(args, model: str, workload, is_pd: bool) -> tuple[list[dict], dic
         if is_pd:
             asyncio.run(_serve([(0.0, p, m) for _, p, m in warm if len(p) >= args.pd_threshold], pd, stamps))
         stamps.clear()
+        num_disaggregated[0] = 0
         results = asyncio.run(_serve(workload, pd if is_pd else colocated, stamps))
     finally:
         ray.get([a.close.remote(), b.close.remote()])
         ray.kill(a)
         ray.kill(b)
-    return results, orch.num_recomputes, affinity
+    return results, {"recomputes": orch.num_recomputes, "num_disaggregated": num_disaggregated[0]}, affinity
 
 
 def mixed_load(args) -> dict:
     model = str(Path(args.model).expanduser())
     workload = _workload(args)
     base, _, affinity = _run_setup(args, model, workload, is_pd=False)
-    disagg, recomputes, _ = _run_setup(args, model, workload, is_pd=True)
+    disagg, pd_counts, _ = _run_setup(args, model, workload, is_pd=True)
     mismatches = sum(1 for x, y in zip(base, disagg) if x["tokens"] != y["tokens"])
 
     def summary(results):
@@ -307,7 +334,10 @@ def mixed_load(args) -> dict:
         "num_requests": len(workload),
         "num_long": sum(r["is_long"] for r in base),
         "num_output_mismatches": mismatches,
-        "pd_recomputes": recomputes,
+        "pd_recomputes": pd_counts["recomputes"],
+        "num_disaggregated": pd_counts["num_disaggregated"],
+        "pd_threshold_tokens": args.pd_threshold,
+        "pd_busy_decode_threshold_tokens": args.pd_busy_threshold,
         "replica_cores": affinity,
     }
 
@@ -331,7 +361,15 @@ def main() -> None:
     parser.add_argument("--long-every", type=int, default=6)
     parser.add_argument("--long-tokens", type=int, default=1800)
     parser.add_argument("--short-output", type=int, default=48)
-    parser.add_argument("--pd-threshold", type=int, default=256)
+    parser.add_argument(
+        "--pd-threshold", type=int, default=PDConfig.threshold_tokens, help="pd.threshold_tokens (config default)"
+    )
+    parser.add_argument(
+        "--pd-busy-threshold",
+        type=lambda v: None if v.lower() in ("none", "null") else int(v),
+        default=PDConfig.busy_decode_threshold_tokens,
+        help="pd.busy_decode_threshold_tokens (config default; none: off)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-mixed", action="store_true")
     parser.add_argument(

@@ -156,7 +156,16 @@ class ModelConfig:
     @property
     def routing(self) -> ModelRouting:
         """What the router core needs of this model."""
-        return ModelRouting(self.routing_block_size, self.pd_threshold_tokens)
+        return ModelRouting(self.routing_block_size, self.pd_threshold_tokens, self.pd_busy_decode_threshold_tokens)
+
+    @property
+    def pd_busy_decode_threshold_tokens(self) -> int | None:
+        """``pd.busy_decode_threshold_tokens`` when the model is disaggregated and a decode pool is
+        a TT pool (phase-only steps: a local prefill step pauses its decoding rows); None for vLLM
+        decode pools, whose steps mix a short prefill chunk into the decode batch."""
+        if self.pd_threshold_tokens is None or not any(p.role == "decode" and p.engine == "tt" for p in self.pools):
+            return None
+        return self.pd.busy_decode_threshold_tokens
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ def load_app_config(args: Mapping[str, Any] | AppArgs, config_file: str | None =
             raise _fail(file, f"pools[{i}].model", f"unknown model {pool.model!r} (models: {names})")
         _check_pool(file, i, pool)
 
-    pd = PDConfig(parsed.pd.threshold_tokens)
+    pd = PDConfig(parsed.pd.threshold_tokens, parsed.pd.busy_decode_threshold_tokens)
     pool_by_index: dict[int, PoolConfig] = {}
     models = []
     for i, m in enumerate(parsed.models):

@@ -39,10 +39,21 @@ class PDConfig:
     # Prompts whose uncached part (on the chosen decode replica) is at least this long are planned
     # as prefill-on-one-pool, decode-on-another; a mostly cached prompt prefills where it decodes.
     threshold_tokens: int = 512
+    # Shorter prompts too (uncached part at least this long) while the chosen decode replica has
+    # requests in flight and a prefill replica has none, for TT decode pools: their phase-only
+    # steps pause every decoding row for a local prefill step, whatever its length (a short prompt
+    # still runs a full prefill bucket), while an idle prefill replica costs the prompt only the
+    # KV hand-off (vLLM decode pools mix short prefills into decode steps: not applied there).
+    # Measured: bench/kv_transfer.py. None = threshold_tokens alone decides.
+    busy_decode_threshold_tokens: int | None = 1
 
     def __post_init__(self) -> None:
         if self.threshold_tokens < 1:
             raise ConfigError(f"pd.threshold_tokens: must be >= 1, got {self.threshold_tokens}")
+        if self.busy_decode_threshold_tokens is not None and self.busy_decode_threshold_tokens < 1:
+            raise ConfigError(
+                f"pd.busy_decode_threshold_tokens: must be >= 1 or null, got {self.busy_decode_threshold_tokens}"
+            )
 
 
 PD_ROLES = ("prefill", "decode")

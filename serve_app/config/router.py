@@ -102,12 +102,20 @@ class ModelRouting:
     # Prompts whose uncached part on the chosen decode replica is at least this long are prefilled
     # on a prefill pool and decoded on a decode pool; None = no disaggregation for this model.
     pd_threshold_tokens: int | None = None
+    # With PD on: shorter prompts (uncached part at least this long) are disaggregated too while
+    # their decode replica has requests in flight and a prefill replica has none
+    # (``PDConfig.busy_decode_threshold_tokens``); None = never.
+    pd_busy_decode_threshold_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ConfigError(f"block_size: must be >= 1, got {self.block_size}")
         if self.pd_threshold_tokens is not None and self.pd_threshold_tokens < 1:
             raise ConfigError(f"pd.threshold_tokens: must be >= 1, got {self.pd_threshold_tokens}")
+        if self.pd_busy_decode_threshold_tokens is not None and self.pd_busy_decode_threshold_tokens < 1:
+            raise ConfigError(
+                f"pd.busy_decode_threshold_tokens: must be >= 1, got {self.pd_busy_decode_threshold_tokens}"
+            )
 
 
 def _check_choice(key: str, value: str, known: tuple[str, ...]) -> None:

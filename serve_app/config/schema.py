@@ -36,7 +36,7 @@ Schema (``applications[].args`` of a Serve config file)::
     router: {policy: prefix+session+load, index_mode: precise, weights: {w_prefill: 1, ...},
              session_ttl_s: 600, max_in_flight_per_session: 2, stats_max_age_s: 5,
              replicas: 1, stats_period_s: 0.5, decision_timeout_s: 0.2, kv_event_log_size: 8192}
-    pd: {threshold_tokens: 512}
+    pd: {threshold_tokens: 512, busy_decode_threshold_tokens: 1}   # null: threshold_tokens alone
     ingress: {replicas: 1, max_concurrent_requests: 256, retry_after_s: 1, num_cpus: 0, access_log: true,
               api_keys: [...], max_request_bytes: 8388608, max_prompt_chars: null, max_tokens_cap: null,
               max_n: 128, trust_request_chat_template: false, max_failovers: 1}
@@ -152,6 +152,7 @@ class RouterArgs(_Strict):
 
 class PDArgs(_Strict):
     threshold_tokens: int = Field(default=PDConfig.threshold_tokens, ge=1)
+    busy_decode_threshold_tokens: int | None = Field(default=PDConfig.busy_decode_threshold_tokens, ge=1)
 
 
 class IngressArgs(_Strict):

@@ -191,12 +191,26 @@ class RouterCore:
             both_pool = tuple(r for r in both_pool or () if r in allowed)
         session = request.session_id
         decode = None
-        if threshold is not None and prefill_pool and decode_pool and request.num_prompt_tokens >= threshold:
+        busy = routing.pd_busy_decode_threshold_tokens
+        if (
+            threshold is not None
+            and prefill_pool
+            and decode_pool
+            and request.num_prompt_tokens >= (threshold if busy is None else min(threshold, busy))
+        ):
             decode = self._choose_in(decode_pool, (model, "decode"), hashes, session)
             num_uncached = request.num_prompt_tokens - decode.num_matched_blocks * routing.block_size
-            if num_uncached >= threshold:
+            if num_uncached < threshold:
+                # Short: disaggregated only while its decode replica is busy and a prefill one idle.
+                is_short_pd = busy is not None and num_uncached >= busy and not self._is_idle(decode.replica_id)
+                prefill_pool = tuple(r for r in prefill_pool if self._is_idle(r)) if is_short_pd else ()
+            if prefill_pool:
                 prefill = self._choose_in(
-                    prefill_pool, (model, "prefill"), hashes, f"prefill|{session}" if session else None
+                    prefill_pool,
+                    (model, "prefill"),
+                    hashes,
+                    f"prefill|{session}" if session else None,
+                    frozenset(prefill_pool) if num_uncached < threshold else None,
                 )
                 self._plans[request.request_id] = (decode, prefill)
                 return self._decision(request, decode, prefill)
@@ -210,6 +224,10 @@ class RouterCore:
             decode = self._choose_in(pool, (model, role), hashes, session, allowed)
         self._plans[request.request_id] = (decode,)
         return self._decision(request, decode, None)
+
+    def _is_idle(self, replica_id: str) -> bool:
+        """No request in flight there, from this router or (fresh) from its peers."""
+        return not self._load.in_flight.get(replica_id) and not self._load.foreign_in_flight().get(replica_id)
 
     def _allowed(self, request: RouteRequest) -> frozenset[str] | None:
         """The replicas a pinned or retried request may use; None = every replica of its model."""

@@ -82,7 +82,7 @@ def _pd(prefill, decode, rid, prompt, max_tokens=10):
     return ticket, out[f"{rid}-d"]
 
 
-@pytest.mark.parametrize("num_tokens", [20, 64, 101])
+@pytest.mark.parametrize("num_tokens", [1, 2, 20, 64, 101])  # 1-2: short prompts go PD while decode is busy
 def test_tt_to_tt_equals_hf_and_colocated(engines, tiny_llama, num_tokens):
     prefill, decode = engines
     prompt = _prompt(num_tokens, num_tokens)

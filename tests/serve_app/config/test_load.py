@@ -276,6 +276,18 @@ def test_routing_block_size_and_pd_threshold_are_derived_once_per_model():
     assert tpu.pd_threshold_tokens == 2048 and tpu.routing.pd_threshold_tokens == 2048
     hetero = load_app_config(_args("hetero_pd")).models[0]
     assert hetero.pd_threshold_tokens == 2048  # the TT colocated pool takes no part in PD
+    # Short prompts go PD while the decode replica is busy only where it decodes on a TT pool
+    # (phase-only steps; default 1 token); vLLM decode pools mix short prefills into their steps.
+    assert tpu.routing.pd_busy_decode_threshold_tokens is None
+    args = _tpu_pd_args()
+    for pool in args["pools"]:  # both slices as TT pools running the torch program
+        pool.update(engine="tt", accelerator="cpu", tpu=None, engine_args={"max_model_len": 256})
+    assert load_app_config(args).models[0].routing == ModelRouting(64, 2048, 1)  # TT default block 64
+    args["pd"] = {"threshold_tokens": 2048, "busy_decode_threshold_tokens": None}
+    assert load_app_config(args).models[0].routing.pd_busy_decode_threshold_tokens is None
+    args["pd"]["busy_decode_threshold_tokens"] = 0
+    with pytest.raises(ConfigError, match="busy_decode_threshold_tokens"):
+        load_app_config(args)
 
 
 @pytest.mark.parametrize("name", ["tpu_v6e", "tpu_v7x"])

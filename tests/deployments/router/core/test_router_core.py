@@ -189,8 +189,9 @@ def test_decisions_agree_across_processes():
     assert len(set(eval(outs.pop()))) > 1
 
 
-def pd_core(threshold: int | None, block_size: int = BS) -> RouterCore:
-    core = RouterCore(RouterConfig(index_mode="approximate"), {"m": ModelRouting(block_size, threshold)}, clock=Clock())
+def pd_core(threshold: int | None, block_size: int = BS, busy_threshold: int | None = None) -> RouterCore:
+    routing = ModelRouting(block_size, threshold, busy_threshold)
+    core = RouterCore(RouterConfig(index_mode="approximate"), {"m": routing}, clock=Clock())
     core.add_replica(ReplicaInfo("p0", "pre", "m", 1000, "prefill"))
     core.add_replica(ReplicaInfo("p1", "pre", "m", 1000, "prefill"))
     core.add_replica(ReplicaInfo("d0", "dec", "m", 1000, "decode"))
@@ -241,6 +242,43 @@ def test_pd_is_decided_on_the_uncached_part_of_the_prompt():
     hashes8b = tuple(hash_prompt_blocks(turn2, 8))
     d2 = other.route(RouteRequest("b", "m", 88, prompt_block_hashes=hashes8b))
     assert not d2.is_disaggregated and d2.num_matched_blocks == 9
+
+
+def test_short_prompts_are_disaggregated_while_the_decode_replica_is_busy():
+    core = pd_core(threshold=64, busy_threshold=2)
+    # Decode replica idle: a short prompt prefills where it decodes (no hand-off, no TTFT cost).
+    idle = core.route(req("idle", (1,) * 8))
+    assert not idle.is_disaggregated and idle.replica_id == "d0"
+    # d0 now decodes "idle": the next short prompt would pause it, so an idle prefill replica takes it.
+    busy = core.route(req("busy", (2,) * 8))
+    assert busy.is_disaggregated and busy.replica_id == "d0" and busy.reason == "prefill_decode"
+    first_prefill = busy.prefill_replica_id
+    # Only idle prefill replicas qualify: the other one takes the next, then none is left.
+    second = core.route(req("second", (3,) * 8))
+    assert second.is_disaggregated and {first_prefill, second.prefill_replica_id} == {"p0", "p1"}
+    third = core.route(req("third", (4,) * 8))
+    assert not third.is_disaggregated and third.replica_id == "d0"
+    core.on_prefill_done("busy", first_prefill)
+    assert core.route(req("fourth", (5,) * 8)).prefill_replica_id == first_prefill
+    # Below the busy threshold (1 token < 2): never disaggregated.
+    assert not core.route(req("tiny", (6,))).is_disaggregated
+    # Long prompts go PD whatever the load, to a busy prefill replica too.
+    assert core.route(req("long", SYSTEM)).is_disaggregated
+    # Without the busy rule a short prompt never goes PD.
+    plain = pd_core(threshold=64)
+    plain.route(req("a", (1,) * 8))
+    assert not plain.route(req("b", (2,) * 8)).is_disaggregated
+
+
+def test_busy_rule_counts_other_routers_requests_and_respects_pins():
+    core = pd_core(threshold=64, busy_threshold=1)
+    core.apply_peer_in_flight("router-2", {"d0": 1})  # a peer's request decodes on d0
+    assert core.route(req("s", (1,) * 8)).is_disaggregated
+    core.apply_peer_in_flight("router-2", {"d0": 1, "p0": 1, "p1": 1})  # ... and both prefill replicas are busy
+    assert not core.route(req("t", (2,) * 8)).is_disaggregated
+    pinned = pd_core(threshold=64, busy_threshold=1)
+    pinned.route(req("a", (1,) * 8))
+    assert not pinned.route(req("b", (2,) * 8, pool="dec")).is_disaggregated
 
 
 def test_no_pd_for_a_model_without_a_threshold():
