@@ -58,8 +58,8 @@ from serve_app.config.router import CostWeights  # noqa: E402
 RouterFactory = Callable[[Sequence[str], int, int, CostWeights, int], object]
 
 
-def _core(policy: str, mode: str = "approximate", speculative: bool = False) -> RouterFactory:
-    return lambda ids, kv, bs, w, seed: CoreSimRouter(policy, mode, ids, kv, bs, w, speculative)
+def _core(policy: str, mode: str = "approximate", speculative_ttl_s: float | None = None) -> RouterFactory:
+    return lambda ids, kv, bs, w, seed: CoreSimRouter(policy, mode, ids, kv, bs, w, speculative_ttl_s)
 
 
 def _multi(num_routers: int, policy: str, mode: str, peer_period_s: float | None = PEER_LOAD_PERIOD_S) -> RouterFactory:
@@ -76,9 +76,10 @@ ENTRIES: dict[str, RouterFactory] = {
     "prefix": _core("prefix"),
     "session": _core("session"),
     "prefix+session+load": _core("prefix+session+load"),
+    # The default: precise index with speculative entries at dispatch (router.speculative_ttl_s).
     "prefix+session+load@precise": _core("prefix+session+load", "precise"),
-    # Prototype: precise index + speculative entries at dispatch (bridges the poll/event lag).
-    "prefix+session+load@precise+speculative": _core("prefix+session+load", "precise", speculative=True),
+    # ... and without them: only what the engines' (polled) KV events confirmed.
+    "prefix+session+load@precise-no-speculative": _core("prefix+session+load", "precise", 0.0),
     # The same policy decided by 4 router replicas (``router_sim_multi``): what agreement costs.
     "prefix+session+load/4routers": _multi(4, "prefix+session+load", "approximate"),
     "prefix+session+load@precise/4routers": _multi(4, "prefix+session+load", "precise"),

@@ -8,7 +8,7 @@ from router_sim_workload import TraceRequest
 
 from accel.contract import EngineStats
 from deployments.router.core.router_core import ReplicaInfo, RouterCore
-from deployments.router.kv_events import BlockStored, KVEvent
+from deployments.router.kv_events import KVEvent
 from deployments.router.messages import RouteRequest
 from serve_app.config.router import CostWeights, ModelRouting, RouterConfig
 
@@ -17,13 +17,9 @@ POOL = "sim-pool"
 
 
 class CoreSimRouter:
-    """A ``RouterCore`` driven by the simulator (clock = simulated time).
-
-    ``speculative`` (a prototype, not the core's behaviour): in precise mode, also record the
-    chosen replica's prompt blocks at dispatch, as if the engine had reported them already — what
-    llm-d's ``speculativeIndexing`` and vllm-router's kv_aware ``speculative_insert`` do to bridge
-    the KV-event lag (here without their TTL: a prediction the engine never confirms stays until
-    the index's LRU bound drops it)."""
+    """A ``RouterCore`` driven by the simulator (clock = simulated time). ``speculative_ttl_s``:
+    the precise index's speculative entries (``RouterConfig.speculative_ttl_s``; None = the
+    config default, 0 = off)."""
 
     def __init__(
         self,
@@ -33,11 +29,11 @@ class CoreSimRouter:
         num_kv_blocks: int,
         block_size: int,
         weights: CostWeights,
-        speculative: bool = False,
+        speculative_ttl_s: float | None = None,
     ) -> None:
         self.now_s = 0.0
-        self._speculative = speculative
-        config = RouterConfig(policy=policy, index_mode=index_mode, weights=weights)
+        ttl = RouterConfig.speculative_ttl_s if speculative_ttl_s is None else speculative_ttl_s
+        config = RouterConfig(policy=policy, index_mode=index_mode, weights=weights, speculative_ttl_s=ttl)
         self.core = RouterCore(config, {MODEL: ModelRouting(block_size)}, clock=lambda: self.now_s)
         for r in replica_ids:
             self.core.add_replica(ReplicaInfo(r, POOL, MODEL, num_kv_blocks))
@@ -57,8 +53,6 @@ class CoreSimRouter:
         self.now_s = now_s
         replica_id = self.core.route(self.route_request(req)).replica_id
         assert replica_id is not None
-        if self._speculative and req.prompt_hashes:
-            self.core.apply_kv_events(replica_id, [BlockStored(req.prompt_hashes)])
         return replica_id
 
     def on_completed(self, req: TraceRequest, now_s: float) -> None:

@@ -300,6 +300,7 @@ def _to_router(r: RouterArgs) -> RouterConfig:
         stats_period_s=r.stats_period_s,
         decision_timeout_s=r.decision_timeout_s,
         kv_event_log_size=r.kv_event_log_size,
+        speculative_ttl_s=r.speculative_ttl_s,
     )
 
 

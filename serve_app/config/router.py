@@ -81,6 +81,10 @@ class RouterConfig:
     # KV events each engine replica keeps for router polls; a router further behind resyncs from
     # the replica's full block snapshot.
     kv_event_log_size: int = 8192
+    # precise index: how long a routed prompt's blocks count as held on the chosen replica before
+    # its KV events confirm them (they arrive a poll or more later; 0 = only confirmed blocks).
+    # A few poll periods, as a prefill under load can take seconds.
+    speculative_ttl_s: float = 2.0
 
     def __post_init__(self) -> None:
         _check_choice("router.policy", self.policy, get_args(PolicyName))
@@ -91,6 +95,8 @@ class RouterConfig:
         for name in ("stats_period_s", "decision_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"router.{name}: must be positive, got {getattr(self, name)}")
+        if not self.speculative_ttl_s >= 0:
+            raise ConfigError(f"router.speculative_ttl_s: must be >= 0, got {self.speculative_ttl_s}")
 
 
 @dataclass(frozen=True)

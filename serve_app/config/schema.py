@@ -35,7 +35,8 @@ Schema (``applications[].args`` of a Serve config file)::
                                         # only pool, role both, replicas = ingress.replicas)
     router: {policy: prefix+session+load, index_mode: precise, weights: {w_prefill: 1, ...},
              session_ttl_s: 600, max_in_flight_per_session: 2, stats_max_age_s: 5,
-             replicas: 1, stats_period_s: 0.5, decision_timeout_s: 0.2, kv_event_log_size: 8192}
+             replicas: 1, stats_period_s: 0.5, decision_timeout_s: 0.2, kv_event_log_size: 8192,
+             speculative_ttl_s: 2}
     pd: {threshold_tokens: 512, busy_decode_threshold_tokens: 1}   # null: threshold_tokens alone
     ingress: {replicas: 1, max_concurrent_requests: 256, retry_after_s: 1, num_cpus: 0, access_log: true,
               api_keys: [...], max_request_bytes: 8388608, max_prompt_chars: null, max_tokens_cap: null,
@@ -148,6 +149,7 @@ class RouterArgs(_Strict):
     stats_period_s: float = Field(default=RouterConfig.stats_period_s, gt=0)
     decision_timeout_s: float = Field(default=RouterConfig.decision_timeout_s, gt=0)
     kv_event_log_size: int = Field(default=RouterConfig.kv_event_log_size, ge=1)
+    speculative_ttl_s: float = Field(default=RouterConfig.speculative_ttl_s, ge=0)
 
 
 class PDArgs(_Strict):

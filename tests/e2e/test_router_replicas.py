@@ -18,6 +18,7 @@ import pytest
 from accel.block_hash import hash_prompt_blocks
 from deployments.router.messages import RouteRequest
 from deployments.router.rendezvous_request_router import rendezvous_order
+from serve_app.config.router import RouterConfig
 from tests.doubles.app_args import app_args, tt_pool
 from tests.doubles.deployed_app import deployed_app
 from tests.doubles.handle_loop import HANDLES
@@ -123,8 +124,10 @@ def test_router_replicas_agree_and_conversations_stay_put(app_url):
         holders = [len(blocks & prompt_blocks) for blocks in engine_blocks.values()]
         assert sorted(holders) == [0, len(prompt_blocks)], (session, holders)
 
-    # Quiesced: both router replicas' precise indexes equal each other and the engines' caches.
-    time.sleep(4 * STATS_PERIOD_S)
+    # Quiesced: both router replicas' precise indexes equal each other and the engines' caches
+    # (after a few polls, and after the speculative entries of the last dispatches expired: each
+    # router records only its own dispatches there).
+    time.sleep(4 * STATS_PERIOD_S + RouterConfig().speculative_ttl_s)
     engine_blocks = {s.replica_id: set(s.kv_blocks) for s in _call(POOL, "routing_snapshot", {})}
     probe = sorted(
         set().union(*engine_blocks.values())

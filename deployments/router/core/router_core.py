@@ -109,7 +109,7 @@ class RouterCore:
         self._models = dict(models)
         self._clock = clock
         self._policy = make_policy(self.config.policy, self.config.weights)
-        self._index = make_prefix_index(self.config.index_mode)
+        self._index = make_prefix_index(self.config.index_mode, clock, self.config.speculative_ttl_s)
         self._sessions = SessionTable(self.config.sessions, clock)
         self._load = LoadTracker(self.config.load, clock)
         self._replicas: dict[str, ReplicaInfo] = {}

@@ -35,17 +35,20 @@ def test_precise_index_follows_engine_snapshot_then_events():
         assert handles["tt"].cursor_args[0] == {}  # no cursors yet: full snapshots
         assert router.core.index.num_blocks("t2") == 4 and router.core.index.num_blocks("t1") == 0
         assert (await router.choose(route_request("a", prompt))).replica_id == "t2"
-        # Routing alone teaches a precise replica nothing; its KV events do.
+        # Routing records the prompt on its replica speculatively (until a poll brings the
+        # replica's KV events); the events confirm it.
         other = prompt_ids(12, seed=5)
         d = await router.choose(route_request("b", other))
-        assert router.core.index.match(hash_prompt_blocks(other, BS), {d.replica_id}) == {}
+        assert d.replica_id == "t1"  # t2 has "a" in flight
+        assert router.core.index.match(hash_prompt_blocks(other, BS), {"t1"}) == {"t1": 3}
+        assert router.core.index.num_speculative("t1") == 3
         tt[0].emit(BlockStored(tuple(hash_prompt_blocks(other, BS))))
         await router.refresh()
         assert handles["tt"].cursor_args[-1] == {
             "t1": KVCursor(tt[0].log.log_id, 0),
             "t2": KVCursor(tt[1].log.log_id, 0),
         }
-        assert router.core.index.num_blocks("t1") == 3
+        assert router.core.index.num_blocks("t1") == 3 and router.core.index.num_speculative("t1") == 0
 
     asyncio.run(run())
 

@@ -313,6 +313,18 @@ def test_precise_mode_learns_replicas_without_events_from_routing():
     assert core.index.match(tuple(hash_prompt_blocks((7,) * 64, BS)), frozenset({"vllm"})) == {}
 
 
+def test_precise_mode_keeps_a_burst_of_siblings_together_before_the_engine_reports():
+    # Four siblings of one document within a poll period: the first goes anywhere, the rest
+    # follow it (speculative entries), not the load term's other replica.
+    core = core_with(2, index_mode="precise")
+    doc = tuple(range(500, 564))
+    picks = {core.route(req(f"s{i}", doc + (i,) * 4)).replica_id for i in range(4)}
+    assert len(picks) == 1
+    # Without speculative entries the in-flight load spreads them (the index knows nothing yet).
+    plain = core_with(2, index_mode="precise", speculative_ttl_s=0.0)
+    assert len({plain.route(req(f"s{i}", doc + (i,) * 4)).replica_id for i in range(4)}) == 2
+
+
 def test_pinned_pools_and_excluded_replicas_restrict_the_choice_and_disable_pd():
     core = core_with(3, pd_threshold_tokens=4)
     for i in range(6):
