@@ -201,8 +201,11 @@ class RouterCore:
             decode = self._choose_in(decode_pool, (model, "decode"), hashes, session)
             num_uncached = request.num_prompt_tokens - decode.num_matched_blocks * routing.block_size
             if num_uncached < threshold:
-                # Short: disaggregated only while its decode replica is busy and a prefill one idle.
-                is_short_pd = busy is not None and num_uncached >= busy and not self._is_idle(decode.replica_id)
+                # Short: disaggregated only while its decode replica is busy and a prefill one idle
+                # (and only where it would prefill on that decode replica: no colocated pool).
+                is_short_pd = (
+                    busy is not None and not both_pool and num_uncached >= busy and not self._is_idle(decode.replica_id)
+                )
                 prefill_pool = tuple(r for r in prefill_pool if self._is_idle(r)) if is_short_pd else ()
             if prefill_pool:
                 prefill = self._choose_in(

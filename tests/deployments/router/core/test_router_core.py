@@ -268,6 +268,12 @@ def test_short_prompts_are_disaggregated_while_the_decode_replica_is_busy():
     plain = pd_core(threshold=64)
     plain.route(req("a", (1,) * 8))
     assert not plain.route(req("b", (2,) * 8)).is_disaggregated
+    # With a colocated pool short prompts run there, not on the decode replica: nothing to spare it.
+    mixed = pd_core(threshold=64, busy_threshold=1)
+    mixed.add_replica(ReplicaInfo("both", "both", "m", 1000))
+    mixed.route(req("long", SYSTEM))  # d0 decodes it
+    short = mixed.route(req("short", (3,) * 8))
+    assert not short.is_disaggregated and short.replica_id == "both"
 
 
 def test_busy_rule_counts_other_routers_requests_and_respects_pins():
