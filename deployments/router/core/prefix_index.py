@@ -23,7 +23,8 @@ it (the index then under-estimates, never over-estimates). ``match`` reports, pe
 longest prefix one single lane holds — what the replica can actually serve from cache — not the
 union's. A replica that only ever reported lane 0 skips that pass.
 
-Two modes (a small base class plus a registry by name, see ``make_prefix_index``):
+Two modes (this base class and ``ApproximatePrefixIndex`` here, ``PrecisePrefixIndex`` in
+``precise_index.py``; by name: ``index_modes.make_prefix_index``):
 - ``approximate``: learns from routing decisions (the chosen replica's prompt blocks are inserted
   when the request is dispatched); engine events are ignored.
 - ``precise``: follows the engine's KV events (blocks stored / removed / all cleared). Events
@@ -39,15 +40,13 @@ Both rebuild a replica from a full snapshot of its cached block hashes (router r
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence, Set
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence, Set
 from typing import ClassVar
 
 from accel.block_hash import BlockHash
-from accel.contract import ConfigError
-from deployments.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from deployments.router.kv_events import KVEvent
 
 
 class PrefixIndex(ABC):
@@ -304,131 +303,3 @@ class ApproximatePrefixIndex(PrefixIndex):
 
     def apply_events(self, replica_id: str, events: Iterable[KVEvent]) -> None:
         self._lru[replica_id]  # unknown replica -> KeyError, as documented; events are ignored
-
-
-class PrecisePrefixIndex(PrefixIndex):
-    """Follows engine KV events, plus speculative entries for what was just routed (until the
-    engine's events confirm them or ``speculative_ttl_s`` passes; 0 = none). Replicas marked as
-    publishing no events (``set_event_driven(r, False)``) are learned from routing instead.
-
-    Invariant: ``_speculative[r]`` holds the entries of ``r`` no event has confirmed yet, each
-    with its expiry (and, until then, any the LRU bound dropped meanwhile); ``_expiries`` lists
-    every (expiry, replica, hashes) recorded, in expiry order (one TTL, a monotonic clock); an
-    entry is dropped at its expiry only if that is still its own (a later dispatch refreshes it).
-    The LRU bound counts confirmed entries: guesses ride on top of the engine's capacity."""
-
-    mode = "precise"
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic, speculative_ttl_s: float = 0.0) -> None:
-        super().__init__()
-        self._learned: set[str] = set()  # replicas without KV events
-        self._clock = clock
-        self._ttl_s = speculative_ttl_s
-        self._speculative: dict[str, dict[BlockHash, float]] = {}  # replica -> hash -> expiry
-        self._expiries: deque[tuple[float, str, tuple[BlockHash, ...]]] = deque()
-
-    def match(self, block_hashes: Sequence[BlockHash], candidates: Set[str]) -> dict[str, int]:
-        self._expire()
-        return super().match(block_hashes, candidates)
-
-    def num_speculative(self, replica_id: str) -> int:
-        """Entries of ``replica_id`` recorded at dispatch and not yet confirmed by its events."""
-        self._expire()
-        return len(self._speculative.get(replica_id, ()))
-
-    def set_event_driven(self, replica_id: str, is_event_driven: bool) -> None:
-        super().set_event_driven(replica_id, is_event_driven)
-        if is_event_driven:
-            self._learned.discard(replica_id)
-        else:
-            self._learned.add(replica_id)
-
-    def remove_replica(self, replica_id: str) -> None:
-        super().remove_replica(replica_id)
-        self._learned.discard(replica_id)
-        self._speculative.pop(replica_id, None)
-
-    def apply_snapshot(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
-        self._speculative.pop(replica_id, None)  # the snapshot is the engine's whole truth
-        super().apply_snapshot(replica_id, block_hashes)
-
-    def on_routed(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
-        if replica_id in self._learned:
-            self._store(replica_id, block_hashes)
-            return
-        lru = self._lru[replica_id]  # unknown replica -> KeyError
-        if self._ttl_s <= 0 or not block_hashes:
-            return
-        self._expire()
-        spec = self._speculative.setdefault(replica_id, {})
-        # Blocks the engine already reported stay as they are (their lanes, no expiry).
-        guessed = tuple(h for h in block_hashes if h not in lru or h in spec)
-        if not guessed:
-            return
-        expiry = self._clock() + self._ttl_s
-        for block_hash in guessed:
-            spec[block_hash] = expiry
-        self._expiries.append((expiry, replica_id, guessed))
-        self._store(replica_id, guessed)
-
-    def apply_events(self, replica_id: str, events: Iterable[KVEvent]) -> None:
-        self._expire()
-        spec = self._speculative.get(replica_id)
-        for event in events:
-            if isinstance(event, BlockStored):
-                if spec:  # confirmed: re-stored below as the engine says (its lane, no expiry)
-                    confirmed = [h for h in event.block_hashes if spec.pop(h, None) is not None]
-                    if confirmed:
-                        self._remove(replica_id, confirmed)
-                self._store(replica_id, event.block_hashes, event.lane)
-            elif isinstance(event, BlockRemoved):
-                if spec:
-                    for block_hash in event.block_hashes:
-                        spec.pop(block_hash, None)
-                self._remove(replica_id, event.block_hashes, event.lane)
-            elif isinstance(event, AllBlocksCleared):
-                if spec:
-                    spec.clear()
-                self._clear(replica_id)
-            else:
-                raise TypeError(f"unknown KV event {event!r}")
-
-    def _evict_to(self, replica_id: str, lru: OrderedDict[BlockHash, None], capacity: int) -> None:
-        # The bound is on what the engine reported: guesses ride on top of it, so recording one
-        # never pushes out a confirmed block the engine still holds (it would not report it again).
-        spec = self._speculative.get(replica_id)
-        super()._evict_to(replica_id, lru, capacity + (len(spec) if spec else 0))
-
-    def _expire(self) -> None:
-        """Drop the speculative entries whose time is up (and that nothing refreshed or confirmed)."""
-        if not self._expiries:
-            return
-        now_s = self._clock()
-        while self._expiries and self._expiries[0][0] <= now_s:
-            expiry, replica_id, hashes = self._expiries.popleft()
-            spec = self._speculative.get(replica_id)
-            if not spec:
-                continue
-            stale = [h for h in hashes if spec.get(h) == expiry]
-            for block_hash in stale:
-                del spec[block_hash]
-            if stale and replica_id in self._lru:
-                self._remove(replica_id, stale)
-
-
-PREFIX_INDEX_MODES: dict[str, type[PrefixIndex]] = {
-    cls.mode: cls for cls in (ApproximatePrefixIndex, PrecisePrefixIndex)
-}
-
-
-def make_prefix_index(
-    mode: str, clock: Callable[[], float] = time.monotonic, speculative_ttl_s: float = 0.0
-) -> PrefixIndex:
-    """The index for ``mode``; an unknown name raises ``ConfigError`` listing the known ones.
-    ``clock`` and ``speculative_ttl_s``: the precise index's speculative entries."""
-    cls = PREFIX_INDEX_MODES.get(mode)
-    if cls is None:
-        raise ConfigError(f"router.index_mode: unknown mode {mode!r}; known: {', '.join(sorted(PREFIX_INDEX_MODES))}")
-    if cls is PrecisePrefixIndex:
-        return PrecisePrefixIndex(clock, speculative_ttl_s)
-    return cls()

@@ -56,10 +56,11 @@ from deployments.router.messages import RouteDecision, RouteRequest, prefill_tic
 from serve_app.config.app import Role
 from serve_app.config.router import ModelRouting, RouterConfig
 
+from .index_modes import make_prefix_index
 from .load import LoadTracker, ReplicaLoad
 from .policies import make_policy
 from .policy import RoutingContext
-from .prefix_index import PrefixIndex, make_prefix_index
+from .prefix_index import PrefixIndex
 from .sessions import SessionTable
 
 
@@ -191,7 +192,9 @@ class RouterCore:
             both_pool = tuple(r for r in both_pool or () if r in allowed)
         session = request.session_id
         decode = None
-        busy = routing.pd_busy_decode_threshold_tokens
+        # Shorter prompts may go PD too while their decode replica is busy — only where they would
+        # prefill on it (no colocated pool to run them instead).
+        busy = None if both_pool else routing.pd_busy_decode_threshold_tokens
         if (
             threshold is not None
             and prefill_pool
@@ -201,19 +204,11 @@ class RouterCore:
             decode = self._choose_in(decode_pool, (model, "decode"), hashes, session)
             num_uncached = request.num_prompt_tokens - decode.num_matched_blocks * routing.block_size
             if num_uncached < threshold:
-                # Short: disaggregated only while its decode replica is busy and a prefill one idle
-                # (and only where it would prefill on that decode replica: no colocated pool).
-                is_short_pd = (
-                    busy is not None and not both_pool and num_uncached >= busy and not self._is_idle(decode.replica_id)
-                )
-                prefill_pool = tuple(r for r in prefill_pool if self._is_idle(r)) if is_short_pd else ()
+                prefill_pool = self._short_prompt_prefill_pool(prefill_pool, decode, num_uncached, busy)
             if prefill_pool:
+                prefill_session = f"prefill|{session}" if session else None
                 prefill = self._choose_in(
-                    prefill_pool,
-                    (model, "prefill"),
-                    hashes,
-                    f"prefill|{session}" if session else None,
-                    frozenset(prefill_pool) if num_uncached < threshold else None,
+                    prefill_pool, (model, "prefill"), hashes, prefill_session, frozenset(prefill_pool)
                 )
                 self._plans[request.request_id] = (decode, prefill)
                 return self._decision(request, decode, prefill)
@@ -227,6 +222,16 @@ class RouterCore:
             decode = self._choose_in(pool, (model, role), hashes, session, allowed)
         self._plans[request.request_id] = (decode,)
         return self._decision(request, decode, None)
+
+    def _short_prompt_prefill_pool(
+        self, prefill_pool: tuple[str, ...], decode: _Pick, num_uncached: int, busy: int | None
+    ) -> tuple[str, ...]:
+        """The prefill replicas a prompt under the PD threshold may use: the idle ones while its
+        decode replica is busy (a TT step is phase-only: a local prefill pauses every decoding
+        row there) and ``num_uncached >= busy``; otherwise none (it prefills where it decodes)."""
+        if busy is None or num_uncached < busy or self._is_idle(decode.replica_id):
+            return ()
+        return tuple(r for r in prefill_pool if self._is_idle(r))
 
     def _is_idle(self, replica_id: str) -> bool:
         """No request in flight there, from this router or (fresh) from its peers."""

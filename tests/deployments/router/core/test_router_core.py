@@ -48,8 +48,8 @@ def req(
 def test_the_policy_names_of_the_config_are_the_registered_policies():
     from typing import get_args
 
+    from deployments.router.core.index_modes import PREFIX_INDEX_MODES
     from deployments.router.core.policies import policy_names
-    from deployments.router.core.prefix_index import PREFIX_INDEX_MODES
     from serve_app.config.router import IndexMode, PolicyName
 
     assert set(policy_names()) == set(get_args(PolicyName))

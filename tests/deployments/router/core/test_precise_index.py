@@ -1,0 +1,104 @@
+"""The precise index's speculative entries: a routed prompt counts as held until the engine's
+events confirm it, a removal drops it or its TTL ends it."""
+
+from deployments.router.core.index_modes import make_prefix_index
+from deployments.router.core.precise_index import PrecisePrefixIndex
+from deployments.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from tests.deployments.router.core.test_prefix_index import ALL, SYSTEM, USER_A, USER_B, blocks
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def speculative_index(ttl_s: float = 2.0) -> tuple[PrecisePrefixIndex, Clock]:
+    clock = Clock()
+    idx = PrecisePrefixIndex(clock, speculative_ttl_s=ttl_s)
+    for r in ALL:
+        idx.add_replica(r, 100)
+    return idx, clock
+
+
+def test_precise_mode_holds_a_routed_prompt_speculatively_until_its_ttl():
+    """Events arrive a poll after the dispatch: meanwhile the routed blocks count as held on the
+    chosen replica (a sibling burst finds them), and they go if no event confirms them in time."""
+    idx, clock = speculative_index(ttl_s=2.0)
+    h = blocks(SYSTEM, USER_A)
+    idx.on_routed("a", h)
+    assert idx.match(h, ALL) == {"a": 6} and idx.num_speculative("a") == 6
+    clock.now_s += 1.5
+    idx.on_routed("a", h)  # a sibling, routed there too: refreshed to 1.5 + 2 s
+    clock.now_s += 1.0  # past the first expiry, not the refreshed one
+    assert idx.match(h, ALL) == {"a": 6}
+    clock.now_s += 1.1
+    assert idx.match(h, ALL) == {} and idx.num_speculative("a") == 0 and idx.num_blocks("a") == 0
+    assert idx._owners == {}
+
+
+def test_an_event_confirms_speculative_blocks_with_its_lane_and_removals_drop_them():
+    idx, clock = speculative_index()
+    h = blocks(SYSTEM, USER_A)
+    idx.on_routed("a", h)
+    idx.apply_events("a", [BlockStored(tuple(h[:4]), lane=1)])  # the engine stored the system prompt
+    assert idx.num_speculative("a") == 2
+    clock.now_s += 5  # the user turn was never confirmed: gone; the stored blocks stay
+    assert idx.match(h, ALL) == {"a": 4}
+    idx.apply_events("a", [BlockStored(tuple(h[:4]), lane=0), BlockRemoved(tuple(h[:4]), lane=1)])
+    assert idx.match(h, ALL) == {"a": 4}  # lane 0 now (the confirmed entry has real lanes)
+    # A removal or a clear drops speculative entries at once.
+    idx.on_routed("b", h)
+    idx.apply_events("b", [BlockRemoved((h[2],))])
+    assert idx.match(h, ALL)["b"] == 2 and idx.num_speculative("b") == 5
+    idx.on_routed("c", h)
+    idx.apply_events("c", [AllBlocksCleared()])
+    assert "c" not in idx.match(h, ALL) and idx.num_speculative("c") == 0
+
+
+def test_blocks_the_engine_reported_are_not_made_speculative():
+    idx, clock = speculative_index()
+    h = blocks(SYSTEM, USER_A)
+    idx.apply_events("a", [BlockStored(tuple(h[:4]), lane=1)])
+    idx.on_routed("a", h)  # only the user turn is a guess
+    assert idx.num_speculative("a") == 2
+    clock.now_s += 5
+    assert idx.match(h, ALL) == {"a": 4}
+    idx.apply_events("a", [BlockRemoved(tuple(h[:4]), lane=1)])  # its lane survived the dispatch
+    assert idx.match(h, ALL) == {}
+
+
+def test_speculative_entries_off_and_reset_by_a_snapshot():
+    idx, _ = speculative_index(ttl_s=0.0)
+    h = blocks(SYSTEM, USER_A)
+    idx.on_routed("a", h)
+    assert idx.match(h, ALL) == {} and idx.num_speculative("a") == 0
+    idx, clock = speculative_index()
+    idx.on_routed("a", h)
+    idx.apply_snapshot("a", h[:3])  # a router resync: the engine's truth replaces the guesses
+    assert idx.num_speculative("a") == 0 and idx.match(h, ALL) == {"a": 3}
+    clock.now_s += 5
+    assert idx.match(h, ALL) == {"a": 3}
+    idx.on_routed("b", h)
+    idx.remove_replica("b")
+    clock.now_s += 5
+    assert idx.match(h, ALL) == {"a": 3}  # the expiry of a removed replica's entries is a no-op
+    assert make_prefix_index("precise", clock, 2.0).match(h, ALL) == {}
+
+
+def test_speculative_entries_never_push_out_a_block_the_engine_reported():
+    """The engine does not report a block it still holds again, so a confirmed entry evicted to
+    make room for a guess would be lost until the engine evicted and re-stored it."""
+    clock = Clock()
+    idx = PrecisePrefixIndex(clock, speculative_ttl_s=2.0)
+    idx.add_replica("a", 6)  # the engine's capacity: 6 blocks
+    h = blocks(SYSTEM, USER_A)
+    idx.apply_events("a", [BlockStored(tuple(h))])
+    other = blocks(USER_B, USER_B)
+    idx.on_routed("a", other)  # 4 guesses on top of a full replica
+    assert idx.match(h, {"a"}) == {"a": 6} and idx.match(other, {"a"}) == {"a": 4}
+    clock.now_s += 3
+    assert idx.match(h, {"a"}) == {"a": 6} and idx.match(other, {"a"}) == {}
+    assert idx.num_blocks("a") == 6
