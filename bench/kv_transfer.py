@@ -25,7 +25,9 @@ prefill/decode disaggregation vs colocated serving under a mixed long/short load
    processes); ``client_*`` = the same stamped at the bench driver after Ray's streaming hop.
    ``itl_p99_ratio`` = PD / colocated p99 gap between streamed tokens (all requests; p99.9 is
    reported too); ``ttft_p50_ratio`` = PD / colocated median time to first token (request sent
-   by the driver -> first token stamped in the replica).
+   by the driver -> first token stamped in the replica). ``--rounds`` (3) rounds, each a fresh
+   workload (``--seed`` + round), colocated and PD alternating which goes first; the percentiles
+   pool every round's requests, ``*_rounds`` are each round's own ratios.
 Greedy outputs of every PD request are checked equal to the colocated run's.
 """
 
@@ -136,6 +138,9 @@ def main() -> None:
         help="pd.busy_decode_threshold_tokens (config default; none: off)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="mixed-load rounds (workload seed + round; order alternating)"
+    )
     parser.add_argument("--skip-mixed", action="store_true")
     parser.add_argument(
         "--no-pin",

