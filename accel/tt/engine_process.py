@@ -33,7 +33,16 @@ from accel.contract import EngineStats, GenerateRequest, OutputDelta, PrefixCach
 from accel.text.tokenizer import load_tokenizer
 from accel.tt.config import TTEngineConfig
 from accel.tt.core_messages import AbortRequest, FinishRequest, InboxMessage
-from accel.tt.core_process import CoreFailed, CoreQuery, CoreReady, CoreReply, CoreStep, CoreStop, core_main
+from accel.tt.core_process import (
+    CoreFailed,
+    CoreQuery,
+    CoreReady,
+    CoreReply,
+    CoreStep,
+    CoreStop,
+    core_main,
+    outputs_from_wire,
+)
 from accel.tt.health import DEFAULT_STEP_TIMEOUT_S, EngineUnhealthy
 from accel.tt.mesh_model import MeshModel
 from accel.tt.model_setup import load_hf_config
@@ -226,7 +235,7 @@ class TTMeshEngineProcess:
                 view.num_busy_iterations, view.host_busy_s = message.num_busy_iterations, message.host_busy_s
                 view.kv_events.extend(message.kv_events)
                 if message.outputs:
-                    self._streams.deliver(message.outputs)
+                    self._streams.deliver(outputs_from_wire(message.outputs))
             elif isinstance(message, CoreReply):
                 future = self._replies.pop(message.seq, None)
                 if future is not None:
