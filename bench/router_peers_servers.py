@@ -32,6 +32,8 @@ from typing import Any
 
 import httpx
 
+from bench.process_group import popen_group_kwargs
+
 ENGINE_ENV = {
     "VLLM_TARGET_DEVICE": "cpu",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
@@ -91,7 +93,7 @@ class ProcessSet:
     def start(self, name: str, cmd: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "w")
         proc = subprocess.Popen(
-            list(cmd), stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}
+            list(cmd), stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, **popen_group_kwargs()
         )
         self._procs.append((name, proc, log))
         return proc

@@ -91,7 +91,9 @@ def vllm_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
             if name in opts.unpin:  # vLLM-CPU's model worker not pinned to core 0 (its default: "auto")
                 own_env = {**own_env, "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
             try:
-                servers[name] = stack.enter_context(started(name, cmd, own_env, port, opts.log_dir))
+                servers[name] = stack.enter_context(
+                    started(name, cmd, own_env, port, opts.log_dir, new_session=opts.new_session)
+                )
             except (RuntimeError, TimeoutError) as exc:  # (stopped already) measure the others
                 failed[name] = str(exc)[-2000:]
                 print(f"{name} did not start: {exc}", file=sys.stderr)
@@ -148,7 +150,9 @@ def tt_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         port = free_port()
         cmd = serve_command("ours", opts.config, port)
-        server = stack.enter_context(started("ours", cmd, server_env(env), port, opts.log_dir))
+        server = stack.enter_context(
+            started("ours", cmd, server_env(env), port, opts.log_dir, new_session=opts.new_session)
+        )
         engine = make_tt_engine(pool)  # (an engine-core process inherits OMP_NUM_THREADS from here)
         stack.callback(lambda: loop.run_until_complete(engine.shutdown()))
 
@@ -249,6 +253,12 @@ def main() -> None:
         help="vllm mode: servers (comma-separated) whose vLLM-CPU worker is not pinned to a core "
         "(VLLM_CPU_OMP_THREADS_BIND=nobind; the others keep vLLM's default pinning)",
     )
+    parser.add_argument(
+        "--new-session",
+        action="store_true",
+        help="start each server in a session of its own (setsid), as before 3 Dec: on an autogroup kernel "
+        "vLLM's busy-polling engine then starves the client (bench/process_group.py)",
+    )
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp/meshserve-bench"))
     opts = parser.parse_args()
     opts.unpin = {s for s in opts.unpin.split(",") if s}
@@ -279,6 +289,7 @@ def main() -> None:
         },
         "ray_env": opts.ray_env,
         "unpinned": sorted(opts.unpin),
+        "server_session": "own" if opts.new_session else "the client's",
         "load_average": load.report(),
         **body,
     }

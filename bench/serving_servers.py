@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script too (the Ray Serve LLM server process)
 
 from accel.vllm.config import VllmEngineConfig  # noqa: E402
+from bench.process_group import popen_group_kwargs  # noqa: E402
 from serve_app.config.load import load_app_config  # noqa: E402
 
 SERVED_MODEL = "tiny-llama"
@@ -142,11 +143,21 @@ def stop_servers_on_sigterm() -> None:
 
 @contextlib.contextmanager
 def started(
-    name: str, cmd: list[str], env: Mapping[str, str], port: int, log_dir: Path, timeout_s: float = 600
+    name: str,
+    cmd: list[str],
+    env: Mapping[str, str],
+    port: int,
+    log_dir: Path,
+    timeout_s: float = 600,
+    new_session: bool = False,
 ) -> Iterator[Server]:
+    """The server running (ready to answer a completion) in its own process group, in this
+    session unless ``new_session`` (``bench/process_group.py`` says why)."""
     log_path = log_dir / f"{name}.log"
     log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(env), cwd=REPO, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(env), cwd=REPO, **popen_group_kwargs(new_session)
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(url, proc, log_path, timeout_s)
