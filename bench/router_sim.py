@@ -149,6 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--burst-size", default="1,1", help="min,max shared-prompt siblings per arrival instant")
     p.add_argument("--group-zipf-alpha", type=float, default=0.0, help="0: groups equally popular")
     p.add_argument("--session-context-tokens", default="0,0", help="min,max private context per chat session")
+    p.add_argument("--chat-system-prompts", type=int, default=WorkloadConfig.num_chat_system_prompts)
+    p.add_argument("--chat-system-tokens", type=int, default=WorkloadConfig.chat_system_tokens)
+    p.add_argument("--chat-zipf-alpha", type=float, default=0.0, help="0: sessions take the chat prompts in turn")
+    p.add_argument("--think-s", type=float, default=WorkloadConfig.think_s, help="mean pause between a session's turns")
     p.add_argument("--w-load-blocks", type=float, default=CostWeights.w_load_blocks)
     p.add_argument("--window-abs", type=float, default=CostWeights.window_abs)
     p.add_argument("--window-rel", type=float, default=CostWeights.window_rel)
@@ -172,6 +176,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         burst_size=_pair(args.burst_size),
         group_zipf_alpha=args.group_zipf_alpha,
         session_context_tokens=_pair(args.session_context_tokens),
+        num_chat_system_prompts=args.chat_system_prompts,
+        chat_system_tokens=args.chat_system_tokens,
+        chat_zipf_alpha=args.chat_zipf_alpha,
+        think_s=args.think_s,
     )
     cluster = ClusterConfig(
         num_replicas=args.replicas,

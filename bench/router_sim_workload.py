@@ -11,8 +11,10 @@ Token ids are random (vocabulary 32000); block hashes are ``accel.block_hash`` c
 Shape knobs beyond those two (all off by default, so the default trace is the one the router's
 default weights were chosen on): ``session_context_tokens`` gives each chat session a private
 context after its system prompt (long histories: KV pressure), ``group_zipf_alpha`` makes group
-popularity Zipf-skewed instead of uniform, and ``burst_size`` sends shared-prompt requests in
-bursts of siblings that arrive at the same instant.
+popularity Zipf-skewed instead of uniform, ``chat_zipf_alpha`` does the same for the chat
+sessions' system prompts (each session draws one instead of taking them in turn: sessions pile
+onto a popular prompt, as in ``router_peers``' ``kv_pressure`` trace), and ``burst_size`` sends
+shared-prompt requests in bursts of siblings that arrive at the same instant.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class WorkloadConfig:
     est_turn_s: float = 2.5  # a turn's expected latency, to space a session's turns
     session_context_tokens: tuple[int, int] = (0, 0)  # private context per chat session
     group_zipf_alpha: float = 0.0  # 0: groups equally popular; > 0: Zipf(alpha) over groups
+    chat_zipf_alpha: float = 0.0  # 0: sessions take the chat system prompts in turn; > 0: Zipf draw
     burst_size: tuple[int, int] = (1, 1)  # shared-prompt requests per arrival instant
 
 
@@ -91,9 +94,16 @@ def make_trace(cfg: WorkloadConfig) -> list[TraceRequest]:
     rng = random.Random(cfg.seed)
     trace: list[TraceRequest] = []
     chat_systems = [_tokens(rng, cfg.chat_system_tokens) for _ in range(cfg.num_chat_system_prompts)]
+    chat_weights = [1.0 / (rank**cfg.chat_zipf_alpha) for rank in range(1, len(chat_systems) + 1)]
     for s in range(cfg.num_sessions):
         t = rng.uniform(0.0, cfg.duration_s)
-        history = list(chat_systems[s % len(chat_systems)])
+        # (alpha 0 draws nothing here: the default trace stays what the weights were chosen on)
+        system = (
+            rng.choices(chat_systems, chat_weights)[0]
+            if cfg.chat_zipf_alpha > 0
+            else chat_systems[s % len(chat_systems)]
+        )
+        history = list(system)
         if cfg.session_context_tokens[1] > 0:
             history += _tokens(rng, rng.randint(*cfg.session_context_tokens))
         for k in range(cfg.num_turns):
