@@ -73,9 +73,24 @@ def _complete(base_url: str, max_tokens: int) -> httpx.Response:
     return httpx.post(f"{base_url}/v1/completions", json=body, timeout=120)
 
 
+def _serving_replica(base_url: str):
+    """The one replica's snapshot once it has served a request. On a starved machine (this VM's
+    speed varies) a fresh replica's first steps can outlast the test's 2 s step timeout, and the
+    health check then replaces it — the behaviour under test, so wait for a replica that serves
+    before the hang is armed."""
+    deadline = time.monotonic() + 120
+    while True:
+        response = _complete(base_url, 4)
+        if response.status_code == 200:
+            snaps = HANDLES.call(_snapshots())
+            if len(snaps) == 1:
+                return snaps[0]
+        assert time.monotonic() < deadline, response.text
+        time.sleep(1)
+
+
 def test_a_hung_engine_errors_its_clients_and_is_replaced(base_url):
-    assert _complete(base_url, 4).status_code == 200
-    (before,) = HANDLES.call(_snapshots())
+    before = _serving_replica(base_url)
     MARKER.touch()
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         started = time.monotonic()
