@@ -310,18 +310,18 @@ class OurStack:
         import ray
         from ray import serve
 
+        from bench.serving_servers import server_env
         from serve_app.app import ROUTER_NAME, build_app
 
         os.environ.update(ENGINE_ENV)  # Ray workers (our replicas' engines) inherit it
         for name in DROPPED_ENV:
             os.environ.pop(name, None)
         # As `make serve` runs it: Serve's throughput mode, HAProxy in front of the ingress
-        # replica's own HTTP server instead of Serve's Python proxy (its stats and metrics ports
-        # moved off their fixed defaults).
+        # replica's own HTTP server instead of Serve's Python proxy (``server_env`` moves its
+        # stats and metrics ports off their fixed defaults).
         os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
         os.environ.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")
-        os.environ.setdefault("RAY_SERVE_HAPROXY_STATS_PORT", str(free_port()))
-        os.environ.setdefault("RAY_SERVE_HAPROXY_METRICS_PORT", str(free_port()))
+        os.environ.update(server_env(os.environ))
         port = free_port()
         ray.init(
             address="local",
