@@ -58,10 +58,13 @@ def cheapest(
     matched_blocks: Callable[[K], int],
     limit: float,
     weights: AffinityWeights,
+    expected_scores: Callable[[K], float] | None = None,
 ) -> list[K]:
     """The acceptable candidates (``scores(c) <= limit``) of least cost, in ``candidates`` order;
     empty when none is acceptable. The ``w_prefill * num_prompt_blocks`` term of the cost is the
-    same for every candidate, so only ``w_load * score - w_prefill * matched`` is compared."""
+    same for every candidate, so only ``w_load * score - w_prefill * matched`` is compared.
+    ``expected_scores``: the load the cost counts instead of ``scores`` (the window still judges
+    the present load): the router adds the sessions bound to a replica when it places a new one."""
     w_prefill, w_load = weights.w_prefill, weights.w_load_blocks
     best: list[K] = []
     best_cost = 0.0
@@ -69,6 +72,8 @@ def cheapest(
         score = scores(c)
         if score > limit:
             continue
+        if expected_scores is not None:
+            score = expected_scores(c)
         cost = w_load * score - w_prefill * matched_blocks(c)
         if not best or cost < best_cost:
             best, best_cost = [c], cost

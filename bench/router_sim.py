@@ -153,8 +153,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--chat-system-tokens", type=int, default=WorkloadConfig.chat_system_tokens)
     p.add_argument("--chat-zipf-alpha", type=float, default=0.0, help="0: sessions take the chat prompts in turn")
     p.add_argument("--think-s", type=float, default=WorkloadConfig.think_s, help="mean pause between a session's turns")
+    p.add_argument("--est-turn-s", type=float, default=WorkloadConfig.est_turn_s, help="a turn's expected latency")
+    p.add_argument("--user-tokens", default="32,192", help="min,max new user tokens per chat turn")
+    p.add_argument("--answer-tokens", default="64,256", help="min,max answer tokens a chat history grows by")
+    p.add_argument("--chat-output-tokens", default="0,0", help="min,max tokens a chat turn decodes (0,0: its answer)")
     p.add_argument("--w-load-blocks", type=float, default=CostWeights.w_load_blocks)
     p.add_argument("--window-abs", type=float, default=CostWeights.window_abs)
+    p.add_argument("--w-session", type=float, default=CostWeights.w_session)
     p.add_argument("--window-rel", type=float, default=CostWeights.window_rel)
     p.add_argument("--policies", default=",".join(ENTRIES), help="comma-separated entries to run")
     p.add_argument("--latency-replicas", type=int, default=64)
@@ -163,7 +168,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-latency", action="store_true")
     args = p.parse_args(argv)
 
-    weights = CostWeights(w_load_blocks=args.w_load_blocks, window_abs=args.window_abs, window_rel=args.window_rel)
+    weights = CostWeights(
+        w_load_blocks=args.w_load_blocks,
+        window_abs=args.window_abs,
+        window_rel=args.window_rel,
+        w_session=args.w_session,
+    )
     workload = WorkloadConfig(
         seed=args.seed,
         block_size=args.block_size,
@@ -180,6 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         chat_system_tokens=args.chat_system_tokens,
         chat_zipf_alpha=args.chat_zipf_alpha,
         think_s=args.think_s,
+        est_turn_s=args.est_turn_s,
+        user_tokens=_pair(args.user_tokens),
+        answer_tokens=_pair(args.answer_tokens),
+        chat_output_tokens=_pair(args.chat_output_tokens),
     )
     cluster = ClusterConfig(
         num_replicas=args.replicas,

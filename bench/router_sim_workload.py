@@ -51,6 +51,10 @@ class WorkloadConfig:
     group_zipf_alpha: float = 0.0  # 0: groups equally popular; > 0: Zipf(alpha) over groups
     chat_zipf_alpha: float = 0.0  # 0: sessions take the chat system prompts in turn; > 0: Zipf draw
     burst_size: tuple[int, int] = (1, 1)  # shared-prompt requests per arrival instant
+    # (0, 0): a chat turn decodes its whole answer; else it decodes this many tokens while the
+    # next turn's history still carries the answer's length (router_peers' clients send a
+    # synthetic answer and ask for few tokens: light load, prefill-dominated requests)
+    chat_output_tokens: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,8 @@ def _request(
 def make_trace(cfg: WorkloadConfig) -> list[TraceRequest]:
     """All requests of both shapes, sorted by arrival time."""
     rng = random.Random(cfg.seed)
+    # Decode lengths of chat_output_tokens come from their own stream: the knob changes them only.
+    output_rng = random.Random(f"{cfg.seed}/chat_output_tokens")
     trace: list[TraceRequest] = []
     chat_systems = [_tokens(rng, cfg.chat_system_tokens) for _ in range(cfg.num_chat_system_prompts)]
     chat_weights = [1.0 / (rank**cfg.chat_zipf_alpha) for rank in range(1, len(chat_systems) + 1)]
@@ -109,7 +115,10 @@ def make_trace(cfg: WorkloadConfig) -> list[TraceRequest]:
         for k in range(cfg.num_turns):
             history += _tokens(rng, rng.randint(*cfg.user_tokens))
             answer = _tokens(rng, rng.randint(*cfg.answer_tokens))
-            trace.append(_request(cfg, t, f"chat-{s}-{k}", f"session-{s}", list(history), answer))
+            output = answer
+            if cfg.chat_output_tokens[1] > 0:
+                output = answer[: output_rng.randint(*cfg.chat_output_tokens)]
+            trace.append(_request(cfg, t, f"chat-{s}-{k}", f"session-{s}", list(history), output))
             history += answer
             t += cfg.est_turn_s + rng.expovariate(1.0 / cfg.think_s)
     groups = [_tokens(rng, cfg.group_system_tokens) for _ in range(cfg.num_groups)]

@@ -293,7 +293,7 @@ def _to_router(r: RouterArgs) -> RouterConfig:
         policy=r.policy,
         index_mode=r.index_mode,
         weights=CostWeights(**r.weights.model_dump()),
-        sessions=SessionConfig(r.session_ttl_s, r.max_in_flight_per_session),
+        sessions=SessionConfig(r.session_ttl_s, r.max_in_flight_per_session, r.session_active_s),
         load=LoadConfig(stats_max_age_s=r.stats_max_age_s),
         replicas=r.replicas,
         num_cpus=r.num_cpus,

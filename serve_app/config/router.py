@@ -30,7 +30,14 @@ class CostWeights(AffinityWeights):
     ``cost = w_prefill * uncached_prompt_blocks + w_load_blocks * load_score`` over the replicas
     whose load score is within ``min_score + max(window_abs, window_rel * min_score)``; replicas
     outside that window are overloaded (never chosen, and a session bound to one moves).
+    When a new session is placed, each session active on a replica (``SessionConfig.active_s``)
+    adds ``w_session`` to that replica's load score in the cost (not in the window), unless the
+    pool's mean KV usage is at least ``session_max_kv_usage`` (``cost_policy`` says why).
+    Chosen on ``bench/router_sim.py``'s light-load chat family (``router_sim_validate``).
     """
+
+    w_session: float = 2.0
+    session_max_kv_usage: float = 0.9
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -43,10 +50,15 @@ class SessionConfig:
     ttl_s: float = 600.0  # idle time after which a session binding is forgotten
     # Concurrent requests of one session on its replica; more spill elsewhere (binding kept).
     max_in_flight_per_session: int = 2
+    # A session used within this long counts as load on its replica when a new session is placed
+    # (``CostWeights.w_session``): it is likely to send its next turn there soon.
+    active_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not self.ttl_s > 0:
             raise ConfigError(f"router.session_ttl_s: must be positive, got {self.ttl_s}")
+        if not self.active_s >= 0:
+            raise ConfigError(f"router.session_active_s: must be >= 0, got {self.active_s}")
         if self.max_in_flight_per_session < 1:
             raise ConfigError(f"router.max_in_flight_per_session: must be >= 1, got {self.max_in_flight_per_session}")
 

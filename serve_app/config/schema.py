@@ -34,7 +34,7 @@ Schema (``applications[].args`` of a Serve config file)::
       placement: own | ingress          # ingress: one engine inside each ingress replica (the model's
                                         # only pool, role both, replicas = ingress.replicas)
     router: {policy: prefix+session+load, index_mode: precise, weights: {w_prefill: 1, ...},
-             session_ttl_s: 600, max_in_flight_per_session: 2, stats_max_age_s: 5,
+             session_ttl_s: 600, max_in_flight_per_session: 2, session_active_s: 30, stats_max_age_s: 5,
              replicas: 1, stats_period_s: 0.5, decision_timeout_s: 0.2, kv_event_log_size: 8192,
              speculative_ttl_s: 2}
     pd: {threshold_tokens: 512, busy_decode_threshold_tokens: 1}   # null: threshold_tokens alone
@@ -133,6 +133,8 @@ class RouterWeightsArgs(_Strict):
     w_kv_usage: float = Field(default=CostWeights.w_kv_usage, ge=0)
     window_abs: float = Field(default=CostWeights.window_abs, ge=0)
     window_rel: float = Field(default=CostWeights.window_rel, ge=0)
+    w_session: float = Field(default=CostWeights.w_session, ge=0)
+    session_max_kv_usage: float = Field(default=CostWeights.session_max_kv_usage, ge=0)
 
 
 class RouterArgs(_Strict):
@@ -143,6 +145,7 @@ class RouterArgs(_Strict):
     weights: RouterWeightsArgs = Field(default_factory=RouterWeightsArgs)
     session_ttl_s: float = Field(default=SessionConfig.ttl_s, gt=0)
     max_in_flight_per_session: int = Field(default=SessionConfig.max_in_flight_per_session, ge=1)
+    session_active_s: float = Field(default=SessionConfig.active_s, ge=0)
     stats_max_age_s: float = Field(default=LoadConfig.stats_max_age_s, gt=0)
     replicas: int = Field(default=RouterConfig.replicas, ge=1)
     num_cpus: float = Field(default=RouterConfig.num_cpus, ge=0)

@@ -44,3 +44,15 @@ def test_the_default_trace_does_not_change() -> None:
         fields = (round(r.arrival_s, 9), r.request_id, r.session_id, r.prompt_token_ids, r.num_output_tokens)
         digest.update(repr((*fields, r.prompt_hashes)).encode())
     assert digest.hexdigest() == DEFAULT_TRACE_SHA256
+
+
+def test_chat_output_tokens_shortens_the_decode_but_not_the_history() -> None:
+    """Light-load chat (router_peers' clients): a turn decodes few tokens while the next turn's
+    prompt still carries the whole synthetic answer, and the engine caches only what it computed."""
+    base = replace(SMALL, num_sessions=4, num_turns=3, answer_tokens=(96, 96), user_tokens=(32, 32))
+    full, short = make_trace(base), make_trace(replace(base, chat_output_tokens=(16, 16)))
+    assert [r.num_output_tokens for r in full] == [96] * 12
+    assert [r.num_output_tokens for r in short] == [16] * 12
+    assert [r.prompt_token_ids for r in short] == [r.prompt_token_ids for r in full]
+    for r in short:
+        assert len(r.full_hashes) == (len(r.prompt_token_ids) + 16) // base.block_size

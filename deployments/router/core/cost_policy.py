@@ -13,6 +13,16 @@ Per decision, over one pool:
    costs more than the prefill it saves. A cold miss (no replica holds any block) has equal
    prefill everywhere, so it goes by load — never by "smallest tree" — with ties spread by
    rendezvous hashing of the prompt's first block.
+4. A new session (a session key bound nowhere yet) is placed for its whole life, not for one
+   request: its later turns follow the binding while the replica stays in the window. So its
+   cost also counts, as load, ``w_session`` per session active on each candidate (bound there
+   and used within ``sessions.active_s``). Without it, at light load a popular system prompt's
+   cached blocks outweigh the one or two requests in flight, every session on that prompt binds
+   to one replica, and the window (in requests) never sees the skew: max/mean load 1.4-1.5 on
+   ``router_peers``' ``kv_pressure`` trace. Copying the system prompt to another replica costs
+   its prefill once while the KV cache has room; once the pool's KV is nearly full of running
+   requests (mean fresh usage >= ``session_max_kv_usage``) a copy costs capacity that evicts
+   some session's history instead, so the term is off there and sessions gather by prefix.
 """
 
 from __future__ import annotations
@@ -41,7 +51,11 @@ class PrefixSessionLoadPolicy(RoutingPolicy):
         # again over their own caches, so the replica's best lane is where the request lands.
         matched_get, scores, limit = ctx.matched_blocks.get, view.scores, view.limit
         acceptable = ctx.candidates if excluded is None else tuple(r for r in ctx.candidates if r != excluded)
-        tied = cheapest(acceptable, scores.__getitem__, lambda r: matched_get(r, 0), limit, weights)
+        expected = None
+        if ctx.new_session and weights.w_session and ctx.active_sessions and self._kv_has_room(ctx):
+            active_get, w_session = ctx.active_sessions.get, weights.w_session
+            expected = lambda r: scores[r] + w_session * active_get(r, 0)  # noqa: E731
+        tied = cheapest(acceptable, scores.__getitem__, lambda r: matched_get(r, 0), limit, weights, expected)
         best_id = None
         if tied:
             hashes, key = ctx.replica_hashes, ctx.tie_key
@@ -54,3 +68,10 @@ class PrefixSessionLoadPolicy(RoutingPolicy):
         else:
             reason = "prefix" if matched_get(best_id, 0) > 0 else "load"
         return Choice(best_id, reason, rebind_session=is_overloaded)
+
+    def _kv_has_room(self, ctx: RoutingContext) -> bool:
+        """The candidates' mean KV usage (fresh stats only; none fresh: room) is below
+        ``session_max_kv_usage``."""
+        stats = ctx.fresh_stats
+        usages = [stats[r][1] for r in ctx.candidates if r in stats]
+        return not usages or sum(usages) / len(usages) < self.weights.session_max_kv_usage

@@ -53,6 +53,10 @@ class RoutingContext:
     can_stick: bool = True  # the session is under its in-flight cap
     # replica -> requests other router replicas have in flight there (fresh stats only; absent = 0)
     foreign_in_flight: Mapping[str, int] = field(default_factory=dict)
+    # replica -> sessions bound there and used within sessions.active_s (absent = 0); filled only
+    # when placing a new session
+    active_sessions: Mapping[str, int] = field(default_factory=dict)
+    new_session: bool = False  # the request carries a session key that is bound nowhere yet
 
 
 @dataclass(frozen=True)

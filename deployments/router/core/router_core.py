@@ -283,6 +283,7 @@ class RouterCore:
         pool_set = self._pool_sets[pool_key] if allowed is None else self._pool_sets[pool_key] & allowed
         matched = self._index.match(hashes, pool_set)
         bound = self._sessions.bound_replica(session_key) if session_key else None
+        new_session = session_key is not None and bound is None
         if bound is not None and bound not in pool_set:
             bound = None
         if session_key:
@@ -300,6 +301,8 @@ class RouterCore:
             tie_key=tie_key,
             session_replica=bound,
             can_stick=self._sessions.can_stick(session_key) if session_key else True,
+            active_sessions=self._sessions.num_active() if new_session else {},
+            new_session=new_session,
         )
         choice = self._policy.choose(ctx)
         return _Pick(

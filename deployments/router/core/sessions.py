@@ -11,6 +11,10 @@ by load), removing one unbinds only its own sessions, and an overloaded replica 
 only when one of that session's requests actually spills (the session then follows its newest
 context). Bindings idle longer than ``ttl_s`` expire; a session with requests in flight is never
 idle.
+
+The table also counts the live bindings of each replica (``num_bound``): a bound session is load
+that will come back (its next turn goes where it is bound), so the policy counts it when it
+places a new session.
 """
 
 from __future__ import annotations
@@ -50,6 +54,10 @@ class SessionTable:
         self._config = config
         self._clock = clock
         self._bindings: OrderedDict[str, _Binding] = OrderedDict()
+        # Sessions used within ``active_s`` (a suffix of the last-use order), and their count per
+        # replica. Invariant: ``_num_active`` sums to ``len(_active)``; keys absent at 0.
+        self._active: OrderedDict[str, tuple[str, float]] = OrderedDict()  # key -> (replica, last use)
+        self._num_active: dict[str, int] = {}
 
     def __len__(self) -> int:
         self._expire()
@@ -60,6 +68,13 @@ class SessionTable:
         self._expire()
         binding = self._bindings.get(key)
         return binding.replica_id if binding is not None else None
+
+    def num_active(self) -> Mapping[str, int]:
+        """Per replica, the sessions bound there that were used within ``active_s`` (a request
+        dispatched or finished): the ones likely to send another turn soon. Replicas with none are
+        absent. A read-only view, valid until the table changes."""
+        self._expire()
+        return self._num_active
 
     def can_stick(self, key: str) -> bool:
         """False when the session already has the maximum number of requests in flight."""
@@ -73,11 +88,13 @@ class SessionTable:
         now_s = self._clock()
         if binding is None:
             binding = self._bindings[key] = _Binding(replica_id, now_s)
-        elif rebind:
+        elif rebind and binding.replica_id != replica_id:
+            self._deactivate(key)
             binding.replica_id = replica_id
         binding.num_in_flight += 1
         binding.last_used_s = now_s
         self._bindings.move_to_end(key)
+        self._touch(key, binding.replica_id, binding.last_used_s)
 
     def on_finished(self, key: str) -> None:
         binding = self._bindings.get(key)
@@ -86,16 +103,43 @@ class SessionTable:
         binding.num_in_flight = max(0, binding.num_in_flight - 1)
         binding.last_used_s = self._clock()
         self._bindings.move_to_end(key)
+        self._touch(key, binding.replica_id, binding.last_used_s)
 
     def remove_replica(self, replica_id: str) -> int:
         """Unbind the sessions of a gone replica (only those); returns how many."""
         gone = [key for key, binding in self._bindings.items() if binding.replica_id == replica_id]
         for key in gone:
             del self._bindings[key]
+            self._deactivate(key)
         return len(gone)
 
+    def _touch(self, key: str, replica_id: str, now_s: float) -> None:
+        """``key`` (bound to ``replica_id``) was used at ``now_s``: it is (still) active."""
+        if key not in self._active:
+            self._num_active[replica_id] = self._num_active.get(replica_id, 0) + 1
+        self._active[key] = (replica_id, now_s)
+        self._active.move_to_end(key)
+
+    def _deactivate(self, key: str) -> None:
+        entry = self._active.pop(key, None)
+        if entry is not None:
+            replica_id = entry[0]
+            n = self._num_active[replica_id] - 1
+            if n:
+                self._num_active[replica_id] = n
+            else:
+                del self._num_active[replica_id]
+
     def _expire(self) -> None:
-        oldest_s = self._clock() - self._config.ttl_s
+        now_s = self._clock()
+        active = self._active  # in order of last use: every use moves its key to the end
+        oldest_active_s = now_s - self._config.active_s
+        while active:
+            key, (_, used_s) = next(iter(active.items()))
+            if used_s >= oldest_active_s:
+                break
+            self._deactivate(key)
+        oldest_s = now_s - self._config.ttl_s
         bindings = self._bindings
         while bindings:
             key, binding = next(iter(bindings.items()))
@@ -107,3 +151,4 @@ class SessionTable:
                 bindings.move_to_end(key)
                 continue
             del bindings[key]
+            self._deactivate(key)

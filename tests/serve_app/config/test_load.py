@@ -59,7 +59,8 @@ def test_router_settings_become_the_core_config():
         session_ttl_s=30,
         max_in_flight_per_session=3,
         stats_max_age_s=2,
-        weights={"w_load_blocks": 2.5},
+        session_active_s=10,
+        weights={"w_load_blocks": 2.5, "w_session": 0.5, "session_max_kv_usage": 0.8},
     )
     cfg = load_app_config(args)
     assert [p.block_size for p in cfg.pools] == [32, 32]  # both from engine_args
@@ -70,6 +71,7 @@ def test_router_settings_become_the_core_config():
     assert cfg.pd.threshold_tokens == 256
     assert (core.sessions.ttl_s, core.sessions.max_in_flight_per_session, core.load.stats_max_age_s) == (30, 3, 2)
     assert core.weights.w_load_blocks == 2.5 and core.weights.w_prefill == 1.0
+    assert (core.weights.w_session, core.weights.session_max_kv_usage, core.sessions.active_s) == (0.5, 0.8, 10)
     default = load_app_config(_args()).router
     assert (default.policy, default.index_mode) == ("prefix+session+load", "precise")
 

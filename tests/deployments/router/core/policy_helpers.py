@@ -16,6 +16,8 @@ def context(
     can_stick: bool = True,
     tie_key: int = 7,
     foreign: dict[str, int] | None = None,
+    active_sessions: dict[str, int] | None = None,
+    new_session: bool = False,
 ) -> RoutingContext:
     candidates = tuple(sorted(in_flight))
     return RoutingContext(
@@ -29,4 +31,6 @@ def context(
         session_replica=session,
         can_stick=can_stick,
         foreign_in_flight=foreign or {},
+        active_sessions=active_sessions or {},
+        new_session=new_session,
     )

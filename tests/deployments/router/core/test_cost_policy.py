@@ -47,3 +47,35 @@ def test_fresh_engine_queue_counts_as_load():
     # Same prefix on both; "a" reports a long wait queue, so "b" is cheaper.
     choice = choose({"a": 0, "b": 1}, {"a": 50, "b": 50}, stats={"a": (6, 0.0)})
     assert choice.replica_id == "b"
+
+
+def test_a_new_session_counts_the_sessions_active_on_each_replica():
+    # A popular system prompt (24 blocks) cached on "a" only, one request in flight each side.
+    # Cost = 4 * (in flight + 2 * active sessions) - matched (w_session 2): with 9 sessions active
+    # on "a" and 1 on "b", a = 4*19 - 24 = 52 > b = 4*3 = 12, so the new session binds to "b";
+    # with 3 vs 2, a = 4*7 - 24 = 4 < b = 4*5 = 20, and the prefix still wins.
+    skewed = {"a": 9, "b": 1}
+    choice = choose({"a": 1, "b": 1}, {"a": 24}, active_sessions=skewed, new_session=True)
+    assert (choice.replica_id, choice.reason) == ("b", "load")
+    even = {"a": 3, "b": 2}
+    assert choose({"a": 1, "b": 1}, {"a": 24}, active_sessions=even, new_session=True).replica_id == "a"
+    # The same request when it is not a new session (sessionless, or a bound session's spill)
+    # goes by present load only: the prefix wins.
+    assert choose({"a": 1, "b": 1}, {"a": 24}, active_sessions=skewed).replica_id == "a"
+
+
+def test_active_sessions_never_widen_or_narrow_the_load_window():
+    # "b" has no active sessions but is overloaded (in flight 10 > 0 + 8): never chosen.
+    choice = choose({"a": 0, "b": 10}, {"a": 24}, active_sessions={"a": 30}, new_session=True)
+    assert choice.replica_id == "a"
+
+
+def test_a_nearly_full_kv_cache_turns_the_session_term_off():
+    # Mean fresh KV usage 0.95 >= session_max_kv_usage (0.9): a copy of the prompt would evict
+    # someone's history, so the session gathers where its prefix is, as without the term.
+    full = {"a": (0, 0.95), "b": (0, 0.95)}
+    skewed = {"a": 9, "b": 1}
+    args = ({"a": 1, "b": 1}, {"a": 24})
+    assert choose(*args, stats=full, active_sessions=skewed, new_session=True).replica_id == "a"
+    roomy = {"a": (0, 0.5), "b": (0, 0.5)}
+    assert choose(*args, stats=roomy, active_sessions=skewed, new_session=True).replica_id == "b"

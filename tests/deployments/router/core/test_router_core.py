@@ -9,7 +9,7 @@ from accel.contract import ConfigError
 from deployments.router.core.router_core import NoReplicaError, ReplicaInfo, RouterCore
 from deployments.router.kv_events import BlockStored
 from deployments.router.messages import RouteRequest
-from serve_app.config.router import ModelRouting, RouterConfig
+from serve_app.config.router import CostWeights, ModelRouting, RouterConfig, SessionConfig
 
 BS = 4
 SYSTEM = tuple(range(100, 164))  # 16 blocks
@@ -392,3 +392,29 @@ def test_rebalancing_keeps_as_many_sessions_in_place_as_possible():
     core.remove_replica("r1")
     for s in sessions:
         assert core.session_replica(s) == (None if before[s] == "r1" else before[s])
+
+
+def test_sessions_on_one_popular_system_prompt_spread_at_light_load():
+    """Eight chat sessions share one system prompt (16 blocks) and each waits for its answer
+    before the next turn, so no replica ever has more than one request in flight: the window (in
+    requests) never sees a skew. New sessions count the sessions active on each replica
+    (``w_session``), so they split over both replicas instead of all binding where the prompt is
+    cached; without the term every one of them lands on the first session's replica."""
+
+    def place(**config) -> dict[str, str]:
+        core = core_with(2, **config)
+        clock = core._clock
+        assert isinstance(clock, Clock)
+        for i in range(8):
+            clock.now_s += 1.0  # a session starts every second
+            s = f"chat-{i}"
+            core.route(req(f"{s}-0", SYSTEM + tuple(range(5000 + 100 * i, 5032 + 100 * i)), session=s))
+            core.on_completed(f"{s}-0")
+        return {f"chat-{i}": core.session_replica(f"chat-{i}") for i in range(8)}
+
+    spread = place()
+    assert sorted(list(spread.values()).count(r) for r in ("r0", "r1")) == [4, 4]
+    gathered = place(weights=CostWeights(w_session=0.0))
+    assert len(set(gathered.values())) == 1
+    # Sessions idle longer than sessions.active_s no longer count: with active_s 0 they gather.
+    assert len(set(place(sessions=SessionConfig(active_s=0.0)).values())) == 1

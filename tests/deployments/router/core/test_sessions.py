@@ -74,3 +74,38 @@ def test_config_validation():
         SessionConfig(ttl_s=0)
     with pytest.raises(ValueError):
         SessionConfig(max_in_flight_per_session=0)
+
+
+def test_active_sessions_are_counted_per_replica_until_idle_for_active_s():
+    clock = Clock()
+    table = SessionTable(SessionConfig(ttl_s=600.0, active_s=30.0), clock)
+    table.on_dispatched("s1", "r1", rebind=False)
+    table.on_dispatched("s2", "r1", rebind=False)
+    table.on_dispatched("s3", "r2", rebind=False)
+    assert dict(table.num_active()) == {"r1": 2, "r2": 1}
+    table.on_finished("s1")
+    clock.now_s += 20.0
+    table.on_finished("s2")  # s2 used again at +20 s
+    clock.now_s += 15.0  # s1 and s3 idle 35 s, s2 15 s
+    assert dict(table.num_active()) == {"r1": 1}
+    assert table.bound_replica("s1") == "r1"  # inactive is not unbound: the TTL is 600 s
+    table.on_dispatched("s1", "r1", rebind=False)  # back: active again
+    assert dict(table.num_active()) == {"r1": 2}
+
+
+def test_active_counts_follow_rebinds_removals_and_expiry():
+    clock = Clock()
+    table = SessionTable(SessionConfig(ttl_s=10.0, active_s=30.0), clock)
+    table.on_dispatched("s1", "r1", rebind=False)
+    table.on_dispatched("s1", "r2", rebind=False)  # a cap spill: binding and count stay on r1
+    assert dict(table.num_active()) == {"r1": 1}
+    table.on_dispatched("s1", "r2", rebind=True)  # overloaded: the session moves
+    assert dict(table.num_active()) == {"r2": 1}
+    table.on_dispatched("s2", "r3", rebind=False)
+    table.remove_replica("r3")
+    assert dict(table.num_active()) == {"r2": 1}
+    for _ in range(3):
+        table.on_finished("s1")
+    clock.now_s += 11.0  # past the TTL (shorter than active_s here): unbound, so not active
+    assert dict(table.num_active()) == {}
+    assert len(table) == 0
