@@ -80,6 +80,8 @@ LIGHT_CHAT = replace(
     num_shared_requests=0,
 )
 LIGHT_CLUSTER = replace(CLUSTER, num_replicas=2, kv_blocks_per_replica=384, block_size=32)
+KV_PRESSURE = replace(BASE, seed=14, num_sessions=240, num_turns=6, session_context_tokens=(1024, 2048), num_groups=24)
+KV_PRESSURE_CLUSTER = replace(CLUSTER, kv_blocks_per_replica=512)
 
 # family -> (workload, cluster); "tuning" is the family the defaults were chosen on
 FAMILIES: dict[str, tuple[WorkloadConfig, ClusterConfig]] = {
@@ -98,14 +100,8 @@ FAMILIES: dict[str, tuple[WorkloadConfig, ClusterConfig]] = {
         replace(BASE, seed=13, num_sessions=60, num_groups=200, group_zipf_alpha=1.1, num_shared_requests=3600),
         CLUSTER,
     ),
-    "kv_pressure": (
-        replace(BASE, seed=14, num_sessions=240, num_turns=6, session_context_tokens=(1024, 2048), num_groups=24),
-        replace(CLUSTER, kv_blocks_per_replica=512),
-    ),
-    "kv_pressure_seed20": (
-        replace(BASE, seed=20, num_sessions=240, num_turns=6, session_context_tokens=(1024, 2048), num_groups=24),
-        replace(CLUSTER, kv_blocks_per_replica=512),
-    ),
+    "kv_pressure": (KV_PRESSURE, KV_PRESSURE_CLUSTER),
+    "kv_pressure_seed20": (replace(KV_PRESSURE, seed=20), KV_PRESSURE_CLUSTER),
     **{f"light_chat_seed{seed}": (replace(LIGHT_CHAT, seed=seed), LIGHT_CLUSTER) for seed in (10, 11, 12, 13)},
     "small_cluster": (
         replace(BASE, seed=15, num_sessions=120, num_shared_requests=1500),

@@ -283,7 +283,7 @@ class RouterCore:
         pool_set = self._pool_sets[pool_key] if allowed is None else self._pool_sets[pool_key] & allowed
         matched = self._index.match(hashes, pool_set)
         bound = self._sessions.bound_replica(session_key) if session_key else None
-        new_session = session_key is not None and bound is None
+        new_session = bool(session_key) and bound is None
         if bound is not None and bound not in pool_set:
             bound = None
         if session_key:

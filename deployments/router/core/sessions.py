@@ -12,9 +12,9 @@ only when one of that session's requests actually spills (the session then follo
 context). Bindings idle longer than ``ttl_s`` expire; a session with requests in flight is never
 idle.
 
-The table also counts the live bindings of each replica (``num_bound``): a bound session is load
-that will come back (its next turn goes where it is bound), so the policy counts it when it
-places a new session.
+The table also counts, per replica, the sessions bound there and used within ``active_s``
+(``num_active``): such a session is load that will come back (its next turn goes where it is
+bound), so the policy counts it when it places a new session.
 """
 
 from __future__ import annotations
@@ -54,9 +54,10 @@ class SessionTable:
         self._config = config
         self._clock = clock
         self._bindings: OrderedDict[str, _Binding] = OrderedDict()
-        # Sessions used within ``active_s`` (a suffix of the last-use order), and their count per
-        # replica. Invariant: ``_num_active`` sums to ``len(_active)``; keys absent at 0.
-        self._active: OrderedDict[str, tuple[str, float]] = OrderedDict()  # key -> (replica, last use)
+        # Bound sessions used within ``active_s``, oldest use first -> their last use. Kept apart
+        # from ``_bindings``' order because expiry refreshes an in-flight binding without a use.
+        # Invariants: every key is bound; ``_num_active`` counts them per bound replica (absent at 0).
+        self._active: OrderedDict[str, float] = OrderedDict()
         self._num_active: dict[str, int] = {}
 
     def __len__(self) -> int:
@@ -94,7 +95,7 @@ class SessionTable:
         binding.num_in_flight += 1
         binding.last_used_s = now_s
         self._bindings.move_to_end(key)
-        self._touch(key, binding.replica_id, binding.last_used_s)
+        self._touch(key, binding)
 
     def on_finished(self, key: str) -> None:
         binding = self._bindings.get(key)
@@ -103,27 +104,27 @@ class SessionTable:
         binding.num_in_flight = max(0, binding.num_in_flight - 1)
         binding.last_used_s = self._clock()
         self._bindings.move_to_end(key)
-        self._touch(key, binding.replica_id, binding.last_used_s)
+        self._touch(key, binding)
 
     def remove_replica(self, replica_id: str) -> int:
         """Unbind the sessions of a gone replica (only those); returns how many."""
         gone = [key for key, binding in self._bindings.items() if binding.replica_id == replica_id]
         for key in gone:
-            del self._bindings[key]
             self._deactivate(key)
+            del self._bindings[key]
         return len(gone)
 
-    def _touch(self, key: str, replica_id: str, now_s: float) -> None:
-        """``key`` (bound to ``replica_id``) was used at ``now_s``: it is (still) active."""
+    def _touch(self, key: str, binding: _Binding) -> None:
+        """``key`` was just used (at ``binding.last_used_s``): it is (still) active."""
         if key not in self._active:
-            self._num_active[replica_id] = self._num_active.get(replica_id, 0) + 1
-        self._active[key] = (replica_id, now_s)
+            self._num_active[binding.replica_id] = self._num_active.get(binding.replica_id, 0) + 1
+        self._active[key] = binding.last_used_s
         self._active.move_to_end(key)
 
     def _deactivate(self, key: str) -> None:
-        entry = self._active.pop(key, None)
-        if entry is not None:
-            replica_id = entry[0]
+        """Stop counting ``key`` as active (no-op if it is not); it must still be bound."""
+        if self._active.pop(key, None) is not None:
+            replica_id = self._bindings[key].replica_id
             n = self._num_active[replica_id] - 1
             if n:
                 self._num_active[replica_id] = n
@@ -132,10 +133,10 @@ class SessionTable:
 
     def _expire(self) -> None:
         now_s = self._clock()
-        active = self._active  # in order of last use: every use moves its key to the end
+        active = self._active
         oldest_active_s = now_s - self._config.active_s
         while active:
-            key, (_, used_s) = next(iter(active.items()))
+            key, used_s = next(iter(active.items()))
             if used_s >= oldest_active_s:
                 break
             self._deactivate(key)
@@ -150,5 +151,5 @@ class SessionTable:
                 binding.last_used_s = self._clock()
                 bindings.move_to_end(key)
                 continue
-            del bindings[key]
             self._deactivate(key)
+            del bindings[key]
