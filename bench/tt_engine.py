@@ -9,6 +9,13 @@ Prints ONE JSON object:
   (schedule, tensors, dispatch, apply results, hand tokens to asyncio), from the async run;
   ``consumer_ms_per_step``: CPU time of the asyncio side per step (detokenize, stops, deltas for
   128 streams, plus the benchmark's own consumer loop).
+- ``host_ms_per_step_warm``: CPU time per 128-row decode step of the engine core alone, stepped
+  back to back on one thread (the same engine and requests, a device done at once, no consumer
+  thread, no wait): the engine's own host work per step.
+- ``host_ms_per_step_idle``: the same solo steps with the thread idle for one device step (10 ms)
+  before each, as the step loop is while the mesh computes: the same work, run by a thread that
+  just woke up. On this shared VM it costs several times the warm figure (the caches are
+  refilled after the core idled), and ``host_ms_per_step`` pays that every step.
 - ``host_ms_per_step_process`` / ``overlap_efficiency_process``: the same 128-row decode with the
   step loop in its engine-core process (``additional_config.tt.engine_core_process``, how
   ``configs/tt_cpu.yaml`` serves it): no consumer thread shares its GIL; its host time includes
@@ -55,7 +62,8 @@ from accel.contract import GenerateRequest, SamplingParams  # noqa: E402
 from accel.envs import ENVS  # noqa: E402
 from accel.models.tiny import ensure_checkpoints  # noqa: E402
 from accel.tt.config import TTEngineConfig  # noqa: E402
-from accel.tt.engine import TTMeshEngine  # noqa: E402
+from accel.tt.engine import TTMeshEngine, build_engine_parts  # noqa: E402
+from accel.tt.request_state import RequestState  # noqa: E402
 from accel.tt.scripted_model import ScriptedMeshModel  # noqa: E402
 from accel.tt.torch_model.device_queue import DeviceTime  # noqa: E402
 
@@ -69,6 +77,12 @@ class FixedTimeMeshModel(ScriptedMeshModel):
 
     decode_time_s = DECODE_TIME_S
     computes_decode = False
+
+
+class ZeroTimeMeshModel(FixedTimeMeshModel):
+    """The same virtual device, done as soon as a step is submitted (nothing to wait for)."""
+
+    decode_time_s = 0.0
 
 
 def _prompts(n: int, length: int, seed: int) -> list[tuple[int, ...]]:
@@ -97,12 +111,8 @@ async def _run_timed(engine, requests, on_delta=None) -> tuple[list[float], list
     return first, last, arrivals
 
 
-def fixed_time_decode(ckpt: Path, async_scheduling: bool, max_tokens: int, repeats: int, process: bool = False) -> dict:
-    """Median over ``repeats`` rounds of a full 128-row decode (same engine, fresh requests).
-    ``process``: the step loop in an engine-core process of its own (``TTMeshEngineProcess``, as
-    ``configs/tt_cpu.yaml`` serves it), so it shares no GIL with this process's consumer; its
-    host time then includes pickling each step's outputs to this process."""
-    config = TTEngineConfig.from_engine_args(
+def _fixed_config(ckpt: Path, async_scheduling: bool) -> TTEngineConfig:
+    return TTEngineConfig.from_engine_args(
         dict(
             model=str(ckpt),
             max_num_seqs=PER_LANE,
@@ -114,6 +124,14 @@ def fixed_time_decode(ckpt: Path, async_scheduling: bool, max_tokens: int, repea
             additional_config={"tt": {"sample_on_device_mode": "all", "enable_model_warmup": False}},
         )
     )
+
+
+def fixed_time_decode(ckpt: Path, async_scheduling: bool, max_tokens: int, repeats: int, process: bool = False) -> dict:
+    """Median over ``repeats`` rounds of a full 128-row decode (same engine, fresh requests).
+    ``process``: the step loop in an engine-core process of its own (``TTMeshEngineProcess``, as
+    ``configs/tt_cpu.yaml`` serves it), so it shares no GIL with this process's consumer; its
+    host time then includes pickling each step's outputs to this process."""
+    config = _fixed_config(ckpt, async_scheduling)
     if process:
         from accel.tt.engine_process import TTMeshEngineProcess
 
@@ -161,6 +179,39 @@ def _decode_round(engine: Any, round_id: int, max_tokens: int) -> dict:
         "host_ms_per_step": 1000 * (h1 - h0) / steps,
         "consumer_ms_per_step": 1000 * (c1 - c0) / steps,
     }
+
+
+def solo_decode_step(ckpt: Path, steps: int, repeats: int, idle_s: float = 0.0) -> float:
+    """CPU ms per 128-row steady decode step of the engine core alone: the same engine config and
+    requests as ``fixed_time_decode``, the core stepped on this thread with a device that is done
+    at once, so no thread shares the GIL. ``idle_s`` 0: steps back to back
+    (``host_ms_per_step_warm``); else this thread sleeps ``idle_s`` between steps, outside the
+    timed step, as the step loop waits for the mesh (``host_ms_per_step_idle``). Median over
+    ``repeats`` rounds of ``steps`` steps each."""
+    parts = build_engine_parts(_fixed_config(ckpt, async_scheduling=True), model_class=ZeroTimeMeshModel)
+    core, per_round = parts.core, []
+    try:
+        for round_id in range(repeats):
+            for i, prompt in enumerate(_prompts(LANES * PER_LANE, 16, seed=round_id)):
+                params = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
+                core.add_request(RequestState.new(GenerateRequest(f"w{round_id}-{i}", prompt, params)))
+            first_decode = core.num_decode_steps
+            while core.num_decode_steps < first_decode + 2:  # every row admitted and decoding
+                core.step()
+            num_rows, cpu_s = 0, 0.0
+            for _ in range(steps):
+                if idle_s:
+                    time.sleep(idle_s)
+                started_cpu_s = time.thread_time()
+                num_rows += len(core.step())
+                cpu_s += time.thread_time() - started_cpu_s
+            assert num_rows == steps * LANES * PER_LANE, "the window must be steady 128-row decode"
+            per_round.append(1000 * cpu_s / steps)
+            while core.has_work():
+                core.step()
+    finally:
+        parts.close()
+    return statistics.median(per_round)
 
 
 def _throughput_requests(tag: str, n: int, prompt_len: int, max_tokens: int, seed: int) -> list[GenerateRequest]:
@@ -323,6 +374,8 @@ def main() -> None:
     ckpt = ENVS.checkpoint_dir / "tiny-llama"
     overlap = fixed_time_decode(ckpt, async_scheduling=True, max_tokens=args.decode_steps, repeats=args.repeats)
     sync = fixed_time_decode(ckpt, async_scheduling=False, max_tokens=args.decode_steps, repeats=args.repeats)
+    warm_ms = solo_decode_step(ckpt, steps=args.decode_steps, repeats=args.repeats)
+    idle_ms = solo_decode_step(ckpt, steps=args.decode_steps, repeats=args.repeats, idle_s=DECODE_TIME_S)
     in_core = (
         None
         if args.skip_process
@@ -335,6 +388,8 @@ def main() -> None:
         "sync_efficiency": round(sync["efficiency"], 4),
         "host_ms_per_step": round(overlap["host_ms_per_step"], 3),
         "host_ms_per_step_sync": round(sync["host_ms_per_step"], 3),
+        "host_ms_per_step_warm": round(warm_ms, 3),
+        "host_ms_per_step_idle": round(idle_ms, 3),
         "host_ms_per_step_process": None if in_core is None else round(in_core["host_ms_per_step"], 3),
         "overlap_efficiency_process": None if in_core is None else round(in_core["efficiency"], 4),
         "consumer_ms_per_step": round(overlap["consumer_ms_per_step"], 3),

@@ -7,6 +7,10 @@ dispatch per non-empty plan (``num_dispatches`` counts them).
 
 Sampling happens inside the program when ``SamplingPolicy`` allows the whole batch, else the
 program returns logits and ``host_sampler`` samples the rows that emit a token.
+
+The step thread stages its inputs in numpy and hands the model torch views of them: a small
+torch op on this thread gives up the GIL and can wait a whole switch interval to get it back
+(``host_arrays``). A steady decode step releases it only to wait for the mesh.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, cast
 
+import numpy as np
 import torch
 
 from accel.contract import SamplingParams, TokenLogprob
 from accel.structured.constraint import LogitsConstraint
 from accel.tt.config import TTEngineConfig
+from accel.tt.host_arrays import host_array
 from accel.tt.host_sampler import sample_on_host
 from accel.tt.mesh_model import MeshModel, TTSamplingParams
 from accel.tt.model_output import HostOutput, finalize_decode, unpack_output
@@ -101,8 +107,9 @@ class PreparedStep:
     plan: StepPlan
     use_device: bool
     decode_kwargs: dict[str, Any] | None = None  # decode: every decode_forward kwarg but tokens
-    tokens: Any = None  # decode: int64 [B_wire, 1]
-    pending_rows: Any = None  # decode: int64 [k] rows fed by the previous step
+    tokens: Any = None  # decode: torch int64 [B_wire, 1], a view of ``tokens_host``
+    tokens_host: Any = None  # decode: numpy int64 [B_wire, 1], where fed tokens are written
+    pending_rows: Any = None  # decode: numpy int64 [k], rows fed by the previous step
 
 
 @lru_cache(maxsize=4096)
@@ -153,8 +160,9 @@ class MeshRunner:
         self._generator.manual_seed(config.seed)
         capacity = config.max_num_seqs_global
         width = config.max_num_blocks_per_req
-        # Persistent host page table for decode: rows change only when a request gains a block.
-        self._page_table = torch.zeros(capacity, width, dtype=torch.int32)
+        # Persistent host page table for decode (numpy: see the module docstring): rows change
+        # only when a request gains a block; each step hands the model a copy.
+        self._page_table = np.zeros((capacity, width), dtype=np.int32)
         self._row_blocks: list[tuple[int, ...]] = [()] * capacity
         self._last_decode_layout: tuple[tuple[int, str], ...] | None = None
         self._last_sampling: TTSamplingParams | None = None  # for that layout (params are per request)
@@ -221,19 +229,21 @@ class MeshRunner:
         self._last_decode_layout = layout
         kwargs: dict[str, Any] = {
             "start_pos": torch.tensor(positions, dtype=torch.int32),
-            "page_table": self._page_table.clone(),
+            "page_table": torch.from_numpy(self._page_table.copy()),
         }
         if use_device:
             if reset_batch or self._last_sampling is None:
                 self._last_sampling = self._sampling_params(rows, capacity, by_slot=True)
             kwargs["sampling_params"] = self._last_sampling
             kwargs["reset_batch"] = reset_batch
+        tokens_host = np.array(tokens, dtype=np.int64).reshape(capacity, 1)
         return PreparedStep(
             plan,
             use_device,
             kwargs,
-            torch.tensor(tokens, dtype=torch.int64).view(capacity, 1),
-            torch.tensor(pending_rows, dtype=torch.int64) if pending_rows else None,
+            torch.from_numpy(tokens_host),
+            tokens_host,
+            np.array(pending_rows, dtype=np.int64) if pending_rows else None,
         )
 
     def launch(
@@ -259,10 +269,10 @@ class MeshRunner:
         idx = prepared.pending_rows
         source = prev.slot_tokens() if prev is not None else None
         if source is not None:
-            prepared.tokens[idx, 0] = torch.as_tensor(source)[idx]
+            prepared.tokens_host[idx, 0] = host_array(source)[idx]
             return
         fed = _fed_tokens(prev, fed_tokens)
-        prepared.tokens[idx, 0] = torch.tensor([fed[row] for row in idx.tolist()], dtype=torch.int64)
+        prepared.tokens_host[idx, 0] = [fed[row] for row in idx.tolist()]
 
     def _launch_decode(self, prepared: PreparedStep, rows: Sequence[RowPlan]) -> PendingStep:
         use_device = prepared.use_device
@@ -290,11 +300,12 @@ class MeshRunner:
     def _run_prefill(self, plan: StepPlan, rows: Sequence[RowPlan], use_device: bool) -> PendingStep:
         n = len(rows)
         max_end = max(r.end_pos for r in rows)
-        tokens = torch.zeros(n, max_end, dtype=torch.int64)
-        page_table = torch.zeros(n, self.config.max_num_blocks_per_req, dtype=torch.int32)
+        tokens_host = np.zeros((n, max_end), dtype=np.int64)
+        table_host = np.zeros((n, self.config.max_num_blocks_per_req), dtype=np.int32)
         for i, r in enumerate(rows):
-            tokens[i, : r.end_pos] = torch.tensor(r.input_token_ids, dtype=torch.int64)
-            page_table[i, : len(r.block_ids)] = torch.tensor(r.block_ids, dtype=torch.int32)
+            tokens_host[i, : r.end_pos] = r.input_token_ids
+            table_host[i, : len(r.block_ids)] = r.block_ids
+        tokens, page_table = torch.from_numpy(tokens_host), torch.from_numpy(table_host)
         kwargs: dict[str, Any] = {}
         wants_logprobs = False
         if use_device:
@@ -355,14 +366,15 @@ class MeshRunner:
 
     def _update_page_table(self, rows: Sequence[RowPlan]) -> None:
         scheduled = {r.row for r in rows}
+        table = self._page_table
         for row, blocks in enumerate(self._row_blocks):
             if blocks and row not in scheduled:
-                self._page_table[row].zero_()
+                table[row] = 0
                 self._row_blocks[row] = ()
         for r in rows:
             if self._row_blocks[r.row] != r.block_ids:
-                self._page_table[r.row].zero_()
-                self._page_table[r.row, : len(r.block_ids)] = torch.tensor(r.block_ids, dtype=torch.int32)
+                table[r.row] = 0
+                table[r.row, : len(r.block_ids)] = r.block_ids
                 self._row_blocks[r.row] = r.block_ids
 
 

@@ -24,8 +24,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
+from accel.tt.host_arrays import host_copy
 from accel.tt.mesh_model import (
     SUPPORTS_ASYNC_DECODE,
     SUPPORTS_CHUNKED_PREFILL,
@@ -102,6 +104,7 @@ class ScriptedMeshModel:
         self.warmup_calls: list[tuple[str, bool]] = []
         self.device = torch.device("cpu")
         self._device_free_at = 0.0  # virtual device clock (computes_decode=False)
+        self._fixed_tokens = torch.full((max_batch_size,), _FIRST_TOKEN)  # its sampled output
         self._device = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scripted-mesh")
 
     @classmethod
@@ -179,9 +182,10 @@ class ScriptedMeshModel:
         **kwargs: Any,
     ) -> Any:
         assert kv_cache is self.kv
-        tokens = torch.as_tensor(tokens).clone()
-        start_pos = torch.as_tensor(start_pos).clone()
-        page_table = torch.as_tensor(page_table).clone()
+        # Snapshots in numpy, as TorchMeshModel takes them (``accel.tt.host_arrays``).
+        tokens = host_copy(tokens, np.int64)
+        start_pos = host_copy(start_pos, np.int64)
+        page_table = host_copy(page_table, np.int64)
         b = self.max_batch_size
         assert tokens.shape == (b, 1) and start_pos.shape == (b,) and page_table.shape[0] == b, (
             "decode must carry every slot"
@@ -192,7 +196,7 @@ class ScriptedMeshModel:
             ready_at = max(time.perf_counter(), self._device_free_at) + self.decode_time_s
             self._device_free_at = ready_at
             out = (
-                torch.full((b,), _FIRST_TOKEN)
+                self._fixed_tokens  # (read-only downstream; built once: torch.full gives up the GIL)
                 if sampling_params is not None
                 else self._logits(torch.full((b,), _FIRST_TOKEN))[:, None, :]
             )
@@ -202,7 +206,7 @@ class ScriptedMeshModel:
         def program() -> Any:
             started = time.perf_counter()
             hashes = []
-            positions, token_list = start_pos.tolist(), tokens[:, 0].tolist()
+            positions, token_list = start_pos.tolist(), tokens[:, 0].tolist()  # numpy snapshots
             table = page_table.tolist()
             for row in range(b):
                 pos = positions[row]

@@ -20,8 +20,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
+from accel.tt.host_arrays import host_array, host_copy
 from accel.tt.mesh_model import (
     MAX_DEVICE_TOP_K,
     SUPPORTS_ASYNC_DECODE,
@@ -224,7 +226,7 @@ class TorchMeshModel:
         last_index = ends - starts - 1
         page_table = torch.as_tensor(page_table, dtype=torch.int64)
         num_ctx_blocks = self._num_ctx_blocks(int(ends.max()), store, page_table.shape[1])
-        check_block_ids(page_table, ends, store)
+        check_block_ids(host_array(page_table), host_array(ends), store)
         prep = (
             prepare_sampling(sampling_params, ends.tolist(), self.config.vocab_size, self.device)
             if sampling_params is not None
@@ -271,34 +273,37 @@ class TorchMeshModel:
         tokens ``[B_wire]`` / ``(tokens, logprobs)`` with ``sampling_params``; False: a
         ``PendingDecode`` device handle (the forward runs on the device queue)."""
         store = self._store_for(kv_cache)
-        # Copies: the engine may reuse its host buffers for step N+1 while step N runs.
-        tokens = torch.as_tensor(tokens, dtype=torch.int64).reshape(-1, 1).clone()
-        start_pos = torch.as_tensor(start_pos, dtype=torch.int64).reshape(-1).clone()
-        page_table = torch.as_tensor(page_table, dtype=torch.int64).clone()
-        if tokens.shape[0] != self.max_batch_size or start_pos.shape[0] != self.max_batch_size:
+        # Host snapshots (the engine may reuse its buffers for step N+1 while step N runs), in
+        # numpy: this runs on the engine's step thread, where torch ops would give up the GIL
+        # (``accel.tt.host_arrays``). Every torch op of the step runs in the program.
+        tokens_host = host_copy(tokens, np.int64).reshape(-1, 1)
+        start_host = host_copy(start_pos, np.int64).reshape(-1)
+        table_host = host_copy(page_table, np.int64)
+        if tokens_host.shape[0] != self.max_batch_size or start_host.shape[0] != self.max_batch_size:
             raise ValueError(
                 f"decode runs the full slot batch: expected {self.max_batch_size} rows, "
-                f"got tokens {tuple(tokens.shape)} start_pos {tuple(start_pos.shape)}"
+                f"got tokens {tuple(tokens_host.shape)} start_pos {tuple(start_host.shape)}"
             )
-        if int(start_pos.max()) >= self.max_seq_len:
-            raise ValueError(f"decode position {int(start_pos.max())} >= max_seq_len {self.max_seq_len}")
+        max_end = int(start_host.max()) + 1
+        if max_end > self.max_seq_len:
+            raise ValueError(f"decode position {max_end - 1} >= max_seq_len {self.max_seq_len}")
         slot_remap = kwargs.get("slot_remap")
         if slot_remap is not None and list(slot_remap) != list(range(len(slot_remap))):
             raise NotImplementedError("TorchMeshModel keeps device state per slot; slot_remap must be the identity")
-        is_written = (start_pos >= 0)[:, None]
-        positions = start_pos.clamp_min(0)[:, None]
-        lanes = torch.arange(self.max_batch_size) // self.per_lane
-        max_end = int(start_pos.max()) + 1
-        num_ctx_blocks = self._num_ctx_blocks(max_end, store, page_table.shape[1])
+        num_ctx_blocks = self._num_ctx_blocks(max_end, store, table_host.shape[1])
         num_ctx_tokens = round_up(max_end, CTX_TOKEN_ALIGN)
-        check_block_ids(page_table, start_pos + 1, store)
+        check_block_ids(table_host, start_host + 1, store)
         prep = (
-            self._decode_sampling.prepare(sampling_params, (start_pos + 1).tolist())
+            self._decode_sampling.prepare(sampling_params, (start_host + 1).tolist())
             if sampling_params is not None
             else None
         )
 
         def program() -> Any:
+            tokens, start, page_table = (torch.from_numpy(a) for a in (tokens_host, start_host, table_host))
+            is_written = (start >= 0)[:, None]
+            positions = start.clamp_min(0)[:, None]
+            lanes = torch.arange(self.max_batch_size) // self.per_lane
             logits = decoder_forward(
                 self.config,
                 self.weights,

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -203,14 +204,16 @@ def _gather(storage: torch.Tensor, blocks: torch.Tensor, n: int) -> torch.Tensor
     return pages.view(n, -1, num_kv, head_dim).transpose(1, 2)
 
 
-def check_block_ids(page_table: torch.Tensor, ends: torch.Tensor, store: PagedKVStore) -> None:
+def check_block_ids(page_table: np.ndarray, ends: np.ndarray, store: PagedKVStore) -> None:
     """Every block a row reads or writes (its first ``ceil(end / block_size)``) must be a lane-local
-    id; anything else would address another lane's memory. Rows with ``end <= 0`` read nothing."""
+    id; anything else would address another lane's memory. Rows with ``end <= 0`` read nothing.
+    Host arrays (``page_table`` ``[rows, width]``, ``ends`` ``[rows]``): it runs on the caller's
+    thread, where torch ops would give up the GIL (``accel.tt.host_arrays``)."""
     num_used = (ends + store.block_size - 1) // store.block_size  # [rows]
-    used = torch.arange(page_table.shape[1])[None, :] < num_used[:, None]
+    used = np.arange(page_table.shape[1])[None, :] < num_used[:, None]
     bad = used & ((page_table < 0) | (page_table >= store.num_blocks))
-    if bool(bad.any()):
-        row = int(bad.any(dim=1).nonzero()[0])
+    if bad.any():
+        row = int(np.flatnonzero(bad.any(axis=1))[0])
         raise ValueError(
             f"page table row {row} holds block ids outside [0, {store.num_blocks}): "
             f"{page_table[row, : int(num_used[row])].tolist()}"

@@ -90,6 +90,17 @@ def test_decode_carries_every_slot_with_empty_rows_at_minus_one():
     assert model.calls[-1][1]["page_table"][1].abs().sum() == 0
 
 
+def test_each_decode_gets_its_own_page_table_and_tokens():
+    """The host table persists across steps; the model must get a snapshot of it (a device
+    reads the inputs of step N while the host builds step N+1)."""
+    runner, model = make_runner()
+    runner.submit(StepPlan(1, StepMode.DECODE, 3, 2, (row("a", 0, 1, 3, 4, (10,), (7,)),))).finalize()
+    first = model.calls[-1][1]
+    runner.submit(StepPlan(2, StepMode.DECODE, 3, 2, (row("a", 0, 1, 4, 5, (11,), (7, 9)),))).finalize()
+    assert first["page_table"][1, :2].tolist() == [7, 0] and first["tokens"][1, 0] == 10
+    assert model.calls[-1][1]["page_table"][1, :2].tolist() == [7, 9] and model.calls[-1][1]["tokens"][1, 0] == 11
+
+
 def test_pending_tokens_are_fed_from_the_previous_step():
     runner, model = make_runner()
     plan = StepPlan(1, StepMode.DECODE, 3, 2, (row("a", 0, 0, 5, 6, (PENDING_TOKEN,), (1, 2)),))
