@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from accel.tt.host_arrays import host_array, host_copy
+from accel.tt.host_arrays import host_copy
 from accel.tt.mesh_model import (
     MAX_DEVICE_TOP_K,
     SUPPORTS_ASYNC_DECODE,
@@ -203,37 +203,43 @@ class TorchMeshModel:
         ``[n, 1, vocab]`` of each chunk's last token, or (``sampling_params``) tokens ``[n]`` /
         ``(tokens, logprobs)`` when a row enabled log probs."""
         store = self._store_for(kv_cache)
-        tokens = torch.as_tensor(tokens, dtype=torch.int64)
-        n = tokens.shape[0]
-        ends = torch.as_tensor(list(prompt_lens), dtype=torch.int64)
-        starts = torch.as_tensor([0] * n if start_pos is None else list(start_pos), dtype=torch.int64)
+        # Validation and snapshots in numpy on the caller's (the engine's step) thread, every torch
+        # op in the program (``accel.tt.host_arrays``; as ``decode_forward``).
+        tokens_host = host_copy(tokens, np.int64)
+        n = tokens_host.shape[0]
+        ends_host = np.array(list(prompt_lens), dtype=np.int64)
+        starts_host = np.array([0] * n if start_pos is None else list(start_pos), dtype=np.int64)
         slots = list(range(n)) if empty_slots is None else [int(s) for s in empty_slots]
         if empty_slots is None and self.num_lanes > 1:
             raise ValueError("prefill_forward needs empty_slots (the global slot of each row) with lanes > 1")
-        if int(ends.max()) > self.max_seq_len or bool((starts >= ends).any()) or int(ends.max()) > tokens.shape[1]:
+        max_end = int(ends_host.max())
+        if max_end > self.max_seq_len or bool((starts_host >= ends_host).any()) or max_end > tokens_host.shape[1]:
             raise ValueError(
-                f"bad prefill chunk: start_pos={starts.tolist()} prompt_lens={ends.tolist()} "
-                f"tokens width {tokens.shape[1]} max_seq_len {self.max_seq_len}"
+                f"bad prefill chunk: start_pos={starts_host.tolist()} prompt_lens={ends_host.tolist()} "
+                f"tokens width {tokens_host.shape[1]} max_seq_len {self.max_seq_len}"
             )
         if any(not 0 <= s < self.max_batch_size for s in slots):
             raise ValueError(f"empty_slots {slots} outside the {self.max_batch_size} global slots")
-        length = prefill_bucket(int((ends - starts).max()))
-        offsets = torch.arange(length)[None, :]
-        is_written = offsets < (ends - starts)[:, None]
-        positions = torch.minimum(starts[:, None] + offsets, (ends - 1)[:, None])  # padding clamped
-        step_tokens = tokens.gather(1, positions)
-        lanes = torch.as_tensor([s // self.per_lane for s in slots], dtype=torch.int64)
-        last_index = ends - starts - 1
-        page_table = torch.as_tensor(page_table, dtype=torch.int64)
-        num_ctx_blocks = self._num_ctx_blocks(int(ends.max()), store, page_table.shape[1])
-        check_block_ids(host_array(page_table), host_array(ends), store)
+        length = prefill_bucket(int((ends_host - starts_host).max()))
+        table_host = host_copy(page_table, np.int64)
+        num_ctx_blocks = self._num_ctx_blocks(max_end, store, table_host.shape[1])
+        check_block_ids(table_host, ends_host, store)
         prep = (
-            prepare_sampling(sampling_params, ends.tolist(), self.config.vocab_size, self.device)
+            prepare_sampling(sampling_params, ends_host.tolist(), self.config.vocab_size, self.device)
             if sampling_params is not None
             else None
         )
+        lanes_host = np.array([s // self.per_lane for s in slots], dtype=np.int64)
 
         def program() -> Any:
+            tokens, ends, starts, lanes, page_table = (
+                torch.from_numpy(a) for a in (tokens_host, ends_host, starts_host, lanes_host, table_host)
+            )
+            offsets = torch.arange(length)[None, :]
+            is_written = offsets < (ends - starts)[:, None]
+            positions = torch.minimum(starts[:, None] + offsets, (ends - 1)[:, None])  # padding clamped
+            step_tokens = tokens.gather(1, positions)
+            last_index = ends - starts - 1
             logits = decoder_forward(
                 self.config,
                 self.weights,
@@ -247,7 +253,7 @@ class TorchMeshModel:
                 page_table,
                 num_ctx_blocks,
                 last_index,
-                round_up(int(ends.max()), CTX_TOKEN_ALIGN),
+                round_up(max_end, CTX_TOKEN_ALIGN),
             )
             if prep is None:
                 return logits[:, None, :].float().cpu()
