@@ -321,3 +321,10 @@ def test_block_ids_and_slots_are_validated(model, kv):
     model.decode_forward(torch.zeros(B_WIRE, 1, dtype=torch.int64), start_pos, table, kv)
     with pytest.raises(ValueError, match="empty_slots"):
         model.prefill_forward(torch.zeros(1, 4, dtype=torch.int64), table[:1], kv, [4], [0], [B_WIRE])
+    bad_row = table[2:3].clone()  # a prefill chunk reaching that block is refused the same way
+    with pytest.raises(ValueError, match="row 0 holds block ids outside"):
+        model.prefill_forward(
+            torch.zeros(1, BLOCK_SIZE + 1, dtype=torch.int64), bad_row, kv, [BLOCK_SIZE + 1], [0], [2]
+        )
+    with pytest.raises(ValueError, match="bad prefill chunk"):
+        model.prefill_forward(torch.zeros(1, 4, dtype=torch.int64), table[:1], kv, [4], [4], [0])
