@@ -18,39 +18,24 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
 
-from accel.contract import SamplingParams, TokenLogprob
+from accel.contract import TokenLogprob
 from accel.structured.constraint import LogitsConstraint
 from accel.tt.config import TTEngineConfig
+from accel.tt.device_sampling_args import device_sampling_params
 from accel.tt.host_arrays import host_array
 from accel.tt.host_sampler import sample_on_host
 from accel.tt.mesh_model import MeshModel, TTSamplingParams
 from accel.tt.model_output import HostOutput, finalize_decode, unpack_output
 from accel.tt.sampling_policy import SamplingPolicy
-from accel.tt.sampling_rules import normalize_top_k
 from accel.tt.step_plan import PENDING_TOKEN, RowPlan, StepMode, StepPlan
 
 NO_TOKEN = -1  # a row that samples nothing this step (intermediate prefill chunk)
 NON_GREEDY_KEYWORD = "non_greedy_decoding_on_device"  # required by some tt-metal warmup revisions
-_SAMPLING_FIELDS = (
-    "temperature",
-    "top_k",
-    "top_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "seed",
-    "num_logprobs",
-    "enable_log_probs",
-)
-# One row of device sampling arguments, in ``_SAMPLING_FIELDS`` order.
-SamplingRow = tuple[float, int, float, float, float, float, int | None, int, bool]
-_PAD_ROW = cast(SamplingRow, tuple(TTSamplingParams.PAD_DEFAULTS[f] for f in _SAMPLING_FIELDS))
 
 
 @dataclass(frozen=True)
@@ -107,33 +92,8 @@ class PreparedStep:
     plan: StepPlan
     use_device: bool
     decode_kwargs: dict[str, Any] | None = None  # decode: every decode_forward kwarg but tokens
-    tokens: Any = None  # decode: torch int64 [B_wire, 1], a view of ``tokens_host``
-    tokens_host: Any = None  # decode: numpy int64 [B_wire, 1], where fed tokens are written
+    tokens: Any = None  # decode: numpy int64 [B_wire, 1] (fed tokens are written in place)
     pending_rows: Any = None  # decode: numpy int64 [k], rows fed by the previous step
-
-
-@lru_cache(maxsize=4096)
-def device_sampling_row(sp: SamplingParams, vocab_size: int) -> SamplingRow:
-    """§6 normalization of one request's device sampling arguments (``_SAMPLING_FIELDS`` order):
-    an unseeded request's seed is None (tt-metal reads any int as an explicit seed);
-    ``enable_log_probs`` is ``num_logprobs >= 0`` as the plugin sets it."""
-    top_k = normalize_top_k(sp.top_k, vocab_size)
-    if sp.is_greedy:
-        temperature, top_k, top_p = 0.0, 1, 0.0
-    else:
-        temperature, top_p = float(sp.temperature), (0.0 if top_k == 1 else float(sp.top_p))
-    num_logprobs = -2 if sp.logprobs is None else sp.logprobs
-    return (
-        temperature,
-        top_k,
-        top_p,
-        float(sp.presence_penalty),
-        float(sp.frequency_penalty),
-        float(sp.repetition_penalty),
-        sp.seed,
-        num_logprobs,
-        num_logprobs >= 0,
-    )
 
 
 class MeshRunner:
@@ -233,7 +193,7 @@ class MeshRunner:
         }
         if use_device:
             if reset_batch or self._last_sampling is None:
-                self._last_sampling = self._sampling_params(rows, capacity, by_slot=True)
+                self._last_sampling = device_sampling_params(rows, capacity, self.vocab_size, by_slot=True)
             kwargs["sampling_params"] = self._last_sampling
             kwargs["reset_batch"] = reset_batch
         tokens_host = np.array(tokens, dtype=np.int64).reshape(capacity, 1)
@@ -241,7 +201,6 @@ class MeshRunner:
             plan,
             use_device,
             kwargs,
-            torch.from_numpy(tokens_host),
             tokens_host,
             np.array(pending_rows, dtype=np.int64) if pending_rows else None,
         )
@@ -269,16 +228,16 @@ class MeshRunner:
         idx = prepared.pending_rows
         source = prev.slot_tokens() if prev is not None else None
         if source is not None:
-            prepared.tokens_host[idx, 0] = host_array(source)[idx]
+            prepared.tokens[idx, 0] = host_array(source)[idx]
             return
         fed = _fed_tokens(prev, fed_tokens)
-        prepared.tokens_host[idx, 0] = [fed[row] for row in idx.tolist()]
+        prepared.tokens[idx, 0] = [fed[row] for row in idx.tolist()]
 
     def _launch_decode(self, prepared: PreparedStep, rows: Sequence[RowPlan]) -> PendingStep:
         use_device = prepared.use_device
         assert prepared.decode_kwargs is not None  # prepare() fills them for every decode step
         out = self.model.decode_forward(
-            tokens=prepared.tokens,
+            tokens=torch.from_numpy(prepared.tokens),
             kv_cache=self.kv_cache,
             enable_trace=self._decode_trace,
             read_from_device=False,
@@ -309,7 +268,7 @@ class MeshRunner:
         kwargs: dict[str, Any] = {}
         wants_logprobs = False
         if use_device:
-            sampling = self._sampling_params(rows, n, by_slot=False)
+            sampling = device_sampling_params(rows, n, self.vocab_size, by_slot=False)
             kwargs["sampling_params"] = sampling
             wants_logprobs = any(sampling.enable_log_probs)
         out = self.model.prefill_forward(
@@ -355,14 +314,6 @@ class MeshRunner:
                 for k, i in enumerate(sampling_rows):
                     lps[i] = sample.logprobs[k]
         return StepResult(tuple(ids), None if lps is None else tuple(lps), False)
-
-    def _sampling_params(self, rows: Sequence[RowPlan], width: int, by_slot: bool) -> TTSamplingParams:
-        """Device sampling lists of ``width`` rows (padding rows get PAD_DEFAULTS)."""
-        table = [_PAD_ROW] * width
-        for i, r in enumerate(rows):
-            table[r.row if by_slot else i] = device_sampling_row(r.sampling, self.vocab_size)
-        columns = list(zip(*table))
-        return TTSamplingParams(**{f: list(c) for f, c in zip(_SAMPLING_FIELDS, columns)})
 
     def _update_page_table(self, rows: Sequence[RowPlan]) -> None:
         scheduled = {r.row for r in rows}

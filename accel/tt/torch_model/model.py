@@ -77,6 +77,7 @@ class TorchMeshModel:
         self.max_seq_len = max_seq_len
         self.num_lanes = num_lanes
         self.per_lane = max_batch_size // num_lanes
+        self._slot_lanes = torch.arange(max_batch_size) // self.per_lane  # [B_wire]: each decode slot's lane
         self.device = device
         self.dtype = dtype
         self.rope = RotaryTables.build(config, max_seq_len + 1, device, dtype)
@@ -309,7 +310,6 @@ class TorchMeshModel:
             tokens, start, page_table = (torch.from_numpy(a) for a in (tokens_host, start_host, table_host))
             is_written = (start >= 0)[:, None]
             positions = start.clamp_min(0)[:, None]
-            lanes = torch.arange(self.max_batch_size) // self.per_lane
             logits = decoder_forward(
                 self.config,
                 self.weights,
@@ -319,7 +319,7 @@ class TorchMeshModel:
                 tokens,
                 positions,
                 is_written,
-                lanes,
+                self._slot_lanes,
                 page_table,
                 num_ctx_blocks,
                 torch.zeros(self.max_batch_size, dtype=torch.int64),

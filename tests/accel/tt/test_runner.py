@@ -7,7 +7,7 @@ import torch
 from accel.contract import SamplingParams
 from accel.tt.config import TTEngineConfig, TTOptions
 from accel.tt.mesh_model import SUPPORTS_SAMPLE_ON_DEVICE, TTSamplingParams
-from accel.tt.runner import NO_TOKEN, MeshRunner, device_sampling_row
+from accel.tt.runner import NO_TOKEN, MeshRunner
 from accel.tt.sampling_policy import SamplingPolicy
 from accel.tt.step_plan import PENDING_TOKEN, RowPlan, StepMode, StepPlan
 
@@ -140,22 +140,6 @@ def test_device_sampling_params_are_padded_and_normalized():
     assert kw["reset_batch"] is True
     runner.submit(StepPlan(2, StepMode.DECODE, 3, 2, (row("a", 0, 1, 6, 7, (11,), (7,)),))).finalize()
     assert model.calls[-1][1]["reset_batch"] is False  # same layout
-
-
-def test_device_sampling_row_normalization():
-    assert device_sampling_row(SamplingParams(temperature=0.8, top_k=0, top_p=0.9, seed=4), 64) == (
-        0.8,
-        64,
-        0.9,
-        0.0,
-        0.0,
-        1.0,
-        4,
-        -2,
-        False,
-    )
-    assert device_sampling_row(SamplingParams(temperature=0.8, top_k=1, logprobs=2), 64)[:3] == (0.0, 1, 0.0)
-    assert device_sampling_row(SamplingParams(temperature=0.8, top_k=100), 64)[1] == 64
 
 
 class MixinWarmupModel(RecordingModel):
