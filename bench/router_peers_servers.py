@@ -318,9 +318,10 @@ class OurStack:
             os.environ.pop(name, None)
         # As `make serve` runs it: Serve's throughput mode, HAProxy in front of the ingress
         # replica's own HTTP server instead of Serve's Python proxy (``server_env`` moves its
-        # stats and metrics ports off their fixed defaults).
+        # stats and metrics ports off their fixed defaults), the controller's loop at 0.5 s.
         os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
         os.environ.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")
+        os.environ.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.5")
         os.environ.update(server_env(os.environ))
         port = free_port()
         ray.init(
