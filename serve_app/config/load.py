@@ -29,7 +29,14 @@ from accel.envs import ENVS
 from accel.tt.config import TTEngineConfig
 from accel.vllm.config import VllmEngineConfig
 from accel.vllm.tpu.backends import DEFAULT_BACKEND, check_kv_connector, get_backend
-from serve_app.config.app import AppConfig, AutoscalingConfig, EngineConfig, ModelConfig, PoolConfig
+from serve_app.config.app import (
+    AppConfig,
+    AutoscalingConfig,
+    EngineConfig,
+    ModelConfig,
+    PoolConfig,
+    default_stream_interval_s,
+)
 from serve_app.config.ingress import IngressConfig
 from serve_app.config.parsing import OutputParsing
 from serve_app.config.pd import KV_ROLES, PD_ROLES, TPU_CONNECTORS, PDConfig, pairing_problem
@@ -283,7 +290,11 @@ def _to_pool(file: str, i: int, pool: PoolArgs, path: Path, max_model_len: int, 
         tpu_backend=pool.tpu_backend or DEFAULT_BACKEND,
         graceful_shutdown_timeout_s=pool.graceful_shutdown_timeout_s,
         step_timeout_s=pool.step_timeout_s,
-        stream_interval_s=pool.stream_interval_ms / 1000,
+        stream_interval_s=(
+            default_stream_interval_s(pool.placement)
+            if pool.stream_interval_ms is None
+            else pool.stream_interval_ms / 1000
+        ),
         placement=pool.placement,
     )
 

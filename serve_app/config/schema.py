@@ -30,7 +30,8 @@ Schema (``applications[].args`` of a Serve config file)::
       tpu: {type: v6e, topology: 4x4}   # tpu pools
       tpu_backend: tpu-inference        # tpu pools: tpu-inference (default) | torchtpu
       tpu_kv_offload: false             # tpu pools: host-DRAM KV tier (the backend's offload connector)
-      stream_interval_ms: 15            # under load, one message per stream per 15 ms (0 = per delta)
+      stream_interval_ms: 15            # under load, one message per stream per 15 ms (0 = per delta;
+                                        # the default: 15 for placement own, 0 for placement ingress)
       placement: own | ingress          # ingress: one engine inside each ingress replica (the model's
                                         # only pool, role both, replicas = ingress.replicas)
     router: {policy: prefix+session+load, index_mode: precise, weights: {w_prefill: 1, ...},
@@ -119,8 +120,9 @@ class PoolArgs(_Strict):
     tpu_kv_offload: bool = False
     graceful_shutdown_timeout_s: float = Field(default=PoolConfig.graceful_shutdown_timeout_s, ge=0)
     step_timeout_s: float = Field(default=PoolConfig.step_timeout_s, gt=0)
-    # PoolConfig.stream_interval_s, in milliseconds.
-    stream_interval_ms: float = Field(default=PoolConfig.stream_interval_s * 1000, ge=0, le=1000)
+    # PoolConfig.stream_interval_s, in milliseconds; None: the placement's default
+    # (serve_app.config.app.default_stream_interval_s).
+    stream_interval_ms: float | None = Field(default=None, ge=0, le=1000)
     placement: Placement = PoolConfig.placement
 
 

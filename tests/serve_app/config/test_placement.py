@@ -83,3 +83,18 @@ def test_a_tt_engine_core_process_is_refused_on_a_pd_pool(tiny_llama):
         load_app_config(app_args("pd.yaml", tiny_llama, pools))
     both = dict(prefill, role="both", name="tt")
     assert load_app_config(app_args("one.yaml", tiny_llama, [both])).pools[0].engine_config.tt.engine_core_process
+
+
+def test_the_stream_interval_defaults_by_placement():
+    """Windows only where a message is a Ray message: 15 ms for an own deployment, none inside the
+    ingress; a value the YAML sets is kept for either."""
+    args = _args("vllm_cpu")
+    assert "stream_interval_ms" not in args["pools"][0]
+    assert load_app_config(args).pools[0].stream_interval_s == 0.0  # placement: ingress
+    own = copy.deepcopy(args)
+    del own["pools"][0]["placement"]
+    assert load_app_config(own).pools[0].stream_interval_s == 0.015
+    for placement, ms in (("ingress", 5), ("own", 0)):
+        set_ = copy.deepcopy(args)
+        set_["pools"][0].update(placement=placement, stream_interval_ms=ms)
+        assert load_app_config(set_).pools[0].stream_interval_s == ms / 1000
