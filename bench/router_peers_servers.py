@@ -310,18 +310,16 @@ class OurStack:
         import ray
         from ray import serve
 
-        from bench.serving_servers import server_env
+        from bench.serving_servers import MAKE_SERVE_ENV, server_env
         from serve_app.app import ROUTER_NAME, build_app
 
         os.environ.update(ENGINE_ENV)  # Ray workers (our replicas' engines) inherit it
         for name in DROPPED_ENV:
             os.environ.pop(name, None)
-        # As `make serve` runs it: Serve's throughput mode, HAProxy in front of the ingress
-        # replica's own HTTP server instead of Serve's Python proxy (``server_env`` moves its
-        # stats and metrics ports off their fixed defaults), the controller's loop at 0.5 s.
-        os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
-        os.environ.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")
-        os.environ.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.5")
+        # As `make serve` runs it (``server_env`` moves HAProxy's stats and metrics ports off
+        # their fixed defaults).
+        for name, value in MAKE_SERVE_ENV.items():
+            os.environ.setdefault(name, value)
         os.environ.update(server_env(os.environ))
         port = free_port()
         ray.init(

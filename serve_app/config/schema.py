@@ -121,7 +121,7 @@ class PoolArgs(_Strict):
     graceful_shutdown_timeout_s: float = Field(default=PoolConfig.graceful_shutdown_timeout_s, ge=0)
     step_timeout_s: float = Field(default=PoolConfig.step_timeout_s, gt=0)
     # PoolConfig.stream_interval_s, in milliseconds; None: the placement's default
-    # (serve_app.config.app.default_stream_interval_s).
+    # (serve_app.config.app.STREAM_INTERVAL_S).
     stream_interval_ms: float | None = Field(default=None, ge=0, le=1000)
     placement: Placement = PoolConfig.placement
 
