@@ -221,9 +221,15 @@ class TorchMeshModel:
             )
         if any(not 0 <= s < self.max_batch_size for s in slots):
             raise ValueError(f"empty_slots {slots} outside the {self.max_batch_size} global slots")
-        length = prefill_bucket(int((ends_host - starts_host).max()))
         table_host = host_copy(page_table, np.int64)
-        num_ctx_blocks = self._num_ctx_blocks(max_end, store, table_host.shape[1])
+        # Sequence padding per row, as tt-metal's generator pads each user to its own
+        # ``get_padded_prefill_len``: rows are grouped by bucket and each group runs padded to its
+        # own bucket, so one 129-token chunk does not pad seven 128-token ones to 256.
+        buckets = np.array([prefill_bucket(int(c)) for c in ends_host - starts_host], dtype=np.int64)
+        groups = [(length, np.flatnonzero(buckets == length)) for length in sorted(set(buckets.tolist()))]
+        ctx_blocks = [
+            self._num_ctx_blocks(int(ends_host[rows].max()), store, table_host.shape[1]) for _, rows in groups
+        ]
         check_block_ids(table_host, ends_host, store)
         prep = (
             prepare_sampling(sampling_params, ends_host.tolist(), self.config.vocab_size, self.device)
@@ -232,16 +238,16 @@ class TorchMeshModel:
         )
         lanes_host = np.array([s // self.per_lane for s in slots], dtype=np.int64)
 
-        def program() -> Any:
+        def group_logits(length: int, rows: np.ndarray, num_ctx_blocks: int) -> torch.Tensor:
+            """Logits ``[len(rows), vocab]`` of the group's rows, padded to ``length`` tokens."""
             tokens, ends, starts, lanes, page_table = (
-                torch.from_numpy(a) for a in (tokens_host, ends_host, starts_host, lanes_host, table_host)
+                torch.from_numpy(a[rows]) for a in (tokens_host, ends_host, starts_host, lanes_host, table_host)
             )
             offsets = torch.arange(length)[None, :]
             is_written = offsets < (ends - starts)[:, None]
             positions = torch.minimum(starts[:, None] + offsets, (ends - 1)[:, None])  # padding clamped
             step_tokens = tokens.gather(1, positions)
-            last_index = ends - starts - 1
-            logits = decoder_forward(
+            return decoder_forward(
                 self.config,
                 self.weights,
                 self.rope,
@@ -253,9 +259,18 @@ class TorchMeshModel:
                 lanes,
                 page_table,
                 num_ctx_blocks,
-                last_index,
-                round_up(max_end, CTX_TOKEN_ALIGN),
+                ends - starts - 1,
+                round_up(int(ends_host[rows].max()), CTX_TOKEN_ALIGN),
             )
+
+        def program() -> Any:
+            if len(groups) == 1:
+                logits = group_logits(groups[0][0], groups[0][1], ctx_blocks[0])
+            else:  # each group's rows back in the caller's row order ([n, vocab])
+                parts = [group_logits(length, rows, b) for (length, rows), b in zip(groups, ctx_blocks)]
+                logits = torch.empty((n, parts[0].shape[-1]), dtype=parts[0].dtype, device=parts[0].device)
+                for (_, rows), part in zip(groups, parts):
+                    logits[torch.from_numpy(rows).to(logits.device)] = part
             if prep is None:
                 return logits[:, None, :].float().cpu()
             return sample(logits, prep, self.generator, self.model_capabilities[MAX_DEVICE_TOP_K]).as_tt_output()

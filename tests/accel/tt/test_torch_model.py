@@ -328,3 +328,49 @@ def test_block_ids_and_slots_are_validated(model, kv):
         )
     with pytest.raises(ValueError, match="bad prefill chunk"):
         model.prefill_forward(torch.zeros(1, 4, dtype=torch.int64), table[:1], kv, [4], [4], [0])
+
+
+def test_rows_are_padded_to_their_own_bucket_and_match_hf(tiny_llama, monkeypatch):
+    """tt-metal pads each prefill user to its own ``get_padded_prefill_len``: one 129-token prompt
+    in a step must not pad the other rows to 256. Each bucket's rows run as one group; outputs
+    come back in the caller's row order and equal HF greedy."""
+    from transformers import AutoConfig
+
+    from accel.tt.torch_model import model as model_module
+
+    block, blocks_per_req, rows = 16, 16, 3
+    m = TorchMeshModel.initialize_vllm_model(
+        AutoConfig.from_pretrained(tiny_llama), None, rows, max_seq_len=block * blocks_per_req, tt_data_parallel=1
+    )
+    try:
+        kv = m.allocate_kv_cache((rows * blocks_per_req, 2, block, 32), torch.float32, 4)
+        prompts = [
+            [0] + [(i * 31) % 900 + 3 for i in range(99)],  # 100 tokens -> bucket 128
+            [0] + [(i * 17) % 900 + 5 for i in range(140)],  # 141 tokens -> bucket 256
+            [0] + [(i * 7) % 900 + 4 for i in range(127)],  # 128 tokens -> bucket 128
+        ]
+        table = torch.arange(rows * blocks_per_req, dtype=torch.int32).reshape(rows, blocks_per_req)
+        tokens = torch.zeros(rows, max(map(len, prompts)), dtype=torch.int64)
+        for i, p in enumerate(prompts):
+            tokens[i, : len(p)] = torch.tensor(p)
+        widths: list[tuple[int, int]] = []
+        real_forward = model_module.decoder_forward
+        monkeypatch.setattr(
+            model_module,
+            "decoder_forward",
+            lambda *a, **k: widths.append(tuple(a[5].shape)) or real_forward(*a, **k),
+        )
+        lens = [len(p) for p in prompts]
+        logits = m.prefill_forward(tokens, table, kv, prompt_lens=lens, start_pos=[0] * rows, empty_slots=[0, 1, 2])
+        assert sorted(widths) == [(1, 256), (2, 128)]
+        outputs = [[int(logits[i, 0].argmax())] for i in range(rows)]
+        for _ in range(4):
+            step_tokens = torch.tensor([[o[-1]] for o in outputs])
+            start = torch.tensor([lens[i] + len(outputs[i]) - 1 for i in range(rows)])
+            out = m.decode_forward(step_tokens, start, table, kv_cache=kv)
+            for i in range(rows):
+                outputs[i].append(int(out[i, -1].argmax()))
+        for i, p in enumerate(prompts):
+            assert outputs[i] == hf_greedy(tiny_llama, p, 5), f"row {i}"
+    finally:
+        m.close()
