@@ -45,3 +45,28 @@ def test_the_in_process_tt_engine_gets_the_served_engines_thread_budget(monkeypa
     assert serve_overhead.served_torch_threads(roomy, in_ingress) == 2
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # set by the user: Ray keeps it, so does the bench
     assert serve_overhead.served_torch_threads(roomy, in_ingress) == 3
+
+
+def test_the_in_process_driver_sends_the_clients_own_prompts(tiny_llama) -> None:
+    """``--mode tt`` compares the stack with the engine driven in-process "under the same load":
+    the driver must send the prompts ``vllm bench serve`` sends for the seed (vLLM's random
+    dataset re-encodes decoded text, so some come out longer than --random-input-len), tokenized
+    as our completions endpoint does (BOS first), not fresh random ids of exactly input_len."""
+    import types
+
+    from vllm.benchmarks.datasets import get_samples
+    from vllm.tokenizers import get_tokenizer
+
+    from accel.text.tokenizer import load_tokenizer
+    from bench.engine_driver import client_prompts
+    from bench.serving_rounds import client_args
+
+    opts = types.SimpleNamespace(tokenizer=str(tiny_llama), input_len=128, output_len=16, mode="tt")
+    prompts = client_prompts(opts, 64, seed=3)
+    samples = get_samples(client_args("http://127.0.0.1:0", opts, 1, 64, 3), get_tokenizer(str(tiny_llama)))
+    tokenizer = load_tokenizer(str(tiny_llama))
+    assert len(prompts) == 64
+    assert all(p[0] == tokenizer.hf.bos_token_id for p in prompts)
+    assert [tokenizer.decode(p[1:]) for p in prompts] == [s.prompt for s in samples]
+    assert min(map(len, prompts)) == 128 and max(map(len, prompts)) > 128  # what the server's engine sees
+    assert client_prompts(opts, 64, seed=3) == prompts and client_prompts(opts, 64, seed=4) != prompts
