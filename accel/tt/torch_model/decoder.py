@@ -1,7 +1,7 @@
 """The torch mesh program's forward pass: a Llama/Qwen3 decoder over paged, lane-local KV.
 
 One call runs ``n`` rows of ``L`` tokens (decode: the full slot batch, ``L == 1``; prefill: the
-step's chunks padded to a bucket), writes the KV of the positions marked ``is_written`` and
+chunks of one bucket, padded to it), writes the KV of the positions marked ``is_written`` and
 returns the logits of each row's ``last_index`` token.
 """
 

@@ -3,7 +3,8 @@
 What makes it "compiled-like" (and therefore a faithful stand-in for a tt-metal generator):
 - decode always runs the full slot batch ``B_wire = lanes x per_lane`` (row == global slot; rows
   with ``start_pos == -1`` write no KV and their outputs are garbage the engine ignores);
-- prefill pads each step's chunk length to a bucket (<= 128 -> 128, else the next power of two);
+- prefill pads each row's chunk length to its bucket (<= 128 -> 128, else the next power of two)
+  and runs each bucket's rows as one batch, as tt-metal pads each prefill user on its own;
 - KV is paged per lane (``paged_attention.PagedKVStore``); the row's lane is ``slot // per_lane``;
 - sampling (``sampler.py``) runs inside the program and returns token ids (+ logprobs);
 - every forward runs on a single-worker device queue, so ``decode_forward(read_from_device=False)``

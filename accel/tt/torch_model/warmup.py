@@ -1,10 +1,11 @@
 """The torch mesh program's fixed shapes and its warmup ("trace capture").
 
-Shapes: decode always runs the full slot batch; prefill pads a step's chunk length to a bucket
-(<= 128 -> 128, else the next power of two); attention reads the longest row's context rounded
-up to ``CTX_TOKEN_ALIGN`` keys. Warmup runs each shape once (every prefill bucket up to
-``max_seq_len`` at batch 1, the full-width decode) with each sampling variant the engine may ask
-for, writing no KV, and records it in ``model.captured_shapes``.
+Shapes: decode always runs the full slot batch; prefill pads each row's chunk length to its
+bucket (<= 128 -> 128, else the next power of two; rows of one bucket run together); attention
+reads the group's longest context rounded up to ``CTX_TOKEN_ALIGN`` keys. Warmup runs each shape
+once (every prefill bucket up to ``max_seq_len`` at batch 1, the full-width decode) with each
+sampling variant the engine may ask for, writing no KV, and records it in
+``model.captured_shapes``.
 """
 
 from __future__ import annotations
