@@ -353,13 +353,14 @@ def test_rows_are_padded_to_their_own_bucket_and_match_hf(tiny_llama, monkeypatc
         tokens = torch.zeros(rows, max(map(len, prompts)), dtype=torch.int64)
         for i, p in enumerate(prompts):
             tokens[i, : len(p)] = torch.tensor(p)
-        widths: list[tuple[int, int]] = []
+        widths: list[tuple[int, ...]] = []  # [n, L] of each decoder_forward call's tokens
         real_forward = model_module.decoder_forward
-        monkeypatch.setattr(
-            model_module,
-            "decoder_forward",
-            lambda *a, **k: widths.append(tuple(a[5].shape)) or real_forward(*a, **k),
-        )
+
+        def recording_forward(*args, **kwargs):
+            widths.append(tuple(args[5].shape))
+            return real_forward(*args, **kwargs)
+
+        monkeypatch.setattr(model_module, "decoder_forward", recording_forward)
         lens = [len(p) for p in prompts]
         logits = m.prefill_forward(tokens, table, kv, prompt_lens=lens, start_pos=[0] * rows, empty_slots=[0, 1, 2])
         assert sorted(widths) == [(1, 256), (2, 128)]
