@@ -227,10 +227,10 @@ class TorchMeshModel:
         # ``get_padded_prefill_len``: rows are grouped by bucket and each group runs padded to its
         # own bucket, so one 129-token chunk does not pad seven 128-token ones to 256.
         buckets = np.array([prefill_bucket(int(c)) for c in ends_host - starts_host], dtype=np.int64)
-        groups = [(length, np.flatnonzero(buckets == length)) for length in sorted(set(buckets.tolist()))]
-        ctx_blocks = [
-            self._num_ctx_blocks(int(ends_host[rows].max()), store, table_host.shape[1]) for _, rows in groups
-        ]
+        groups = []  # (bucket length, its rows, context blocks its longest row reads)
+        for length in sorted(set(buckets.tolist())):
+            rows = np.flatnonzero(buckets == length)
+            groups.append((length, rows, self._num_ctx_blocks(int(ends_host[rows].max()), store, table_host.shape[1])))
         check_block_ids(table_host, ends_host, store)
         prep = (
             prepare_sampling(sampling_params, ends_host.tolist(), self.config.vocab_size, self.device)
@@ -264,14 +264,13 @@ class TorchMeshModel:
                 round_up(int(ends_host[rows].max()), CTX_TOKEN_ALIGN),
             )
 
+        # Row i of the groups' concatenated logits belongs to caller row ``order[i]``.
+        order = torch.from_numpy(np.concatenate([rows for _, rows, _ in groups]))
+
         def program() -> Any:
-            if len(groups) == 1:
-                logits = group_logits(groups[0][0], groups[0][1], ctx_blocks[0])
-            else:  # each group's rows back in the caller's row order ([n, vocab])
-                parts = [group_logits(length, rows, b) for (length, rows), b in zip(groups, ctx_blocks)]
-                logits = torch.empty((n, parts[0].shape[-1]), dtype=parts[0].dtype, device=parts[0].device)
-                for (_, rows), part in zip(groups, parts):
-                    logits[torch.from_numpy(rows).to(logits.device)] = part
+            grouped = torch.cat([group_logits(*group) for group in groups])  # [n, vocab], group order
+            logits = torch.empty_like(grouped)
+            logits[order.to(grouped.device)] = grouped  # back in the caller's row order
             if prep is None:
                 return logits[:, None, :].float().cpu()
             return sample(logits, prep, self.generator, self.model_capabilities[MAX_DEVICE_TOP_K]).as_tt_output()
