@@ -1,11 +1,18 @@
 """Depth-2 in-flight queue: overlap the host's work with the mesh's decode compute.
 
-Steady decode (same batch layout as the previous decode, device sampling, no logprobs, async
-scheduling on, tracing on) leaves the submitted step in flight: the engine applies the previous
-step's tokens (detokenize, stops, deltas) and schedules the next step while the mesh computes.
-The next decode's input tokens are the in-flight step's sampled tokens (``PENDING_TOKEN`` rows):
-the queue finalizes that step and feeds them just before submitting. Anything else drains: a
-prefill (prefill is synchronous), a layout change, host sampling, logprobs, or an empty plan.
+A device-sampled decode (no logprobs, async scheduling on, tracing on) is left in flight: the
+engine applies the previous step's tokens (detokenize, stops, deltas) and schedules the next step
+while the mesh computes. The next decode's input tokens are the in-flight step's sampled tokens
+(``PENDING_TOKEN`` rows, fed by slot): the queue finalizes that step and feeds them just before
+submitting. Anything else drains: a prefill (prefill is synchronous), host sampling, logprobs, or
+an empty plan.
+
+A changed batch layout (a request joins or leaves) does not drain, as vLLM's async scheduling
+does not: a row keeps its slot for its whole life, so a continuing row's pending token is the
+in-flight step's token in the same slot, and a joining row's first input comes from the host.
+(The runner still passes ``reset_batch`` for that step.) Draining there held every other row's
+token back by one device step at each join and leave: a gap of two steps, the p99 gap of a
+decode replica that requests keep joining (PD's decode side).
 
 ``execute(plan)`` returns the (plan, result) pairs that completed, oldest first; at most two
 steps are ever outstanding (the one being applied and the one computing).
@@ -24,12 +31,16 @@ class AsyncDecodeQueue:
         self.runner = runner
         self.is_enabled = is_enabled
         self._inflight: PendingStep | None = None
-        self._last_decode_layout: tuple[tuple[int, str], ...] | None = None
         self.num_overlapped_steps = 0
 
     @property
     def has_inflight(self) -> bool:
         return self._inflight is not None
+
+    @property
+    def inflight_plan(self) -> StepPlan | None:
+        """The plan of the step the mesh may still be computing (None when nothing is in flight)."""
+        return None if self._inflight is None else self._inflight.plan
 
     def execute(self, plan: StepPlan) -> Completed:
         done: Completed = []
@@ -46,7 +57,8 @@ class AsyncDecodeQueue:
         pending = self.runner.launch(prepared, prev)
         if prev is not None:
             done.append((prev.plan, prev.finalize()))
-        if self._is_steady(plan, pending.is_device_sampled):
+        # Device sampling already excludes logprobs rows (SamplingPolicy).
+        if self.is_enabled and plan.is_decode and pending.is_device_sampled:
             self._inflight = pending
             self.num_overlapped_steps += 1
         else:
@@ -65,14 +77,3 @@ class AsyncDecodeQueue:
     def reset(self) -> None:
         """Forget the in-flight step (after a failed step; its requests were aborted)."""
         self._inflight = None
-        self._last_decode_layout = None
-
-    def _is_steady(self, plan: StepPlan, is_device_sampled: bool) -> bool:
-        if not plan.is_decode:
-            self._last_decode_layout = None
-            return False
-        layout = plan.layout
-        same_layout = layout == self._last_decode_layout
-        self._last_decode_layout = layout
-        # Device sampling already excludes logprobs rows (SamplingPolicy).
-        return self.is_enabled and same_layout and is_device_sampled

@@ -94,14 +94,29 @@ class EngineCore:
             self.queue.runner.constraints[r.req_id] = r.constraint
         self.coordinator.add_request(r)
         if self.kv_hooks is not None and self.kv_hooks.may_import(r):
-            # An import writes KV from the host: let the in-flight step (which may still write
-            # recently freed blocks) finish first. Its result stays queued for the next step.
-            self.queue.wait_idle()
+            # An import writes KV from the host into blocks it allocates now. The in-flight step
+            # writes each row's KV at its position; when that block is free (the row's request
+            # finished or was aborted after the step went out), the import could get it, so let
+            # the step finish first (its result stays queued for the next step). Otherwise the
+            # step writes only blocks held by live requests and the import runs beside it.
+            if self._inflight_writes_free_block():
+                self.queue.wait_idle()
             try:
                 self.kv_hooks.on_added(r, self.coordinator.lanes[r.lane].pool, self.kv_cache[r.lane])
             except Exception:
                 self._finish(r)  # nothing of it was scheduled; it leaves no trace
                 raise
+
+    def _inflight_writes_free_block(self) -> bool:
+        plan = self.queue.inflight_plan
+        if plan is None:
+            return False
+        lanes = self.coordinator.lanes
+        for row in plan.rows:
+            pool = lanes[row.lane].pool
+            if pool.ref_count(row.block_ids[row.start_pos // pool.block_size]) == 0:
+                return True
+        return False
 
     def abort_request(self, req_id: str) -> NewTokens | None:
         """Free everything ``req_id`` holds; the abort notice, or None if unknown or done."""

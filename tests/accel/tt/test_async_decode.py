@@ -47,37 +47,53 @@ def ids(done):
     return [p.step_id for p, _ in done]
 
 
-def test_steady_decode_keeps_one_step_in_flight_and_feeds_its_tokens():
+def row(r, pending=True):
+    token = (PENDING_TOKEN,) if pending else (5,)
+    return RowPlan(f"r{r}", 0, r, 10, 11, token, (0,), True, SamplingParams(temperature=0), 0)
+
+
+def test_device_sampled_decode_keeps_one_step_in_flight_and_feeds_its_tokens():
     runner = FakeRunner()
     q = AsyncDecodeQueue(runner, is_enabled=True)
-    assert ids(q.execute(plan(1, pending=False))) == [1]  # first layout: synchronous
-    assert ids(q.execute(plan(2, pending=False))) == [] and q.has_inflight  # steady: in flight
-    done = q.execute(plan(3))
-    assert ids(done) == [2] and q.has_inflight
-    assert runner.submitted[-1] == (3, {0: 200, 1: 201})  # step 2's tokens feed step 3
-    assert runner.submitted[1] == (2, None)
-    assert ids(q.drain()) == [3] and not q.has_inflight
+    assert ids(q.execute(plan(1, pending=False))) == [] and q.has_inflight  # in flight at once
+    assert q.inflight_plan is not None and q.inflight_plan.step_id == 1
+    done = q.execute(plan(2))
+    assert ids(done) == [1] and q.has_inflight
+    assert runner.submitted[-1] == (2, {0: 100, 1: 101})  # step 1's tokens feed step 2
+    assert runner.submitted[0] == (1, None)
+    assert ids(q.drain()) == [2] and not q.has_inflight and q.inflight_plan is None
     assert q.num_overlapped_steps == 2
 
 
-def test_layout_change_prefill_logprobs_host_and_empty_drain():
+def test_a_request_joining_or_leaving_does_not_drain():
+    """Rows keep their slots: when row 2 joins (its first input from the host) and row 1 leaves,
+    row 0's pending token still comes from the in-flight step's slot 0, and nothing waits."""
+    runner = FakeRunner()
+    q = AsyncDecodeQueue(runner, is_enabled=True)
+    q.execute(plan(1, rows=(0, 1), pending=False))
+    joined = StepPlan(2, StepMode.DECODE, 4, 1, (row(0), row(1), row(2, pending=False)))
+    assert ids(q.execute(joined)) == [1] and q.has_inflight  # step 1 done, step 2 computing
+    assert runner.submitted[-1] == (2, {0: 100, 1: 101})
+    left = StepPlan(3, StepMode.DECODE, 4, 1, (row(0), row(2)))  # row 1 finished
+    assert ids(q.execute(left)) == [2] and q.has_inflight
+    assert runner.submitted[-1] == (3, {0: 200, 1: 201, 2: 202})  # slot 0 and slot 2 fed from step 2
+    assert ids(q.drain()) == [3]
+    assert q.num_overlapped_steps == 3
+
+
+def test_prefill_logprobs_host_sampling_and_empty_drain():
     runner = FakeRunner()
     q = AsyncDecodeQueue(runner, is_enabled=True)
     q.execute(plan(1, pending=False))
-    q.execute(plan(2, pending=False))
-    assert ids(q.execute(plan(3, rows=(0,)))) == [2, 3] and not q.has_inflight  # layout changed
-    q.execute(plan(4, rows=(0,), pending=False))
+    assert ids(q.execute(plan(2, rows=(0,), logprobs=1))) == [1, 2] and not q.has_inflight
+    q.execute(plan(3, rows=(0,), pending=False))
     assert q.has_inflight
-    assert ids(q.execute(plan(5, rows=(0,), logprobs=1))) == [4, 5] and not q.has_inflight
-    q.execute(plan(6, rows=(0,), pending=False))
-    q.execute(plan(7, rows=(0,)))
-    assert ids(q.execute(plan(8, rows=(0,), presence_penalty=0.5))) == [7, 8]  # host sampling
-    q.execute(plan(9, rows=(0,), pending=False))
-    q.execute(plan(10, rows=(0,)))
-    assert ids(q.execute(StepPlan(11, StepMode.EMPTY, 4, 1, ()))) == [10]
-    q.execute(plan(12, rows=(0,), pending=False))
-    q.execute(plan(13, rows=(0,)))
-    assert ids(q.execute(plan(14, rows=(2,), mode=StepMode.PREFILL, pending=False))) == [13, 14]
+    assert ids(q.execute(plan(4, rows=(0,), presence_penalty=0.5))) == [3, 4]  # host sampling
+    q.execute(plan(5, rows=(0,), pending=False))
+    assert ids(q.execute(StepPlan(6, StepMode.EMPTY, 4, 1, ()))) == [5] and not q.has_inflight
+    q.execute(plan(7, rows=(0,), pending=False))
+    assert ids(q.execute(plan(8, rows=(2,), mode=StepMode.PREFILL, pending=False))) == [7, 8]
+    assert not q.has_inflight
 
 
 def test_disabled_queue_is_synchronous():

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from accel.contract import GenerateRequest, KVTransferParams
 from accel.tt.config import TTEngineConfig
-from accel.tt.engine import TTMeshEngine
+from accel.tt.engine import TTMeshEngine, build_engine_parts
+from accel.tt.request_state import RequestState
 from accel.tt.scripted_model import ScriptedMeshModel, expected_tokens
 from accel.tt.step_plan import StepMode
 from tests.accel.tt.engine_harness import assert_pool_full, greedy, make_engine, prompt_of, run_requests, tokens_of
@@ -123,8 +124,67 @@ def test_kv_hook_points_export_and_import(tiny_llama):
             if rid == "dec"
         )
         assert computed == 2
-        # Only the import waited for in-flight steps; the export request was added without waiting.
-        assert len(waits) == 1
+        # Nothing was in flight when either request came: neither the export nor the import waited.
+        assert waits == []
         assert_pool_full(engine)
     finally:
         engine.close()
+
+
+def test_an_import_waits_for_the_inflight_step_only_when_it_writes_a_free_block(tiny_llama):
+    """The in-flight decode writes each row's KV at its position. While every such block is held
+    by a live request, an import allocates around it and runs beside the step; once a row's
+    request is aborted (its blocks free, the step still out), the next import waits for the step.
+    Outputs stay exact either way. (The engine core driven by hand, as its step loop does.)"""
+    hooks = CellTransferHooks(block_size=16)
+    config = TTEngineConfig.from_engine_args(
+        dict(
+            model=str(tiny_llama),
+            max_num_seqs=4,
+            block_size=16,
+            max_model_len=256,
+            async_scheduling=True,
+            additional_config={"tt": {"sample_on_device_mode": "all"}},
+        )
+    )
+    parts = build_engine_parts(config, model_class=ScriptedMeshModel, kv_hooks=hooks)
+    hooks.model = parts.model
+    core = parts.core
+    waits = []
+    wait_idle = core.queue.wait_idle
+    core.queue.wait_idle = lambda: (waits.append(1), wait_idle())[1]
+    tokens: dict[str, list[int]] = {}
+
+    def step():
+        for d in core.step():
+            tokens.setdefault(d.req_id, []).extend(d.token_ids)
+
+    try:
+        prompt, other = prompt_of(8, 50), prompt_of(3, 20)
+        core.add_request(
+            RequestState.new(
+                GenerateRequest("pre", prompt, greedy(1), kv_transfer=KVTransferParams(do_remote_decode=True))
+            )
+        )
+        while core.has_work():
+            step()
+        for name in ("a", "b"):
+            core.add_request(RequestState.new(GenerateRequest(name, other, greedy(30))))
+        while not core.queue.has_inflight:
+            step()
+        step()  # a decode of a and b is out
+        assert not core._inflight_writes_free_block()
+        imported = KVTransferParams(do_remote_prefill=True, transfer_id="t-pre")
+        core.add_request(RequestState.new(GenerateRequest("dec1", prompt, greedy(8), kv_transfer=imported)))
+        assert waits == [] and core.queue.has_inflight  # imported beside the step
+        core.abort_request("b")  # b's blocks are free; the step writing b's KV is still out
+        assert core._inflight_writes_free_block()
+        core.add_request(RequestState.new(GenerateRequest("dec2", prompt, greedy(8), kv_transfer=imported)))
+        assert len(waits) == 1
+        while core.has_work():
+            step()
+        assert tokens["dec1"] == tokens["dec2"] == expected_tokens(prompt, 8, VOCAB)
+        assert tokens["a"] == expected_tokens(other, 30, VOCAB)
+        assert hooks.num_imported_blocks == 6
+    finally:
+        parts.close()
