@@ -9,6 +9,11 @@ Prints ONE JSON object:
   (schedule, tensors, dispatch, apply results, hand tokens to asyncio), from the async run;
   ``consumer_ms_per_step``: CPU time of the asyncio side per step (detokenize, stops, deltas for
   128 streams, plus the benchmark's own consumer loop).
+- ``churn_overlap_efficiency`` / ``churn_sync_efficiency`` / ``churn_async_overlap_fraction``: the
+  same fixed-time mesh under serving-like churn (a closed loop of 128 streams of 32-160 tokens
+  each, ``--churn-requests`` in all; ``tt_engine_fixed.churn_decode``): requests join and leave
+  the batch every few steps, with async scheduling and without; the fraction is the share of
+  decode steps that overlapped the host's work.
 - ``host_ms_per_step_warm``: CPU time per 128-row decode step of the engine core alone, stepped
   back to back on one thread (the same engine and requests, a device done at once, no consumer
   thread, no wait): the engine's own host work per step.
@@ -67,6 +72,7 @@ from bench.tt_engine_fixed import (  # noqa: E402
     DECODE_TIME_S,
     LANES,
     PER_LANE,
+    churn_decode,
     fixed_time_decode,
     random_prompts,
     run_timed,
@@ -224,6 +230,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
     parser.add_argument("--decode-steps", type=int, default=150)
     parser.add_argument("--repeats", type=int, default=3, help="rounds per figure (median reported)")
+    parser.add_argument("--churn-requests", type=int, default=768, help="requests of the churn figure")
     parser.add_argument("--skip-vllm", action="store_true", help="leave vs_vllm_cpu out (no vLLM run)")
     parser.add_argument(
         "--skip-process", action="store_true", help="leave out the engine-core process variant (tt_torch_process)"
@@ -234,6 +241,8 @@ def main() -> None:
     ckpt = ENVS.checkpoint_dir / "tiny-llama"
     overlap = fixed_time_decode(ckpt, async_scheduling=True, max_tokens=args.decode_steps, repeats=args.repeats)
     sync = fixed_time_decode(ckpt, async_scheduling=False, max_tokens=args.decode_steps, repeats=args.repeats)
+    churn = churn_decode(ckpt, async_scheduling=True, num_requests=args.churn_requests)
+    churn_sync = churn_decode(ckpt, async_scheduling=False, num_requests=args.churn_requests)
     warm_ms = solo_decode_step(ckpt, steps=args.decode_steps, repeats=args.repeats)
     idle_ms = solo_decode_step(ckpt, steps=args.decode_steps, repeats=args.repeats, idle_s=DECODE_TIME_S)
     in_core = (
@@ -246,6 +255,9 @@ def main() -> None:
     result = {
         "overlap_efficiency": round(overlap["efficiency"], 4),
         "sync_efficiency": round(sync["efficiency"], 4),
+        "churn_overlap_efficiency": round(churn["efficiency"], 4),
+        "churn_sync_efficiency": round(churn_sync["efficiency"], 4),
+        "churn_async_overlap_fraction": round(churn["async_overlap_fraction"], 3),
         "host_ms_per_step": round(overlap["host_ms_per_step"], 3),
         "host_ms_per_step_sync": round(sync["host_ms_per_step"], 3),
         "host_ms_per_step_warm": round(warm_ms, 3),

@@ -132,6 +132,70 @@ def _decode_round(engine: Any, round_id: int, max_tokens: int) -> dict:
     }
 
 
+def churn_decode(ckpt: Path, async_scheduling: bool, num_requests: int, seed: int = 0) -> dict:
+    """Serving-like churn on the same 128-slot fixed-time mesh: a closed loop keeps 128 streams
+    open, each with its own length (``max_tokens`` uniform in 32..160), so requests join and
+    leave the decode batch every few steps. Achieved / ideal output tokens per second over the
+    window from the first moment all 128 are open to the last request's submission, and the
+    share of decode steps that overlapped the host's work (``async_overlap_fraction``), and the
+    p50 / p99 gap between a stream's consecutive tokens in that window. Prefill
+    takes no device time here: the figure isolates what a join or a leave costs the decode."""
+    config = _fixed_config(ckpt, async_scheduling)
+    engine = TTMeshEngine(config, model_class=FixedTimeMeshModel)
+    rng = random.Random(seed)
+    slots = LANES * PER_LANE
+    prompts = random_prompts(num_requests, 16, seed=seed)
+    lengths = [rng.randint(32, 160) for _ in range(num_requests)]
+    arrivals: list[float] = []
+    gaps_ms: list[float] = []  # between a stream's consecutive tokens, inside the window
+    window: dict[str, float] = {}
+
+    async def main() -> None:
+        next_id = 0
+        open_streams = 0
+
+        async def stream(i: int) -> None:
+            params = SamplingParams(temperature=0, max_tokens=lengths[i], ignore_eos=True)
+            last = None
+            async for d in engine.generate(GenerateRequest(f"c{seed}-{i}", prompts[i], params)):
+                now = time.perf_counter()
+                arrivals.extend([now] * len(d.new_token_ids))
+                if d.new_token_ids and last is not None and "start" in window and "end" not in window:
+                    gaps_ms.append(1000 * (now - last))
+                    gaps_ms.extend([0.0] * (len(d.new_token_ids) - 1))
+                if d.new_token_ids:
+                    last = now
+
+        async def worker() -> None:
+            nonlocal next_id, open_streams
+            while next_id < num_requests:
+                i, next_id = next_id, next_id + 1
+                if i == num_requests - 1:
+                    window["end"] = time.perf_counter()
+                open_streams += 1
+                if open_streams == slots and "start" not in window:
+                    window["start"] = time.perf_counter()
+                await stream(i)
+                open_streams -= 1
+
+        await asyncio.gather(*[worker() for _ in range(slots)])
+
+    try:
+        asyncio.run(main())
+        stats = engine.extra_stats()
+    finally:
+        engine.close()
+    t0, t1 = window["start"], window["end"]
+    achieved = sum(1 for t in arrivals if t0 < t <= t1) / (t1 - t0)
+    return {
+        "efficiency": achieved / (slots / DECODE_TIME_S),
+        "tok_s": achieved,
+        "async_overlap_fraction": stats.async_overlap_fraction,
+        "itl_p50_ms": statistics.median(gaps_ms),
+        "itl_p99_ms": statistics.quantiles(gaps_ms, n=100)[98],
+    }
+
+
 def solo_decode_step(ckpt: Path, steps: int, repeats: int, idle_s: float = 0.0) -> float:
     """CPU ms per 128-row steady decode step of the engine core alone: the same engine config and
     requests as ``fixed_time_decode``, the core stepped on this thread with a device that is done
