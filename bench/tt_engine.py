@@ -13,7 +13,8 @@ Prints ONE JSON object:
   same fixed-time mesh under serving-like churn (a closed loop of 128 streams of 32-160 tokens
   each, ``--churn-requests`` in all; ``tt_engine_fixed.churn_decode``): requests join and leave
   the batch every few steps, with async scheduling and without; the fraction is the share of
-  decode steps that overlapped the host's work.
+  decode steps that overlapped the host's work. ``churn_itl_p99_ms`` / ``churn_sync_itl_p99_ms`` /
+  ``churn_itl_p50_ms``: the gap between a stream's consecutive tokens there.
 - ``host_ms_per_step_warm``: CPU time per 128-row decode step of the engine core alone, stepped
   back to back on one thread (the same engine and requests, a device done at once, no consumer
   thread, no wait): the engine's own host work per step.
@@ -258,6 +259,9 @@ def main() -> None:
         "churn_overlap_efficiency": round(churn["efficiency"], 4),
         "churn_sync_efficiency": round(churn_sync["efficiency"], 4),
         "churn_async_overlap_fraction": round(churn["async_overlap_fraction"], 3),
+        "churn_itl_p99_ms": round(churn["itl_p99_ms"], 2),
+        "churn_sync_itl_p99_ms": round(churn_sync["itl_p99_ms"], 2),
+        "churn_itl_p50_ms": round(churn["itl_p50_ms"], 2),
         "host_ms_per_step": round(overlap["host_ms_per_step"], 3),
         "host_ms_per_step_sync": round(sync["host_ms_per_step"], 3),
         "host_ms_per_step_warm": round(warm_ms, 3),
