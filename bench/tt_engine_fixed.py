@@ -158,13 +158,14 @@ def churn_decode(ckpt: Path, async_scheduling: bool, num_requests: int, seed: in
             params = SamplingParams(temperature=0, max_tokens=lengths[i], ignore_eos=True)
             last = None
             async for d in engine.generate(GenerateRequest(f"c{seed}-{i}", prompts[i], params)):
+                if not d.new_token_ids:
+                    continue
                 now = time.perf_counter()
                 arrivals.extend([now] * len(d.new_token_ids))
-                if d.new_token_ids and last is not None and "start" in window and "end" not in window:
+                if last is not None and "start" in window and "end" not in window:
                     gaps_ms.append(1000 * (now - last))
                     gaps_ms.extend([0.0] * (len(d.new_token_ids) - 1))
-                if d.new_token_ids:
-                    last = now
+                last = now
 
         async def worker() -> None:
             nonlocal next_id, open_streams

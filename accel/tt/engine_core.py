@@ -108,6 +108,8 @@ class EngineCore:
                 raise
 
     def _inflight_writes_free_block(self) -> bool:
+        """Whether the step still on the mesh writes KV into a block no live request holds. (Only
+        a decode is ever left in flight: each row writes the one token at ``start_pos``.)"""
         plan = self.queue.inflight_plan
         if plan is None:
             return False

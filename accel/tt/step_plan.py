@@ -73,7 +73,7 @@ class StepPlan:
     @cached_property
     def layout(self) -> tuple[tuple[int, str], ...]:
         """``(row, req_id)`` per row: two decode steps with equal layouts run the same requests in
-        the same slots (computed once per plan; the runner and the async queue both compare it)."""
+        the same slots (computed once per plan; the runner sends ``reset_batch`` when it changes)."""
         return tuple((r.row, r.req_id) for r in self.rows)
 
     @property
