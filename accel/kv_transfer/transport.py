@@ -2,10 +2,10 @@
 
 Engines (the TT engine's hooks, the vLLM connector) depend on ``KVTransport`` only. The
 implementation over the Ray actor is the deployment layer's ``RayKVTransport`` (the
-node's shared-memory store for same-node payloads, the object store otherwise); tests
-and single-process setups can use ``deployments.kv.registry`` directly through
-``InProcessKVTransport`` there. Every call is blocking with a deadline: engines call it from their
-step thread / worker, never from an event loop.
+node's shared-memory store for same-node payloads, the object store otherwise); host tests
+without Ray use a dict-backed one (``tests/accel/tt/test_tt_metal_contract.py``). Every call is
+blocking with a deadline: engines call it from their step thread / worker, never from an event
+loop.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,9 @@ from accel.tt.registry import BACKEND_TORCH, BACKEND_TTNN, ModelRegistry, build_
 logger = logging.getLogger(__name__)
 
 BACKEND_AUTO = "auto"
+# tt-metal ``Generator``'s set of slots whose next decode takes the host's inputs (its async-ahead
+# keep skips them); see ``TtnnMeshModel.use_host_inputs``.
+PREFILLED_SLOTS_ATTR = "_slots_prefilled_since_decode"
 
 
 class NoTenstorrentDevice(RuntimeError):
@@ -56,6 +60,26 @@ class TtnnMeshModel:
             return self._model.read_decode_output(tt_out, async_read=False)
         host_out, events = self._model.read_decode_output(tt_out, async_read=True)
         return host_out, [TtnnEvent(self._ttnn, ev) for ev in events or ()]
+
+    def use_host_inputs(self, slots: Sequence[int]) -> None:
+        """Make the next ``decode_forward`` take ``slots``' tokens and positions from the host.
+
+        At a ``reset_batch`` decode with device sampling, tt-metal's ``Generator.decode_forward``
+        keeps, per slot, the token and position its previous decode left in the trace's device
+        inputs whenever they continue the host's (device position == host position or host + 1):
+        under vLLM's async scheduling the host trails the device by one step. It skips the slots
+        in ``_slots_prefilled_since_decode``, which its ``prefill_forward_text`` fills and every
+        decode clears. A request whose prompt KV was imported (PD) starts decoding in a slot this
+        generator never prefilled for it; unmarked, a previous occupant's unconsumed token would be
+        decoded in its place whenever the positions happen to line up. The runner marks every row
+        of such a step: its host inputs are never behind (it feeds the in-flight step's tokens), so
+        the buffers can add nothing and the mark cannot lose a token. A class without the keep
+        ignores the attribute."""
+        marked = getattr(self._model, PREFILLED_SLOTS_ATTR, None)
+        if not isinstance(marked, set):
+            marked = set()
+            setattr(self._model, PREFILLED_SLOTS_ATTR, marked)
+        marked.update(int(s) for s in slots)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)

@@ -94,6 +94,9 @@ class PreparedStep:
     decode_kwargs: dict[str, Any] | None = None  # decode: every decode_forward kwarg but tokens
     tokens: Any = None  # decode: numpy int64 [B_wire, 1] (fed tokens are written in place)
     pending_rows: Any = None  # decode: numpy int64 [k], rows fed by the previous step
+    # decode, device-sampled, reset_batch: every row (its host inputs are exact; see
+    # TtnnMeshModel.use_host_inputs)
+    host_input_rows: tuple[int, ...] = ()
 
 
 class MeshRunner:
@@ -127,6 +130,9 @@ class MeshRunner:
         self._last_decode_layout: tuple[tuple[int, str], ...] | None = None
         self._last_sampling: TTSamplingParams | None = None  # for that layout (params are per request)
         self._last_use_device = False  # the policy's decision for that layout
+        # Optional model call (MeshModel): a tt-metal generator must be told which slots take the
+        # host's inputs at a reset_batch decode (see TtnnMeshModel.use_host_inputs).
+        self._mark_host_inputs = getattr(model, "use_host_inputs", None)
         trace_mode = config.tt.trace_mode
         self._decode_trace = trace_mode in ("all", "decode_only")
         self._prefill_trace = trace_mode == "all"
@@ -203,6 +209,7 @@ class MeshRunner:
             kwargs,
             tokens_host,
             np.array(pending_rows, dtype=np.int64) if pending_rows else None,
+            tuple(r.row for r in rows) if reset_batch and use_device else (),
         )
 
     def launch(
@@ -236,6 +243,8 @@ class MeshRunner:
     def _launch_decode(self, prepared: PreparedStep, rows: Sequence[RowPlan]) -> PendingStep:
         use_device = prepared.use_device
         assert prepared.decode_kwargs is not None  # prepare() fills them for every decode step
+        if prepared.host_input_rows and self._mark_host_inputs is not None:
+            self._mark_host_inputs(prepared.host_input_rows)
         out = self.model.decode_forward(
             tokens=torch.from_numpy(prepared.tokens),
             kv_cache=self.kv_cache,

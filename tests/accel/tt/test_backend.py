@@ -192,3 +192,16 @@ def test_torch_backend_loads_the_torch_mesh_model(tiny_qwen3):
         model.close()
     with pytest.raises(Exception, match="TTGemma3ForConditionalGeneration needs a Tenstorrent mesh"):
         backend.load_model(SimpleNamespace(architectures=["Gemma3ForConditionalGeneration"]), 4)
+
+
+def test_use_host_inputs_marks_the_generators_prefilled_slots():
+    """The mark lands in the set tt-metal's ``Generator.decode_forward`` reads at a reset step
+    (``_slots_prefilled_since_decode``): created when the generator has none yet, added to the
+    one its ``prefill_forward_text`` filled otherwise (the generator rebinds it after each decode)."""
+    fresh = SimpleNamespace()
+    TtnnMeshModel(fresh, ttnn=None).use_host_inputs((3, 1))
+    assert fresh._slots_prefilled_since_decode == {1, 3}
+    prefilled = SimpleNamespace(_slots_prefilled_since_decode={0})
+    before = prefilled._slots_prefilled_since_decode
+    TtnnMeshModel(prefilled, ttnn=None).use_host_inputs([2])
+    assert prefilled._slots_prefilled_since_decode is before and before == {0, 2}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accel.contract import GenerateRequest
+from accel.contract import GenerateRequest, KVTransferParams
 from accel.tt.backend import open_backend
 from accel.tt.config import TTEngineConfig
 from accel.tt.engine import TTMeshEngine
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 NUM_NEW = 6
 
 
-def contract_engine(ttnn, ckpt, sample_on_device_mode, **engine_args):
+def contract_engine(ttnn, ckpt, sample_on_device_mode, kv_hooks=None, **engine_args):
     ttnn._stub_simulate(8, ttnn.cluster.ClusterType.T3K)
     registry = build_registry(extra_models_dir=str(CONTRACT_MODELS_DIR), include_builtins=True)
     backend = open_backend("ttnn", MeshDeviceConfig(grid=(1, 8), dispatch_core_axis="row"), registry=registry)
@@ -45,7 +45,7 @@ def contract_engine(ttnn, ckpt, sample_on_device_mode, **engine_args):
         )
         | engine_args
     )
-    return TTMeshEngine(config, backend=backend)
+    return TTMeshEngine(config, backend=backend, kv_hooks=kv_hooks)
 
 
 @pytest.mark.parametrize("checkpoint", ["tiny_llama", "tiny_qwen3"])
@@ -81,6 +81,73 @@ def test_greedy_equals_hf_through_tt_metals_contract(ttnn_stub, request, checkpo
             assert all(s is None for p in device_params for s in p.seed)  # unseeded: None, not -1
             assert all(e is False for p in device_params for e in p.enable_log_probs)
             assert engine.core.queue.num_overlapped_steps > 0  # async decode really overlapped
+    finally:
+        engine.close()
+
+
+class DictTransport:
+    """``KVTransport`` (our own protocol) over a dict: export and import in one process."""
+
+    def __init__(self) -> None:
+        self.payloads: dict = {}
+        self.recomputes: list[str] = []
+
+    def put(self, transfer_id, payload, timeout_s):
+        self.payloads[transfer_id] = payload
+
+    def fetch(self, transfer_id, timeout_s):
+        from accel.kv_transfer.transport import KVTransferNotFound
+
+        if transfer_id not in self.payloads:
+            raise KVTransferNotFound(transfer_id)
+        return self.payloads[transfer_id]
+
+    def contains(self, transfer_id, timeout_s):
+        return transfer_id in self.payloads
+
+    def complete(self, transfer_id):
+        self.payloads.pop(transfer_id, None)
+
+    def report_recompute(self, reason):
+        self.recomputes.append(reason)
+
+    def offer_prefix(self, key, block_size, hashes, blocks):
+        return 0
+
+    def match_prefix(self, key, block_size, hashes, dtype, timeout_s):
+        return []
+
+
+def test_an_imported_prompt_decodes_its_own_token_not_the_slots_leftover(ttnn_stub, tiny_llama):
+    """PD's decode side on tt-metal's contract, device sampling and async decode on. A request
+    whose prompt KV was imported starts in a DECODE step, in a slot this generator never prefilled
+    for it. tt-metal's ``Generator`` keeps, at that ``reset_batch`` step, the token and position
+    the slot's previous decode left on the device when the positions continue (here: the previous
+    occupant stopped at position 39, the imported prompt's last token sits at 39), unless the slot
+    is marked in ``_slots_prefilled_since_decode``. The engine marks it; the output is HF's."""
+    from accel.tt.kv_hooks import KVTransferHooks
+
+    transport = DictTransport()
+    hooks = KVTransferHooks(transport, str(tiny_llama))
+    engine = contract_engine(ttnn_stub, tiny_llama, "all", kv_hooks=hooks, max_num_seqs=1)
+    try:
+        prompt, other = prompt_of(5, 40), prompt_of(6, 20)
+        pre = run_requests(
+            engine, [GenerateRequest("pre", prompt, greedy(1), kv_transfer=KVTransferParams(do_remote_decode=True))]
+        )["pre"]
+        ticket = pre[-1].kv_transfer
+        assert ticket is not None and ticket.num_tokens == 40
+        # 20 prompt tokens + 20 outputs: its last decode ran at position 38 and left position 39
+        # and its unconsumed 20th token in the slot's device inputs.
+        leftover = run_requests(engine, [GenerateRequest("a", other, greedy(20))])["a"]
+        assert tokens_of(leftover) == hf_greedy(tiny_llama, other, 20)
+        model = engine.model._model
+        assert model._device_inputs[1][0] == 39 and model._device_inputs[0][0] == tokens_of(leftover)[-1]
+        num_prefills = sum(name == "prefill" for name, _ in model.calls)
+        out = run_requests(engine, [GenerateRequest("b", prompt, greedy(8), kv_transfer=ticket)])["b"]
+        assert sum(name == "prefill" for name, _ in model.calls) == num_prefills  # started in decode
+        assert out[-1].num_cached_tokens == 39 and transport.recomputes == []
+        assert tokens_of(out) == hf_greedy(tiny_llama, prompt, 8)
     finally:
         engine.close()
 

@@ -13,10 +13,24 @@ read on every call). Return conventions are tt-metal's: prefill gives host logit
 vocab]``; decode gives a device tensor whose host read-back is logits ``[B, 1, vocab]``; with
 device sampling, tokens ``[B]`` or ``(tokens, logprobs)`` when a row enables log probs.
 
-The logits come from HF transformers (fp32), recomputed from each slot's token history (the
-slot's tokens are what prefill and decode fed it), so an engine driving this class correctly
-produces exactly HF's greedy tokens; KV tensors are allocated as tt-metal allocates them but
-never read. ``instances`` and the ``calls`` log let tests look at what the engine sent.
+The logits come from HF transformers (fp32), recomputed from each row's context as the KV cache
+holds it: prefill and decode write each token they process into the cell its page table names
+(the token id in K, a written-marker in V, layer 0) and read the row's earlier tokens back from
+the cells its page table names (a cell never written is an error). So an engine driving this
+class correctly, prefix-cache hits and imported KV included, produces exactly HF's greedy tokens.
+``instances`` and the ``calls`` log let tests look at what the engine sent.
+
+Device-resident decode inputs, as tt-metal's ``Generator`` keeps them in its decode trace's
+input buffers: after a traced decode that sampled on device, the buffers hold the sampled tokens
+and the positions advanced by one; a traced decode without device sampling leaves its inputs
+there (the host copies fresh ones every such step). A traced, device-sampled decode with
+``reset_batch=False`` reads those buffers and ignores the host's tokens and positions (steady
+state: nothing is copied). With ``reset_batch=True`` it applies the async-ahead *keep*
+(``Generator.decode_forward``; tt-metal's own test of it pins the rule): per slot, the device's
+token and position replace the host's when the device position continues the host's (``dev ==
+host`` or ``dev == host + 1``: under vLLM's async scheduling the host trails by a step), unless
+the slot is in ``_slots_prefilled_since_decode``, which ``prefill_forward_text`` fills with its
+``empty_slots`` and every decode clears.
 
 Registered like a user's tt-metal class: ``EXTRA_MODELS_DIR`` + ``vllm_metadata.json`` (this
 folder for Llama; ``../tt_qwen3`` registers the same class for Qwen3).
@@ -64,8 +78,10 @@ class HFContractGenerator:
         self.data_parallel = len(submeshes)
         self.max_batch_size = max_batch_size
         self.vocab_size = int(hf_model.config.vocab_size)
-        self.history: dict[int, list[int]] = {}
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.kv_cache: Any = None  # what allocate_kv_cache returned: [lane][layer] = [K, V]
+        self._slots_prefilled_since_decode: set[int] = set()
+        self._device_inputs: tuple[list[int], list[int]] | None = None  # trace inputs: tokens, positions
         self.already_warmed_up_prefill = False
         HFContractGenerator.instances.append(self)
 
@@ -112,6 +128,7 @@ class HFContractGenerator:
                     for shape, dtype, _ in per_layer_specs
                 ]
             )
+        self.kv_cache = kv_cache
         return kv_cache
 
     # ---- prefill (Generator.prefill_forward_text) ----
@@ -138,11 +155,17 @@ class HFContractGenerator:
         batch_size = tokens.shape[0]
         prompt_lens = prompt_lens if prompt_lens is not None else [tokens.shape[1]] * batch_size
         empty_slots = empty_slots if empty_slots is not None else list(range(batch_size))
+        starts = [0] * batch_size if start_pos is None else [int(p) for p in start_pos]
         rows = []
         for idx, user_id in enumerate(empty_slots):
-            seq_len = int(prompt_lens[idx])
-            self.history[int(user_id)] = tokens[idx, :seq_len].tolist()
-            rows.append(self._last_logits(self.history[int(user_id)]))
+            seq_len, lane = int(prompt_lens[idx]), self._lane(int(user_id))
+            blocks = page_table[idx].tolist()
+            # Tokens before start_pos are in KV already (a prefix hit); the rest are processed.
+            context = self._read_kv(lane, blocks, starts[idx]) + tokens[idx, starts[idx] : seq_len].tolist()
+            for pos in range(starts[idx], seq_len):
+                self._write_kv(lane, blocks, pos, context[pos])
+            rows.append(self._last_logits(context))
+        self._slots_prefilled_since_decode.update(int(s) for s in empty_slots)
         logits = torch.stack(rows)[:, None, :]  # [n, 1, vocab]
         if sampling_params is None:
             return logits
@@ -173,19 +196,36 @@ class HFContractGenerator:
         self.calls.append(("decode", dict(sampling_params=sampling_params, reset_batch=reset_batch)))
         batch = tokens.shape[0]
         assert batch == self.max_batch_size, "a traced decode runs its captured batch"
-        logits = torch.zeros(batch, 1, self.vocab_size)
+        on_device = sampling_params is not None
+        inputs = [int(t) for t in tokens[:, 0].tolist()]
         positions = [int(p) for p in start_pos.tolist()]
+        if on_device and enable_trace and self._device_inputs is not None:
+            dev_tokens, dev_positions = self._device_inputs
+            if not reset_batch:  # steady: the trace runs on what the last decode left on the device
+                inputs, positions = list(dev_tokens), list(dev_positions)
+            else:  # the async-ahead keep
+                for slot in range(batch):
+                    continues = dev_positions[slot] in (positions[slot], positions[slot] + 1)
+                    if continues and slot not in self._slots_prefilled_since_decode:
+                        inputs[slot], positions[slot] = dev_tokens[slot], dev_positions[slot]
+        self._slots_prefilled_since_decode = set()
+        logits = torch.zeros(batch, 1, self.vocab_size)
         for row, pos in enumerate(positions):
             if pos < 0:
                 continue  # empty slot
-            history = self.history.get(row, [])
-            assert len(history) >= pos, f"slot {row}: decode at {pos} but only {len(history)} tokens known"
-            self.history[row] = history[:pos] + [int(tokens[row, 0])]
-            logits[row, 0] = self._last_logits(self.history[row])
+            lane, blocks = self._lane(row), page_table[row].tolist()
+            self._write_kv(lane, blocks, pos, inputs[row])
+            logits[row, 0] = self._last_logits(self._read_kv(lane, blocks, pos + 1))
         if sampling_params is None:
             out = _DeviceTensor(logits)
+            if enable_trace:
+                self._device_inputs = (inputs, positions)
         else:
-            out = _DeviceTensor(self._sample(logits[:, 0], sampling_params, positions=[p + 1 for p in positions]))
+            sampled = self._sample(logits[:, 0], sampling_params, positions=[p + 1 for p in positions])
+            out = _DeviceTensor(sampled)
+            if enable_trace:
+                next_tokens = sampled[0] if isinstance(sampled, tuple) else sampled
+                self._device_inputs = ([int(t) for t in next_tokens], [p + 1 if p >= 0 else p for p in positions])
         if read_from_device:
             return self.process_decode_output_host(self.read_decode_output(out), is_tokens=sampling_params is not None)
         return out
@@ -229,6 +269,28 @@ class HFContractGenerator:
         )
 
     # ---- internals ----
+    def _lane(self, slot: int) -> int:
+        return slot // (self.max_batch_size // self.data_parallel)
+
+    def _cell(self, lane: int, blocks: list[int], pos: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        keys, values = self.kv_cache[lane][0]
+        block_size = keys.shape[2]
+        return keys, values, int(blocks[pos // block_size]), pos % block_size
+
+    def _write_kv(self, lane: int, blocks: list[int], pos: int, token: int) -> None:
+        keys, values, block, offset = self._cell(lane, blocks, pos)
+        keys[block, 0, offset, 0], keys[block, 0, offset, 1] = divmod(int(token), 256)  # exact in any float dtype
+        values[block, 0, offset, 0] = 1.0
+
+    def _read_kv(self, lane: int, blocks: list[int], num_tokens: int) -> list[int]:
+        """The row's tokens at positions ``[0, num_tokens)``, read from the cells its page table names."""
+        out = []
+        for pos in range(num_tokens):
+            keys, values, block, offset = self._cell(lane, blocks, pos)
+            assert values[block, 0, offset, 0] == 1.0, f"lane {lane}: position {pos} (block {block}) was never written"
+            out.append(int(keys[block, 0, offset, 0]) * 256 + int(keys[block, 0, offset, 1]))
+        return out
+
     @torch.no_grad()
     def _last_logits(self, token_ids: list[int]) -> torch.Tensor:
         return self.hf_model(input_ids=torch.tensor([token_ids])).logits[0, -1].float()
