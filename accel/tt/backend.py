@@ -71,10 +71,11 @@ class TtnnMeshModel:
         in ``_slots_prefilled_since_decode``, which its ``prefill_forward_text`` fills and every
         decode clears. A request whose prompt KV was imported (PD) starts decoding in a slot this
         generator never prefilled for it; unmarked, a previous occupant's unconsumed token would be
-        decoded in its place whenever the positions happen to line up. The runner marks every row
-        of such a step: its host inputs are never behind (it feeds the in-flight step's tokens), so
-        the buffers can add nothing and the mark cannot lose a token. A class without the keep
-        ignores the attribute."""
+        decoded in its place whenever the positions happen to line up. The runner marks the slots
+        with a new occupant at each changed batch, and every row when sampling moves from the host
+        to the device (the buffers then hold a host-sampled step's inputs). Its host inputs are
+        never behind (it feeds the in-flight step's tokens), so a mark cannot lose a token. A class
+        without the keep ignores the attribute."""
         marked = getattr(self._model, PREFILLED_SLOTS_ATTR, None)
         if not isinstance(marked, set):
             marked = set()

@@ -97,7 +97,8 @@ class MeshModel(Protocol):
     """tt-metal's vLLM model-class contract (the calls vllm-tt-plugin makes). Optional members,
     used when present: ``allocate_kv_cache_per_layer``, ``get_max_tokens_all_users``
     (classmethod), ``already_warmed_up_prefill``; and ours, on the ttnn adapter:
-    ``use_host_inputs(slots)`` before a ``reset_batch`` decode."""
+    ``use_host_inputs(slots)`` before a decode whose batch changed: the slots whose device-side
+    state belongs to another request."""
 
     model_capabilities: ClassVar[Mapping[str, Any]]
 

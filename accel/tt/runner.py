@@ -94,8 +94,8 @@ class PreparedStep:
     decode_kwargs: dict[str, Any] | None = None  # decode: every decode_forward kwarg but tokens
     tokens: Any = None  # decode: numpy int64 [B_wire, 1] (fed tokens are written in place)
     pending_rows: Any = None  # decode: numpy int64 [k], rows fed by the previous step
-    # decode, device-sampled, reset_batch: every row (its host inputs are exact; see
-    # TtnnMeshModel.use_host_inputs)
+    # decode with a changed batch: rows whose next decode must take the host's inputs (their
+    # slots' device-side state is another request's; see MeshModel's ``use_host_inputs``)
     host_input_rows: tuple[int, ...] = ()
 
 
@@ -130,8 +130,9 @@ class MeshRunner:
         self._last_decode_layout: tuple[tuple[int, str], ...] | None = None
         self._last_sampling: TTSamplingParams | None = None  # for that layout (params are per request)
         self._last_use_device = False  # the policy's decision for that layout
-        # Optional model call (MeshModel): a tt-metal generator must be told which slots take the
-        # host's inputs at a reset_batch decode (see TtnnMeshModel.use_host_inputs).
+        # Optional model call (MeshModel): which slots take the host's inputs at a decode whose
+        # batch changed (TtnnMeshModel.use_host_inputs: tt-metal's async-ahead keep;
+        # TorchMeshModel's: its per-slot decode context).
         self._mark_host_inputs = getattr(model, "use_host_inputs", None)
         trace_mode = config.tt.trace_mode
         self._decode_trace = trace_mode in ("all", "decode_only")
@@ -178,8 +179,11 @@ class MeshRunner:
         capacity, rows = plan.capacity, plan.rows
         layout = plan.layout
         reset_batch = layout != self._last_decode_layout
+        host_input_rows: tuple[int, ...] = ()
         if reset_batch:  # same requests in the same slots: same sampling decision as last step
+            was_device = self._last_use_device
             self._last_use_device = self.policy.use_device(plan)
+            host_input_rows = self._host_input_rows(layout, self._last_use_device and not was_device)
         use_device = self._last_use_device
         tokens = [0] * capacity
         positions = [-1] * capacity
@@ -209,8 +213,17 @@ class MeshRunner:
             kwargs,
             tokens_host,
             np.array(pending_rows, dtype=np.int64) if pending_rows else None,
-            tuple(r.row for r in rows) if reset_batch and use_device else (),
+            host_input_rows,
         )
+
+    def _host_input_rows(self, layout: tuple[tuple[int, str], ...], is_switch_to_device: bool) -> tuple[int, ...]:
+        """Rows of a changed decode batch whose slots' device-side state says nothing about their
+        requests: a new occupant's; every row's when sampling moves from the host to the device
+        (the device's token buffers then hold the host-sampled steps' inputs)."""
+        if is_switch_to_device or self._last_decode_layout is None:
+            return tuple(row for row, _ in layout)
+        before = frozenset(self._last_decode_layout)
+        return tuple(row for row, req_id in layout if (row, req_id) not in before)
 
     def launch(
         self, prepared: PreparedStep, prev: PendingStep | None = None, fed_tokens: Mapping[int, int] | None = None

@@ -10,8 +10,15 @@ from __future__ import annotations
 import torch
 
 from accel.tt.torch_model.config import DecoderConfig
+from accel.tt.torch_model.decode_mirror import DecodeMirror, MirrorStep
 from accel.tt.torch_model.layers import RotaryTables, project_qkv, rms_norm, swiglu_mlp
-from accel.tt.torch_model.paged_attention import AttentionMetadata, PagedKVStore, paged_attention, write_kv
+from accel.tt.torch_model.paged_attention import (
+    AttentionMetadata,
+    PagedKVStore,
+    mirrored_decode_attention,
+    paged_attention,
+    write_kv,
+)
 from accel.tt.torch_model.weights import ModelWeights
 
 
@@ -30,9 +37,12 @@ def decoder_forward(
     num_ctx_blocks: int,
     last_index: torch.Tensor,
     num_ctx_tokens: int | None = None,
+    mirror: tuple[DecodeMirror, MirrorStep] | None = None,
 ) -> torch.Tensor:
     """``tokens``/``positions``/``is_written`` ``[n, L]`` -> logits ``[n, vocab]`` at ``last_index``;
-    attention reads ``num_ctx_tokens`` keys per row (default: every gathered block's)."""
+    attention reads ``num_ctx_tokens`` keys per row (default: every gathered block's). ``mirror``
+    (decode of every slot, ``n == B_wire``): attention reads each slot's contiguous context there
+    instead of gathering pages (``decode_mirror``)."""
     dev = device
     tokens, positions, is_written = tokens.to(dev), positions.to(dev), is_written.to(dev)
     n, length = tokens.shape
@@ -63,7 +73,12 @@ def decoder_forward(
         if is_cast:
             q, k, v = q.to(kv_dtype), k.to(kv_dtype), v.to(kv_dtype)
         write_kv(store, i, meta, k, v)
-        attn = paged_attention(store, i, meta, q.view(n, length, cfg.num_heads, cfg.head_dim), scale)
+        if mirror is not None:
+            mirror[0].refill(i, mirror[1], store.keys[i], store.values[i])
+            mirror[0].append(i, positions[:, 0], k, v)
+            attn = mirrored_decode_attention(mirror[0], i, meta, q.view(n, length, cfg.num_heads, cfg.head_dim), scale)
+        else:
+            attn = paged_attention(store, i, meta, q.view(n, length, cfg.num_heads, cfg.head_dim), scale)
         attn = attn.view(n * length, -1)
         if last_rows is not None and i == num_layers - 1:
             h, attn = h.index_select(0, last_rows), attn.index_select(0, last_rows)

@@ -35,6 +35,7 @@ from accel.tt.mesh_model import (
     TTSamplingParams,
 )
 from accel.tt.torch_model.config import DecoderConfig
+from accel.tt.torch_model.decode_mirror import DecodeMirror
 from accel.tt.torch_model.decoder import decoder_forward
 from accel.tt.torch_model.device_queue import DeviceQueue, DeviceTime, FutureEvent, PendingDecode
 from accel.tt.torch_model.layers import RotaryTables
@@ -44,6 +45,9 @@ from accel.tt.torch_model.warmup import CTX_TOKEN_ALIGN, prefill_bucket, round_u
 from accel.tt.torch_model.weights import ModelWeights, load_weights
 
 logger = logging.getLogger(__name__)
+
+# A decode mirror this small is built whatever the paged KV's size (see allocate_kv_cache).
+MIRROR_SMALL_BYTES = 64 << 20
 
 
 class TorchMeshModel:
@@ -88,6 +92,8 @@ class TorchMeshModel:
         self._store: PagedKVStore | None = None
         self._queue = DeviceQueue()
         self._decode_sampling = DecodeSamplingCache(config.vocab_size, device)
+        self._mirror: DecodeMirror | None = None  # CPU: each slot's decode context (decode_mirror)
+        self._slot_lanes_host = self._slot_lanes.numpy()
 
     # ---- construction (the tt-metal classmethods) ----
 
@@ -180,6 +186,17 @@ class TorchMeshModel:
         self._store = PagedKVStore.allocate(
             self.num_lanes, num_layers, (num_blocks, num_kv_heads, block_size, head_dim), self.device, kv_dtype
         )
+        # On CPU, gathering a decode step's pages cost more than attending to them; CUDA keeps the
+        # gather (not measured there). The mirror holds every slot at full length: built only
+        # where that at most doubles the KV memory (or is small anyway).
+        self._mirror = None
+        mirror_bytes = DecodeMirror.size_bytes(
+            self.max_batch_size, num_layers, num_kv_heads, self.max_seq_len, head_dim, kv_dtype
+        )
+        if self.device.type == "cpu" and mirror_bytes <= max(self._store.num_bytes, MIRROR_SMALL_BYTES):
+            self._mirror = DecodeMirror(
+                self.max_batch_size, num_layers, num_kv_heads, self.max_seq_len, head_dim, self.device, kv_dtype
+            )
         return self._store.lane_views()
 
     def _store_for(self, kv_cache: Any) -> PagedKVStore:
@@ -238,6 +255,8 @@ class TorchMeshModel:
             else None
         )
         lanes_host = np.array([s // self.per_lane for s in slots], dtype=np.int64)
+        if self._mirror is not None:
+            self._mirror.invalidate(slots)
 
         def group_logits(length: int, rows: np.ndarray, num_ctx_blocks: int) -> torch.Tensor:
             """Logits ``[len(rows), vocab]`` of the group's rows, padded to ``length`` tokens."""
@@ -320,6 +339,10 @@ class TorchMeshModel:
             if sampling_params is not None
             else None
         )
+        mirror = None
+        if self._mirror is not None:
+            lane_base = self._slot_lanes_host * store.num_blocks
+            mirror = (self._mirror, self._mirror.plan(start_host, table_host, store.block_size, lane_base))
 
         def program() -> Any:
             tokens, start, page_table = (torch.from_numpy(a) for a in (tokens_host, start_host, table_host))
@@ -339,6 +362,7 @@ class TorchMeshModel:
                 num_ctx_blocks,
                 torch.zeros(self.max_batch_size, dtype=torch.int64),
                 num_ctx_tokens,
+                mirror,
             )
             if prep is None:
                 return logits[:, None, :].float().cpu()
@@ -346,6 +370,13 @@ class TorchMeshModel:
 
         pending = PendingDecode(self._queue.submit(program), is_sampled=prep is not None)
         return pending.result() if read_from_device else pending
+
+    def use_host_inputs(self, slots: Sequence[int]) -> None:
+        """``slots`` have new occupants (the engine's call at a changed decode batch; see
+        ``backend.TtnnMeshModel.use_host_inputs``): their next decode rebuilds its context from the
+        paged KV instead of trusting the slot's mirrored one."""
+        if self._mirror is not None:
+            self._mirror.invalidate(slots)
 
     def read_decode_output(self, tt_out: Any, async_read: bool = False) -> Any:
         """tt-metal's read-back: ``async_read=True`` -> ``(tt_out, [event])`` (the copy is under

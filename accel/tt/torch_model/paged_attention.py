@@ -19,6 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from accel.tt.torch_model.decode_mirror import DecodeMirror
+
 
 @dataclass(frozen=True)
 class PagedKVStore:
@@ -41,6 +43,10 @@ class PagedKVStore:
         keys = tuple(torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers))
         values = tuple(torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers))
         return PagedKVStore(keys, values, num_lanes, num_blocks, block_size)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
     @property
     def scratch_block(self) -> int:
@@ -168,6 +174,36 @@ def paged_attention(
     qg = q.view(n, length, num_kv, group, head_dim).permute(0, 2, 3, 1, 4).reshape(n, num_kv, group * length, head_dim)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=meta.mask, scale=scale)
     return out.view(n, num_kv, group, length, head_dim).permute(0, 3, 1, 2, 4).reshape(n, length, num_heads * head_dim)
+
+
+def mirrored_decode_attention(
+    mirror: DecodeMirror, layer: int, meta: AttentionMetadata, q: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Decode attention over the slots' contiguous contexts (``decode_mirror``): ``q`` ``[B_wire, 1,
+    H, D]`` -> ``[B_wire, 1, H * D]``. Every slot reads the step's ``num_ctx_tokens`` keys (a view,
+    no copy) unless the rows' contexts differ enough that copying each group's own keys and
+    attending per group costs less (copying a key costs about as much as attending to it)."""
+    n, _, num_heads, head_dim = q.shape
+    keys, values = mirror.keys[layer], mirror.values[layer]
+    num_kv = keys.shape[1]
+    group = num_heads // num_kv
+    num_ctx = meta.num_ctx_tokens
+    groups = meta.decode_groups
+    if groups is None or 2 * sum(len(rows) * num_keys for rows, num_keys in groups) >= n * num_ctx:
+        qg = q.view(n, num_kv, group, head_dim)
+        out = F.scaled_dot_product_attention(
+            qg, keys[:, :, :num_ctx], values[:, :, :num_ctx], attn_mask=meta.mask, scale=scale
+        )
+        return out.reshape(n, 1, num_heads * head_dim)
+    out = q.new_empty(n, 1, num_heads * head_dim)
+    for rows, num_keys in groups:
+        k = keys[:, :, :num_keys].index_select(0, rows)
+        v = values[:, :, :num_keys].index_select(0, rows)
+        mask = meta.mask.index_select(0, rows)[..., :num_keys]
+        qg = q.index_select(0, rows).view(len(rows), num_kv, group, head_dim)
+        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
+        out.index_copy_(0, rows, o.reshape(len(rows), 1, num_heads * head_dim))
+    return out
 
 
 def _grouped_decode_attention(
