@@ -3,8 +3,6 @@ occupant never reads the old one's (the case lengths and block ids alone cannot 
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
@@ -12,12 +10,6 @@ from transformers import AutoConfig
 
 from accel.tt.torch_model import TorchMeshModel
 from accel.tt.torch_model.decode_mirror import DecodeMirror
-from accel.tt.torch_model.paged_attention import (
-    AttentionMetadata,
-    PagedKVStore,
-    mirrored_decode_attention,
-    paged_attention,
-)
 
 
 def _mirror(num_slots=3):
@@ -100,41 +92,3 @@ def test_a_new_occupant_at_the_next_position_in_the_same_blocks_reads_its_own_kv
         model.use_host_inputs([0])
     got = _decode(model, kv, 0, b[21], 21, blocks)
     assert torch.equal(got, expected) == mark
-
-
-@pytest.mark.parametrize("grouped", [True, False])
-def test_attention_over_the_mirror_equals_attention_over_the_pages(grouped):
-    """One long row, two short rows, one empty slot: refilled from the pages, the mirror gives
-    every row the same attention as the page gather, per group or in one pass."""
-    torch.manual_seed(0)
-    bs, num_blocks, ends = 4, 16, [37, 3, 9, 1]
-    store = PagedKVStore.allocate(1, 1, (num_blocks, 2, bs, 8), torch.device("cpu"), torch.float32)
-    for t in (store.keys[0], store.values[0]):
-        t.copy_(torch.randn_like(t))
-    table = torch.stack([torch.randperm(num_blocks) for _ in ends])
-    positions = torch.tensor(ends)[:, None] - 1
-    meta = AttentionMetadata.build(
-        store,
-        table,
-        torch.zeros(len(ends), dtype=torch.int64),
-        positions,
-        torch.zeros(len(ends), 1, dtype=torch.bool),
-        -(-max(ends) // bs),
-        num_queries_per_kv=2,
-        num_ctx_tokens=40,
-    )
-    if not grouped:
-        meta = dataclasses.replace(meta, decode_groups=None)
-    mirror = DecodeMirror(len(ends), 1, 2, 64, 8, torch.device("cpu"), torch.float32)
-    # Every row refilled up to its position; the step's own token comes from append (its K/V
-    # here are the pages' values at that position, as write_kv would have stored them).
-    step = mirror.plan(positions[:, 0].numpy(), table.numpy(), bs, np.zeros(len(ends), dtype=np.int64))
-    assert _rows(step) == [0, 1, 2]  # the row at position 0 has nothing to copy
-    mirror.refill(0, step, store.keys[0], store.values[0])
-    flat_k, flat_v = store.keys[0].view(-1, 2, 8), store.values[0].view(-1, 2, 8)
-    at = torch.tensor([table[r, p // bs] * bs + p % bs for r, p in enumerate(positions[:, 0].tolist())])
-    mirror.append(0, positions[:, 0], flat_k[at], flat_v[at])
-    q = torch.randn(len(ends), 1, 4, 8)
-    expected = paged_attention(store, 0, meta, q, scale=8**-0.5)
-    got = mirrored_decode_attention(mirror, 0, meta, q, scale=8**-0.5)
-    assert torch.allclose(got, expected, atol=1e-6)

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+import pytest
 import torch
 
-from accel.tt.torch_model.paged_attention import AttentionMetadata, PagedKVStore, paged_attention, write_kv
+from accel.tt.torch_model.decode_mirror import DecodeMirror
+from accel.tt.torch_model.paged_attention import (
+    AttentionMetadata,
+    PagedKVStore,
+    mirrored_decode_attention,
+    paged_attention,
+    write_kv,
+)
 
 
 def test_same_block_id_in_two_lanes_is_different_memory():
@@ -49,28 +58,38 @@ def test_attention_is_causal_over_pages():
     assert torch.allclose(out, ref, atol=1e-5)
 
 
-def test_decode_rows_read_only_their_own_context_and_match_full_attention():
-    # One long row, two short rows, one empty slot (position clamped to 0): grouped decode reads
-    # per-group contexts; every row must equal attention over its whole visible prefix.
+BS = 4
+ENDS = [37, 3, 9, 1]  # keys visible per decode row (position + 1)
+
+
+def _mixed_decode_step():
+    """One long row, two short rows, one empty slot (position clamped to 0), random KV in random
+    pages: (store, page table, positions [n, 1], metadata)."""
     torch.manual_seed(0)
-    bs, num_blocks = 4, 16
-    store = PagedKVStore.allocate(1, 1, (num_blocks, 2, bs, 8), torch.device("cpu"), torch.float32)
+    num_blocks = 16
+    store = PagedKVStore.allocate(1, 1, (num_blocks, 2, BS, 8), torch.device("cpu"), torch.float32)
     for t in (store.keys[0], store.values[0]):
         t.copy_(torch.randn_like(t))
-    ends = [37, 3, 9, 1]  # keys visible per row (position + 1)
-    table = torch.stack([torch.randperm(num_blocks) for _ in ends])
-    positions = torch.tensor(ends)[:, None] - 1
-    num_ctx_blocks = -(-max(ends) // bs)
+    table = torch.stack([torch.randperm(num_blocks) for _ in ENDS])
+    positions = torch.tensor(ENDS)[:, None] - 1
     meta = AttentionMetadata.build(
         store,
         table,
-        torch.zeros(len(ends), dtype=torch.int64),
+        torch.zeros(len(ENDS), dtype=torch.int64),
         positions,
-        torch.zeros(len(ends), 1, dtype=torch.bool),
-        num_ctx_blocks,
+        torch.zeros(len(ENDS), 1, dtype=torch.bool),
+        -(-max(ENDS) // BS),
         num_queries_per_kv=2,
         num_ctx_tokens=40,
     )
+    return store, table, positions, meta
+
+
+def test_decode_rows_read_only_their_own_context_and_match_full_attention():
+    # Grouped decode reads per-group contexts; every row must equal attention over its whole
+    # visible prefix.
+    store, table, positions, meta = _mixed_decode_step()
+    bs, ends = BS, ENDS
     assert meta.decode_groups is not None and len(meta.decode_groups) >= 2
     assert sorted(r for rows, _ in meta.decode_groups for r in rows.tolist()) == list(range(len(ends)))
     assert all(keys < 40 for rows, keys in meta.decode_groups if 0 not in rows.tolist())  # short rows read less
@@ -97,3 +116,24 @@ def test_decode_rows_of_similar_context_keep_one_gather():
         2,
     )
     assert meta.decode_groups is None
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_attention_over_the_decode_mirror_equals_attention_over_the_pages(grouped):
+    """Refilled from the pages, the decode mirror gives every row the same attention as the page
+    gather, per group or in one pass."""
+    store, table, positions, meta = _mixed_decode_step()
+    if not grouped:
+        meta = dataclasses.replace(meta, decode_groups=None)
+    mirror = DecodeMirror(len(ENDS), 1, 2, 64, 8, torch.device("cpu"), torch.float32)
+    # Every row refilled up to its position; the step's own token comes from append (its K/V
+    # here are the pages' values at that position, as write_kv would have stored them).
+    step = mirror.plan(positions[:, 0].numpy(), table.numpy(), BS, np.zeros(len(ENDS), dtype=np.int64))
+    assert step.refill_rows is not None and step.refill_rows.tolist() == [0, 1, 2]  # position 0: nothing to copy
+    mirror.refill(0, step, store.keys[0], store.values[0])
+    flat_k, flat_v = store.keys[0].view(-1, 2, 8), store.values[0].view(-1, 2, 8)
+    at = torch.tensor([table[r, p // BS] * BS + p % BS for r, p in enumerate(positions[:, 0].tolist())])
+    mirror.append(0, positions[:, 0], flat_k[at], flat_v[at])
+    q = torch.randn(len(ENDS), 1, 4, 8)
+    expected = paged_attention(store, 0, meta, q, scale=8**-0.5)
+    assert torch.allclose(mirrored_decode_attention(mirror, 0, meta, q, scale=8**-0.5), expected, atol=1e-6)
