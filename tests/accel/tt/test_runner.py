@@ -108,6 +108,38 @@ def test_pending_tokens_are_fed_from_the_previous_step():
     assert model.calls[-1][1]["tokens"][0, 0] == 33
 
 
+class MarkingModel(RecordingModel):
+    """Also records ``use_host_inputs`` (the optional call before a decode whose batch changed)."""
+
+    def __init__(self, capacity):
+        super().__init__(capacity)
+        self.marked = []
+
+    def use_host_inputs(self, slots):
+        self.marked.append(sorted(slots))
+
+
+def test_new_occupants_are_marked_and_every_row_when_sampling_moves_to_the_device():
+    cfg = TTEngineConfig(model="x", max_num_seqs=3, data_parallel_size=1, block_size=4, max_model_len=32)
+    model = MarkingModel(cfg.max_num_seqs_global)
+    runner = MeshRunner(
+        model, "KV", cfg, SamplingPolicy("all", False, {SUPPORTS_SAMPLE_ON_DEVICE: True}), frozenset({1}), VOCAB
+    )
+
+    def step(step_id, *rows):
+        runner.submit(StepPlan(step_id, StepMode.DECODE, 3, 1, rows)).finalize()
+        return model.marked.pop() if model.marked else None
+
+    a, b = row("a", 0, 0, 5, 6, (10,), (1, 2)), row("b", 0, 1, 2, 3, (20,), (3,))
+    assert step(1, a, b) == [0, 1]  # the first batch: every row
+    assert step(2, a, b) is None  # same batch: nothing
+    c = row("c", 0, 1, 7, 8, (30,), (4, 5))  # c takes b's slot; a stays
+    assert step(3, a, c) == [1]
+    logprobs = row("d", 0, 2, 3, 4, (40,), (6,), logprobs=1)  # logprobs: the batch samples on the host
+    assert step(4, a, c, logprobs) == [2]
+    assert step(5, a, c) == [0, 1]  # d left and sampling is back on the device: every row
+
+
 def test_prefill_rows_are_front_packed_with_global_slots():
     runner, model = make_runner()
     plan = StepPlan(
