@@ -23,11 +23,13 @@ position, so ids and lengths alone cannot tell them apart.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from accel.tt.torch_model.paged_attention import PagedKVStore
 
 
 @dataclass(frozen=True)
@@ -42,41 +44,56 @@ class MirrorStep:
     refill_len: int
 
 
+# A mirror this small is built whatever the paged KV's size (see ``build_mirror``).
+MIRROR_SMALL_BYTES = 64 << 20
+
+
+def build_mirror(store: PagedKVStore, slot_lanes: Sequence[int], max_len: int) -> DecodeMirror | None:
+    """The decode mirror for ``store``'s model, or None where it keeps gathering pages: off CPU
+    (CUDA not measured), or where holding every slot at full length would more than double the
+    KV memory and is not small anyway. ``slot_lanes[s]``: decode slot ``s``'s lane."""
+    keys = store.keys[0]
+    _, _, num_kv_heads, head_dim = keys.shape
+    num_bytes = 2 * len(store.keys) * len(slot_lanes) * num_kv_heads * max_len * head_dim * keys.element_size()
+    if keys.device.type != "cpu" or num_bytes > max(store.num_bytes, MIRROR_SMALL_BYTES):
+        return None
+    lane_base = np.asarray(slot_lanes, dtype=np.int64) * store.num_blocks
+    return DecodeMirror(len(store.keys), num_kv_heads, max_len, head_dim, keys.dtype, store.block_size, lane_base)
+
+
 class DecodeMirror:
     def __init__(
         self,
-        num_slots: int,
         num_layers: int,
         num_kv_heads: int,
         max_len: int,
         head_dim: int,
-        device: torch.device,
         dtype: torch.dtype,
+        block_size: int,
+        lane_base: np.ndarray,
     ) -> None:
+        """``lane_base`` int64 ``[num_slots]``: each slot's first global block id in the store."""
+        num_slots = len(lane_base)
         shape = (num_slots, num_kv_heads, max_len, head_dim)
-        self.keys = tuple(torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers))
-        self.values = tuple(torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers))
-        self.max_len = max_len
+        self.keys = tuple(torch.zeros(shape, dtype=dtype) for _ in range(num_layers))
+        self.values = tuple(torch.zeros(shape, dtype=dtype) for _ in range(num_layers))
+        self.block_size = block_size
+        self._lane_base = lane_base
+        self._slots = torch.arange(num_slots)  # append's row index (every decode writes every slot)
         # Host-side validity: positions held per slot (-1: nothing) and the page-table row they
         # were copied through.
         self._length = np.full(num_slots, -1, dtype=np.int64)
         self._table: np.ndarray | None = None
 
-    @staticmethod
-    def size_bytes(
-        num_slots: int, num_layers: int, num_kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype
-    ) -> int:
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return 2 * num_layers * num_slots * num_kv_heads * max_len * head_dim * itemsize
-
     def invalidate(self, slots: Iterable[int]) -> None:
         for s in slots:
             self._length[int(s)] = -1
 
-    def plan(self, start: np.ndarray, table: np.ndarray, block_size: int, lane_base: np.ndarray) -> MirrorStep:
+    def plan(self, start: np.ndarray, table: np.ndarray) -> MirrorStep:
         """A decode step at ``start`` (int64 ``[B_wire]``, -1 = empty slot) through ``table`` (int64
-        ``[B_wire, W]``, lane-local; ``lane_base`` int64 ``[B_wire]`` each slot's first global block):
-        which rows to refill, and the validity after the step (each active row holds ``[0, p]``)."""
+        ``[B_wire, W]``, lane-local): which rows to refill, and the validity after the step (each
+        active row holds ``[0, p]``)."""
+        block_size = self.block_size
         if self._table is None or self._table.shape != table.shape:
             self._table = np.zeros_like(table)
             self._length[:] = -1
@@ -93,7 +110,7 @@ class DecodeMirror:
             return MirrorStep(None, None, 0, 0)
         refill_len = int(start[rows].max())
         num_blocks = -(-refill_len // block_size)
-        blocks = (lane_base[rows, None] + table[rows, :num_blocks]).reshape(-1)
+        blocks = (self._lane_base[rows, None] + table[rows, :num_blocks]).reshape(-1)
         return MirrorStep(torch.from_numpy(rows), torch.from_numpy(blocks), num_blocks, refill_len)
 
     def refill(self, layer: int, step: MirrorStep, store_keys: torch.Tensor, store_values: torch.Tensor) -> None:
@@ -111,6 +128,5 @@ class DecodeMirror:
     def append(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write each slot's new ``k``/``v`` ``[B_wire, Hkv, D]`` at its position (int64 ``[B_wire]``,
         empty slots clamped to 0: their entries are invalid anyway)."""
-        slots = torch.arange(positions.shape[0], device=positions.device)
-        self.keys[layer][slots, :, positions] = k
-        self.values[layer][slots, :, positions] = v
+        self.keys[layer][self._slots, :, positions] = k
+        self.values[layer][self._slots, :, positions] = v

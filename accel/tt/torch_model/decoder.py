@@ -73,12 +73,14 @@ def decoder_forward(
         if is_cast:
             q, k, v = q.to(kv_dtype), k.to(kv_dtype), v.to(kv_dtype)
         write_kv(store, i, meta, k, v)
+        q = q.view(n, length, cfg.num_heads, cfg.head_dim)
         if mirror is not None:
-            mirror[0].refill(i, mirror[1], store.keys[i], store.values[i])
-            mirror[0].append(i, positions[:, 0], k, v)
-            attn = mirrored_decode_attention(mirror[0], i, meta, q.view(n, length, cfg.num_heads, cfg.head_dim), scale)
+            context, step = mirror
+            context.refill(i, step, store.keys[i], store.values[i])
+            context.append(i, positions[:, 0], k, v)
+            attn = mirrored_decode_attention(context.keys[i], context.values[i], meta, q, scale)
         else:
-            attn = paged_attention(store, i, meta, q.view(n, length, cfg.num_heads, cfg.head_dim), scale)
+            attn = paged_attention(store, i, meta, q, scale)
         attn = attn.view(n * length, -1)
         if last_rows is not None and i == num_layers - 1:
             h, attn = h.index_select(0, last_rows), attn.index_select(0, last_rows)

@@ -35,19 +35,17 @@ from accel.tt.mesh_model import (
     TTSamplingParams,
 )
 from accel.tt.torch_model.config import DecoderConfig
-from accel.tt.torch_model.decode_mirror import DecodeMirror
+from accel.tt.torch_model.decode_mirror import DecodeMirror, build_mirror
 from accel.tt.torch_model.decoder import decoder_forward
 from accel.tt.torch_model.device_queue import DeviceQueue, DeviceTime, FutureEvent, PendingDecode
 from accel.tt.torch_model.layers import RotaryTables
-from accel.tt.torch_model.paged_attention import PagedKVStore, check_block_ids
+from accel.tt.torch_model.paged_attention import PagedKVStore, check_block_ids, num_ctx_blocks
+from accel.tt.torch_model.prefill_batch import PrefillBatch
 from accel.tt.torch_model.sampler import DecodeSamplingCache, prepare_sampling, sample
-from accel.tt.torch_model.warmup import CTX_TOKEN_ALIGN, prefill_bucket, round_up, warm_decode, warm_prefill
+from accel.tt.torch_model.warmup import CTX_TOKEN_ALIGN, round_up, warm_decode, warm_prefill
 from accel.tt.torch_model.weights import ModelWeights, load_weights
 
 logger = logging.getLogger(__name__)
-
-# A decode mirror this small is built whatever the paged KV's size (see allocate_kv_cache).
-MIRROR_SMALL_BYTES = 64 << 20
 
 
 class TorchMeshModel:
@@ -93,7 +91,6 @@ class TorchMeshModel:
         self._queue = DeviceQueue()
         self._decode_sampling = DecodeSamplingCache(config.vocab_size, device)
         self._mirror: DecodeMirror | None = None  # CPU: each slot's decode context (decode_mirror)
-        self._slot_lanes_host = self._slot_lanes.numpy()
 
     # ---- construction (the tt-metal classmethods) ----
 
@@ -186,17 +183,7 @@ class TorchMeshModel:
         self._store = PagedKVStore.allocate(
             self.num_lanes, num_layers, (num_blocks, num_kv_heads, block_size, head_dim), self.device, kv_dtype
         )
-        # On CPU, gathering a decode step's pages cost more than attending to them; CUDA keeps the
-        # gather (not measured there). The mirror holds every slot at full length: built only
-        # where that at most doubles the KV memory (or is small anyway).
-        self._mirror = None
-        mirror_bytes = DecodeMirror.size_bytes(
-            self.max_batch_size, num_layers, num_kv_heads, self.max_seq_len, head_dim, kv_dtype
-        )
-        if self.device.type == "cpu" and mirror_bytes <= max(self._store.num_bytes, MIRROR_SMALL_BYTES):
-            self._mirror = DecodeMirror(
-                self.max_batch_size, num_layers, num_kv_heads, self.max_seq_len, head_dim, self.device, kv_dtype
-            )
+        self._mirror = build_mirror(self._store, self._slot_lanes.tolist(), self.max_seq_len)
         return self._store.lane_views()
 
     def _store_for(self, kv_cache: Any) -> PagedKVStore:
@@ -222,72 +209,33 @@ class TorchMeshModel:
         ``[n, 1, vocab]`` of each chunk's last token, or (``sampling_params``) tokens ``[n]`` /
         ``(tokens, logprobs)`` when a row enabled log probs."""
         store = self._store_for(kv_cache)
-        # Validation and snapshots in numpy on the caller's (the engine's step) thread, every torch
-        # op in the program (``accel.tt.host_arrays``; as ``decode_forward``).
-        tokens_host = host_copy(tokens, np.int64)
-        n = tokens_host.shape[0]
-        ends_host = np.array(list(prompt_lens), dtype=np.int64)
-        starts_host = np.array([0] * n if start_pos is None else list(start_pos), dtype=np.int64)
-        slots = list(range(n)) if empty_slots is None else [int(s) for s in empty_slots]
-        if empty_slots is None and self.num_lanes > 1:
-            raise ValueError("prefill_forward needs empty_slots (the global slot of each row) with lanes > 1")
-        max_end = int(ends_host.max())
-        if max_end > self.max_seq_len or bool((starts_host >= ends_host).any()) or max_end > tokens_host.shape[1]:
-            raise ValueError(
-                f"bad prefill chunk: start_pos={starts_host.tolist()} prompt_lens={ends_host.tolist()} "
-                f"tokens width {tokens_host.shape[1]} max_seq_len {self.max_seq_len}"
-            )
-        if any(not 0 <= s < self.max_batch_size for s in slots):
-            raise ValueError(f"empty_slots {slots} outside the {self.max_batch_size} global slots")
-        table_host = host_copy(page_table, np.int64)
-        # Sequence padding per row, as tt-metal's generator pads each user to its own
-        # ``get_padded_prefill_len``: rows are grouped by bucket and each group runs padded to its
-        # own bucket, so one 129-token chunk does not pad seven 128-token ones to 256.
-        buckets = np.array([prefill_bucket(int(c)) for c in ends_host - starts_host], dtype=np.int64)
-        groups = []  # (bucket length, its rows, context blocks its longest row reads)
-        for length in sorted(set(buckets.tolist())):
-            rows = np.flatnonzero(buckets == length)
-            groups.append((length, rows, self._num_ctx_blocks(int(ends_host[rows].max()), store, table_host.shape[1])))
-        check_block_ids(table_host, ends_host, store)
+        batch = PrefillBatch.stage(
+            tokens,
+            page_table,
+            prompt_lens,
+            start_pos,
+            empty_slots,
+            store,
+            per_lane=self.per_lane,
+            num_slots=self.max_batch_size,
+            max_seq_len=self.max_seq_len,
+        )
         prep = (
-            prepare_sampling(sampling_params, ends_host.tolist(), self.config.vocab_size, self.device)
+            prepare_sampling(sampling_params, batch.ends.tolist(), self.config.vocab_size, self.device)
             if sampling_params is not None
             else None
         )
-        lanes_host = np.array([s // self.per_lane for s in slots], dtype=np.int64)
         if self._mirror is not None:
-            self._mirror.invalidate(slots)
-
-        def group_logits(length: int, rows: np.ndarray, num_ctx_blocks: int) -> torch.Tensor:
-            """Logits ``[len(rows), vocab]`` of the group's rows, padded to ``length`` tokens."""
-            tokens, ends, starts, lanes, page_table = (
-                torch.from_numpy(a[rows]) for a in (tokens_host, ends_host, starts_host, lanes_host, table_host)
-            )
-            offsets = torch.arange(length)[None, :]
-            is_written = offsets < (ends - starts)[:, None]
-            positions = torch.minimum(starts[:, None] + offsets, (ends - 1)[:, None])  # padding clamped
-            step_tokens = tokens.gather(1, positions)
-            return decoder_forward(
-                self.config,
-                self.weights,
-                self.rope,
-                self.device,
-                store,
-                step_tokens,
-                positions,
-                is_written,
-                lanes,
-                page_table,
-                num_ctx_blocks,
-                ends - starts - 1,
-                round_up(int(ends_host[rows].max()), CTX_TOKEN_ALIGN),
-            )
-
-        # Row i of the groups' concatenated logits belongs to caller row ``order[i]``.
-        order = torch.from_numpy(np.concatenate([rows for _, rows, _ in groups]))
+            self._mirror.invalidate(batch.slots)
+        order = batch.order()
 
         def program() -> Any:
-            grouped = torch.cat([group_logits(*group) for group in groups])  # [n, vocab], group order
+            grouped = torch.cat(
+                [
+                    decoder_forward(self.config, self.weights, self.rope, self.device, store, *batch.group_inputs(g))
+                    for g in batch.groups
+                ]
+            )  # [n, vocab], group order
             logits = torch.empty_like(grouped)
             logits[order.to(grouped.device)] = grouped  # back in the caller's row order
             if prep is None:
@@ -331,7 +279,7 @@ class TorchMeshModel:
         slot_remap = kwargs.get("slot_remap")
         if slot_remap is not None and list(slot_remap) != list(range(len(slot_remap))):
             raise NotImplementedError("TorchMeshModel keeps device state per slot; slot_remap must be the identity")
-        num_ctx_blocks = self._num_ctx_blocks(max_end, store, table_host.shape[1])
+        ctx_blocks = num_ctx_blocks(max_end, store, table_host.shape[1])
         num_ctx_tokens = round_up(max_end, CTX_TOKEN_ALIGN)
         check_block_ids(table_host, start_host + 1, store)
         prep = (
@@ -339,10 +287,7 @@ class TorchMeshModel:
             if sampling_params is not None
             else None
         )
-        mirror = None
-        if self._mirror is not None:
-            lane_base = self._slot_lanes_host * store.num_blocks
-            mirror = (self._mirror, self._mirror.plan(start_host, table_host, store.block_size, lane_base))
+        mirror = None if self._mirror is None else (self._mirror, self._mirror.plan(start_host, table_host))
 
         def program() -> Any:
             tokens, start, page_table = (torch.from_numpy(a) for a in (tokens_host, start_host, table_host))
@@ -359,7 +304,7 @@ class TorchMeshModel:
                 is_written,
                 self._slot_lanes,
                 page_table,
-                num_ctx_blocks,
+                ctx_blocks,
                 torch.zeros(self.max_batch_size, dtype=torch.int64),
                 num_ctx_tokens,
                 mirror,
@@ -415,13 +360,3 @@ class TorchMeshModel:
     ) -> None:
         """Runs the full-width decode (every slot empty: no KV write) and each sampling variant."""
         warm_decode(self, self._store_for(kv_cache), enable_trace, num_blocks, can_sample_on_device)
-
-    # ---- the program ----
-
-    def _num_ctx_blocks(self, max_end: int, store: PagedKVStore, table_width: int) -> int:
-        """Blocks of context the step reads (the longest row's). Like a paged-SDPA kernel, only
-        those are read; the fixed shapes a trace needs are the decode width and prefill buckets."""
-        needed = max(1, -(-max_end // store.block_size))
-        if needed > table_width:
-            raise ValueError(f"page table width {table_width} < {needed} blocks needed for {max_end} tokens")
-        return needed

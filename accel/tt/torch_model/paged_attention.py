@@ -12,14 +12,13 @@ write a fixed-shape scatter (what a captured program needs).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-from accel.tt.torch_model.decode_mirror import DecodeMirror
 
 
 @dataclass(frozen=True)
@@ -161,15 +160,23 @@ def paged_attention(
 ) -> torch.Tensor:
     """``q`` ``[n, L, H, D]`` over each row's pages -> ``[n, L, H * D]`` (GQA: head h reads kv h // G)."""
     n, length, num_heads, head_dim = q.shape
+    keys, values = store.keys[layer], store.values[layer]
     if meta.decode_groups is not None:
-        return _grouped_decode_attention(store, layer, meta, meta.decode_groups, q, scale)
-    k = _gather(store.keys[layer], meta.ctx_blocks, n)[:, :, : meta.num_ctx_tokens]  # [n, Hkv, C, D]
-    v = _gather(store.values[layer], meta.ctx_blocks, n)[:, :, : meta.num_ctx_tokens]
+        # Each group gathers only its rows' first ``num_keys`` keys.
+        table = meta.ctx_blocks.view(n, meta.num_ctx_blocks)
+
+        def group_kv(rows: torch.Tensor, num_keys: int) -> tuple[torch.Tensor, torch.Tensor]:
+            blocks = table.index_select(0, rows)[:, : -(-num_keys // store.block_size)].reshape(-1)
+            k, v = (_gather(t, blocks, len(rows))[:, :, :num_keys] for t in (keys, values))
+            return k, v
+
+        return _grouped_decode_attention(meta, q, scale, group_kv)
+    k = _gather(keys, meta.ctx_blocks, n)[:, :, : meta.num_ctx_tokens]  # [n, Hkv, C, D]
+    v = _gather(values, meta.ctx_blocks, n)[:, :, : meta.num_ctx_tokens]
+    if length == 1:
+        return _decode_attention(q, k, v, meta.mask, scale)
     num_kv = k.shape[1]
     group = num_heads // num_kv
-    if length == 1:  # decode: a head's group of queries is already contiguous, views only
-        out = F.scaled_dot_product_attention(q.view(n, num_kv, group, head_dim), k, v, attn_mask=meta.mask, scale=scale)
-        return out.reshape(n, 1, num_heads * head_dim)
     # Queries of one kv head side by side: [n, Hkv, G * L, D]; the mask repeats per group.
     qg = q.view(n, length, num_kv, group, head_dim).permute(0, 2, 3, 1, 4).reshape(n, num_kv, group * length, head_dim)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=meta.mask, scale=scale)
@@ -177,59 +184,51 @@ def paged_attention(
 
 
 def mirrored_decode_attention(
-    mirror: DecodeMirror, layer: int, meta: AttentionMetadata, q: torch.Tensor, scale: float
+    keys: torch.Tensor, values: torch.Tensor, meta: AttentionMetadata, q: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """Decode attention over the slots' contiguous contexts (``decode_mirror``): ``q`` ``[B_wire, 1,
-    H, D]`` -> ``[B_wire, 1, H * D]``. Every slot reads the step's ``num_ctx_tokens`` keys (a view,
-    no copy) unless the rows' contexts differ enough that copying each group's own keys and
-    attending per group costs less (copying a key costs about as much as attending to it)."""
+    """Decode attention over the slots' contiguous contexts (one layer of a ``DecodeMirror``:
+    ``keys``/``values`` ``[B_wire, Hkv, max_len, D]``): ``q`` ``[B_wire, 1, H, D]`` -> ``[B_wire, 1,
+    H * D]``. Every slot reads the step's ``num_ctx_tokens`` keys (a view, no copy) unless the rows'
+    contexts differ enough that copying each group's own keys and attending per group costs less
+    (copying a key costs about as much as attending to it)."""
+    num_ctx, groups = meta.num_ctx_tokens, meta.decode_groups
+    if groups is None or 2 * sum(len(rows) * num_keys for rows, num_keys in groups) >= q.shape[0] * num_ctx:
+        return _decode_attention(q, keys[:, :, :num_ctx], values[:, :, :num_ctx], meta.mask, scale)
+
+    def group_kv(rows: torch.Tensor, num_keys: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return keys[:, :, :num_keys].index_select(0, rows), values[:, :, :num_keys].index_select(0, rows)
+
+    return _grouped_decode_attention(meta, q, scale, group_kv)
+
+
+def _decode_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """``q`` ``[n, 1, H, D]`` over ``k``/``v`` ``[n, Hkv, C, D]`` -> ``[n, 1, H * D]``: a head's
+    group of queries is already contiguous, so views only."""
     n, _, num_heads, head_dim = q.shape
-    keys, values = mirror.keys[layer], mirror.values[layer]
-    num_kv = keys.shape[1]
-    group = num_heads // num_kv
-    num_ctx = meta.num_ctx_tokens
-    groups = meta.decode_groups
-    if groups is None or 2 * sum(len(rows) * num_keys for rows, num_keys in groups) >= n * num_ctx:
-        qg = q.view(n, num_kv, group, head_dim)
-        out = F.scaled_dot_product_attention(
-            qg, keys[:, :, :num_ctx], values[:, :, :num_ctx], attn_mask=meta.mask, scale=scale
-        )
-        return out.reshape(n, 1, num_heads * head_dim)
-    out = q.new_empty(n, 1, num_heads * head_dim)
-    for rows, num_keys in groups:
-        k = keys[:, :, :num_keys].index_select(0, rows)
-        v = values[:, :, :num_keys].index_select(0, rows)
-        mask = meta.mask.index_select(0, rows)[..., :num_keys]
-        qg = q.index_select(0, rows).view(len(rows), num_kv, group, head_dim)
-        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
-        out.index_copy_(0, rows, o.reshape(len(rows), 1, num_heads * head_dim))
-    return out
+    num_kv = k.shape[1]
+    out = F.scaled_dot_product_attention(
+        q.view(n, num_kv, num_heads // num_kv, head_dim), k, v, attn_mask=mask, scale=scale
+    )
+    return out.reshape(n, 1, num_heads * head_dim)
 
 
 def _grouped_decode_attention(
-    store: PagedKVStore,
-    layer: int,
     meta: AttentionMetadata,
-    groups: tuple[tuple[torch.Tensor, int], ...],
     q: torch.Tensor,
     scale: float,
+    group_kv: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]],
 ) -> torch.Tensor:
-    """Decode attention per ``meta.decode_groups``: each group gathers only its rows' first
-    ``num_keys`` keys (``q`` ``[n, 1, H, D]`` -> ``[n, 1, H * D]``)."""
+    """Decode attention per ``meta.decode_groups``: ``group_kv(rows, num_keys)`` gives the group's
+    ``[len(rows), Hkv, num_keys, D]`` keys and values (``q`` ``[n, 1, H, D]`` -> ``[n, 1, H * D]``)."""
+    assert meta.decode_groups is not None
     n, _, num_heads, head_dim = q.shape
-    table = meta.ctx_blocks.view(n, meta.num_ctx_blocks)
-    num_kv = store.keys[layer].shape[2]
-    group = num_heads // num_kv
     out = q.new_empty(n, 1, num_heads * head_dim)
-    for rows, num_keys in groups:
-        num_blocks = -(-num_keys // store.block_size)
-        blocks = table.index_select(0, rows)[:, :num_blocks].reshape(-1)
-        k = _gather(store.keys[layer], blocks, len(rows))[:, :, :num_keys]
-        v = _gather(store.values[layer], blocks, len(rows))[:, :, :num_keys]
+    for rows, num_keys in meta.decode_groups:
+        k, v = group_kv(rows, num_keys)
         mask = meta.mask.index_select(0, rows)[..., :num_keys]
-        qg = q.index_select(0, rows).view(len(rows), num_kv, group, head_dim)
-        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
-        out.index_copy_(0, rows, o.reshape(len(rows), 1, num_heads * head_dim))
+        out.index_copy_(0, rows, _decode_attention(q.index_select(0, rows), k, v, mask, scale))
     return out
 
 
@@ -238,6 +237,16 @@ def _gather(storage: torch.Tensor, blocks: torch.Tensor, n: int) -> torch.Tensor
     _, block_size, num_kv, head_dim = storage.shape
     pages = storage.index_select(0, blocks)  # row copies: faster than 2-D advanced indexing
     return pages.view(n, -1, num_kv, head_dim).transpose(1, 2)
+
+
+def num_ctx_blocks(max_end: int, store: PagedKVStore, table_width: int) -> int:
+    """Blocks of context a step reads (its longest row's, ``max_end`` tokens). Like a paged-SDPA
+    kernel, only those are read; the fixed shapes a trace needs are the decode width and prefill
+    buckets."""
+    needed = max(1, -(-max_end // store.block_size))
+    if needed > table_width:
+        raise ValueError(f"page table width {table_width} < {needed} blocks needed for {max_end} tokens")
+    return needed
 
 
 def check_block_ids(page_table: np.ndarray, ends: np.ndarray, store: PagedKVStore) -> None:

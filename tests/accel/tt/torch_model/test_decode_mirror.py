@@ -12,8 +12,8 @@ from accel.tt.torch_model import TorchMeshModel
 from accel.tt.torch_model.decode_mirror import DecodeMirror
 
 
-def _mirror(num_slots=3):
-    return DecodeMirror(num_slots, 1, 1, 32, 2, torch.device("cpu"), torch.float32)
+def _mirror(lane_base):
+    return DecodeMirror(1, 1, 32, 2, torch.float32, 4, lane_base)
 
 
 def _rows(step):
@@ -21,24 +21,23 @@ def _rows(step):
 
 
 def test_plan_refills_only_the_rows_whose_context_the_mirror_does_not_hold():
-    m = _mirror()
     table = np.array([[3, 4, 0, 0], [0, 0, 0, 0], [7, 8, 0, 0]], dtype=np.int64)
-    base = np.array([0, 0, 100], dtype=np.int64)  # slot 2 is in another lane
-    first = m.plan(np.array([5, -1, 2]), table, 4, base)
+    m = _mirror(np.array([0, 0, 100], dtype=np.int64))  # slot 2 is in another lane; block size 4
+    first = m.plan(np.array([5, -1, 2]), table)
     assert _rows(first) == [0, 2] and first.refill_len == 5 and first.refill_num_blocks == 2
     assert first.refill_blocks.tolist() == [3, 4, 107, 108]  # global ids, row-major
-    assert _rows(m.plan(np.array([6, -1, 3]), table, 4, base)) == []  # each row appended one token
+    assert _rows(m.plan(np.array([6, -1, 3]), table)) == []  # each row appended one token
     moved = table.copy()
     moved[0, 0] = 9  # a block the row already reads was replaced
-    assert _rows(m.plan(np.array([7, -1, 4]), moved, 4, base)) == [0]
+    assert _rows(m.plan(np.array([7, -1, 4]), moved)) == [0]
     grown = moved.copy()
     grown[0, 2] = 6  # slot 0 reaches position 8: a new block past its held context is no change
-    assert _rows(m.plan(np.array([8, -1, 5]), grown, 4, base)) == []
+    assert _rows(m.plan(np.array([8, -1, 5]), grown)) == []
     m.invalidate([2])
-    assert _rows(m.plan(np.array([9, -1, 6]), grown, 4, base)) == [2]
-    assert _rows(m.plan(np.array([11, 3, 7]), grown, 4, base)) == [0, 1]  # a skipped position; a new row
-    assert _rows(m.plan(np.array([-1, 4, 8]), grown, 4, base)) == []
-    assert _rows(m.plan(np.array([13, 5, 9]), grown, 4, base)) == [0]  # empty in a step: dropped
+    assert _rows(m.plan(np.array([9, -1, 6]), grown)) == [2]
+    assert _rows(m.plan(np.array([11, 3, 7]), grown)) == [0, 1]  # a skipped position; a new row
+    assert _rows(m.plan(np.array([-1, 4, 8]), grown)) == []
+    assert _rows(m.plan(np.array([13, 5, 9]), grown)) == [0]  # empty in a step: dropped
 
 
 @pytest.fixture

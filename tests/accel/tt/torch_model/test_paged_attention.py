@@ -125,10 +125,10 @@ def test_attention_over_the_decode_mirror_equals_attention_over_the_pages(groupe
     store, table, positions, meta = _mixed_decode_step()
     if not grouped:
         meta = dataclasses.replace(meta, decode_groups=None)
-    mirror = DecodeMirror(len(ENDS), 1, 2, 64, 8, torch.device("cpu"), torch.float32)
+    mirror = DecodeMirror(1, 2, 64, 8, torch.float32, BS, np.zeros(len(ENDS), dtype=np.int64))
     # Every row refilled up to its position; the step's own token comes from append (its K/V
     # here are the pages' values at that position, as write_kv would have stored them).
-    step = mirror.plan(positions[:, 0].numpy(), table.numpy(), BS, np.zeros(len(ENDS), dtype=np.int64))
+    step = mirror.plan(positions[:, 0].numpy(), table.numpy())
     assert step.refill_rows is not None and step.refill_rows.tolist() == [0, 1, 2]  # position 0: nothing to copy
     mirror.refill(0, step, store.keys[0], store.values[0])
     flat_k, flat_v = store.keys[0].view(-1, 2, 8), store.values[0].view(-1, 2, 8)
@@ -136,4 +136,5 @@ def test_attention_over_the_decode_mirror_equals_attention_over_the_pages(groupe
     mirror.append(0, positions[:, 0], flat_k[at], flat_v[at])
     q = torch.randn(len(ENDS), 1, 4, 8)
     expected = paged_attention(store, 0, meta, q, scale=8**-0.5)
-    assert torch.allclose(mirrored_decode_attention(mirror, 0, meta, q, scale=8**-0.5), expected, atol=1e-6)
+    got = mirrored_decode_attention(mirror.keys[0], mirror.values[0], meta, q, scale=8**-0.5)
+    assert torch.allclose(got, expected, atol=1e-6)
