@@ -1,52 +1,54 @@
-"""Incremental detokenization that never emits a broken UTF-8 sequence.
+"""Incremental detokenization as vLLM 0.32 does it (``vllm/v1/engine/detokenizer.py``,
+``FastIncrementalDetokenizer``): the tokenizers library's ``DecodeStream``, primed with the
+prompt's token ids so the first output token decodes in the prompt's context (a SentencePiece
+leading space is kept; a character split between prompt and output comes out whole).
 
-Byte-level BPE tokens are byte strings: one character can span several tokens. We decode a
-window that starts at the last point where the text was known to be complete (``_prefix``) and
-emit only what lies past the previously emitted point (``_read``), and only when the window does
-not end in U+FFFD (an incomplete multi-byte sequence). Invariant: ``ids[:_prefix]`` and
-``ids[:_read]`` both end on a character boundary, so decode(ids) == emitted text + decode of the
-tail, which is what ``flush`` emits at the end.
+``DecodeStream`` holds back a token whose text ends in an incomplete UTF-8 sequence until a
+later token completes it. What is still held back when the request ends is never emitted,
+exactly as vLLM's server never emits it (its final text is the concatenation of the deltas), so
+greedy text is identical to vLLM's; ``flush`` exists for the callers' end-of-stream step and
+returns "" for that reason.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 
 from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
-_REPLACEMENT = "\ufffd"
+logger = logging.getLogger(__name__)
+
+# tokenizers' error for a prefix that decodes to non-monotonic / invalid UTF-8 (vLLM's
+# INVALID_PREFIX_ERR_MSG); the stream is then restarted without context, as vLLM does.
+_INVALID_PREFIX = "Invalid prefix encountered"
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True, prompt_token_ids: Sequence[int] = ()):
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
-        self._ids: list[int] = []
-        self._prefix = 0  # start of the decode window (a character boundary)
-        self._read = 0  # end of what was already emitted (a character boundary)
-
-    @property
-    def token_ids(self) -> Sequence[int]:
-        return self._ids
-
-    def _decode(self, ids: Sequence[int]) -> str:
-        return self._tokenizer.decode(list(ids), skip_special_tokens=self._skip_special)
+        self._stream = DecodeStream(ids=list(prompt_token_ids), skip_special_tokens=skip_special_tokens)
 
     def step(self, new_ids: Iterable[int]) -> str:
         """Append tokens; return the text they completed ("" while a character is incomplete)."""
-        self._ids.extend(new_ids)
-        if len(self._ids) == self._read:
-            return ""
-        prefix_text = self._decode(self._ids[self._prefix : self._read])
-        window_text = self._decode(self._ids[self._prefix :])
-        if len(window_text) <= len(prefix_text) or window_text.endswith(_REPLACEMENT):
-            return ""
-        self._prefix, self._read = self._read, len(self._ids)
-        return window_text[len(prefix_text) :]
+        return "".join(self._step_one(token_id) or "" for token_id in new_ids)
 
     def flush(self) -> str:
-        """At the end of the stream: whatever is still held back, incomplete bytes included."""
-        prefix_text = self._decode(self._ids[self._prefix : self._read])
-        window_text = self._decode(self._ids[self._prefix :])
-        self._prefix = self._read = len(self._ids)
-        return window_text[len(prefix_text) :]
+        """At the end of the stream: nothing. Bytes still held back (an incomplete UTF-8
+        sequence) are dropped, as vLLM drops them."""
+        return ""
+
+    def _step_one(self, token_id: int) -> str | None:
+        try:
+            return self._stream.step(self._tokenizer, token_id)
+        except (OverflowError, TypeError):
+            logger.exception("invalid token id %r", token_id)
+            return None
+        except Exception as exc:
+            if not str(exc).startswith(_INVALID_PREFIX):
+                raise
+            logger.warning("invalid prefix while detokenizing; restarting the decode stream")
+            self._stream = DecodeStream(skip_special_tokens=self._skip_special)
+            return self._stream.step(self._tokenizer, token_id)

@@ -26,7 +26,7 @@ class OutputBuilder:
         self._eos = eos_token_ids
         self._max_model_len = max_model_len
         sp = request.sampling
-        self._detok = IncrementalDetokenizer(tokenizer, sp.skip_special_tokens)
+        self._detok = IncrementalDetokenizer(tokenizer, sp.skip_special_tokens, request.prompt_token_ids)
         self._stops = StopStringMatcher(sp.stop, sp.include_stop_str_in_output)
         self._num_output = 0
         self.num_cached_tokens = 0

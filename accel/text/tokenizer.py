@@ -54,8 +54,18 @@ class TextTokenizer:
     eos_token_ids: frozenset[int]
     vocab_size: int
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.fast.encode(text, add_special_tokens=add_special_tokens).ids
+    def encode(self, text: str, add_special_tokens: bool = True, max_length: int | None = None) -> list[int]:
+        """``max_length``: truncate as HF's ``truncation=True, max_length=...`` does with vLLM's
+        ``truncation_side="left"`` (what ``vllm.tokenizers.get_tokenizer`` sets for generative
+        models): the text's last tokens are kept and the special tokens are added around them,
+        within ``max_length``. Done on the encoding, not with ``enable_truncation``, which would
+        change the shared tokenizer under the other worker threads."""
+        if max_length is None:
+            return self.fast.encode(text, add_special_tokens=add_special_tokens).ids
+        encoding = self.fast.encode(text, add_special_tokens=False)
+        num_special = self.fast.num_special_tokens_to_add(False) if add_special_tokens else 0
+        encoding.truncate(max(0, max_length - num_special), direction="left")
+        return self.fast.post_process(encoding, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.fast.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -69,6 +79,7 @@ class TextTokenizer:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         continue_final_message: bool = False,
         add_special_tokens: bool = False,
+        max_length: int | None = None,
     ) -> list[int]:
         """Render and tokenize a conversation. The template carries bos itself, so the rendered
         text is encoded without adding special tokens again unless asked (what vLLM does). ``tools``: the
@@ -91,7 +102,7 @@ class TextTokenizer:
             )
         except Exception as exc:  # jinja errors on malformed messages
             raise InvalidRequestError("messages", f"chat template failed: {exc}") from None
-        return self.encode(text, add_special_tokens=add_special_tokens)
+        return self.encode(text, add_special_tokens=add_special_tokens, max_length=max_length)
 
 
 @lru_cache(maxsize=8)

@@ -46,7 +46,7 @@ class _TextTail:
 
     def __init__(self, tokenizer: Tokenizer, request: GenerateRequest, sent: Sequence[int]):
         sp = request.sampling
-        self._detok = IncrementalDetokenizer(tokenizer, sp.skip_special_tokens)
+        self._detok = IncrementalDetokenizer(tokenizer, sp.skip_special_tokens, request.prompt_token_ids)
         self._stops = StopStringMatcher(sp.stop, sp.include_stop_str_in_output)
         for token_id in sent:  # what the dead replica had emitted is discarded; its hold is kept
             self._stops.feed(self._detok.step([token_id]))

@@ -25,6 +25,7 @@ from serve_app.protocol.field_policy import check_fields
 from serve_app.protocol.sampling_fields import SamplingFields
 from serve_app.protocol.structured_outputs import structured_output_spec
 from serve_app.protocol.tool_request import ToolPlan, tool_call_arguments_as_dicts
+from serve_app.protocol.truncation import truncation
 
 _INT64 = 2**63
 MAX_N = 128
@@ -100,38 +101,14 @@ def request_prompts(
     plan: ToolPlan | None = None,
 ) -> list[tuple[int, ...]]:
     """The request's prompts as token ids, truncated as ``truncate_prompt_tokens`` asks
-    (``plan``: a chat request's tools and template kwargs)."""
+    (``truncation``: vLLM's rules; ``plan``: a chat request's tools and template kwargs)."""
+    cut = truncation(req.truncate_prompt_tokens, req.truncation_side, _requested_max_tokens(req)[1], max_model_len)
+    max_length = None if cut is None else cut.encode_max_length
     if isinstance(req, ChatCompletionRequest):
-        prompts = [chat_prompt(req, tokenizer, plan)]
+        prompts = [chat_prompt(req, tokenizer, plan, max_length)]
     else:
-        prompts = completion_prompts(req, tokenizer)
-    if req.truncate_prompt_tokens is None:
-        return prompts
-    side = str(req.truncation_side or getattr(tokenizer.hf, "truncation_side", None) or "right")
-    return [
-        _truncate(p, req.truncate_prompt_tokens, side, _requested_max_tokens(req)[1], max_model_len) for p in prompts
-    ]
-
-
-def _truncate(
-    ids: tuple[int, ...], keep: int, side: str, max_tokens: int | None, max_model_len: int
-) -> tuple[int, ...]:
-    """vLLM's ``TokenizeParams`` truncation: ``keep`` > max_model_len is a 400; -1 keeps
-    max_model_len - 1 tokens when output tokens are asked for (max_model_len when not)."""
-    if keep > max_model_len:
-        raise bad_request(
-            f"truncate_prompt_tokens={keep} cannot be greater than max_model_len = {max_model_len}. "
-            "Please request a smaller truncation size.",
-            "truncate_prompt_tokens",
-        )
-    if keep < 0:
-        keep = max(0, max_model_len - 1) if max_tokens else max_model_len
-    if keep >= len(ids):
-        return ids
-    kept = ids[len(ids) - keep :] if side == "left" else ids[:keep]
-    if not kept:
-        raise bad_request("truncate_prompt_tokens=0 leaves an empty prompt", "truncate_prompt_tokens")
-    return kept
+        prompts = completion_prompts(req, tokenizer, max_length)
+    return prompts if cut is None else [cut.apply(p) for p in prompts]
 
 
 def _check_common(req: SamplingFields) -> None:
@@ -143,8 +120,11 @@ def _check_common(req: SamplingFields) -> None:
         raise bad_request("seed must fit in a signed 64-bit integer", "seed")
 
 
-def completion_prompts(req: CompletionRequest, tokenizer: TextTokenizer) -> list[tuple[int, ...]]:
-    """The request's prompts as token ids (a completions request may carry several)."""
+def completion_prompts(
+    req: CompletionRequest, tokenizer: TextTokenizer, max_length: int | None = None
+) -> list[tuple[int, ...]]:
+    """The request's prompts as token ids (a completions request may carry several); text
+    prompts encoded within ``max_length`` (``Truncation.encode_max_length``)."""
     _check_common(req)
     if req.echo and req.logprobs is not None:
         # vLLM answers it with the prompt's logprobs, which not every engine kind computes.
@@ -156,7 +136,10 @@ def completion_prompts(req: CompletionRequest, tokenizer: TextTokenizer) -> list
         raise bad_request("prompt must be a non-empty string, list of strings or list of token ids", "prompt")
     out = []
     for p in _prompt_list(req):
-        ids = tuple(tokenizer.encode(p, add_special_tokens=req.add_special_tokens)) if isinstance(p, str) else tuple(p)
+        if isinstance(p, str):
+            ids = tuple(tokenizer.encode(p, add_special_tokens=req.add_special_tokens, max_length=max_length))
+        else:
+            ids = tuple(p)
         if not ids:
             raise bad_request("a prompt is empty", "prompt")
         if any(t >= tokenizer.vocab_size for t in ids):
@@ -207,7 +190,9 @@ def _message_text(message: Mapping[str, Any]) -> dict[str, Any]:
     return {**message, "content": content}
 
 
-def chat_prompt(req: ChatCompletionRequest, tokenizer: TextTokenizer, plan: ToolPlan | None = None) -> tuple[int, ...]:
+def chat_prompt(
+    req: ChatCompletionRequest, tokenizer: TextTokenizer, plan: ToolPlan | None = None, max_length: int | None = None
+) -> tuple[int, ...]:
     """Render the conversation with the model's chat template and tokenize it; ``plan``: the
     request's tools and template kwargs (``tool_request.ChatTools.prepare``)."""
     _check_common(req)
@@ -223,6 +208,7 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: TextTokenizer, plan: Tool
         chat_template=req.chat_template,
         add_special_tokens=req.add_special_tokens,
         plan=plan,
+        max_length=max_length,
     )
 
 
@@ -235,6 +221,7 @@ def render_chat(
     chat_template: str | None,
     add_special_tokens: bool,
     plan: ToolPlan | None = None,
+    max_length: int | None = None,
 ) -> tuple[int, ...]:
     """The conversation's prompt ids (chat completions and ``/tokenize`` alike); ``plan``: the
     request's tools and template kwargs."""
@@ -264,6 +251,7 @@ def render_chat(
         chat_template_kwargs=plan.chat_template_kwargs if plan is not None else None,
         continue_final_message=continue_final_message,
         add_special_tokens=add_special_tokens,
+        max_length=max_length,
     )
     if not ids:
         raise bad_request("the rendered prompt is empty", "messages")
