@@ -19,6 +19,7 @@ from accel.contract import GenerateRequest, InvalidRequestError, SamplingParams
 from accel.text.bad_words import bad_words_token_ids
 from accel.text.tokenizer import TextTokenizer
 from serve_app.protocol.chat import ChatCompletionRequest
+from serve_app.protocol.chat_roles import developer_as_system
 from serve_app.protocol.completions import CompletionRequest
 from serve_app.protocol.errors import APIError, bad_request
 from serve_app.protocol.field_policy import check_fields
@@ -240,7 +241,8 @@ def render_chat(
             "assistant message instead.",
             "continue_final_message",
         )
-    messages = [_message_text(m) for m in raw_messages]
+    template = chat_template or tokenizer.hf.chat_template
+    messages = developer_as_system([_message_text(m) for m in raw_messages], template)
     tool_call_arguments_as_dicts(messages)
     # continue_final_message leaves the final turn open, as HF renders it.
     ids = tokenizer.apply_chat_template(
