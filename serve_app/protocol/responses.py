@@ -165,7 +165,10 @@ def completion_chunk(
 ) -> CompletionStreamResponse:
     lps = None
     if opts.num_logprobs is not None and delta.logprobs:
-        lps = completion_logprobs(tok, delta.logprobs, opts.num_logprobs, text_offset, opts.tokens_as_ids)
+        # called before ``choice.add(delta)``: its token ids are the ones before this delta
+        lps = completion_logprobs(
+            tok, delta.logprobs, opts.num_logprobs, text_offset, opts.tokens_as_ids, choice.token_ids
+        )
     return CompletionStreamResponse(
         id=opts.request_id,
         created=opts.created,
@@ -248,7 +251,9 @@ def chat_chunk(
 ) -> ChatCompletionStreamResponse:
     lps = None
     if opts.num_logprobs is not None and delta.logprobs:
-        lps = chat_logprobs(tok, delta.logprobs, opts.num_logprobs, opts.tokens_as_ids)
+        # called after ``choice.add(delta)``: the token ids before this delta are its context
+        before = choice.token_ids[: len(choice.token_ids) - len(delta.new_token_ids)]
+        lps = chat_logprobs(tok, delta.logprobs, opts.num_logprobs, opts.tokens_as_ids, before)
     return ChatCompletionStreamResponse(
         id=opts.request_id,
         created=opts.created,
