@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +15,7 @@ def _normalize_stop(stop: Any) -> tuple[str, ...]:
     if stop is None:
         return ()
     if isinstance(stop, str):
-        return (stop,) if stop else ()
+        stop = (stop,)
     if isinstance(stop, (list, tuple)):
         for s in stop:
             require(
@@ -22,7 +23,8 @@ def _normalize_stop(stop: Any) -> tuple[str, ...]:
                 "stop",
                 f"expected a string or a list of strings, got an element of type {type(s).__name__}",
             )
-        return tuple(s for s in stop if s)
+        require(all(stop), "stop", "stop cannot contain an empty string.")  # vLLM's words
+        return tuple(stop)
     raise InvalidRequestError("stop", f"expected a string or a list of strings, got {type(stop).__name__}")
 
 
@@ -90,9 +92,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         require(
-            is_number(self.temperature) and self.temperature >= 0,
+            is_number(self.temperature) and math.isfinite(self.temperature) and 0 <= self.temperature <= 2,
             "temperature",
-            f"must be a number >= 0, got {self.temperature!r}",
+            f"temperature must be in [0, 2], got {self.temperature!r}.",  # vLLM's range and words
         )
         require(is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p!r}")
         require(
@@ -135,9 +137,11 @@ class SamplingParams:
             value = getattr(self, name)
             require(is_number(value) and -2 <= value <= 2, name, f"must be in [-2, 2], got {value!r}")
         require(
-            is_number(self.repetition_penalty) and 0 < self.repetition_penalty <= 2,
+            is_number(self.repetition_penalty)
+            and math.isfinite(self.repetition_penalty)
+            and self.repetition_penalty > 0,
             "repetition_penalty",
-            f"must be in (0, 2], got {self.repetition_penalty!r}",
+            f"repetition_penalty must be greater than zero, got {self.repetition_penalty!r}.",  # vLLM's rule
         )
         set_(self, "logit_bias", _normalize_logit_bias(self.logit_bias))
         require(

@@ -30,6 +30,7 @@ from serve_app.protocol.truncation import truncation
 
 _INT64 = 2**63
 MAX_N = 128
+_GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it is greedy
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -117,6 +118,8 @@ def _check_common(req: SamplingFields) -> None:
         raise bad_request("beam search is not supported", "use_beam_search")
     if not 1 <= req.n <= MAX_N:
         raise bad_request(f"n must be in [1, {MAX_N}], got {req.n}", "n")
+    if req.n > 1 and req.temperature is not None and req.temperature < _GREEDY_EPS:
+        raise bad_request(f"n must be 1 when using greedy sampling, got {req.n}.", "n")  # vLLM's rule
     if req.seed is not None and not -_INT64 <= req.seed < _INT64:
         raise bad_request("seed must fit in a signed 64-bit integer", "seed")
 

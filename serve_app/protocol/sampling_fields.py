@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import Field
+from vllm.entrypoints.generate.base.protocol import StopParam
 
 from serve_app.protocol.common import OpenAIBaseModel, StreamOptions
 
@@ -16,7 +17,7 @@ class SamplingFields(OpenAIBaseModel):
     logit_bias: dict[str, float] | None = None
     n: int = 1
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: StopParam = None  # vLLM's type: at most VLLM_MAX_STOP_STRINGS (4) strings
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     temperature: float | None = None
