@@ -241,8 +241,12 @@ def _engine_config(
                 "kv_connector_module_path": spec.module_path,
                 "kv_role": "kv_both",
             }
-    if pool.engine == "vllm" and parsing.reasoning_parser:
-        args.setdefault("reasoning_parser", parsing.reasoning_parser)
+    if pool.engine == "vllm":
+        # vLLM labels its metrics (model_name) with the served name, as `vllm serve
+        # --served-model-name` does; without it, the checkpoint path.
+        args.setdefault("served_model_name", pool.model)
+        if parsing.reasoning_parser:
+            args.setdefault("reasoning_parser", parsing.reasoning_parser)
     try:
         if pool.engine == "tt":
             return TTEngineConfig.from_engine_args(args)

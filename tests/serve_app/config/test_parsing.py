@@ -33,6 +33,13 @@ def test_parsers_in_the_model_block_reach_the_model_and_the_vllm_engine():
     assert vllm.engine_config.engine_args(None, 1)["reasoning_parser"] == "qwen3"
 
 
+def test_a_vllm_engine_serves_under_the_models_name():
+    # vLLM labels its metrics (model_name) with served_model_name: the model's name, not the path.
+    (model,) = load_app_config(_args(), "t.yaml").models
+    _, vllm = model.pools
+    assert vllm.engine_config.engine_args(None, 1)["served_model_name"] == "m"
+
+
 def test_defaults_and_refusals():
     (model,) = load_app_config(_args(), "t.yaml").models
     assert not model.parsing.has_parser and model.parsing.tool_call_parser is None
