@@ -156,14 +156,44 @@ class EngineClient:
         if replica_id is not None or actor_id is not None:
             self._router.report_dead(replica_id, actor_id)
 
-    async def stream(self, request: GenerateRequest, route: RouteRequest) -> AsyncGenerator[OutputDelta, None]:
+    def stream_choices(
+        self, requests: Sequence[GenerateRequest], routes: Sequence[RouteRequest]
+    ) -> list[AsyncGenerator[OutputDelta, None]]:
+        """The engine requests of one API request (n > 1, several prompts). When the client
+        pinned no pool and several could serve them, the first is placed as usual and the others
+        in the pool it went to: every choice runs on one engine kind (seeded sampling, logprobs
+        and speed are the engine's), as one vLLM server would run them."""
+        if len(requests) == 1 or routes[0].pool is not None or len(eligible_pools(routes[0], self._pools)) == 1:
+            return [self.stream(r, route) for r, route in zip(requests, routes)]
+        placed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        async def sibling(request: GenerateRequest, route: RouteRequest) -> AsyncGenerator[OutputDelta, None]:
+            pool = await placed
+            async with contextlib.aclosing(self.stream(request, dataclasses.replace(route, pool=pool))) as deltas:
+                async for delta in deltas:
+                    yield delta
+
+        first = self.stream(requests[0], routes[0], placed)
+        return [first, *(sibling(r, route) for r, route in zip(requests[1:], routes[1:]))]
+
+    async def stream(
+        self, request: GenerateRequest, route: RouteRequest, placed: asyncio.Future[str] | None = None
+    ) -> AsyncGenerator[OutputDelta, None]:
         """Deltas of one engine request. Closing or cancelling this generator early cancels the
-        replica call, which aborts the engine request there.
+        replica call, which aborts the engine request there. ``placed``: given the pool the
+        router chose (``stream_choices``); cancelled if no decision was made.
 
         A replica death before any token: decided again without it and retried once. After
         tokens were passed on: up to ``ingress.max_failovers`` times, the stream continues on
         another replica from prompt + the tokens sent (``failover.StreamProgress``)."""
-        decision = await self.decide(route)
+        try:
+            decision = await self.decide(route)
+        except BaseException:
+            if placed is not None:
+                placed.cancel()
+            raise
+        if placed is not None and not placed.done():
+            placed.set_result(decision.pool)
         progress = StreamProgress(request, self._tokenizers.get(route.model))
         attempt_request, retried, failovers = request, False, 0
         while True:

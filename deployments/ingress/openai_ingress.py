@@ -252,7 +252,7 @@ class OpenAIIngress:
         ]
         self._client.check_routable(routes[0])
         check_engine_support(routes[0], self._config.pools, sampling[0])
-        streams = [self._client.stream(g, r) for g, r in zip(greqs, routes)]
+        streams = self._client.stream_choices(greqs, routes)
         stream_opts = req.stream_options
         opts = rsp.RenderOptions(
             request_id=conv.response_id(prefix, request.headers.get("x-request-id"), req),

@@ -172,3 +172,41 @@ def test_no_shortcut_for_a_retry_or_a_model_with_a_prefill_pool():
     assert client.single_replica_decision(RouteRequest("r", "m", 2, pool="vllm")).replica_id == "only"
     retry = RouteRequest("r#retry", "m", 2, pool="vllm", excluded_replicas=("gone",))
     assert client.single_replica_decision(retry) is None
+
+
+def test_a_requests_choices_run_in_the_pool_its_first_was_placed_in():
+    async def run():
+        # The siblings ask the router with the first choice's pool pinned (as the header pins it).
+        decisions = [RouteDecision("tt", "t1", "a", "prefix"), *(RouteDecision("tt", "t2", x, "load") for x in "bc")]
+        router = FakeRouterHandle(decisions)
+        client, pools = make_client(router)
+        routes = [RouteRequest(f"r-{i}", "m", 2) for i in range(3)]
+        streams = client.stream_choices([REQ, REQ, REQ], routes)
+        deltas = [d async for _, d in merge_streams(streams)]
+        assert sum(d.finished for d in deltas) == 3
+        assert [r.pool for r in router.routes] == [None, "tt", "tt"]  # the siblings asked pinned
+        assert pools["tt"].calls == [("r", "t1"), ("r", "t2"), ("r", "t2")] and not pools["vllm"].calls
+        # A single choice, or a pool pinned by the client: each is routed as it is.
+        assert len(client.stream_choices([REQ], routes[:1])) == 1
+        pinned = [RouteRequest(f"p-{i}", "m", 2, pool="vllm") for i in range(2)]
+        router = FakeRouterHandle(RouteDecision("vllm", "v1", "t", "load"))
+        client, _ = make_client(router)
+        [d async for _, d in merge_streams(client.stream_choices([REQ, REQ], pinned))]
+        assert [r.pool for r in router.routes] == ["vllm", "vllm"]
+
+    asyncio.run(run())
+
+
+def test_siblings_end_when_the_first_choice_cannot_be_placed():
+    async def run():
+        client, _ = make_client(FakeRouterHandle(error=RuntimeError("down")))
+        client.decide = _failing_decide
+        streams = client.stream_choices([REQ, REQ], [RouteRequest(f"r-{i}", "m", 2) for i in range(2)])
+        with pytest.raises(RuntimeError, match="no pool"):
+            [d async for _, d in merge_streams(streams)]
+
+    asyncio.run(asyncio.wait_for(run(), 5))
+
+
+async def _failing_decide(route):
+    raise RuntimeError("no pool")
