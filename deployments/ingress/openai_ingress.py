@@ -145,6 +145,21 @@ class OpenAIIngress:
             return error_response(APIError(503, msg, None, self._config.ingress.retry_after_s))
         return Response(status_code=200)
 
+    @app.get("/ping")
+    async def ping_get(self) -> Response:
+        """vLLM's (SageMaker's) liveness probe: the same answer as /health."""
+        return await self.health()
+
+    @app.post("/ping")
+    async def ping_post(self) -> Response:
+        return await self.health()
+
+    @app.get("/load")
+    async def load(self) -> JSONResponse:
+        """vLLM's ``/load``: engine requests in flight through this ingress replica (what vLLM
+        counts with ``--enable-server-load-tracking``)."""
+        return JSONResponse({"server_load": self._bound.held})
+
     @app.get("/v1/models")
     async def models(self) -> JSONResponse:
         down = set(health.unhealthy_models(self._models, self._client.engines))

@@ -114,3 +114,15 @@ def test_refused_fields_name_themselves(client):
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model="tiny-llama", prompt="hi", max_tokens=2, extra_body={"priority": 5})
     assert err.value.body["param"] == "priority"
+
+
+def test_ping_and_load_as_vllm(base_url, client):
+    """vLLM's /ping (the /health answer, GET and POST) and /load (engine requests in flight)."""
+    assert httpx.get(f"{base_url}/ping").status_code == 200 and httpx.post(f"{base_url}/ping").status_code == 200
+    idle = httpx.get(f"{base_url}/load").json()["server_load"]
+    stream = client.completions.create(
+        model="tiny-llama", prompt="count", max_tokens=200, stream=True, extra_body={"ignore_eos": True}
+    )
+    next(iter(stream))  # a token arrived: the request is in flight
+    assert httpx.get(f"{base_url}/load").json()["server_load"] >= idle + 1
+    stream.close()
