@@ -73,3 +73,27 @@ def hf_prompt_kv(model_dir: str | Path, prompt_ids: Sequence[int]):
     # each layer's K and V: [batch=1, kv_heads, tokens, head_dim]
     layers = [(layer.keys, layer.values) for layer in past.layers]
     return torch.stack([torch.stack([k[0].transpose(0, 1), v[0].transpose(0, 1)]) for k, v in layers])
+
+
+def vllm_text(model_dir: str | Path, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> str:
+    """The text vLLM 0.32's server sends for ``output_ids`` after ``prompt_ids``: its own
+    incremental detokenizer (``vllm.v1.engine.detokenizer``) with vLLM's tokenizer of the
+    checkpoint. It differs from a plain ``decode`` of the ids where a character is still
+    incomplete at the end (never sent) or split between prompt and output."""
+    from vllm import SamplingParams
+    from vllm.v1.engine import EngineCoreRequest
+    from vllm.v1.engine.detokenizer import IncrementalDetokenizer
+
+    sampling = SamplingParams(max_tokens=max(1, len(output_ids)))
+    request = EngineCoreRequest("ref", list(prompt_ids), None, sampling, None, 0.0, None, None, None)
+    detok = IncrementalDetokenizer.from_new_request(_vllm_tokenizer(str(model_dir)), request)
+    for token_id in output_ids:
+        detok.update([token_id], False)
+    return detok.output_text
+
+
+@lru_cache(maxsize=4)
+def _vllm_tokenizer(model_dir: str):
+    from vllm.tokenizers import get_tokenizer
+
+    return get_tokenizer(model_dir)

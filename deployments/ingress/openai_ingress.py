@@ -292,7 +292,7 @@ class OpenAIIngress:
             if call is not None:
                 assert isinstance(out, ChatCompletionResponse)
                 return JSONResponse(response_from_chat(call, out, sampling[0].max_tokens))
-            return JSONResponse(out.model_dump(exclude_none=True))
+            return JSONResponse(rsp.with_openai_nulls(out.model_dump(exclude_none=True)))
         # Wait for the first delta before answering 200, so early failures keep their status.
         first: tuple[int, OutputDelta] | None
         try:

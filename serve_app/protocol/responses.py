@@ -278,8 +278,25 @@ def chat_usage_chunk(opts: RenderOptions, choices: Sequence[ChoiceState]) -> Cha
     )
 
 
+def with_openai_nulls(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` (a response or chunk dumped without None fields) with the fields OpenAI's schema
+    requires but allows to be null written as null, as vLLM's server writes them: each
+    choice's ``logprobs`` and ``finish_reason`` (a streamed completions choice's
+    ``stop_reason`` too), a chat message's ``content``. Clients that test ``finish_reason ===
+    null`` (the JavaScript SDK's types) need the key."""
+    for choice in body.get("choices", ()):
+        choice.setdefault("logprobs", None)
+        choice.setdefault("finish_reason", None)
+        if "text" in choice or choice["finish_reason"] is not None:
+            choice.setdefault("stop_reason", None)
+        if "message" in choice:
+            choice["message"].setdefault("content", None)
+    return body
+
+
 def sse(payload: BaseModel) -> str:
-    return f"data: {payload.model_dump_json(exclude_none=True)}\n\n"
+    body = with_openai_nulls(payload.model_dump(exclude_none=True))
+    return f"data: {orjson.dumps(body).decode()}\n\n"
 
 
 def fast_text_chunk_sse(opts: RenderOptions, index: int, delta: OutputDelta, is_chat: bool) -> str:
@@ -291,10 +308,10 @@ def fast_text_chunk_sse(opts: RenderOptions, index: int, delta: OutputDelta, is_
         choice["delta"] = {"content": delta.text}
     else:
         choice["text"] = delta.text
-    if delta.finish_reason is not None:
-        choice["finish_reason"] = delta.finish_reason.value
-        if delta.stop_reason is not None:
-            choice["stop_reason"] = delta.stop_reason
+    choice["logprobs"] = None
+    choice["finish_reason"] = None if delta.finish_reason is None else delta.finish_reason.value
+    if not is_chat or delta.finish_reason is not None:
+        choice["stop_reason"] = delta.stop_reason if delta.finish_reason is not None else None
     body = {
         "id": opts.request_id,
         "object": "chat.completion.chunk" if is_chat else "text_completion",

@@ -9,7 +9,7 @@ import pytest
 from accel.contract import FinishReason, GenerateRequest, SamplingParams, join_token_ids
 from accel.text.output_builder import OutputBuilder
 from accel.text.tokenizer import load_tokenizer
-from tests.hf_reference import hf_greedy, hf_logprobs
+from tests.hf_reference import hf_greedy, hf_logprobs, vllm_text
 
 pytestmark = pytest.mark.slow
 
@@ -195,7 +195,8 @@ def test_max_tokens_text_matches_output_builder(loop, engine, tok, tiny_llama):
     req = GenerateRequest("maxtok", prompt, _greedy(7))
     got = _collect(loop, engine, req)
     ref = _reference_deltas(tok, tiny_llama, req, 7)
-    assert "".join(d.text for d in got) == "".join(d.text for d in ref) == tok.decode(join_token_ids(ref))
+    text = vllm_text(tiny_llama, prompt, join_token_ids(ref))
+    assert "".join(d.text for d in got) == "".join(d.text for d in ref) == text
     assert got[-1].finish_reason is FinishReason.LENGTH and got[-1].num_completion_tokens == 7
 
 
