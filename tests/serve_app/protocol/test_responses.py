@@ -89,3 +89,17 @@ def test_fast_text_chunk_equals_the_model_path(tok, is_chat, finish):
     c = rsp.ChoiceState(index=1, prompt_index=0)
     slow = rsp.chat_chunk(opts, tok, c, delta) if is_chat else rsp.completion_chunk(opts, tok, c, delta, 0)
     assert json.loads(rsp.fast_text_chunk_sse(opts, 1, delta, is_chat)[6:]) == json.loads(rsp.sse(slow)[6:])
+
+
+@pytest.mark.parametrize("is_chat", [False, True])
+def test_nullable_fields_are_written_as_null_as_vllm_writes_them(tok, is_chat):
+    # OpenAI's schema requires these keys (nullable); vLLM's server always writes them.
+    opts = _opts(num_logprobs=None, return_token_ids=False)
+    delta = OutputDelta("r", (40,), "hi", 5, 1, 0, None, None, None)
+    for line in (rsp.fast_text_chunk_sse(opts, 0, delta, is_chat), rsp.sse(rsp.chat_role_chunk(opts, 0))):
+        (choice,) = json.loads(line[6:])["choices"]
+        assert choice["finish_reason"] is None and choice["logprobs"] is None
+    (choice,) = json.loads(rsp.fast_text_chunk_sse(opts, 0, delta, is_chat)[6:])["choices"]
+    assert ("stop_reason" in choice) is (not is_chat)  # completions: always; chat: once finished
+    message = rsp.with_openai_nulls({"choices": [{"index": 0, "message": {"role": "assistant", "tool_calls": []}}]})
+    assert message["choices"][0]["message"]["content"] is None and message["choices"][0]["logprobs"] is None
