@@ -162,8 +162,15 @@ class EngineClient:
         """The engine requests of one API request (n > 1, several prompts). When the client
         pinned no pool and several could serve them, the first is placed as usual and the others
         in the pool it went to: every choice runs on one engine kind (seeded sampling, logprobs
-        and speed are the engine's), as one vLLM server would run them."""
-        if len(requests) == 1 or routes[0].pool is not None or len(eligible_pools(routes[0], self._pools)) == 1:
+        and speed are the engine's), as one vLLM server would run them. Not for a model with a
+        prefill pool, where the router plans each choice's prefill/decode pair."""
+        free = (
+            len(requests) > 1
+            and routes[0].pool is None
+            and routes[0].model not in self._models_with_prefill
+            and len(eligible_pools(routes[0], self._pools)) > 1
+        )
+        if not free:
             return [self.stream(r, route) for r, route in zip(requests, routes)]
         placed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
