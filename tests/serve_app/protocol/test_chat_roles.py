@@ -2,16 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
-from accel.text.tokenizer import load_tokenizer
 from serve_app.protocol import conversion as conv
 from serve_app.protocol.chat_roles import developer_as_system
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_llama):
-    return load_tokenizer(str(tiny_llama))
 
 
 def _prompt(tok, messages, **kw):

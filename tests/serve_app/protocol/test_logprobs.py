@@ -15,24 +15,12 @@ import pytest
 from vllm.entrypoints.generate.base.serving import GenerateBaseServing
 from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
 from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
-from vllm.tokenizers import get_tokenizer
 from vllm.v1.engine.logprobs import LogprobsProcessor
 
 from accel.contract import TokenLogprob
-from accel.text.tokenizer import load_tokenizer
 from serve_app.protocol.logprobs import chat_logprobs, completion_logprobs
 
 K = 3
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_llama):
-    return load_tokenizer(str(tiny_llama))
-
-
-@pytest.fixture(scope="module")
-def vllm_tok(tiny_llama):
-    return get_tokenizer(str(tiny_llama))
 
 
 def _positions(tok) -> list[TokenLogprob]:

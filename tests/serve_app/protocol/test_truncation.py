@@ -6,24 +6,12 @@ from __future__ import annotations
 
 import pytest
 from vllm.renderers.params import TokenizeParams
-from vllm.tokenizers import get_tokenizer
 
-from accel.text.tokenizer import load_tokenizer
 from serve_app.protocol import conversion as conv
 from serve_app.protocol.errors import APIError
 
 MAX_MODEL_LEN = 512
 TEXT = "Hello world how are you doing today, my friend?"
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_llama):
-    return load_tokenizer(str(tiny_llama))
-
-
-@pytest.fixture(scope="module")
-def vllm_tok(tiny_llama):
-    return get_tokenizer(str(tiny_llama))
 
 
 def _vllm(vllm_tok, prompt, keep, side, add_special_tokens=True, max_tokens=16):
