@@ -16,7 +16,7 @@ non-Harmony path):
 
 There is no response store: ``previous_response_id`` (and ``background``, which needs one) is a
 400 naming it, as are the options this path does not honour (other tool kinds, prompt templates,
-``truncation: auto``, output logprobs...), so nothing a client sends is dropped silently.
+output logprobs...), so nothing a client sends is dropped silently.
 """
 
 from __future__ import annotations
@@ -111,9 +111,9 @@ def _refuse_unsupported(request: Any, body: Mapping[str, Any]) -> None:
         raise bad_request("previous_input_messages is not supported; send the conversation in `input`", "input")
     if request.prompt is not None:
         raise bad_request("prompt templates are not supported", "prompt")
-    if request.truncation not in (None, "disabled"):
-        raise bad_request("truncation 'auto' is not supported", "truncation")
-    if request.is_include_output_logprobs() or request.top_logprobs:
+    if request.top_logprobs:
+        raise bad_request("output logprobs are not supported on /v1/responses", "top_logprobs")
+    if request.is_include_output_logprobs():
         raise bad_request("output logprobs are not supported on /v1/responses", "include")
     if request.max_tool_calls is not None:
         raise bad_request("max_tool_calls is not supported", "max_tool_calls")
@@ -144,6 +144,8 @@ def _chat_body(request: Any, body: Mapping[str, Any]) -> dict[str, Any]:
     chat["messages"] = [_chat_message(m) for m in messages]
     if request.max_output_tokens is not None:
         chat["max_completion_tokens"] = request.max_output_tokens
+    if request.truncation == "auto":  # vLLM's build_tok_params: keep the prompt's end that fits
+        chat["truncate_prompt_tokens"] = -1
     if request.tools:
         chat["tools"] = [
             convert_tool_responses_to_completions_format(t).model_dump()

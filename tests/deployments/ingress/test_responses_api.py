@@ -103,10 +103,26 @@ def test_stateless_refusals(ingress):
         ({"previous_response_id": "resp_123"}, "previous_response_id"),
         ({"background": True}, "background"),
         ({"tools": [{"type": "web_search_preview"}]}, "tools"),
-        ({"truncation": "auto"}, "truncation"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"max_tool_calls": 3}, "max_tool_calls"),
     ]
     for extra, param in cases:
         status, r = asyncio.run(call(ingress, {"model": "tiny-llama", "input": "hi", **extra}, responses=True))
         assert status == 400 and r["error"]["param"] == param, (extra, r)
     status, r = asyncio.run(call(ingress, {"model": "tiny-llama", "input": "hi", "previous_response_id": "x"}, True))
     assert "store" in r["error"]["message"]
+
+
+def test_truncation_auto_keeps_the_end_of_the_prompt_that_fits(ingress):
+    # vLLM's ResponsesRequest.build_tok_params: truncation "auto" = truncate_prompt_tokens -1.
+    engine = ScriptedEngine(ingress, "hi")
+    max_model_len = ingress._models["tiny-llama"].max_model_len
+    long_input = "word " * (4 * max_model_len)  # far past the context
+    status, r = asyncio.run(call(ingress, {"model": "tiny-llama", "input": long_input}, responses=True))
+    assert status == 400 and r["error"]["param"] == "input_tokens"
+    body = {"model": "tiny-llama", "input": long_input, "truncation": "auto", "max_output_tokens": 8}
+    status, r = asyncio.run(call(ingress, body, responses=True))
+    assert status == 200, r
+    (request,) = engine.requests
+    assert request.num_prompt_tokens == max_model_len - 1  # room for the output
+    assert engine.tok.decode(request.prompt_token_ids, skip_special_tokens=False).endswith("<|im_start|>assistant\n")
