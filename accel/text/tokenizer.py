@@ -7,6 +7,7 @@ encoding, as vLLM does it) plus its Rust ``tokenizers.Tokenizer`` (fast decode i
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -110,6 +111,12 @@ def load_tokenizer(model_dir: str | Path) -> TextTokenizer:
     from transformers import AutoTokenizer
 
     path = Path(model_dir)
+    if path.is_absolute() and not path.exists():
+        # transformers would take it for a hub repo id and fail with HFValidationError
+        raise FileNotFoundError(
+            f"model checkpoint folder {path} does not exist on this node ({socket.gethostname()}); "
+            "mount it there or fix the model's path in the serve config"
+        )
     hf_tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     return TextTokenizer(
         hf=hf_tok,
