@@ -64,8 +64,12 @@ serve: export RAY_SERVE_THROUGHPUT_OPTIMIZED := 1
 serve: export RAY_SERVE_ENABLE_HA_PROXY := 1
 serve: export RAY_worker_niceness := 0
 serve: export RAY_SERVE_CONTROL_LOOP_INTERVAL_S := 0.5
+# SIGINT back to its default before `serve run`: a shell that starts it in the background
+# (`make serve &`) ignores SIGINT, Python then installs no KeyboardInterrupt handler, and the
+# app cannot be stopped cleanly (a `ray stop --force` then leaves Ray's HAProxy on the port).
 serve: setup
-	$(VENV)/bin/serve run $(CONFIG)
+	$(PY) -c 'import os, signal, sys; [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ)]; os.execv(sys.argv[1], sys.argv[1:])' \
+		$(VENV)/bin/serve run $(CONFIG)
 
 # Lint and types first (seconds), then the suite (fast unit tests, then the slow end-to-end ones).
 lint: setup
