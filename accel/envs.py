@@ -40,6 +40,8 @@ class Envs:
     kv_shm_root: Path
     # The API key the ingress requires when ingress.api_keys is empty (vLLM's VLLM_API_KEY).
     api_key: str | None
+    # Most stop strings a request may send (vLLM's VLLM_MAX_STOP_STRINGS, its default 4).
+    max_stop_strings: int
 
 
 def _read() -> Envs:
@@ -65,6 +67,7 @@ def _read() -> Envs:
             or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
         ),
         api_key=os.environ.get("MESHSERVE_API_KEY") or None,
+        max_stop_strings=int(os.environ.get("VLLM_MAX_STOP_STRINGS", "4")),
     )
 
 

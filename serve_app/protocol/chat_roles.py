@@ -9,12 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from vllm.renderers.hf import (
-    _consolidate_system_messages,
-    _convert_developer_to_system,
-    _detect_developer_role_support,
-)
-
 
 def developer_as_system(messages: Sequence[Mapping[str, Any]], chat_template: Any) -> list[dict[str, Any]]:
     """``chat_template``: the one the conversation is rendered with (the request's or the
@@ -22,6 +16,13 @@ def developer_as_system(messages: Sequence[Mapping[str, Any]], chat_template: An
     out = [dict(m) for m in messages]
     if not any(m.get("role") == "developer" for m in out):
         return out
+    # vLLM is imported only here: an ingress without it (a TT-only install) serves every other request
+    from vllm.renderers.hf import (
+        _consolidate_system_messages,
+        _convert_developer_to_system,
+        _detect_developer_role_support,
+    )
+
     template = "\n".join(map(str, chat_template.values())) if isinstance(chat_template, Mapping) else str(chat_template)
     if _detect_developer_role_support(template):
         return out

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vllm.tokenizers.detokenizer_utils import convert_ids_list_to_tokens
-from vllm.v1.engine.logprobs import LogprobsProcessor
-
 from accel.contract import TokenLogprob
 from accel.text.tokenizer import TextTokenizer
 from serve_app.protocol.chat import ChatCompletionLogProb, ChatCompletionLogProbs, ChatCompletionLogProbsContent
@@ -29,6 +26,10 @@ def _position_entries(
     tokenizer: TextTokenizer, lp: TokenLogprob, context: Sequence[int]
 ) -> list[tuple[int, str, float]]:
     """(token id, its text, logprob) of one position: the sampled token, then the top ones."""
+    # vLLM's own functions, imported on first use (only requests with logprobs need them)
+    from vllm.tokenizers.detokenizer_utils import convert_ids_list_to_tokens
+    from vllm.v1.engine.logprobs import LogprobsProcessor
+
     entries = dict.fromkeys([lp.token_id, *(tid for tid, _ in lp.top)])
     values = {lp.token_id: lp.logprob, **{tid: v for tid, v in lp.top if tid != lp.token_id}}
     ids = list(entries)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
-from vllm.entrypoints.generate.base.protocol import StopParam
 
+from accel.envs import ENVS
 from serve_app.protocol.common import OpenAIBaseModel, StreamOptions
 
 
@@ -17,7 +17,8 @@ class SamplingFields(OpenAIBaseModel):
     logit_bias: dict[str, float] | None = None
     n: int = 1
     seed: int | None = None
-    stop: StopParam = None  # vLLM's type: at most VLLM_MAX_STOP_STRINGS (4) strings
+    # vLLM's StopParam: at most VLLM_MAX_STOP_STRINGS (4) strings
+    stop: str | Annotated[list[str], Field(max_length=ENVS.max_stop_strings)] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     temperature: float | None = None
