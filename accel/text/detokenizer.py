@@ -6,8 +6,7 @@ leading space is kept; a character split between prompt and output comes out who
 ``DecodeStream`` holds back a token whose text ends in an incomplete UTF-8 sequence until a
 later token completes it. What is still held back when the request ends is never emitted,
 exactly as vLLM's server never emits it (its final text is the concatenation of the deltas), so
-greedy text is identical to vLLM's; ``flush`` exists for the callers' end-of-stream step and
-returns "" for that reason.
+greedy text is identical to vLLM's and there is nothing to flush at the end.
 """
 
 from __future__ import annotations
@@ -34,11 +33,6 @@ class IncrementalDetokenizer:
     def step(self, new_ids: Iterable[int]) -> str:
         """Append tokens; return the text they completed ("" while a character is incomplete)."""
         return "".join(self._step_one(token_id) or "" for token_id in new_ids)
-
-    def flush(self) -> str:
-        """At the end of the stream: nothing. Bytes still held back (an incomplete UTF-8
-        sequence) are dropped, as vLLM drops them."""
-        return ""
 
     def _step_one(self, token_id: int) -> str | None:
         try:

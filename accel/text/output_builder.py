@@ -93,10 +93,9 @@ class OutputBuilder:
         )
 
     def _flush(self) -> str:
-        match = self._stops.feed(self._detok.flush())
-        if match.stop_str is not None:
-            return match.text
-        return match.text + self._stops.flush()
+        # The detokenizer holds nothing worth sending at the end (vLLM drops an incomplete
+        # character); only text held back for a possible stop string is released.
+        return self._stops.flush()
 
     def finish(self, reason: FinishReason) -> OutputDelta:
         """End the request from outside (abort, engine error): releases held-back text."""

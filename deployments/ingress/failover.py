@@ -60,12 +60,7 @@ class _TextTail:
             if match.stop_str is not None:
                 return i + 1, "".join(parts), match.stop_str
         if finished:
-            match = self._stops.feed(self._detok.flush())
-            parts.append(match.text)
-            if match.stop_str is None:
-                parts.append(self._stops.flush())
-            else:
-                return len(token_ids), "".join(parts), match.stop_str
+            parts.append(self._stops.flush())
         return len(token_ids), "".join(parts), None
 
 

@@ -22,21 +22,27 @@ _CONTEXT = 4  # sampled tokens vLLM decodes a split character behind (``_get_sam
 _MIN_LOGPROB = -9999.0  # what OpenAI writes for -inf
 
 
-def _position_entries(
-    tokenizer: TextTokenizer, lp: TokenLogprob, context: Sequence[int]
-) -> list[tuple[int, str, float]]:
-    """(token id, its text, logprob) of one position: the sampled token, then the top ones."""
-    # vLLM's own functions, imported on first use (only requests with logprobs need them)
-    from vllm.tokenizers.detokenizer_utils import convert_ids_list_to_tokens
-    from vllm.v1.engine.logprobs import LogprobsProcessor
+class _TokenTexts:
+    """vLLM's token strings for logprob positions (its own functions, imported on first use:
+    only requests with logprobs need them)."""
 
-    entries = dict.fromkeys([lp.token_id, *(tid for tid, _ in lp.top)])
-    values = {lp.token_id: lp.logprob, **{tid: v for tid, v in lp.top if tid != lp.token_id}}
-    ids = list(entries)
-    texts = convert_ids_list_to_tokens(tokenizer.hf, ids)
-    verifier = LogprobsProcessor(tokenizer.hf, None, None, None, None, None)
-    texts = verifier._verify_tokens(texts, ids, context_token_ids=list(context[-_CONTEXT:]))
-    return [(tid, text, values[tid]) for tid, text in zip(ids, texts)]
+    def __init__(self, tokenizer: TextTokenizer):
+        from vllm.tokenizers.detokenizer_utils import convert_ids_list_to_tokens
+        from vllm.v1.engine.logprobs import LogprobsProcessor
+
+        self._hf = tokenizer.hf
+        self._convert = convert_ids_list_to_tokens
+        self._verifier = LogprobsProcessor(tokenizer.hf, None, None, None, None, None)
+
+    def entries(self, lp: TokenLogprob, context: Sequence[int]) -> list[tuple[int, str, float]]:
+        """(token id, its text, logprob) of one position: the sampled token, then the top ones."""
+        values = {lp.token_id: lp.logprob}  # vLLM's dict: the sampled id keeps the first place
+        values.update((tid, v) for tid, v in lp.top if tid != lp.token_id)
+        ids = list(values)
+        texts = self._verifier._verify_tokens(
+            self._convert(self._hf, ids), ids, context_token_ids=list(context[-_CONTEXT:])
+        )
+        return [(tid, text, values[tid]) for tid, text in zip(ids, texts)]
 
 
 def _shown(token_id: int, text: str, as_id: bool) -> str:
@@ -56,9 +62,9 @@ def completion_logprobs(
     choice's sampled token ids before these."""
     out = CompletionLogProbs()
     offset = text_offset_start
-    sampled = list(context)
+    sampled, texts = list(context), _TokenTexts(tokenizer)
     for lp in logprobs:
-        entries = _position_entries(tokenizer, lp, sampled)
+        entries = texts.entries(lp, sampled)
         token = _shown(lp.token_id, entries[0][1], as_ids)
         out.tokens.append(token)
         out.token_logprobs.append(max(lp.logprob, _MIN_LOGPROB))
@@ -79,9 +85,9 @@ def chat_logprobs(
     context: Sequence[int] = (),
 ) -> ChatCompletionLogProbs:
     content = []
-    sampled = list(context)
+    sampled, texts = list(context), _TokenTexts(tokenizer)
     for lp in logprobs:
-        entries = _position_entries(tokenizer, lp, sampled)
+        entries = texts.entries(lp, sampled)
         top = [
             ChatCompletionLogProb(
                 token=(t := _shown(tid, text, as_ids)),

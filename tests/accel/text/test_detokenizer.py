@@ -28,7 +28,6 @@ def _ours(prompt, ids, chunks, skip_special=True):
         parts.append(detok.step(ids[pos : pos + size]))
         pos += size
     parts.append(detok.step(ids[pos:]))
-    parts.append(detok.flush())
     return parts
 
 
