@@ -146,6 +146,10 @@ def _chat_body(request: Any, body: Mapping[str, Any]) -> dict[str, Any]:
         chat["max_completion_tokens"] = request.max_output_tokens
     if request.truncation == "auto":  # vLLM's build_tok_params: keep the prompt's end that fits
         chat["truncate_prompt_tokens"] = -1
+    # vLLM renders a Responses input as chat does but tokenizes the rendered text with
+    # ``TokenizeParams``' default ``add_special_tokens=True`` (its ``build_tok_params`` leaves it),
+    # so a template that writes BOS itself gets a second one; greedy output follows the prompt.
+    chat["add_special_tokens"] = True
     if request.tools:
         chat["tools"] = [
             convert_tool_responses_to_completions_format(t).model_dump()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from types import SimpleNamespace
 
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
@@ -42,7 +43,26 @@ def test_text_answer_stream_and_non_stream(ingress):
     assert response.usage.input_tokens == engine.requests[0].num_prompt_tokens
     assert response.usage.output_tokens == len(engine.ids) and response.max_output_tokens == 40
     prompt = engine.tok.decode(engine.requests[0].prompt_token_ids, skip_special_tokens=False)
-    assert prompt.startswith("<s><|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nSay hello<|im_end|>")
+    rendered = "<s><|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nSay hello<|im_end|>"
+    # As vLLM's Responses path: the rendered template tokenized with TokenizeParams' default
+    # add_special_tokens (its build_tok_params leaves it), so the tokenizer adds a BOS of its own.
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+    tok_params = ResponsesRequest.model_validate(body).build_tok_params(SimpleNamespace(max_model_len=512))
+    assert tok_params.add_special_tokens is True
+    assert prompt.startswith("<s>" + rendered)
+    status, chat = asyncio.run(
+        call(
+            ingress,
+            {
+                "model": "tiny-llama",
+                "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello"}],
+                "max_tokens": 4,
+            },
+        )
+    )
+    assert status == 200, chat
+    assert engine.requests[1].prompt_token_ids == engine.requests[0].prompt_token_ids[1:]  # chat: one BOS
 
     status, events = asyncio.run(call(ingress, {**body, "stream": True}, responses=True))
     assert status == 200
