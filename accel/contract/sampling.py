@@ -29,7 +29,8 @@ def _normalize_stop(stop: Any) -> tuple[str, ...]:
 
 
 def _normalize_logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
-    """OpenAI sends ``{"123": -100}``; we keep sorted ``(token_id, bias)`` pairs (hashable, frozen)."""
+    """OpenAI sends ``{"123": -100}``; we keep sorted ``(token_id, bias)`` pairs (hashable, frozen),
+    each bias clamped to [-100, 100] as vLLM's ``SamplingParams.from_optional`` does (no 400)."""
     if bias is None:
         return ()
     if isinstance(bias, tuple):
@@ -42,12 +43,8 @@ def _normalize_logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
         except (TypeError, ValueError):
             raise InvalidRequestError("logit_bias", f"key {key!r} is not a token id") from None
         require(token_id >= 0, "logit_bias", f"token id {token_id} is negative")
-        require(
-            is_number(value) and -100 <= value <= 100,
-            "logit_bias",
-            f"bias for token {token_id} must be a number in [-100, 100], got {value!r}",
-        )
-        pairs.append((token_id, float(value)))
+        require(is_number(value), "logit_bias", f"bias for token {token_id} must be a number, got {value!r}")
+        pairs.append((token_id, min(100.0, max(-100.0, float(value)))))  # clamped, as vLLM's SamplingParams
     return tuple(sorted(pairs))
 
 

@@ -178,8 +178,15 @@ def _prompt_list(req: CompletionRequest) -> list[Any]:
     return list(prompt or [])
 
 
+# vLLM's message types let only these roles send ``"content": null`` (an assistant turn that only
+# calls tools); for any other role a null content is a 400, as vLLM's request model answers.
+_NULL_CONTENT_ROLES = frozenset({"assistant", "function"})
+
+
 def _message_text(message: Mapping[str, Any]) -> dict[str, Any]:
     content = message.get("content")
+    if content is None and "content" in message and message.get("role") not in _NULL_CONTENT_ROLES:
+        raise bad_request(f"the content of a {message.get('role')!r} message cannot be null", "messages")
     if isinstance(content, list):
         texts = []
         for part in content:

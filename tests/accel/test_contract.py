@@ -27,7 +27,7 @@ from accel.contract import (
         ({"presence_penalty": 3}, "presence_penalty"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
         ({"logit_bias": {"abc": 1}}, "logit_bias"),
-        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"logit_bias": {"5": "x"}}, "logit_bias"),
         ({"min_tokens": 20, "max_tokens": 10}, "min_tokens"),
         ({"seed": 1.5}, "seed"),
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
@@ -42,6 +42,8 @@ def test_invalid_sampling_params_name_the_field(kwargs, field):
 
 def test_sampling_normalization():
     sp = SamplingParams(top_k=-1, stop="END", logit_bias={"7": -100, "3": 2.5})
+    # Out-of-range biases are clamped, as vLLM's SamplingParams.from_optional does.
+    assert SamplingParams(logit_bias={"5": 1e9, "6": -300}).logit_bias == ((5, 100.0), (6, -100.0))
     assert sp.top_k == 0
     assert sp.stop == ("END",)
     assert sp.logit_bias == ((3, 2.5), (7, -100.0))

@@ -123,7 +123,7 @@ def test_bad_completion_params_name_the_field(tok, body, param):
         ({"logprobs": 50}, "logprobs"),
         ({"presence_penalty": 3}, "presence_penalty"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
-        ({"logit_bias": {"1": 200}}, "logit_bias"),
+        ({"logit_bias": {"-1": 5}}, "logit_bias"),
         ({"min_tokens": 20, "max_tokens": 5}, "min_tokens"),
     ],
 )
@@ -148,6 +148,27 @@ def test_bad_chat_params(tok, body, param):
     with pytest.raises(APIError) as err:
         conv.chat_prompt(conv.parse_body(ChatCompletionRequest, full), tok)
     assert err.value.param == param
+
+
+@pytest.mark.parametrize("role", ["user", "system", "developer", "assistant", "tool", "function", "custom"])
+def test_null_content_refused_for_exactly_the_roles_vllm_refuses(tok, role):
+    from pydantic import ValidationError
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest as VllmChat
+
+    message = {"role": role, "content": None, "tool_call_id": "c1", "name": "f"}
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}, message]}
+    try:
+        VllmChat.model_validate(body)
+        vllm_accepts = True
+    except ValidationError:
+        vllm_accepts = False
+    assert vllm_accepts == (role in ("assistant", "function"))  # the table this test holds us to
+    if vllm_accepts:
+        assert conv.chat_prompt(conv.parse_body(ChatCompletionRequest, body), tok)
+        return
+    with pytest.raises(APIError) as err:
+        conv.chat_prompt(conv.parse_body(ChatCompletionRequest, body), tok)
+    assert err.value.status == 400 and err.value.param == "messages"
 
 
 def test_n_fans_out_with_choice_indexes():

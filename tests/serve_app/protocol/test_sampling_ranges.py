@@ -27,6 +27,8 @@ CASES = [
     ({"n": 2, "temperature": 0}, "n"),
     ({"n": 2, "temperature": 0.5}, None),
     ({"n": 2}, None),
+    ({"logit_bias": {"5": 1e9}}, None),  # clamped to 100
+    ({"logit_bias": {"5": "high"}}, "logit_bias"),
 ]
 
 
