@@ -15,6 +15,7 @@ loop: the one it was constructed in, or the first one ``generate`` runs in.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
@@ -134,6 +135,8 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.executor import Executor
 
+        from accel.vllm.orphan_guard import OrphanGuard, descendant_pids, new_descendants  # psutil: vLLM's
+
         if "structured_outputs_config" in kwargs:  # AsyncEngineArgs takes the config object
             from vllm.config import StructuredOutputsConfig
 
@@ -161,6 +164,7 @@ class VllmEngine:
             vllm_config.cache_config.enable_prefix_caching,
         )
         start_s = time.monotonic()
+        before = descendant_pids()
         self._llm = AsyncLLM(
             vllm_config=vllm_config,
             executor_class=Executor.get_class(vllm_config),
@@ -173,6 +177,8 @@ class VllmEngine:
         self.block_size: int = vllm_config.cache_config.block_size
         self.vocab_size: int = vllm_config.model_config.get_vocab_size()
         self._is_shut_down = False
+        # The engine core and workers AsyncLLM just started, stopped even if this process is killed.
+        self._orphan_guard = OrphanGuard(new_descendants(before))
         self._abort_requested: set[str] = set()
         self._active: set[str] = set()
         logger.info(
@@ -333,3 +339,4 @@ class VllmEngine:
         if not self._is_shut_down:
             self._is_shut_down = True
             self._llm.shutdown()
+            await asyncio.to_thread(self._orphan_guard.close)  # exits at once when nothing is left
