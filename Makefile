@@ -57,13 +57,18 @@ $(STAMP): pyproject.toml
 # RAY_SERVE_HAPROXY_METRICS_PORT move them), Ray workers at nice 0 (Ray's default 15 loses the
 # CPU to anything else on the host), and Serve's controller reconciling every 0.5 s instead of
 # 0.1 s (idle, it and the GCS it calls took 36 of Ray's 94 ms of CPU per second; 14 at 0.5 s;
-# health checks keep their own period, a dead replica is noticed <= 0.4 s later). The test suite
-# passes with and without them.
+# health checks keep their own period, a dead replica is noticed <= 0.4 s later), and an ingress
+# replica that is stopping stays reachable 3 s before it refuses connections (Ray's default, 30 s, is
+# a window for external load balancers to deregister it; the HAProxy Ray runs retries a refused
+# connection on another replica, and with 30 s the ingress outlived Serve's 30 s shutdown budget, so
+# Ctrl-C took 32 s and the ingress was killed before its destructor stopped the engines placed in
+# it). The test suite passes with and without them.
 CONFIG ?= configs/local.yaml
 serve: export RAY_SERVE_THROUGHPUT_OPTIMIZED := 1
 serve: export RAY_SERVE_ENABLE_HA_PROXY := 1
 serve: export RAY_worker_niceness := 0
 serve: export RAY_SERVE_CONTROL_LOOP_INTERVAL_S := 0.5
+serve: export RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S := 3
 # SIGINT back to its default before `serve run`: a shell that starts it in the background
 # (`make serve &`) ignores SIGINT, Python then installs no KeyboardInterrupt handler, and the
 # app cannot be stopped cleanly (a `ray stop --force` then leaves Ray's HAProxy on the port).

@@ -64,10 +64,15 @@ def descendant_pids() -> set[int]:
 
 
 def new_descendants(before: set[int]) -> list[ProcessId]:
-    """This process's descendants whose pids were not in ``before`` (what a call just started)."""
+    """This process's descendants whose pids were not in ``before`` (what a call just started),
+    except multiprocessing's resource tracker: it serves this whole process, ignores SIGTERM, and
+    exits by itself once nothing holds its pipe."""
+    from multiprocessing import resource_tracker
+
+    tracker_pid = getattr(resource_tracker._resource_tracker, "_pid", None)
     found = []
     for child in psutil.Process().children(recursive=True):
-        if child.pid not in before:
+        if child.pid not in before and child.pid != tracker_pid:
             try:
                 found.append(ProcessId(child.pid, child.create_time()))
             except psutil.Error:  # exited meanwhile

@@ -141,6 +141,7 @@ def test_a_killed_vllm_owner_leaves_no_engine_core_or_worker(tiny_llama, tmp_pat
         names = {int(pid): name for pid, name in json.loads(line.removeprefix("GUARDED ")).items()}
         # vLLM names its processes (setproctitle): the engine core and its worker are the guarded ones.
         assert any("EngineCore" in n for n in names.values()) and any("Worker" in n for n in names.values()), names
+        assert all(n.startswith("VLLM::") for n in names.values()), names  # not the resource tracker
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait()
         assert _wait_gone(list(names)) == []
