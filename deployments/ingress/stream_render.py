@@ -96,7 +96,10 @@ async def chat_sse(
         if parsers is not None and parsers[i].active:
             chunk = parsed_chat_chunk(opts, tok, choices[i], delta, parsers[i])
             return rsp.sse(chunk) if chunk is not None else None
-        if not delta.text and not delta.finished and not opts.return_token_ids:
+        # As vLLM's chat stream without a parser: a chunk per delta that carries tokens, even when
+        # its text is "" (a token ending inside a UTF-8 character, text a stop string holds back),
+        # so every token's logprobs and ids reach the client.
+        if not delta.text and not delta.new_token_ids and not delta.finished:
             return None
         if opts.is_text_only:
             return rsp.fast_text_chunk_sse(opts, choices[i].index, delta, is_chat=True)
