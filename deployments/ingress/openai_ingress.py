@@ -280,6 +280,7 @@ class OpenAIIngress:
             num_prompt_tokens=len(prompts[0]),
             tokens_as_ids=bool(req.return_tokens_as_token_ids),
             echo=conv.echo_texts(req, tok),
+            echo_only=conv.echo_only(req),
         )
         choices = [rsp.ChoiceState(index=i, prompt_index=i // req.n) for i in range(len(greqs))]
         # Output parsers only for a model with vLLM parsers (without one, every choice is plain content).

@@ -58,6 +58,8 @@ async def completion_sse(
     echoed = [not opts.echo_of(c.prompt_index) for c in choices]
 
     def render(i: int, delta: OutputDelta) -> str | None:
+        if opts.echo_only:
+            delta = dataclasses.replace(delta, text="")
         if not echoed[i]:  # echo: the prompt comes with a choice's first chunk, as vLLM sends it
             echoed[i] = True
             delta = dataclasses.replace(delta, text=opts.echo_of(choices[i].prompt_index) + delta.text)

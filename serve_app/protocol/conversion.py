@@ -295,6 +295,12 @@ def _max_tokens(requested: int | None, param: str, num_prompt_tokens: int, max_m
     return max_tokens
 
 
+def echo_only(req: CompletionRequest | ChatCompletionRequest) -> bool:
+    """A completion with ``echo`` and ``max_tokens: 0``: vLLM's "echo without generation" (the
+    prompt as the text; one token is generated and counted in usage and ``token_ids``)."""
+    return isinstance(req, CompletionRequest) and bool(req.echo) and req.max_tokens == 0
+
+
 def _requested_max_tokens(req: CompletionRequest | ChatCompletionRequest) -> tuple[str, int | None]:
     """(the field that set it, the requested max_tokens; None = up to max_model_len)."""
     if isinstance(req, ChatCompletionRequest):
@@ -318,6 +324,8 @@ def sampling_params(
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
     else:
         logprobs = req.logprobs
+    if echo_only(req):  # vLLM generates one token and shows only the prompt
+        requested = 1
     max_tokens = _max_tokens(requested, param, num_prompt_tokens, max_model_len)
     return SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,

@@ -114,6 +114,7 @@ class RenderOptions:
     num_prompt_tokens: int = 0  # of the (first) prompt: the chat role chunk's continuous usage
     tokens_as_ids: bool = False  # return_tokens_as_token_ids: logprob tokens as "token_id:<id>"
     echo: tuple[str, ...] = ()  # per prompt: what echo prepends to its choices' text (conversion.echo_texts)
+    echo_only: bool = False  # conversion.echo_only: the generated text is not shown, only the echo
 
     def echo_of(self, prompt_index: int) -> str:
         return self.echo[prompt_index] if self.echo else ""
@@ -146,7 +147,7 @@ def completion_response(
         out.append(
             CompletionResponseChoice(
                 index=c.index,
-                text=opts.echo_of(c.prompt_index) + c.text,
+                text=opts.echo_of(c.prompt_index) + ("" if opts.echo_only else c.text),
                 logprobs=lps,
                 finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,

@@ -91,6 +91,15 @@ def test_echo_prepends_the_prompt(client, pool):
     assert client.completions.create(echo=True, **kw).choices[0].text == "def fib(n):" + plain
     streamed = "".join(c.choices[0].text for c in client.completions.create(echo=True, stream=True, **kw))
     assert streamed == "def fib(n):" + plain
+    # vLLM's echo without generation: max_tokens 0 -> the prompt alone; one token is generated
+    # (usage counts it), finish "length".
+    kw["max_tokens"] = 0
+    r = client.completions.create(echo=True, **kw)
+    assert (r.choices[0].text, r.choices[0].finish_reason, r.usage.completion_tokens) == ("def fib(n):", "length", 1)
+    chunks = list(client.completions.create(echo=True, stream=True, **kw))
+    assert "".join(c.choices[0].text for c in chunks) == "def fib(n):"
+    with pytest.raises(openai.BadRequestError):  # without echo, max_tokens 0 stays vLLM's 400
+        client.completions.create(**kw)
 
 
 def test_prompt_logprobs_on_vllm_pools_only(client, tiny_llama):

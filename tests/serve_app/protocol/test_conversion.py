@@ -171,6 +171,20 @@ def test_null_content_refused_for_exactly_the_roles_vllm_refuses(tok, role):
     assert err.value.status == 400 and err.value.param == "messages"
 
 
+def test_echo_with_max_tokens_0_generates_one_token_as_vllm():
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest as VllmCompletion
+
+    req = _completion(echo=True, max_tokens=0)
+    assert conv.echo_only(req) and conv.sampling_params(req, 3, 512).max_tokens == 1
+    vllm_req = VllmCompletion.model_validate({"model": "m", "prompt": "hello", "echo": True, "max_tokens": 0})
+    assert vllm_req.to_sampling_params(512).max_tokens == 1
+    plain = _completion(max_tokens=0)
+    assert not conv.echo_only(plain)
+    with pytest.raises(APIError) as err:
+        conv.sampling_params(plain, 3, 512)
+    assert err.value.param == "max_tokens"
+
+
 def test_n_fans_out_with_choice_indexes():
     sp = conv.sampling_params(_completion(), 2, 512)
     reqs = conv.generate_requests("cmpl-x", [(1, 2), (3,)], [sp, sp], 2, "s1")
