@@ -44,6 +44,7 @@ from accel.vllm.conversion import (
     to_vllm_kv_params,
     to_vllm_sampling_params,
 )
+from accel.vllm.orphan_guard import OrphanGuard, descendant_pids, new_descendants
 from accel.vllm.platform import PlatformChoice, choose_platform, effective_tensor_parallel_size, require_backend
 from accel.vllm.stats import SchedulerStatsSink, sink_stat_logger_factory
 from accel.vllm.tpu.backends import TpuBackend
@@ -134,8 +135,6 @@ class VllmEngine:
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.executor import Executor
-
-        from accel.vllm.orphan_guard import OrphanGuard, descendant_pids, new_descendants  # psutil: vLLM's
 
         if "structured_outputs_config" in kwargs:  # AsyncEngineArgs takes the config object
             from vllm.config import StructuredOutputsConfig
