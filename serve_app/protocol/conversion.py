@@ -178,8 +178,7 @@ def _prompt_list(req: CompletionRequest) -> list[Any]:
     return list(prompt or [])
 
 
-# vLLM's message types let only these roles send ``"content": null`` (an assistant turn that only
-# calls tools); for any other role a null content is a 400, as vLLM's request model answers.
+# Only these roles may send ``"content": null`` in vLLM's message types (others: its model's 400).
 _NULL_CONTENT_ROLES = frozenset({"assistant", "function"})
 
 
