@@ -122,10 +122,19 @@ class EngineClient:
             return None
         if len(pools) != 1:
             return None
-        running = self._engines[pools[0].name].running_replicas()
+        engine = self._engines.get(pools[0].name)
+        running = engine.running_replicas() if engine is not None else None
         if running is None or len(running) != 1:
             return None
         return RouteDecision(pool=pools[0].name, replica_id=next(iter(running)), ticket="", reason="single_replica")
+
+    def needs_prefix_hashes(self, model: str, pool: str | None) -> bool:
+        """Whether a request for ``model`` (pinned to ``pool``) will be placed by the router, which
+        ranks replicas by the prompt's block hashes; False when it goes straight to the only
+        replica (``single_replica_decision``), so the ingress does not hash it. Should the pool
+        change before the decision (a replica joins, the only one dies), that request is routed
+        without prefix hashes: by session and load."""
+        return self.single_replica_decision(RouteRequest("", model, 0, pool)) is None
 
     async def decide(self, route: RouteRequest) -> RouteDecision:
         single = self.single_replica_decision(route)

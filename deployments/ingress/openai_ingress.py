@@ -10,7 +10,8 @@ A client that goes away cancels the engine calls, which abort their engine reque
 Routing to a specific pool: header ``x-meshserve-pool: <pool name>``.
 Session affinity key: header ``x-session-id``, else body ``session_id``, ``user`` or
 ``prompt_cache_key``. The router also gets the prompt's chained block hashes (computed here, at
-the model's routing block size, so hashing stays off the router's single thread).
+the model's routing block size, so hashing stays off the router's single thread), unless the
+request goes straight to its pool's only replica, where no router decides.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 
 from accel.block_hash import BlockHash, hash_prompt_blocks, salted_root
-from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta, SamplingParams
+from accel.contract import InvalidRequestError, OutputDelta, SamplingParams
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
 from deployments.ingress import health, limits, openapi, stream_render, tokenize_routes
 from deployments.ingress.auth import ApiKeyMiddleware, key_digests
@@ -48,7 +49,7 @@ from serve_app.protocol.completions import CompletionRequest
 from serve_app.protocol.errors import APIError
 from serve_app.protocol.responses_api import response_events, response_from_chat, responses_call
 from serve_app.protocol.tool_output import ChoiceParser
-from serve_app.protocol.tool_request import ChatTools
+from serve_app.protocol.tool_request import ChatTools, ToolPlan
 
 POOL_HEADER = "x-meshserve-pool"
 
@@ -243,10 +244,14 @@ class OpenAIIngress:
         label["model"] = model.name
         limits.check_body(body, is_chat, self._config.ingress, model.max_model_len)
         tools, plan = self._chat_tools[model.name], None
-        # Templates and tokenization off the event loop: a long prompt must not stall other requests.
         if isinstance(req, ChatCompletionRequest):
             plan = tools.prepare(body) if tools.needs_plan(body) else None
-        prompts = await in_worker(conv.request_prompts, req, tok, model.max_model_len, plan)
+        pool = request.headers.get(POOL_HEADER)
+        # Prefix hashes only for a request the router will place, not one going to its only replica.
+        block_size = self._block_sizes[model.name] if self._client.needs_prefix_hashes(model.name, pool) else None
+        # Templates, tokenization and hashing off the event loop, in one hop: a long prompt must
+        # not stall other requests.
+        prompts, hashes = await in_worker(_prompts_and_hashes, req, tok, model.max_model_len, plan, block_size)
         sampling = [tools.apply(plan, conv.sampling_params(req, len(p), model.max_model_len, tok), p) for p in prompts]
         sampling = limits.cap_max_tokens(sampling, body, is_chat, self._config.ingress)
         _check_token_ids(sampling, tok.vocab_size)
@@ -255,12 +260,10 @@ class OpenAIIngress:
         # Engine ids stay unique even when clients reuse an X-Request-Id; the response carries theirs.
         base_id = random_id(prefix)
         session = session_id_from(request.headers, req.session_id or req.user, req.prompt_cache_key)
-        pool = request.headers.get(POOL_HEADER)
         greqs = conv.generate_requests(base_id, prompts, sampling, req.n, session, req.cache_salt)
         self._bound.check_fan_out(len(greqs) - 1, self._config.ingress.retry_after_s)
         held[0] = len(greqs)
         self._set_inflight_gauge()
-        hashes = await in_worker(_prompt_hashes, greqs, self._block_sizes[model.name])
         routes = [
             RouteRequest(g.request_id, model.name, g.num_prompt_tokens, pool, session, hashes[g.prompt_token_ids])
             for g in greqs
@@ -338,10 +341,21 @@ class OpenAIIngress:
             self._metrics.reject(model, status)
 
 
-def _prompt_hashes(greqs: Sequence[GenerateRequest], block_size: int) -> dict[tuple[int, ...], tuple[BlockHash, ...]]:
+def _prompts_and_hashes(
+    req: CompletionRequest | ChatCompletionRequest,
+    tok: TextTokenizer,
+    max_model_len: int,
+    plan: ToolPlan | None,
+    block_size: int | None,
+) -> tuple[list[tuple[int, ...]], dict[tuple[int, ...], tuple[BlockHash, ...]]]:
+    """The request's prompt ids and each distinct prompt's chained block hashes; without a
+    ``block_size`` none (``()``): the request goes to its pool's only replica, no router to tell."""
+    prompts = conv.request_prompts(req, tok, max_model_len, plan)
+    if block_size is None:
+        return prompts, dict.fromkeys(prompts, ())
     # Every choice carries the request's cache_salt: one chain root (salted prompts share no hash).
-    root = salted_root(greqs[0].cache_salt)
-    return {ids: tuple(hash_prompt_blocks(ids, block_size, root)) for ids in {g.prompt_token_ids for g in greqs}}
+    root = salted_root(req.cache_salt)
+    return prompts, {ids: tuple(hash_prompt_blocks(ids, block_size, root)) for ids in set(prompts)}
 
 
 def _check_token_ids(sampling: Sequence[SamplingParams], vocab_size: int) -> None:

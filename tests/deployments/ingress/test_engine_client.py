@@ -210,3 +210,20 @@ def test_siblings_end_when_the_first_choice_cannot_be_placed():
 
 async def _failing_decide(route):
     raise RuntimeError("no pool")
+
+
+def test_prefix_hashes_are_needed_only_when_the_router_decides():
+    from deployments.router import replica_membership
+
+    client, _ = make_client(FakeRouterHandle(), _membership_pools("hash-app"))
+    assert client.needs_prefix_hashes("m", "vllm")  # nothing heard from Serve yet: the router decides
+    replica_membership.publish("hash-app", "Replica-vllm", frozenset({"only"}))
+    assert not client.needs_prefix_hashes("m", "vllm")  # the only replica, no router round trip
+    assert client.needs_prefix_hashes("m", None)  # two eligible pools: the router chooses
+    assert client.needs_prefix_hashes("m", "no-such-pool")  # (the request gets its 400 later)
+    replica_membership.publish("hash-app", "Replica-vllm", frozenset({"only", "second"}))
+    assert client.needs_prefix_hashes("m", "vllm")
+    replica_membership.publish("hash-pd", "Replica-vllm", frozenset({"only"}))
+    pd_pools = (pool_config("vllm", engine="vllm", role="decode"), pool_config("tt", role="prefill"))
+    pd = EngineClient(app_config(pd_pools), FakeRouterHandle(), _membership_pools("hash-pd"))
+    assert pd.needs_prefix_hashes("m", "vllm")  # a prefill pool: the router plans PD by prefix
