@@ -27,7 +27,8 @@ same pool config) driven in this process with the same load: C concurrent reques
 prompt and output lengths, ignore_eos; the ratio is stack / in-process output tokens per second.
 
 Prints ONE JSON object (medians over rounds; ``load_average`` = ``os.getloadavg()`` at start and
-end and its 1-minute maximum seen between runs). Run it alone:
+end, its 1-minute maximum seen between runs, and ``loop_ms``: how long a fixed Python loop took
+before the servers started and after they stopped, the host's speed that hour). Run it alone:
 ``flock /tmp/meshserve-bench.lock python bench/serve_overhead.py``.
 """
 

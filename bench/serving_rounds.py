@@ -112,16 +112,39 @@ def summarize_server(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def loop_ms(iterations: int = 2_000_000, repeats: int = 3) -> float:
+    """How fast this host runs Python now: the best of ``repeats`` timings of a fixed loop, in ms.
+    The same host has read bare vLLM at 1,000 and at 2,600 tok/s on different hours (a shared
+    VM); this says which kind of hour a run had, so runs are compared by ratios within a run."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        total = 0
+        for i in range(iterations):
+            total += i
+        best = min(best, time.perf_counter() - t0)
+    return round(1e3 * best, 1)
+
+
 class LoadWatch:
+    """The load average at the start and end of a run and its 1-minute peak between runs, and
+    ``loop_ms`` before the servers start and after they stop."""
+
     def __init__(self) -> None:
         self.start = [round(x, 2) for x in os.getloadavg()]
         self.max_1min = self.start[0]
+        self.loop_ms_start = loop_ms()
 
     def note(self) -> None:
         self.max_1min = max(self.max_1min, round(os.getloadavg()[0], 2))
 
     def report(self) -> dict[str, Any]:
-        return {"start": self.start, "end": [round(x, 2) for x in os.getloadavg()], "max_1min": self.max_1min}
+        return {
+            "start": self.start,
+            "end": [round(x, 2) for x in os.getloadavg()],
+            "max_1min": self.max_1min,
+            "loop_ms": [self.loop_ms_start, loop_ms()],
+        }
 
 
 def run_rounds(runners: Mapping[str, Any], opts, load: LoadWatch) -> dict[int, dict[str, list[dict[str, Any]]]]:

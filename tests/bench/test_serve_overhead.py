@@ -70,3 +70,12 @@ def test_the_in_process_driver_sends_the_clients_own_prompts(tiny_llama) -> None
     assert [tokenizer.decode(p[1:]) for p in prompts] == [s.prompt for s in samples]
     assert min(map(len, prompts)) == 128 and max(map(len, prompts)) > 128  # what the server's engine sees
     assert client_prompts(opts, 64, seed=3) == prompts and client_prompts(opts, 64, seed=4) != prompts
+
+
+def test_the_load_report_says_how_fast_the_host_ran():
+    from bench.serving_rounds import LoadWatch, loop_ms
+
+    assert loop_ms(iterations=100_000, repeats=1) > 0
+    report = LoadWatch().report()
+    assert len(report["loop_ms"]) == 2 and all(ms > 0 for ms in report["loop_ms"])
+    assert len(report["start"]) == len(report["end"]) == 3 and report["max_1min"] >= 0
