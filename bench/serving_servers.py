@@ -195,18 +195,41 @@ def server_env(env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def haproxy_threads(cpus: int | None = None) -> int:
+    """HAProxy's threads for a host of ``cpus`` cores, as the Makefile computes them: a quarter of
+    the cores, 1 to 4 (Ray's fixed default is 4; on 2 cores its threads cost ~40 % more CPU per
+    streamed token than one thread, docs/BENCHMARKS.md)."""
+    if cpus is None:  # the cores this process may run on, as `nproc` counts them
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(4, cpus // 4))
+
+
 # Ray's own settings as `make serve` exports them (tests/bench/test_serving_servers.py checks the
 # Makefile against this): Ray workers at nice 0 like the bare server, Serve's throughput mode,
 # HAProxy in front of the ingress replicas' own HTTP servers (direct ingress) instead of Serve's
-# Python proxy, the controller's loop at 0.5 s instead of 0.1 s (its and the GCS's idle CPU), a
-# stopping ingress replica reachable 3 s instead of 30 before it refuses (shutdown only).
+# Python proxy, with threads for the host's cores, the controller's loop at 0.5 s instead of 0.1 s
+# (its and the GCS's idle CPU), a stopping ingress replica reachable 3 s instead of 30 before it
+# refuses (shutdown only).
 MAKE_SERVE_ENV = {
     "RAY_worker_niceness": "0",
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    "RAY_SERVE_HAPROXY_NBTHREAD": str(haproxy_threads()),
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
     "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "3",
 }
+
+
+def direct_port_env(port: int) -> dict[str, str]:
+    """Ray settings that give the first ingress replica of a Serve app ``port`` as its own HTTP
+    port (Serve allocates direct-ingress ports from ``[MIN, MAX)``; the default range starts at
+    30000). The replica serves the whole app there, the front (HAProxy) stays on the app's port."""
+    return {
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(port),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + 1),
+    }
+
+
 # What --ray-env turns on; ``rayllm_default`` runs without them.
 RAY_TUNING_VARS = tuple(MAKE_SERVE_ENV)
 # --ray-env throughput: the first two only (Serve's Python proxy, Serve's default loop).

@@ -79,3 +79,37 @@ def test_the_load_report_says_how_fast_the_host_ran():
     report = LoadWatch().report()
     assert len(report["loop_ms"]) == 2 and all(ms > 0 for ms in report["loop_ms"])
     assert len(report["start"]) == len(report["end"]) == 3 and report["max_1min"] >= 0
+
+
+def test_the_direct_port_is_compared_with_the_same_peers_under_its_own_keys() -> None:
+    def server(tok_s: float, ttft: float, itl: float) -> dict:
+        return {"output_tok_s": tok_s, "ttft_p50_ms": ttft, "itl_p99_ms": itl}
+
+    summary = {
+        "bare": server(2000.0, 100.0, 12.0),
+        "rayllm_default": server(1000.0, 200.0, 60.0),
+        "ours": server(1700.0, 120.0, 31.0),
+        "ours_direct": server(1900.0, 110.0, 14.0),
+    }
+    entry = {**serve_overhead.compared("ours", summary), **serve_overhead.compared("ours_direct", summary)}
+    assert entry == {
+        "ours_over_bare": 0.85,
+        "added_ttft_p50_ms": 20.0,
+        "ours_over_rayllm_default": 1.7,
+        "ours_itl_p99_ms": 31.0,
+        "direct_ours_over_bare": 0.95,
+        "direct_added_ttft_p50_ms": 10.0,
+        "direct_ours_over_rayllm_default": 1.9,
+        "direct_ours_itl_p99_ms": 14.0,
+    }
+    assert serve_overhead.goals_met(entry) == {
+        "ours_over_bare": False,
+        "added_ttft_p50_ms": False,
+        "ours_over_rayllm_default": True,
+        "ours_itl_p99_ms": False,
+        "direct_ours_over_bare": True,
+        "direct_added_ttft_p50_ms": True,
+        "direct_ours_over_rayllm_default": True,
+        "direct_ours_itl_p99_ms": True,
+    }
+    assert serve_overhead.compared("ours", {"bare": summary["bare"]}) == {}
