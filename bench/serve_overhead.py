@@ -301,6 +301,9 @@ def main() -> None:
     opts.servers = [s for s in opts.servers.split(",") if s]
     if opts.mode == "vllm" and any(s.startswith("rayllm") for s in opts.servers):
         require_bench_extra()
+    if opts.ray_env == "default" and any(s.startswith("ours_direct") for s in opts.servers):
+        # Serve starts a replica's own HTTP server only in throughput mode or with HAProxy.
+        raise SystemExit("ours_direct needs Serve's direct ingress: --ray-env throughput or haproxy")
     opts.concurrency = [int(c) for c in opts.concurrency.split(",")]
     opts.log_dir.mkdir(parents=True, exist_ok=True)
     env = base_env(opts)
