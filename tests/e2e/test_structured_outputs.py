@@ -1,5 +1,5 @@
 """End to end: structured outputs through Ray Serve with the official ``openai`` client, on both
-pools (``x-meshserve-pool: tt`` / ``vllm``) of a ``configs/local.yaml``-like app (one replica
+pools (``x-meshserve-pool: tt`` / ``vllm``) of a ``configs/tiny.yaml``-like app (one replica
 per pool): json_schema (``response_format``), regex and choice (``structured_outputs``) outputs
 validate, and a schema that does not compile is a 400 naming its field.
 

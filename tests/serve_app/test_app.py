@@ -64,7 +64,7 @@ def test_every_config_builds(path):
 def test_several_router_replicas_get_the_rendezvous_router():
     from serve_app.app import RENDEZVOUS_REQUEST_ROUTER
 
-    args = _args(CONFIGS[[p.stem for p in CONFIGS].index("local")])
+    args = _args(CONFIGS[[p.stem for p in CONFIGS].index("tiny")])
     args["router"] = dict(args.get("router") or {}, replicas=3, kv_event_log_size=100)
     graph = _graph(build_app(args))
     router = graph[ROUTER_NAME]
@@ -73,7 +73,7 @@ def test_several_router_replicas_get_the_rendezvous_router():
 
 
 def test_local_graph_is_cpu_only():
-    graph = _graph(build_app(_args(CONFIGS[[p.stem for p in CONFIGS].index("local")])))
+    graph = _graph(build_app(_args(CONFIGS[[p.stem for p in CONFIGS].index("tiny")])))
     assert graph["TTMeshReplica-tt"].num_replicas == 2
     assert graph["VllmReplica-vllm"].num_replicas == 1
     for d in graph.values():
@@ -109,11 +109,11 @@ def test_single_host_tpu_pool_is_a_static_placement_group():
 
 
 def test_engine_args_checked_by_the_engine_config():
-    args = _args(Path(CONFIGS[0]).parent / "local.yaml")
+    args = _args(Path(CONFIGS[0]).parent / "tiny.yaml")
     args["pools"][1]["engine_args"]["max_num_seqz"] = 3
-    with pytest.raises(ConfigError, match=r"configs/local.yaml: pools\[1\].engine_args: max_num_seqz"):
+    with pytest.raises(ConfigError, match=r"configs/tiny.yaml: pools\[1\].engine_args: max_num_seqz"):
         build_app(args)
-    args = _args(Path(CONFIGS[0]).parent / "local.yaml")
+    args = _args(Path(CONFIGS[0]).parent / "tiny.yaml")
     args["pools"][0]["engine_args"]["additional_config"] = {"tt": {"trace_mode": "sometimes"}}
     with pytest.raises(ConfigError, match=r"pools\[0\].engine_args: additional_config.tt.trace_mode"):
         build_app(args)

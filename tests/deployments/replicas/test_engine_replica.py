@@ -20,7 +20,7 @@ def pool(tiny_llama):
 
     import yaml
 
-    args = yaml.safe_load((Path(__file__).parents[3] / "configs/local.yaml").read_text())["applications"][0]["args"]
+    args = yaml.safe_load((Path(__file__).parents[3] / "configs/tiny.yaml").read_text())["applications"][0]["args"]
     return load_app_config(args).pools[0]
 
 

@@ -1,4 +1,4 @@
-"""One ``configs/local.yaml`` app on the session's Serve for the whole package (every module of
+"""One ``configs/tiny.yaml`` app on the session's Serve for the whole package (every module of
 it shares the deployment), with the official ``openai`` client pointed at it."""
 
 from __future__ import annotations

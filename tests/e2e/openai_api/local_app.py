@@ -1,4 +1,4 @@
-"""The app every module of this package calls: ``configs/local.yaml`` (two TT-mesh replicas with
+"""The app every module of this package calls: ``configs/tiny.yaml`` (two TT-mesh replicas with
 the torch mesh model, one vLLM-CPU replica) with a small ingress concurrency bound; deployed once
 for the package (``conftest.py``)."""
 

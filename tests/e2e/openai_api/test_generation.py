@@ -1,4 +1,4 @@
-"""End to end: ``configs/local.yaml`` on a real (small) Ray Serve with the REAL engines, called
+"""End to end: ``configs/tiny.yaml`` on a real (small) Ray Serve with the REAL engines, called
 with the official ``openai`` client: completions and chat, streaming, ``n``, stop strings and
 logprobs on both pools (``x-meshserve-pool``). Greedy outputs of both engine kinds must equal HF
 transformers token for token.

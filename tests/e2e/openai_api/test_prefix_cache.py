@@ -19,7 +19,7 @@ def test_cached_tokens_reported(client):
     kw = dict(model="tiny-llama", prompt=prompt, max_tokens=2, temperature=0, extra_headers=pin("vllm"))
     client.completions.create(**kw)
     again = client.completions.create(**kw)
-    assert again.usage.prompt_tokens_details.cached_tokens >= 128  # vLLM-CPU: full 32-token blocks (local.yaml)
+    assert again.usage.prompt_tokens_details.cached_tokens >= 128  # vLLM-CPU: full 32-token blocks (tiny.yaml)
 
 
 async def _vllm_routing_snapshots():

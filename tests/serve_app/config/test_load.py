@@ -19,7 +19,7 @@ from serve_app.config.router import ModelRouting
 CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.yaml"))
 
 
-def _args(name: str = "local") -> dict:
+def _args(name: str = "tiny") -> dict:
     path = Path(__file__).parents[3] / "configs" / f"{name}.yaml"
     return yaml.safe_load(path.read_text())["applications"][0]["args"]
 
@@ -34,7 +34,7 @@ def test_every_config_parses_and_names_itself(path):
         assert cfg.model(pool.model) is not None
 
 
-def test_local_config_values(tiny_llama):
+def test_tiny_config_values(tiny_llama):
     cfg = load_app_config(_args())
     assert [m.name for m in cfg.models] == ["tiny-llama"]
     assert cfg.models[0].path == tiny_llama  # "~" expanded
@@ -49,6 +49,15 @@ def test_local_config_values(tiny_llama):
     with pytest.raises(dataclasses.FrozenInstanceError):  # the config is never mutated
         tt.engine_config.max_num_seqs = 99  # type: ignore[misc]
     assert cfg.models[0].pools == cfg.pools
+
+
+def test_the_default_config_serves_the_real_model_with_a_real_context(checkpoint_dir):
+    """configs/local.yaml (`make serve`): SmolLM2-135M-Instruct on both pools, 2,048 tokens each."""
+    cfg = load_app_config(_args("local"))
+    assert [m.name for m in cfg.models] == ["smollm2-135m-instruct"]
+    assert cfg.models[0].path == checkpoint_dir / "smollm2-135m-instruct"
+    assert cfg.models[0].max_model_len >= 2048
+    assert {(p.engine, p.model) for p in cfg.pools} == {("tt", "smollm2-135m-instruct"), ("vllm", "smollm2-135m-instruct")}
 
 
 def test_router_settings_become_the_core_config():
@@ -108,7 +117,7 @@ def test_unknown_keys_name_key_and_file(mutate, key):
     mutate(args)
     with pytest.raises(ConfigError) as err:
         load_app_config(args)
-    assert f"configs/local.yaml: {key}" in str(err.value)
+    assert f"configs/tiny.yaml: {key}" in str(err.value)
 
 
 def test_without_config_file_errors_say_so():

@@ -37,7 +37,7 @@ def test_a_pool_placed_in_the_ingress_parses():
 @pytest.mark.parametrize(
     "mutate, message",
     [
-        # local.yaml serves tiny-llama from two pools: nothing would route between them.
+        # tiny.yaml serves tiny-llama from two pools: nothing would route between them.
         (
             lambda a: _placed_in_ingress(a),
             r"pools\[0\].placement: an engine inside the ingress must be its model's only",
