@@ -97,3 +97,26 @@ def _vllm_tokenizer(model_dir: str):
     from vllm.tokenizers import get_tokenizer
 
     return get_tokenizer(model_dir)
+
+
+def greedy_divergence(
+    model_dir: str | Path, prompt_ids: Sequence[int], output_ids: Sequence[int]
+) -> tuple[int, float] | None:
+    """Where ``output_ids`` first leaves HF's greedy choice after ``prompt_ids`` (teacher forced
+    on ``output_ids`` itself), as ``(index, margin)``: the logit gap between HF's best token and
+    the token chosen there (0 when HF would tie). None when every token is HF's argmax.
+
+    An engine whose fp32 sums run in another order (blocked attention, fused projections) may
+    legitimately pick HF's second token where HF's top two are closer than that rounding noise;
+    a real bug shows up as a large margin."""
+    import torch
+
+    model = _load(str(model_dir))
+    ids = torch.tensor([list(prompt_ids) + list(output_ids)], dtype=torch.long)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
+    for i, token in enumerate(output_ids):
+        best = int(logits[i].argmax())
+        if best != token:
+            return i, float(logits[i, best] - logits[i, token])
+    return None
