@@ -14,6 +14,7 @@ import yaml
 
 MODEL = "tiny-llama"
 TINY_YAML = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
+LOCAL_YAML = TINY_YAML.with_name("local.yaml")  # the real default model
 
 TT_ENGINE_ARGS = {"max_model_len": 512, "data_parallel_size": 1, "max_num_seqs": 4, "block_size": 16}
 # float32 + eager: vLLM-CPU's output equals HF's token for token, and no compile at start-up.
@@ -87,3 +88,12 @@ def local_app_args() -> dict[str, Any]:
 def pin(pool: str) -> dict[str, str]:
     """Request headers that route to one pool."""
     return {"x-meshserve-pool": pool}
+
+
+def real_model_app_args() -> dict[str, Any]:
+    """``configs/local.yaml``'s app args (SmolLM2-135M-Instruct on a TT and a vLLM pool), one
+    replica per pool so the test session's 2 CPUs hold it."""
+    args = copy.deepcopy(yaml.safe_load(LOCAL_YAML.read_text())["applications"][0]["args"])
+    for pool in args["pools"]:
+        pool["replicas"] = 1
+    return args
