@@ -13,6 +13,7 @@ import time
 import openai
 import pytest
 
+from tests.doubles import replica_kill
 from tests.doubles.app_args import app_args, tt_pool, vllm_pool
 from tests.doubles.deployed_app import deployed_app
 from tests.doubles.handle_loop import HANDLES
@@ -36,37 +37,12 @@ def client(serve_session, tiny_llama):
         yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-async def _busy_replicas(pool: str) -> list[str]:
-    from ray import serve
-
-    handle = serve.get_deployment_handle(POOLS[pool], APP)
-    snaps = await handle.broadcast("routing_snapshot", {}).results_async(timeout_s=30)
-    return [s.replica_id for s in snaps if s.num_inflight > 0]
-
-
 def kill_busy_replica(pool: str) -> str:
-    """Kill (no restart by Ray; Serve replaces it) the replica of ``pool`` that is serving now."""
-    import ray
-    from ray.serve._private.common import DeploymentID, ReplicaID
-
-    (victim,) = HANDLES.call(_busy_replicas(pool))
-    name = ReplicaID(victim, DeploymentID(name=POOLS[pool], app_name=APP)).to_full_id_str()
-    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
-    return victim
+    return replica_kill.kill_busy_replica(APP, POOLS[pool])
 
 
 def _wait_pool_size(pool: str, n: int, timeout_s: float = 120) -> None:
-    from ray import serve
-
-    async def size() -> int:
-        handle = serve.get_deployment_handle(POOLS[pool], APP)
-        answers = await handle.broadcast("routing_snapshot", {}).results_async(return_exceptions=True)
-        return sum(1 for a in answers if not isinstance(a, BaseException))
-
-    deadline = time.monotonic() + timeout_s
-    while HANDLES.call(size()) < n:
-        assert time.monotonic() < deadline, f"pool {pool} never got back to {n} replicas"
-        time.sleep(0.5)
+    replica_kill.wait_pool_size(APP, POOLS[pool], n, timeout_s)
 
 
 def _kw(pool: str, **sampling) -> dict:
