@@ -57,7 +57,10 @@ def test_the_default_config_serves_the_real_model_with_a_real_context(checkpoint
     assert [m.name for m in cfg.models] == ["smollm2-135m-instruct"]
     assert cfg.models[0].path == checkpoint_dir / "smollm2-135m-instruct"
     assert cfg.models[0].max_model_len >= 2048
-    assert {(p.engine, p.model) for p in cfg.pools} == {("tt", "smollm2-135m-instruct"), ("vllm", "smollm2-135m-instruct")}
+    assert {(p.engine, p.model) for p in cfg.pools} == {
+        ("tt", "smollm2-135m-instruct"),
+        ("vllm", "smollm2-135m-instruct"),
+    }
 
 
 def test_router_settings_become_the_core_config():
