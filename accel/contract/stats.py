@@ -18,6 +18,10 @@ class EngineStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     platform: str = ""
+    # Speculative decoding, cumulative (vLLM's vllm:spec_decode_* counters; 0 without it).
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
 
     @property
     def kv_usage(self) -> float:

@@ -1,8 +1,11 @@
 """Engine args for a TPU slice replica, spelled and passed through as vLLM spells them.
 
-``VllmEngineConfig.from_engine_args({...})`` takes the same keys as ``vllm serve`` /
-``AsyncEngineArgs`` (the subset below; an unknown key raises ``ConfigError`` naming it). A value
-left ``None`` is not passed, so vLLM's own default applies. ``tensor_parallel_size`` left unset
+``VllmEngineConfig.from_engine_args({...})`` takes every key ``vllm serve`` 0.32 takes, spelled as
+vLLM spells them and checked by vLLM's own argument parser (``accel.vllm.engine_arg_parser``; an
+unknown or ill-typed key raises ``ConfigError`` naming it). The keys meshserve itself reads are
+typed fields below; the rest travel untouched in ``extra_args`` to ``AsyncEngineArgs`` (e.g.
+``speculative_config``, ``enable_lora``, ``max_loras``, ``compilation_config``). A value left
+``None`` is not passed, so vLLM's own default applies. ``tensor_parallel_size`` left unset
 means "every chip of the slice" on TPU, and 1 on the CPU stand-in (``accel.vllm.platform``).
 
 Compile cache. tpu-inference compiles one XLA program per padded batch/sequence bucket at start,
@@ -39,6 +42,7 @@ from typing import Any
 
 from accel import envs
 from accel.contract import ConfigError
+from accel.vllm.engine_arg_parser import canonical_key, parse_engine_args
 from accel.vllm.tpu.topology import SliceTopology
 
 _INT_KEYS = (
@@ -82,7 +86,10 @@ _MAPPING_KEYS = (
     "kv_events_config",
     "hf_overrides",
     "structured_outputs_config",
+    "extra_args",
 )
+# Fields that are not engine args themselves.
+_NOT_ENGINE_ARGS = ("xla_cache_root", "extra_args")
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,9 @@ class VllmEngineConfig:
     # Structured outputs start after the reasoning this parser finds ends (the ingress sets it
     # from the model's reasoning_parser, as ``vllm serve --reasoning-parser`` does).
     reasoning_parser: str | None = None
+    # Every other engine arg vLLM accepts (checked by vLLM's parser when vLLM is importable here),
+    # as the config spells it; vLLM's parser types them for AsyncEngineArgs in the replica.
+    extra_args: Mapping[str, Any] | None = None
     # Not a vLLM arg: the root under which each model gets its compile-cache folder.
     xla_cache_root: Path | None = field(default=None, compare=False)
 
@@ -164,16 +174,16 @@ class VllmEngineConfig:
 
     @classmethod
     def from_engine_args(cls, args: Mapping[str, Any], *, xla_cache_root: Path | None = None) -> VllmEngineConfig:
-        """Build from vLLM-spelled engine args; unknown keys raise ``ConfigError`` naming them."""
-        allowed = {f.name for f in fields(cls)} - {"xla_cache_root"}
-        unknown = sorted(set(args) - allowed)
-        if unknown:
-            raise ConfigError(
-                f"{unknown[0]}: unknown engine arg (vLLM spelling expected; supported: {', '.join(sorted(allowed))})"
-            )
+        """Build from vLLM-spelled engine args (``max_num_seqs`` or ``max-num-seqs``); a key or
+        value vLLM's own parser refuses raises ``ConfigError`` naming the key."""
+        args = {canonical_key(key): value for key, value in args.items()}
         if "model" not in args:
             raise ConfigError("model: missing (a checkpoint folder or model id)")
-        return cls(**dict(args), xla_cache_root=xla_cache_root)
+        parse_engine_args(args)  # vLLM's verdict on every key (None: vLLM not importable here)
+        typed = {f.name for f in fields(cls)} - set(_NOT_ENGINE_ARGS)
+        extra = {key: value for key, value in args.items() if key not in typed}
+        known = {key: value for key, value in args.items() if key in typed}
+        return cls(**known, extra_args=extra or None, xla_cache_root=xla_cache_root)
 
     @property
     def xla_cache_path(self) -> Path:
@@ -190,7 +200,7 @@ class VllmEngineConfig:
         out = {
             f.name: getattr(self, f.name)
             for f in fields(self)
-            if f.name != "xla_cache_root" and getattr(self, f.name) is not None
+            if f.name not in _NOT_ENGINE_ARGS and getattr(self, f.name) is not None
         }
         out["tensor_parallel_size"] = tensor_parallel_size
         if slice_ is not None and slice_.is_multi_host and tensor_parallel_size > 1:
@@ -198,6 +208,9 @@ class VllmEngineConfig:
         for name in _MAPPING_KEYS:
             if name in out:
                 out[name] = dict(out[name])
+        if self.extra_args:
+            # vLLM's parser types them (JSON configs to config objects), as for `vllm serve`.
+            out.update(parse_engine_args(self.extra_args) or self.extra_args)
         return out
 
 

@@ -38,6 +38,10 @@ class SchedulerStatsSink:
     num_kv_blocks_total: int = 0
     prefix_cache_queries: int = 0  # tokens looked up in the prefix cache, cumulative
     prefix_cache_hits: int = 0  # of which found, cumulative
+    # speculative decoding per step, summed (vLLM's SpecDecodingStats; what vllm:spec_decode_* count)
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -51,6 +55,11 @@ class SchedulerStatsSink:
             if pc is not None:
                 self.prefix_cache_queries += pc.queries
                 self.prefix_cache_hits += pc.hits
+            spec = getattr(scheduler_stats, "spec_decoding_stats", None)
+            if spec is not None:
+                self.spec_decode_num_drafts += spec.num_drafts
+                self.spec_decode_num_draft_tokens += spec.num_draft_tokens
+                self.spec_decode_num_accepted_tokens += spec.num_accepted_tokens
 
     def set_num_kv_blocks(self, num_blocks: int) -> None:
         with self._lock:
@@ -68,6 +77,9 @@ class SchedulerStatsSink:
                 prefix_cache_queries=self.prefix_cache_queries,
                 prefix_cache_hits=self.prefix_cache_hits,
                 platform=self.platform,
+                spec_decode_num_drafts=self.spec_decode_num_drafts,
+                spec_decode_num_draft_tokens=self.spec_decode_num_draft_tokens,
+                spec_decode_num_accepted_tokens=self.spec_decode_num_accepted_tokens,
             )
 
 

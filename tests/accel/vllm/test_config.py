@@ -45,6 +45,57 @@ def test_multi_host_slice_uses_ray_executor():
     assert explicit.engine_args(parse_slice("v5e", "4x4"), 16)["distributed_executor_backend"] == "mp"
 
 
+def test_every_vllm_serve_arg_is_accepted_and_typed_by_vllms_parser():
+    """Keys meshserve does not read go to AsyncEngineArgs as `vllm serve` would type them; either
+    spelling (underscores or vLLM's dashes) works."""
+    from vllm.config import CompilationConfig
+
+    cfg = VllmEngineConfig.from_engine_args(
+        {
+            "model": "m",
+            "max-num-seqs": 4,
+            "speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3},
+            "enable_lora": True,
+            "max_loras": 2,
+            "max_lora_rank": 16,
+            "compilation_config": {"mode": 0},
+            "disable_sliding_window": False,
+        }
+    )
+    assert cfg.max_num_seqs == 4
+    assert set(cfg.extra_args) == {"speculative_config", "enable_lora", "max_loras", "max_lora_rank",
+                                   "compilation_config", "disable_sliding_window"}  # fmt: skip
+    out = cfg.engine_args(None, tensor_parallel_size=1)
+    assert out["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    assert (out["enable_lora"], out["max_loras"], out["max_lora_rank"]) == (True, 2, 16)
+    assert isinstance(out["compilation_config"], CompilationConfig) and out["compilation_config"].mode == 0
+    assert out["disable_sliding_window"] is False
+
+
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        ("max_loras", "two", "max_loras: invalid int value: 'two'"),
+        ("dtype", "float33", "dtype: invalid choice: 'float33'"),
+        ("speculative_config", "{not json", "speculative_config: "),
+        ("enable_lora", 1, "enable_lora: unexpected value '1'"),  # a flag given a value
+        ("max_lorass", 2, "max_lorass: unknown engine arg"),
+    ],
+)
+def test_vllms_parser_names_the_key_it_refuses(key, value, message):
+    with pytest.raises(ConfigError) as err:
+        VllmEngineConfig.from_engine_args({"model": "m", key: value})
+    assert str(err.value).startswith(message)
+
+
+def test_without_vllm_the_replica_is_the_first_to_check(monkeypatch):
+    from accel.vllm import engine_arg_parser
+
+    monkeypatch.setattr(engine_arg_parser, "_vllm_available", lambda: False)
+    cfg = VllmEngineConfig.from_engine_args({"model": "m", "max_loras": 2})
+    assert cfg.engine_args(None, tensor_parallel_size=1)["max_loras"] == 2
+
+
 def test_unknown_key_named():
     with pytest.raises(ConfigError, match="^tensor_paralel_size: unknown engine arg"):
         VllmEngineConfig.from_engine_args({"model": "m", "tensor_paralel_size": 2})
@@ -73,7 +124,7 @@ def test_every_field_is_an_async_engine_arg():
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     vllm_fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
-    ours = {f.name for f in dataclasses.fields(VllmEngineConfig)} - {"xla_cache_root"}
+    ours = {f.name for f in dataclasses.fields(VllmEngineConfig)} - {"xla_cache_root", "extra_args"}
     assert ours <= vllm_fields, ours - vllm_fields
 
 
