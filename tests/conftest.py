@@ -50,6 +50,14 @@ def smollm2(checkpoint_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_lora_adapters(checkpoint_dir: Path) -> list[Path]:
+    """Two seeded LoRA adapters of the tiny Llama (accel/models/tiny_lora.py)."""
+    from accel.models.tiny_lora import ensure_adapters
+
+    return ensure_adapters(checkpoint_dir)
+
+
+@pytest.fixture(scope="session")
 def tiny_llama(checkpoint_dir: Path) -> Path:
     return checkpoint_dir / "tiny-llama"
 

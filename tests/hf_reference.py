@@ -120,3 +120,31 @@ def greedy_divergence(
         if best != token:
             return i, float(logits[i, best] - logits[i, token])
     return None
+
+
+def merge_lora(model_dir: str | Path, adapter_dir: str | Path, out_dir: Path) -> Path:
+    """``model_dir`` with a PEFT LoRA adapter merged into its weights (``W + alpha/r * B @ A``),
+    saved to ``out_dir``: the HF reference for generation with the adapter (no peft needed)."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    config = json.loads((Path(adapter_dir) / "adapter_config.json").read_text())
+    scale = config["lora_alpha"] / config["r"]
+    lora = load_file(str(Path(adapter_dir) / "adapter_model.safetensors"))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, a in lora.items():
+            if not name.endswith(".lora_A.weight"):
+                continue
+            b = lora[name.replace(".lora_A.", ".lora_B.")]
+            target = name.removeprefix("base_model.model.").replace(".lora_A.weight", ".weight")
+            params[target] += scale * (b @ a)
+    model.save_pretrained(str(out_dir))
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (Path(model_dir) / f).exists():
+            (out_dir / f).write_bytes((Path(model_dir) / f).read_bytes())
+    return out_dir

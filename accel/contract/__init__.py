@@ -17,7 +17,7 @@ protocol, ``PrefixCacheChange``). Import them from here.
 from accel.contract.engine import Engine, PrefixCacheChange
 from accel.contract.errors import ConfigError, InvalidRequestError
 from accel.contract.output import FinishReason, OutputDelta, TokenLogprob, join_token_ids
-from accel.contract.request import GenerateRequest, KVTransferParams
+from accel.contract.request import GenerateRequest, KVTransferParams, LoraAdapter
 from accel.contract.sampling import SamplingParams
 from accel.contract.stats import EngineStats, TTEngineStats
 from accel.contract.structured_output import StructuredOutputKind, StructuredOutputSpec
@@ -30,6 +30,7 @@ __all__ = [
     "GenerateRequest",
     "InvalidRequestError",
     "KVTransferParams",
+    "LoraAdapter",
     "OutputDelta",
     "PrefixCacheChange",
     "SamplingParams",

@@ -56,6 +56,21 @@ class KVTransferParams:
 
 
 @dataclass(frozen=True)
+class LoraAdapter:
+    """A LoRA adapter a request runs with, as vLLM's ``LoRARequest`` names it: ``name`` (what the
+    client sends as ``model``), ``int_id`` (> 0, unique per adapter within a replica) and ``path``
+    (a PEFT folder on the replica's node: ``adapter_config.json`` + ``adapter_model.safetensors``)."""
+
+    name: str
+    int_id: int
+    path: str
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.name, str) and bool(self.name), "model", "an adapter needs a name")
+        require(isinstance(self.int_id, int) and self.int_id > 0, "model", "an adapter's int_id must be > 0")
+
+
+@dataclass(frozen=True)
 class GenerateRequest:
     """One generation. ``prompt_token_ids`` are already tokenized (chat template applied)."""
 
@@ -67,6 +82,9 @@ class GenerateRequest:
     # vLLM's cache_salt: the prefix cache only shares blocks between requests with the same salt
     # (engines and router start the prompt's block-hash chain at accel.block_hash.salted_root).
     cache_salt: str | None = None
+    # The LoRA adapter to run with (None: the base model). Engines that cannot run adapters refuse
+    # a request carrying one, naming `model`.
+    lora: LoraAdapter | None = None
 
     def __post_init__(self) -> None:
         require(isinstance(self.request_id, str) and bool(self.request_id), "request_id", "must be a non-empty string")

@@ -24,6 +24,10 @@ def check_request(request: GenerateRequest, *, vocab_size: int, max_model_len: i
     sp = request.sampling
     if sp.prompt_logprobs is not None:
         raise InvalidRequestError("prompt_logprobs", "prompt logprobs are not supported on the TT mesh engine")
+    if request.lora is not None:
+        raise InvalidRequestError(
+            "model", f"{request.lora.name!r} is a LoRA adapter: LoRA is not supported on the TT mesh engine"
+        )
     spec = sp.structured_outputs
     if spec is not None and spec.whitespace_pattern is not None:
         raise InvalidRequestError(spec.param, "whitespace_pattern is not supported by the xgrammar backend")

@@ -221,6 +221,10 @@ class VllmEngine:
             )
         if request.request_id in self._active:
             raise InvalidRequestError("request_id", f"{request.request_id!r} is already running")
+        if request.lora is not None and not (self.config.extra_args or {}).get("enable_lora"):
+            raise InvalidRequestError(
+                "model", f"{request.lora.name!r} is a LoRA adapter; this pool runs without enable_lora"
+            )
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[OutputDelta]:
         """Stream ``request``'s deltas; the last one has ``finish_reason`` set. Closing the
@@ -243,7 +247,14 @@ class VllmEngine:
         # ``reasoning_ended=True`` (else vLLM's reasoning parser, if the engine has one, decides).
         spec = request.sampling.structured_outputs
         reasoning_ended = True if spec is not None and not spec.reasoning_end_token_ids else None
-        stream = self._llm.generate(prompt, sampling_params, rid, reasoning_ended=reasoning_ended)
+        lora_request = None
+        if request.lora is not None:
+            from vllm.lora.request import LoRARequest  # (deferred as above)
+
+            lora_request = LoRARequest(request.lora.name, request.lora.int_id, request.lora.path)
+        stream = self._llm.generate(
+            prompt, sampling_params, rid, lora_request=lora_request, reasoning_ended=reasoning_ended
+        )
         # (deferred: vLLM is imported after the platform choice; __init__ has imported it already)
         from vllm.exceptions import VLLMValidationError
 
