@@ -57,6 +57,7 @@ from router_peers_servers import PEERS, EngineSpec, OurStack, ProcessSet, start_
 from router_peers_traces import (  # noqa: E402
     FAMILIES,
     HARD_FAMILIES,
+    SESSION_CONCURRENCY,
     Session,
     max_over_mean,
     oracle_hit_tokens,
@@ -120,20 +121,29 @@ async def _send(http: httpx.AsyncClient, url: str, model: str, prompt: str, max_
 
 
 async def replay(
-    url: str, model: str, sessions: Sequence[Session], loads: Callable[[], Awaitable[list[int]]]
+    url: str,
+    model: str,
+    sessions: Sequence[Session],
+    loads: Callable[[], Awaitable[list[int]]],
+    max_sessions: int | None = None,
 ) -> tuple[list[RequestRecord], list[tuple[float, list[int]]], float]:
-    """Send every session's turns (closed loop per session) while sampling per-worker loads;
-    returns (records in send order, load samples, wall seconds)."""
+    """Send every session's turns (closed loop per session; a turn's fan-out sub-requests at once)
+    while sampling per-worker loads; at most ``max_sessions`` sessions run at once (the others
+    wait past their start in arrival order). Returns (records in send order, load samples, wall
+    seconds)."""
     records: list[RequestRecord] = []
     samples: list[tuple[float, list[int]]] = []
     t0 = time.perf_counter()
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=512)) as http:
+        slots = asyncio.Semaphore(max_sessions or len(sessions) or 1)
 
         async def run_session(s: Session) -> None:
             await asyncio.sleep(max(0.0, s.start_s - (time.perf_counter() - t0)))
-            for turn in s.turns:
-                await asyncio.sleep(turn.think_s)
-                records.append(await _send(http, url, model, turn.prompt, turn.max_tokens, s.session_id, t0))
+            async with slots:
+                for turn in s.turns:
+                    await asyncio.sleep(turn.think_s)
+                    sends = (_send(http, url, model, p, turn.max_tokens, s.session_id, t0) for p in turn.prompts)
+                    records.extend(await asyncio.gather(*sends))
 
         async def sample() -> None:
             while True:
@@ -189,7 +199,7 @@ def trace_info(sessions: Sequence[Session], tokenize, block_size: int, kv_tokens
     """Size of one content instance of the trace: prompts, tokens, distinct prefix tokens."""
     from accel.block_hash import hash_prompt_blocks
 
-    prompts = [t.prompt for s in sessions for t in s.turns]
+    prompts = [p for s in sessions for t in s.turns for p in t.prompts]
     distinct: set[int] = set()
     num_tokens = 0
     for p in prompts:
@@ -320,7 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         async with httpx.AsyncClient() as http:
                             return list(await asyncio.gather(*(worker_load(http, w.url) for w in ws)))
 
-                records, samples, wall_s = asyncio.run(replay(url, spec.served_name, sessions, loads))
+                limit = SESSION_CONCURRENCY.get(family)
+                records, samples, wall_s = asyncio.run(replay(url, spec.served_name, sessions, loads, limit))
                 result = figures(records, samples, wall_s, tokenize, spec.block_size)
                 result["load_average"] = [load_start, _load_avg()]
                 entry["routers"][ours_name if name == "ours" else name] = result

@@ -22,6 +22,12 @@ Families (``FAMILIES``; ``scale`` multiplies the number of sessions/requests, ``
   bench's 384 blocks of 32 per worker);
 - ``kv_pressure`` (hard): long multi-turn sessions, each with its own context on top of
   Zipf-popular system prompts; distinct prefix tokens about 2.4x both workers' KV together.
+- ``agentic`` (hard): agent sessions over Zipf(1.1)-popular system prompts, each turn appending
+  a long tool output to the whole history, about a third of the turns fanning out into three
+  parallel sub-requests that share that history (``Turn.fanout``); sessions arrive over time and
+  at most ``SESSION_CONCURRENCY["agentic"]`` (8) run at once. At scale 1: ~360 requests, ~340k
+  prompt tokens, meant for engines whose KV holds a fraction of it (``--kv-blocks 128``: 4,096
+  tokens each at block 32).
 """
 
 from __future__ import annotations
@@ -41,6 +47,13 @@ class Turn:
     prompt: str
     max_tokens: int
     think_s: float  # pause after the previous turn's response before this one (0 for turn 0)
+    # Sibling sub-requests sent at the same instant as ``prompt`` (each shares its history); the
+    # session's next turn waits for all of them.
+    fanout: tuple[str, ...] = ()
+
+    @property
+    def prompts(self) -> tuple[str, ...]:
+        return (self.prompt, *self.fanout)
 
 
 @dataclass(frozen=True)
@@ -170,13 +183,41 @@ def kv_pressure(seed: int, content_seed: int, scale: float = 1.0, max_tokens: in
     return sessions
 
 
+def agentic(seed: int, content_seed: int, scale: float = 1.0, max_tokens: int = 16) -> list[Session]:
+    rng = random.Random(seed)
+    src = TextSource(random.Random(content_seed))
+    systems = [src.text(320) for _ in range(8)]
+    weights = zipf_weights(len(systems), 1.1)
+    num_sessions = max(4, round(45 * scale))
+    sessions = []
+    for s in range(num_sessions):
+        history = rng.choices(systems, weights)[0] + "task: " + src.text(rng.randint(32, 96))
+        turns = []
+        for k in range(rng.randint(4, 6)):
+            history += "tool output: " + src.text(rng.randint(48, 176))
+            prompt = history + "next step: " + src.text(rng.randint(16, 48))
+            # A third of the later turns split the work into three sub-agents over the same history.
+            fanout = (
+                tuple(history + f"subtask {i}: " + src.text(rng.randint(16, 48)) for i in (2, 3))
+                if k > 0 and rng.random() < 0.35
+                else ()
+            )
+            turns.append(Turn(prompt, max_tokens, 0.0 if k == 0 else rng.uniform(0.2, 1.5), fanout))
+            history += "assistant: " + src.text(rng.randint(24, 48))
+        sessions.append(Session(f"s{content_seed}-ag-{s}", rng.uniform(0, 40 * scale), tuple(turns)))
+    return sessions
+
+
 FAMILIES: dict[str, Callable[..., list[Session]]] = {
     "multi_turn": multi_turn,
     "sibling_bursts": sibling_bursts,
     "zipf_prefixes": zipf_prefixes,
     "kv_pressure": kv_pressure,
+    "agentic": agentic,
 }
-HARD_FAMILIES = ("sibling_bursts", "zipf_prefixes", "kv_pressure")
+HARD_FAMILIES = ("sibling_bursts", "zipf_prefixes", "kv_pressure", "agentic")
+# Families whose sessions queue for a slot: at most this many run at once (arrival order).
+SESSION_CONCURRENCY: dict[str, int] = {"agentic": 8}
 
 
 # ----- result math -------------------------------------------------------------------------------

@@ -154,3 +154,57 @@ def test_block_hash_distinct_prefix_count_matches_trace_info():
     for p in prompts:
         distinct.update(hash_prompt_blocks(tok(p), 32))
     assert info["num_requests"] == len(prompts) and info["distinct_prefix_tokens"] == 32 * len(distinct)
+
+
+def test_agentic_sessions_grow_by_tool_outputs_fan_out_and_share_skewed_systems():
+    sessions = traces.agentic(0, content_seed=1)
+    prompts = [p for s in sessions for t in s.turns for p in t.prompts]
+    assert 300 <= len(prompts) <= 400  # ~360 requests at scale 1
+    words = sum(len(p.split()) for p in prompts)
+    assert 250_000 <= words * traces.TOKENS_PER_WORD <= 400_000  # ~340k prompt tokens
+    for s in sessions:
+        for prev, turn in zip(s.turns, s.turns[1:]):
+            # each turn's history holds the whole previous prompt minus its last instruction
+            history = prev.prompt.rsplit("next step: ", 1)[0]
+            assert turn.prompt.startswith(history) and "tool output: " in turn.prompt[len(history) :]
+            for sub in turn.fanout:
+                assert sub.rsplit("subtask ", 1)[0] == turn.prompt.rsplit("next step: ", 1)[0]
+    fanned = [t for s in sessions for t in s.turns if t.fanout]
+    assert fanned and all(len(t.prompts) == 3 for t in fanned)
+    assert 0.15 < len(fanned) / sum(len(s.turns) for s in sessions) < 0.45
+    heads = [s.turns[0].prompt.split("task: ")[0] for s in sessions]
+    counts = sorted((heads.count(h) for h in set(heads)), reverse=True)
+    assert len(counts) >= 4 and counts[0] >= 2 * counts[-1]  # Zipf: a popular system prompt dominates
+    assert traces.SESSION_CONCURRENCY["agentic"] == 8 and "agentic" in traces.HARD_FAMILIES
+
+
+def test_replay_sends_a_fan_out_at_once_and_caps_running_sessions():
+    import asyncio
+
+    sent: list[tuple[float, str]] = []
+    running, peak = 0, 0
+
+    async def fake_send(http, url, model, prompt, max_tokens, session_id, t0):
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        sent.append((asyncio.get_running_loop().time(), prompt))
+        await asyncio.sleep(0.05)
+        running -= 1
+        return router_peers.RequestRecord(prompt, 0.0, prompt_tokens=1)
+
+    sessions = [traces.Session(f"s{i}", 0.0, (traces.Turn(f"p{i}", 4, 0.0, (f"p{i}-b", f"p{i}-c")),)) for i in range(5)]
+
+    async def no_loads():
+        return [0, 0]
+
+    original = router_peers._send
+    router_peers._send = fake_send
+    try:
+        records, _, _ = asyncio.run(router_peers.replay("http://x", "m", sessions, no_loads, max_sessions=2))
+    finally:
+        router_peers._send = original
+    assert len(records) == 15
+    assert peak == 6  # two sessions at a time, each with its three sub-requests in flight together
+    times = {p: t for t, p in sent}
+    assert abs(times["p0"] - times["p0-c"]) < 0.02
