@@ -198,7 +198,7 @@ def server_env(env: Mapping[str, str]) -> dict[str, str]:
 def haproxy_threads(cpus: int | None = None) -> int:
     """HAProxy's threads for a host of ``cpus`` cores, as the Makefile computes them: a quarter of
     the cores, 1 to 4 (Ray's fixed default is 4; on 2 cores its threads cost ~40 % more CPU per
-    streamed token than one thread, docs/BENCHMARKS.md)."""
+    streamed token than one thread: docs/BENCHMARKS.md at dbf54f6)."""
     if cpus is None:  # the cores this process may run on, as `nproc` counts them
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(4, cpus // 4))

@@ -101,7 +101,7 @@ def set_torch_threads_for_serving() -> None:
     vLLM's rule for its own engine core (``vllm.utils.torch_utils.set_torch_threads_for_runtime``:
     OMP workers spin-waiting after each parallel region steal the step's serial code's cycles),
     so the engine has vLLM's thread budget. On the torch mesh program here one thread was not
-    slower than two (3,704 and 3,273 tok/s against 3,268; docs/BENCHMARKS.md)."""
+    slower than two (3,704 and 3,273 tok/s against 3,268; docs/BENCHMARKS.md at dbf54f6)."""
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
 

@@ -37,7 +37,7 @@ EngineConfig = TTEngineConfig | VllmEngineConfig
 # a Ray message to the ingress plus its SSE chunk. Inside the ingress there is no Ray message to
 # save: measured with vLLM's benchmark client at 16 and 64 streams, windows of 15 ms left the
 # ingress's CPU per token as it was (77-80 vs 76-78 us) while ITL p99 went from 13 to 19-35 ms
-# (docs/BENCHMARKS.md, "No windows inside the ingress").
+# (docs/BENCHMARKS.md at dbf54f6, "No windows inside the ingress": history stays in git).
 STREAM_INTERVAL_S: Mapping[Placement, float] = {"own": 0.015, "ingress": 0.0}
 
 
