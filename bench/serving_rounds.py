@@ -36,7 +36,28 @@ CLIENT_KEYS = (
     "median_itl_ms",
     "p99_itl_ms",
 )
+# The endpoints the client can drive: name -> (its --backend, its --endpoint).
+ENDPOINTS = {"completions": ("openai", "/v1/completions"), "chat": ("openai-chat", "/v1/chat/completions")}
+WARMUP_PROMPTS = 32
+
 # -- the client ---------------------------------------------------------------------------------
+
+
+def parse_num_prompts(text: str, concurrency: list[int]) -> dict[int, int]:
+    """``--num-prompts``: one count for every concurrency (``"128"``), or one per concurrency in
+    ``--concurrency``'s order (``"4,32,64"`` for ``1,16,64``)."""
+    counts = [int(n) for n in text.split(",") if n]
+    if len(counts) == 1:
+        counts *= len(concurrency)
+    if len(counts) != len(concurrency) or min(counts) < 1:
+        raise ValueError(f"--num-prompts {text!r}: one count, or one per concurrency {concurrency}")
+    return dict(zip(concurrency, counts))
+
+
+def prompts_for(opts, concurrency: int) -> int:
+    """The measured prompts at ``concurrency`` (``opts.prompts_by_concurrency`` when set)."""
+    per = getattr(opts, "prompts_by_concurrency", None)
+    return per[concurrency] if per else opts.num_prompts
 
 
 def client_args(url: str, opts, concurrency: int, num_prompts: int, seed: int):
@@ -45,8 +66,10 @@ def client_args(url: str, opts, concurrency: int, num_prompts: int, seed: int):
 
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
-    argv = ["--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions"]
-    argv += ["--model", opts.tokenizer, "--served-model-name", SERVED_MODEL, "--tokenizer", opts.tokenizer]
+    backend, endpoint = ENDPOINTS[getattr(opts, "endpoint", "completions")]
+    served = getattr(opts, "served_model", SERVED_MODEL)
+    argv = ["--backend", backend, "--base-url", url, "--endpoint", endpoint]
+    argv += ["--model", opts.tokenizer, "--served-model-name", served, "--tokenizer", opts.tokenizer]
     argv += ["--dataset-name", "random", "--random-input-len", str(opts.input_len)]
     argv += ["--random-output-len", str(opts.output_len), "--num-prompts", str(num_prompts), "--ignore-eos"]
     argv += ["--max-concurrency", str(concurrency), "--seed", str(seed), "--disable-tqdm"]
@@ -79,7 +102,7 @@ def measure(server: Server, opts, concurrency: int, seed: int, log) -> dict[str,
     sampler.start()
     stall.start()
     try:
-        result = run_client(server.url, opts, concurrency, opts.num_prompts, seed, log)
+        result = run_client(server.url, opts, concurrency, prompts_for(opts, concurrency), seed, log)
     finally:
         stall_ms = stall.stop()
     result["sched_stall_ms"] = stall_ms
@@ -151,7 +174,8 @@ def run_rounds(runners: Mapping[str, Any], opts, load: LoadWatch) -> dict[int, d
     """``runners``: name -> callable(concurrency, seed) -> one measurement. Rounds alternate
     the runners, rotated each round; every runner gets the same seed within a round."""
     names = list(runners)
-    for name in names:  # warm-up (compile, caches, connection pools), not measured
+    for name in names:  # warm-up (compile, caches, connection pools), not measured; its runner
+        # sends min(WARMUP_PROMPTS, the first concurrency's prompts)
         runners[name](opts.concurrency[0], 1, warmup=True)
     out: dict[int, dict[str, list[dict[str, Any]]]] = {c: {n: [] for n in names} for c in opts.concurrency}
     for i in range(opts.rounds):
@@ -160,7 +184,11 @@ def run_rounds(runners: Mapping[str, Any], opts, load: LoadWatch) -> dict[int, d
             for name in order:
                 load.note()
                 out[c][name].append(runners[name](c, 100 + i))
-                print(f"round {i} c={c} {name}: {out[c][name][-1]['output_throughput']:.1f} tok/s", file=sys.stderr)
+                print(
+                    f"round {i} c={c} {name}: {out[c][name][-1]['output_throughput']:.1f} tok/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     return out
 
 

@@ -42,7 +42,7 @@ from accel.vllm.config import VllmEngineConfig  # noqa: E402
 from bench.process_group import popen_group_kwargs  # noqa: E402
 from serve_app.config.load import load_app_config  # noqa: E402
 
-SERVED_MODEL = "tiny-llama"
+SERVED_MODEL = "tiny-llama"  # the tiny configs' model name (what older callers assume)
 STOP_GRACE_S = 45.0
 
 
@@ -55,6 +55,15 @@ def free_port() -> int:
 def config_args(config: Path) -> dict[str, Any]:
     """The ``args`` of the config's first application (what ``build_app`` receives)."""
     return yaml.safe_load(config.read_text())["applications"][0]["args"]
+
+
+def served_model_name(config: Path, engine: str = "vllm") -> str:
+    """The name the config serves its first ``engine`` pool's model under: every server of a run
+    (bare vLLM, Ray Serve LLM, ours) serves the model under that name."""
+    pool = next((p for p in load_app_config(config_args(config)).pools if p.engine == engine), None)
+    if pool is None:
+        raise SystemExit(f"{config}: no {engine} pool")
+    return pool.model
 
 
 def vllm_engine_args(config: Path) -> dict[str, Any]:
@@ -89,11 +98,11 @@ class Server:
             return []
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
-    """Until the server completes a one-token request (routes in place and the engine up:
-    ``/v1/models`` alone can answer before the engine replica has started)."""
+def _wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float, model: str) -> None:
+    """Until the server completes a one-token request for ``model`` (routes in place and the
+    engine up: ``/v1/models`` alone can answer before the engine replica has started)."""
     deadline = time.monotonic() + timeout_s
-    body = {"model": SERVED_MODEL, "prompt": "ready?", "max_tokens": 1}
+    body = {"model": model, "prompt": "ready?", "max_tokens": 1}
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace")[-3000:]
@@ -150,9 +159,10 @@ def started(
     log_dir: Path,
     timeout_s: float = 600,
     new_session: bool = False,
+    model: str = SERVED_MODEL,
 ) -> Iterator[Server]:
-    """The server running (ready to answer a completion) in its own process group, in this
-    session unless ``new_session`` (``bench/process_group.py`` says why)."""
+    """The server running (ready to answer a completion for ``model``) in its own process group,
+    in this session unless ``new_session`` (``bench/process_group.py`` says why)."""
     log_path = log_dir / f"{name}.log"
     log = open(log_path, "w")
     proc = subprocess.Popen(
@@ -160,17 +170,17 @@ def started(
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, proc, log_path, timeout_s)
+        _wait_ready(url, proc, log_path, timeout_s, model)
         yield Server(name, url, proc, log_path)
     finally:
         _stop(proc)
         log.close()
 
 
-def bare_vllm_command(engine_args: Mapping[str, Any], port: int) -> list[str]:
+def bare_vllm_command(engine_args: Mapping[str, Any], port: int, served_model: str = SERVED_MODEL) -> list[str]:
     """vLLM's OpenAI server with the same engine args our replica passes to ``AsyncLLM``."""
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", engine_args["model"]]
-    cmd += ["--served-model-name", SERVED_MODEL, "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--served-model-name", served_model, "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--max-model-len", str(engine_args["max_model_len"]), "--max-num-seqs", str(engine_args["max_num_seqs"])]
     cmd += ["--dtype", str(engine_args["dtype"]), "--disable-uvicorn-access-log"]
     if engine_args.get("block_size"):
@@ -271,7 +281,7 @@ def _rayllm_app(config: Path):
     model_path = engine_args.pop("model")
     engine_kwargs = {k: v for k, v in engine_args.items() if k not in ("tokenizer", "served_model_name")}
     llm_config = LLMConfig(
-        model_loading_config={"model_id": SERVED_MODEL, "model_source": model_path},
+        model_loading_config={"model_id": served_model_name(config), "model_source": model_path},
         accelerator_config={"kind": "cpu"},
         engine_kwargs=engine_kwargs,
         deployment_config={"num_replicas": 1},
