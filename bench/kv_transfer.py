@@ -18,7 +18,7 @@ prefill/decode disaggregation vs colocated serving under a mixed long/short load
    with torch on one thread; fresh replicas per setup, warmed on prompts outside the workload (no
    measured prompt is in a prefix cache). Colocated = both replicas serve whole requests (fewer
    in flight); PD = replica A prefills, replica B decodes, each request placed by the router's
-   own ``RouterCore`` at the config's PD defaults (``--pd-threshold``, ``--pd-busy-threshold``:
+   own ``RouterLogic`` at the config's PD defaults (``--pd-threshold``, ``--pd-busy-threshold``:
    prompts of at least the threshold, and shorter ones while B has requests in flight and A has
    none, go prefill -> actor -> decode via ``PDOrchestrator``; the rest straight to B). Token stamps
    are taken in the replica as the engine emits each delta (CLOCK_MONOTONIC, comparable across

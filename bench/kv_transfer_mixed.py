@@ -124,9 +124,9 @@ def _run_setup(args, model: str, workload, is_pd: bool) -> tuple[list[dict], dic
     import ray
 
     from accel.block_hash import hash_prompt_blocks
+    from deployments.messages.routing import RouteRequest
     from deployments.pd.orchestrator import PDOrchestrator
-    from deployments.router.core.router_core import ReplicaInfo, RouterCore
-    from deployments.router.messages import RouteRequest
+    from deployments.router.logic.router_logic import ReplicaInfo, RouterLogic
     from serve_app.config.router import ModelRouting, RouterConfig
 
     cores = sorted(os.sched_getaffinity(0))
@@ -159,7 +159,7 @@ def _run_setup(args, model: str, workload, is_pd: bool) -> tuple[list[dict], dic
             inflight[name] -= 1
 
     orch = PDOrchestrator(metrics=False)
-    router = RouterCore(RouterConfig(), {"m": ModelRouting(BLOCK_SIZE, args.pd_threshold, args.pd_busy_threshold)})
+    router = RouterLogic(RouterConfig(), {"m": ModelRouting(BLOCK_SIZE, args.pd_threshold, args.pd_busy_threshold)})
     num_blocks = MAX_MODEL_LEN * MAX_NUM_SEQS // BLOCK_SIZE
     router.add_replica(ReplicaInfo("a", "prefill", "m", num_blocks, "prefill", publishes_kv_events=False))
     router.add_replica(ReplicaInfo("b", "decode", "m", num_blocks, "decode", publishes_kv_events=False))

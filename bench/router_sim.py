@@ -51,7 +51,7 @@ from router_sim_multi import MultiCoreSimRouter  # noqa: E402
 from router_sim_ray import RaySimRouter  # noqa: E402
 from router_sim_workload import TraceRequest, WorkloadConfig, make_trace  # noqa: E402
 
-from deployments.router.core.load import PEER_LOAD_PERIOD_S  # noqa: E402
+from deployments.router.logic.load import PEER_LOAD_PERIOD_S  # noqa: E402
 from serve_app.config.router import CostWeights  # noqa: E402
 
 # (entry name, factory(replica_ids, kv blocks per replica, block size, weights, seed))
@@ -227,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     entries = {}
     for name in names:
         entries[name] = run_policy(name, trace, cluster, weights, oracle, args.seed)
-        if args.no_latency or "routers" in name:  # one decision is one RouterCore's, as in the single-router entry
+        if args.no_latency or "routers" in name:  # one decision is one RouterLogic's, as in the single-router entry
             continue
         gc.collect()
         entries[name].update(

@@ -27,7 +27,7 @@ from typing import Protocol
 from router_sim_workload import TraceRequest
 
 from accel.contract import EngineStats
-from deployments.router.kv_events import BlockRemoved, BlockStored, KVEvent
+from deployments.messages.kv_events import BlockRemoved, BlockStored, KVEvent
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""``CoreSimRouter``: our ``RouterCore`` driven by the router simulator (clock = simulated time)."""
+"""``CoreSimRouter``: our ``RouterLogic`` driven by the router simulator (clock = simulated time)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from router_sim_workload import TraceRequest
 
 from accel.contract import EngineStats
-from deployments.router.core.router_core import ReplicaInfo, RouterCore
-from deployments.router.kv_events import KVEvent
-from deployments.router.messages import RouteRequest
+from deployments.messages.kv_events import KVEvent
+from deployments.messages.routing import RouteRequest
+from deployments.router.logic.router_logic import ReplicaInfo, RouterLogic
 from serve_app.config.router import CostWeights, ModelRouting, RouterConfig
 
 MODEL = "sim-model"
@@ -17,7 +17,7 @@ POOL = "sim-pool"
 
 
 class CoreSimRouter:
-    """A ``RouterCore`` driven by the simulator (clock = simulated time). ``speculative_ttl_s``:
+    """A ``RouterLogic`` driven by the simulator (clock = simulated time). ``speculative_ttl_s``:
     the precise index's speculative entries (``RouterConfig.speculative_ttl_s``; None = the
     config default, 0 = off)."""
 
@@ -34,9 +34,9 @@ class CoreSimRouter:
         self.now_s = 0.0
         ttl = RouterConfig.speculative_ttl_s if speculative_ttl_s is None else speculative_ttl_s
         config = RouterConfig(policy=policy, index_mode=index_mode, weights=weights, speculative_ttl_s=ttl)
-        self.core = RouterCore(config, {MODEL: ModelRouting(block_size)}, clock=lambda: self.now_s)
+        self.logic = RouterLogic(config, {MODEL: ModelRouting(block_size)}, clock=lambda: self.now_s)
         for r in replica_ids:
-            self.core.add_replica(ReplicaInfo(r, POOL, MODEL, num_kv_blocks))
+            self.logic.add_replica(ReplicaInfo(r, POOL, MODEL, num_kv_blocks))
 
     @staticmethod
     def route_request(req: TraceRequest) -> RouteRequest:
@@ -51,16 +51,16 @@ class CoreSimRouter:
 
     def choose(self, req: TraceRequest, now_s: float) -> str:
         self.now_s = now_s
-        replica_id = self.core.route(self.route_request(req)).replica_id
+        replica_id = self.logic.route(self.route_request(req)).replica_id
         assert replica_id is not None
         return replica_id
 
     def on_completed(self, req: TraceRequest, now_s: float) -> None:
         self.now_s = now_s
-        self.core.on_completed(req.request_id)
+        self.logic.on_completed(req.request_id)
 
     def on_kv_events(self, replica_id: str, events: list[KVEvent]) -> None:
-        self.core.apply_kv_events(replica_id, events)
+        self.logic.apply_kv_events(replica_id, events)
 
     def on_stats(self, replica_id: str, stats: EngineStats) -> None:
-        self.core.apply_stats(replica_id, stats)
+        self.logic.apply_stats(replica_id, stats)

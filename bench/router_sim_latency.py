@@ -13,7 +13,7 @@ from router_sim_workload import TraceRequest
 
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import EngineStats
-from deployments.router.kv_events import BlockStored
+from deployments.messages.kv_events import BlockStored
 from serve_app.config.router import CostWeights
 
 
@@ -56,7 +56,7 @@ def measure_latency(
         num_preloaded += 1
     if isinstance(router, CoreSimRouter):
         for replica_id, held in per_replica.items():
-            router.core.apply_snapshot(replica_id, list(held))
+            router.logic.apply_snapshot(replica_id, list(held))
     decide_ns: list[int] = []
     decide_cpu_ns: list[int] = []  # this thread's CPU time: excludes preemption by other processes
     dispatch_ns: list[int] = []
@@ -80,11 +80,11 @@ def measure_latency(
                     )
             route = router.route_request(req)
             c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
-            decision = router.core.choose(route)
+            decision = router.logic.choose(route)
             t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
-            router.core.on_dispatched(route, decision)
-            if router.core.config.index_mode == "precise":  # the engine's report of the prompt
-                router.core.apply_kv_events(decision.replica_id, [BlockStored(req.prompt_hashes)])
+            router.logic.on_dispatched(route, decision)
+            if router.logic.config.index_mode == "precise":  # the engine's report of the prompt
+                router.logic.apply_kv_events(decision.replica_id, [BlockStored(req.prompt_hashes)])
             t2 = time.perf_counter_ns()
         else:  # Ray's router decides and inserts in one call path (its tree actor RPCs included)
             c0, t0 = time.thread_time_ns(), time.perf_counter_ns()

@@ -1,8 +1,8 @@
 """Several router replicas in the router simulator: how much affinity survives splitting the
-decisions over N independent ``RouterCore``s, the way the router deployment runs them.
+decisions over N independent ``RouterLogic``s, the way the router deployment runs them.
 
 Each request goes to the router replica its affinity key picks by rendezvous hashing
-(``deployments.router.rendezvous_request_router``, key = ``RouteRequest.affinity_key``: session, else first prompt
+(``deployments.handle_routing.rendezvous``, key = ``RouteRequest.affinity_key``: session, else first prompt
 block, else request id), and its completion goes back to that replica. Every replica gets every
 engine's KV events (each follows each engine's event log from its own cursor) and every stats
 report, with the engine's own in-flight count; and, as the router deployment does, each publishes
@@ -20,10 +20,10 @@ from router_sim_core import CoreSimRouter
 from router_sim_workload import TraceRequest
 
 from accel.contract import EngineStats
-from deployments.router.core.load import PEER_LOAD_PERIOD_S
-from deployments.router.kv_events import KVEvent
-from deployments.router.messages import RouteRequest
-from deployments.router.rendezvous_request_router import rendezvous_order
+from deployments.handle_routing.rendezvous import rendezvous_order
+from deployments.messages.kv_events import KVEvent
+from deployments.messages.routing import RouteRequest
+from deployments.router.logic.load import PEER_LOAD_PERIOD_S
 from serve_app.config.router import CostWeights
 
 
@@ -64,10 +64,10 @@ class MultiCoreSimRouter:
         if self._peer_period_s is not None and now_s >= self._next_publish_s:
             self._next_publish_s = now_s + self._peer_period_s
             for name, router in self.routers.items():  # every router's broadcast of its counts
-                counts = router.core.in_flight_counts()
+                counts = router.logic.in_flight_counts()
                 for peer_name, peer in self.routers.items():
                     if peer_name != name:
-                        peer.core.apply_peer_in_flight(name, counts)
+                        peer.logic.apply_peer_in_flight(name, counts)
 
     def choose(self, req: TraceRequest, now_s: float) -> str:
         self._tick(now_s)
@@ -85,6 +85,6 @@ class MultiCoreSimRouter:
 
     def on_stats(self, replica_id: str, stats: EngineStats) -> None:
         # The engine replica's own count of requests it serves: every router's in flight there.
-        num_in_flight = sum(r.core.num_in_flight(replica_id) for r in self.routers.values())
+        num_in_flight = sum(r.logic.num_in_flight(replica_id) for r in self.routers.values())
         for router in self.routers.values():
-            router.core.apply_stats(replica_id, stats, num_in_flight)
+            router.logic.apply_stats(replica_id, stats, num_in_flight)

@@ -28,8 +28,8 @@ from serve_app.config.load import load_app_config
 
 logger = logging.getLogger(__name__)
 
-PINNED_REQUEST_ROUTER = "deployments.router.pinned_request_router:PinnedReplicaRequestRouter"
-RENDEZVOUS_REQUEST_ROUTER = "deployments.router.rendezvous_request_router:RendezvousRequestRouter"
+PINNED_REQUEST_ROUTER = "deployments.handle_routing.pinned:PinnedReplicaRequestRouter"
+RENDEZVOUS_REQUEST_ROUTER = "deployments.handle_routing.rendezvous:RendezvousRequestRouter"
 ROUTER_NAME = "Router"
 INGRESS_NAME = "OpenAIIngress"
 

@@ -5,7 +5,7 @@
 - ``accel`` (engines, contract, text, KV format) imports nothing of ``serve_app`` or ``deployments``.
 - Every ``serve_app`` module except the builder ``serve_app.app`` is a leaf: no ``deployments``.
 - ``deployments`` never imports the builder.
-- ``deployments.router.core`` is pure logic: no Ray, no torch, and of ``deployments`` only the
+- ``deployments.router.logic`` is pure logic: no Ray, no torch, and of ``deployments`` only the
   router's messages.
 - No cycles between first-party modules.
 - A first-party import inside a function body is allowed only where it keeps a heavy optional
@@ -23,7 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FIRST_PARTY = ("accel", "deployments", "serve_app")
 HEAVY_OPTIONAL = {"vllm", "ttnn", "jax", "jaxlib", "tpu_inference", "torch_tpu", "torchax", "libtpu"}
-ROUTER_CORE_MAY_IMPORT = ("deployments.router.messages", "deployments.router.kv_events")
+ROUTER_LOGIC = "deployments.router.logic"
+MESSAGES = "deployments.messages"
+MESSAGES_MAY_IMPORT = ("accel", "serve_app.config", MESSAGES)
+# Bottom first: a module on one floor imports deployments only from its own floor and below.
+DEPLOYMENTS_FLOORS = ("messages", "handle_routing", "kv", "pd", "replicas", "router", "ingress")
 
 
 @dataclass(frozen=True)
@@ -113,11 +117,19 @@ def _is_under(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
+def _floor(module: str) -> int | None:
+    """The floor of a ``deployments`` module (index in ``DEPLOYMENTS_FLOORS``), else None."""
+    parts = module.split(".")
+    if parts[0] != "deployments" or len(parts) < 2:
+        return None
+    return DEPLOYMENTS_FLOORS.index(parts[1]) if parts[1] in DEPLOYMENTS_FLOORS else len(DEPLOYMENTS_FLOORS)
+
+
 def _layer_problem(imp: Import) -> str | None:
     src, dst = imp.module, imp.target
     if dst.split(".")[0] not in FIRST_PARTY:
-        if _is_under(src, "deployments.router.core") and dst.split(".")[0] in ("ray", "torch"):
-            return "the router core is pure logic (no Ray, no torch)"
+        if _is_under(src, ROUTER_LOGIC) and dst.split(".")[0] in ("ray", "torch"):
+            return "the router logic is pure logic (no Ray, no torch)"
         return None
     if _is_under(src, "accel") and not _is_under(dst, "accel"):
         return "accel imports nothing of serve_app or deployments"
@@ -125,12 +137,19 @@ def _layer_problem(imp: Import) -> str | None:
         return "only the builder serve_app.app imports deployments"
     if _is_under(src, "deployments") and _is_under(dst, "serve_app.app"):
         return "deployments never import the builder"
-    if (
-        _is_under(src, "deployments.router.core")
-        and _is_under(dst, "deployments")
-        and not (_is_under(dst, "deployments.router.core") or dst in ROUTER_CORE_MAY_IMPORT)
+    if _is_under(src, MESSAGES) and not (
+        _is_under(dst, "accel") or _is_under(dst, "serve_app.config") or _is_under(dst, MESSAGES)
     ):
-        return "the router core imports only the router's messages of deployments"
+        return "deployments.messages is neutral: of first-party code only accel and serve_app.config"
+    if (
+        _is_under(src, ROUTER_LOGIC)
+        and _is_under(dst, "deployments")
+        and not (_is_under(dst, ROUTER_LOGIC) or _is_under(dst, MESSAGES))
+    ):
+        return "the router logic imports only deployments.messages of deployments"
+    src_floor, dst_floor = _floor(src), _floor(dst)
+    if src_floor is not None and dst_floor is not None and dst_floor > src_floor:
+        return f"an upward import inside deployments (floors, bottom first: {' -> '.join(DEPLOYMENTS_FLOORS)})"
     return None
 
 
@@ -196,6 +215,50 @@ def test_no_import_cycles():
     assert not cycles, "import cycles (deferred imports included):\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
+PACKAGES = {m for m, path in SOURCES.items() if path.name == "__init__.py"}
+# Modules left out of the folder graph: the builder, whose folder ``serve_app`` also holds the
+# bottom floor (config, protocol, metrics). To be emptied, never added to.
+FOLDER_GRAPH_EXCEPTIONS = frozenset({"serve_app.app"})
+
+
+def _folder_graph(depth: int, left_out: frozenset[str] = FOLDER_GRAPH_EXCEPTIONS) -> dict[str, set[str]]:
+    """Folders cut at ``depth`` name components (a module stands in its package's folder); an
+    edge for every import between two folders neither of which holds the other."""
+
+    def folder(module: str) -> str:
+        package = module if module in PACKAGES else module.rpartition(".")[0]
+        return ".".join(package.split(".")[:depth])
+
+    graph: dict[str, set[str]] = {}
+    for module, imps in IMPORTS.items():
+        if module in left_out:
+            continue
+        src = folder(module)
+        graph.setdefault(src, set())
+        for imp in imps:
+            dst = _first_party(imp.target)
+            if dst is None:
+                continue
+            dst = folder(dst)
+            if not (_is_under(src, dst) or _is_under(dst, src)):
+                graph[src].add(dst)
+                graph.setdefault(dst, set())
+    return graph
+
+
+def test_no_folder_cycles_at_any_depth():
+    depth = max(len(m.split(".")) for m in SOURCES)
+    problems = []
+    for d in range(1, depth + 1):
+        problems.extend(" <-> ".join(cycle) for cycle in _cycles(_folder_graph(d)))
+    assert not problems, "folder cycles:\n" + "\n".join(problems)
+
+
+def test_every_deployments_folder_has_a_floor():
+    folders = {m.split(".")[1] for m in PACKAGES if m.startswith("deployments.")}
+    assert folders == set(DEPLOYMENTS_FLOORS), f"add {folders - set(DEPLOYMENTS_FLOORS)} to DEPLOYMENTS_FLOORS"
+
+
 def _reaches_heavy(module: str) -> bool:
     """Whether importing ``module`` imports a heavy optional package (module-level imports only)."""
     seen: set[str] = set()
@@ -241,3 +304,10 @@ def test_the_checker_reads_the_tree_and_its_rules_bite():
     assert _layer_problem(Import("accel.tt.engine", "deployments.replicas.engine_replica", 1, False, "")) is not None
     assert _layer_problem(Import("serve_app.config", "deployments.pd.pairing", 1, True, "")) is not None
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
+    assert _layer_problem(Import("deployments.replicas.client", "deployments.router.client", 1, False, "")) is not None
+    assert _layer_problem(Import("deployments.messages.routing", "deployments.kv.messages", 1, False, "")) is not None
+    assert (
+        _layer_problem(Import("deployments.router.logic.policy", "deployments.replicas.client", 1, False, ""))
+        is not None
+    )
+    assert _layer_problem(Import("deployments.router.deployment", "deployments.replicas.client", 1, False, "")) is None

@@ -1,6 +1,6 @@
 """The request router on every engine deployment's handle: send a request to the replica the
 router deployment chose (the ``replica_hint`` keyword of ``generate``), else least-loaded. It also
-publishes each running-replica set Serve pushes (``deployments.router.replica_membership``).
+publishes each running-replica set Serve pushes (``deployments.handle_routing.replica_membership``).
 
 Serve probes the replicas of the first rank and uses the least-loaded one with spare capacity,
 moving to the next rank when the chosen replica is full, so a hint is a strong preference, not
@@ -13,7 +13,7 @@ from typing import Any
 
 from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from deployments.router import replica_membership
+from deployments.handle_routing import replica_membership
 
 HINT_KWARG = "replica_hint"
 

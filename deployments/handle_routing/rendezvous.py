@@ -24,9 +24,8 @@ from typing import Any
 
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
 
-from deployments.router.core.router_core import stable_hash64
-from deployments.router.messages import RouteRequest
-from deployments.router.pinned_request_router import replica_hint
+from deployments.handle_routing.pinned import replica_hint
+from deployments.messages.routing import RouteRequest, stable_hash64
 
 
 def rendezvous_weight(key: str, replica_id: str) -> int:

@@ -2,7 +2,7 @@
 
 Serve's controller pushes every change of a deployment's running replicas (started, stopped,
 found dead by its health check) to each handle's request router by long poll, at once. Our
-request router on engine deployments (``deployments.router.pinned_request_router``) publishes each new set here;
+request router on engine deployments (``deployments.handle_routing.pinned``) publishes each new set here;
 the router deployment, which holds handles to every pool, subscribes so it adds and removes
 engine replicas when Serve knows of the change instead of at its next poll.
 

@@ -43,10 +43,10 @@ from tokenizers import Tokenizer
 from accel.block_hash import hash_prompt_blocks, salted_root
 from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta
 from deployments.ingress.failover import FAILOVER_REQUEST_ID_SUFFIX, StreamProgress
+from deployments.messages.routing import RouteDecision, RouteRequest, RoutingError, eligible_pools
 from deployments.pd.orchestrator import Call, PDOrchestrator
 from deployments.replicas.client import EnginePoolClient, PoolClient
 from deployments.router.client import RouterClient
-from deployments.router.messages import RouteDecision, RouteRequest, RoutingError, eligible_pools
 from serve_app.config.app import AppConfig
 from serve_app.protocol.errors import APIError
 

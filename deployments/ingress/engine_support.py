@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from accel.contract import SamplingParams
-from deployments.router.messages import RouteRequest, RoutingError, eligible_pools
+from deployments.messages.routing import RouteRequest, RoutingError, eligible_pools
 from serve_app.config.app import PoolConfig
 from serve_app.protocol.errors import APIError
 

@@ -36,9 +36,9 @@ from deployments.ingress.engine_support import check_engine_support
 from deployments.ingress.json_io import error_response, read_body
 from deployments.ingress.structured_check import check_structured_outputs
 from deployments.ingress.workers import in_worker
+from deployments.messages.routing import RouteRequest
+from deployments.messages.sessions import session_id_from
 from deployments.replicas.local import LocalPoolClient, make_replica
-from deployments.router.core.sessions import session_id_from
-from deployments.router.messages import RouteRequest
 from serve_app.config.app import AppConfig, ModelConfig
 from serve_app.metrics import IngressMetrics
 from serve_app.protocol import conversion as conv

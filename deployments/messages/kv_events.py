@@ -4,7 +4,8 @@ Spelled after vLLM's ``vllm.distributed.kv_events`` (``BlockStored``, ``BlockRem
 ``AllBlocksCleared``), but every hash is an ``accel.block_hash`` chained hash, so the router's
 index and every engine agree on keys across processes. The TT engine publishes these directly; an
 adapter for vLLM's events recomputes our hashes from ``BlockStored.token_ids`` and the parent
-(vLLM's own hashes are seeded per deployment and are not ours).
+(vLLM's own hashes are seeded per deployment and are not ours). ``KVCursor`` is a reader's place
+in one replica's event log (``deployments.replicas.kv_event_log``).
 """
 
 from __future__ import annotations
@@ -38,3 +39,11 @@ class AllBlocksCleared:
 
 
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclass(frozen=True)
+class KVCursor:
+    """Where a reader stands in one replica's log: it has applied every event up to ``seq``."""
+
+    log_id: str
+    seq: int

@@ -1,27 +1,25 @@
-"""The typed messages between the ingress, the router deployment and the engine replicas.
+"""The routing messages between the ingress, the router deployment and the engine handles.
 
 The router's decision API is deliberately small: ``RouteRequest`` in, ``RouteDecision`` out,
-``release(ticket)`` when the request ends (completed, failed or cancelled). The router core
-(``deployments.router.core.router_core.RouterCore``) takes and returns these same types, so a
-request has one shape from the ingress to the decision (pools by name).
+``release(ticket)`` when the request ends (completed, failed or cancelled). The router's logic
+(``deployments.router.logic.router_logic.RouterLogic``) takes and returns these same types, so a
+request has one shape from the ingress to the decision (pools by name). Neutral ground: the
+router, the replicas, the handle routing and the ingress import this; it imports none of them.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from accel.block_hash import BlockHash
-from accel.contract import EngineStats
-from deployments.replicas.kv_event_log import KVCursor
-from deployments.router.core.load import ReplicaLoad
-from deployments.router.kv_events import KVEvent
 from serve_app.config.app import PoolConfig
 
 
 @dataclass(frozen=True)
 class RouteRequest:
-    """One engine request to place (what ``RouterCore.route`` takes). ``pool`` set = the client
+    """One engine request to place (what ``RouterLogic.route`` takes). ``pool`` set = the client
     pinned a pool (x-meshserve-pool)."""
 
     request_id: str
@@ -37,7 +35,7 @@ class RouteRequest:
 
     @property
     def affinity_key(self) -> str:
-        """Which router replica decides this request (``deployments.router.rendezvous_request_router``):
+        """Which router replica decides this request (``deployments.handle_routing.rendezvous``):
         every request of a session, else of a prompt head, goes to the same one, so its session
         binding and in-flight counts live in one place."""
         if self.session_id:
@@ -45,6 +43,11 @@ class RouteRequest:
         if self.prompt_block_hashes:
             return f"b:{self.prompt_block_hashes[0]}"
         return "r:" + self.request_id
+
+
+def stable_hash64(text: str) -> int:
+    """A 64-bit hash every process agrees on (Python's ``hash`` is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
 PREFILL_TICKET_SUFFIX = "#prefill"  # a disaggregated decision's prefill ticket: request id + this
@@ -56,7 +59,7 @@ def prefill_ticket_of(request_id: str) -> str:
 
 @dataclass(frozen=True)
 class RouteDecision:
-    """Where to send it (what ``RouterCore.route`` returns). ``replica_id`` None = the router knows
+    """Where to send it (what ``RouterLogic.route`` returns). ``replica_id`` None = the router knows
     no replica of ``pool`` yet; the engine handle then picks the least-loaded one itself.
     ``ticket`` (the request id) goes back in ``release``, to ``router_replica_id`` (the router
     replica that issued it and counts the request); "" = nothing to release."""
@@ -79,39 +82,6 @@ class RouteDecision:
         return self.prefill_pool is not None
 
 
-@dataclass(frozen=True)
-class ReplicaSnapshot:
-    """An engine replica's self-report (``routing_snapshot``), polled by every router replica.
-
-    KV state for the router's prefix index, in ``accel.block_hash`` keys at ``block_size``:
-    ``kv_blocks`` is the replica's full cached-block list (the router had no usable cursor into
-    this replica's event log), otherwise ``kv_events`` are the events after the router's cursor
-    (seq ``kv_from_seq``). ``kv_cursor`` is the router's cursor once it has applied either.
-    ``publishes_kv_events`` False = neither is available (the router learns that replica from
-    routing)."""
-
-    replica_id: str
-    pool: str
-    stats: EngineStats
-    num_inflight: int  # requests inside the replica's generate() right now
-    block_size: int = 0  # engine KV block size in tokens (0 = unknown)
-    publishes_kv_events: bool = False
-    kv_events: tuple[KVEvent, ...] = ()
-    kv_blocks: tuple[int, ...] | None = None
-    kv_cursor: KVCursor | None = None
-    kv_from_seq: int = 0
-    actor_id: str | None = None  # the replica's Ray actor id (matches RayActorError.actor_id)
-
-
-@dataclass(frozen=True)
-class ReplicaView:
-    """Debug / test view of one replica in the router: its pool and the router's load model."""
-
-    replica_id: str
-    pool: str
-    load: ReplicaLoad
-
-
 class RoutingError(Exception):
     """A request the router cannot place (unknown pool, pool serving another model).
     ``param`` names the offending request field for the 400."""
@@ -120,25 +90,6 @@ class RoutingError(Exception):
         super().__init__(message)
         self.message = message
         self.param = param
-
-
-@dataclass(frozen=True)
-class RouterSnapshot:
-    """Debug / test view of the router's state."""
-
-    replicas: tuple[ReplicaView, ...] = field(default_factory=tuple)
-    num_open_tickets: int = 0
-    router_replica_id: str | None = None
-    peer_router_ids: tuple[str, ...] = ()  # router replicas whose in-flight counts are fresh here
-
-
-@dataclass(frozen=True)
-class IndexView:
-    """Test view of one router replica's prefix index: per engine replica (sorted by id), the
-    probed block hashes it holds and its total number of indexed blocks."""
-
-    router_replica_id: str | None
-    replicas: tuple[tuple[str, tuple[int, ...], int], ...]
 
 
 WHOLE_REQUEST_ROLES = ("both", "decode")

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 from accel.contract import GenerateRequest, OutputDelta
+from deployments.handle_routing import replica_membership
+from deployments.messages.kv_events import KVCursor
+from deployments.messages.replica_snapshot import ReplicaSnapshot
 from deployments.replicas.engine_replica import EngineReplica
-from deployments.replicas.kv_event_log import KVCursor
-from deployments.router import replica_membership
-from deployments.router.messages import ReplicaSnapshot
 
 
 class ReplicaStream(Protocol):

@@ -19,10 +19,10 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Mappi
 from typing import Any
 
 from accel.contract import Engine, EngineStats, FinishReason, GenerateRequest, OutputDelta, PrefixCacheChange
+from deployments.messages.kv_events import BlockRemoved, BlockStored, KVCursor, KVEvent
+from deployments.messages.replica_snapshot import ReplicaSnapshot
 from deployments.replicas.delta_coalescer import DeltaCoalescer
-from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS, KVCursor, KVEventLog
-from deployments.router.kv_events import BlockRemoved, BlockStored, KVEvent
-from deployments.router.messages import ReplicaSnapshot
+from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS, KVEventLog
 from serve_app.config.app import PoolConfig
 from serve_app.metrics import EngineMetrics
 

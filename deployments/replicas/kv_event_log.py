@@ -23,20 +23,11 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-from deployments.router.kv_events import KVEvent
+from deployments.messages.kv_events import KVCursor, KVEvent
 from serve_app.config.router import RouterConfig
 
 DEFAULT_CAPACITY_EVENTS = RouterConfig.kv_event_log_size  # the one default of router.kv_event_log_size
-
-
-@dataclass(frozen=True)
-class KVCursor:
-    """Where a reader stands in one replica's log: it has applied every event up to ``seq``."""
-
-    log_id: str
-    seq: int
 
 
 class KVEventLog:

@@ -28,7 +28,7 @@ from typing import Any
 
 from accel.block_hash import BlockHash, hash_block, salted_root
 from accel.contract import ConfigError
-from deployments.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from deployments.messages.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 _GPU_MEDIA = (None, "GPU", "gpu")
 _GPU = "GPU"

@@ -30,8 +30,8 @@ import uuid
 from typing import Any
 
 from accel.block_hash import BlockHash
+from deployments.messages.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from deployments.replicas.vllm_kv_events import VLLMEventTranslator
-from deployments.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,7 @@
-"""The router: its pure logic in ``core/`` (``RouterCore``: prefix index, sessions, load, policies;
-no Ray, no torch), its Serve deployment (``deployment.RouterDeployment`` with the engine view it
-polls), the typed messages both speak (``messages``, ``kv_events``), the ingress's ``client``, and
-the Serve request routers on the engine and router handles.
+"""The Router deployment and nothing else named "router": its pure logic in ``logic/``
+(``RouterLogic``: prefix index, sessions, load, policies; no Ray, no torch), its Serve deployment
+(``deployment.RouterDeployment`` with the engine view it polls), its debug ``views`` and the
+ingress's ``client``. What it exchanges with the replicas and the ingress lives in
+``deployments.messages``; Serve's request-router plugins on the handles in
+``deployments.handle_routing``.
 """

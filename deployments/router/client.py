@@ -15,8 +15,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from deployments.messages.routing import RouteDecision, RouteRequest
 from deployments.router.deployment import RouterDeployment
-from deployments.router.messages import RouteDecision, RouteRequest
 
 logger = logging.getLogger(__name__)
 

@@ -1,12 +1,12 @@
 """The router deployment: routing state shared by every ingress replica.
 
-A thin async wrapper around ``deployments.router.core.router_core.RouterCore`` (prefix index, sessions, load,
+A thin async wrapper around ``deployments.router.logic.router_logic.RouterLogic`` (prefix index, sessions, load,
 policy by config name). It may run as several replicas (``router.replicas``); they agree:
 
 - **Same engine view.** Every router replica polls every engine replica itself. Membership, load
   and KV state come from one mechanism: every ``stats_period_s`` the router broadcasts
   ``routing_snapshot(cursors)`` to each pool (``DeploymentHandle.broadcast`` reaches every live
-  replica). A replica that answers for the first time is added to the core at once; one that no
+  replica). A replica that answers for the first time is added to the logic at once; one that no
   longer answers (dead, drained, scaled down) is removed at once — its index entries, sessions
   and in-flight counts go with it. Each answer carries the engine's stats and, for engines that
   publish KV events at the model's routing block size (the TT engine; vLLM via its ZMQ events,
@@ -27,7 +27,7 @@ policy by config name). It may run as several replicas (``router.replicas``); th
   each see a busy replica as idle. Without fresh peer counts it falls back to the replica's
   reported ``num_inflight`` minus this router's count (as old as the last poll).
 - **Churn at once.** Serve pushes every change of a pool's running replicas to this process's
-  handle (our request router publishes it, ``deployments/router/replica_membership.py``): a replica that
+  handle (our request router publishes it, ``deployments/handle_routing/replica_membership.py``): a replica that
   stopped, was scaled down or failed Serve's health check is removed at once, and a new one
   triggers an immediate poll that adds it with its KV snapshot. The ingress also reports an engine
   replica whose call failed because its actor died (``report_dead``, broadcast to every router
@@ -42,10 +42,10 @@ a second ticket for the prefill phase. Tickets older than ``ticket_ttl_s`` expir
 that crashed never releases).
 
 Every method Serve calls is ``async``: they all run on the replica's event loop, one at a time
-between awaits, so ``RouterCore`` (not thread-safe) is never entered from Serve's thread pool.
+between awaits, so ``RouterLogic`` (not thread-safe) is never entered from Serve's thread pool.
 
 A plain class; the builder turns it into a Serve deployment and binds the pool handles. What the
-polls and Serve's pushes say about the engine replicas is kept and applied to the core by
+polls and Serve's pushes say about the engine replicas is kept and applied to the logic by
 ``deployments.router.engine_view.EngineView`` (``self.engines``).
 """
 
@@ -60,21 +60,14 @@ from typing import Any
 
 from ray import serve
 
+from deployments.handle_routing import replica_membership
+from deployments.messages.routing import RouteDecision, RouteRequest, eligible_pools, prefill_ticket_of
 from deployments.replicas.client import EnginePoolClient
 from deployments.replicas.engine_replica import current_replica_id
-from deployments.router import replica_membership
-from deployments.router.core.load import PEER_LOAD_PERIOD_S
-from deployments.router.core.router_core import NoReplicaError, RouterCore
 from deployments.router.engine_view import EngineView
-from deployments.router.messages import (
-    IndexView,
-    ReplicaView,
-    RouteDecision,
-    RouteRequest,
-    RouterSnapshot,
-    eligible_pools,
-    prefill_ticket_of,
-)
+from deployments.router.logic.load import PEER_LOAD_PERIOD_S
+from deployments.router.logic.router_logic import NoReplicaError, RouterLogic
+from deployments.router.views import IndexView, ReplicaView, RouterSnapshot
 from serve_app.config.app import AppConfig
 from serve_app.metrics import RouterMetrics
 
@@ -93,8 +86,8 @@ class RouterDeployment:
         self._pool_clients = {name: EnginePoolClient(handle) for name, handle in pool_handles.items()}
         self._period_s = config.router.stats_period_s
         self._ticket_ttl_s = ticket_ttl_s
-        self._core = RouterCore(config.router, {m.name: m.routing for m in config.models})
-        self.engines = EngineView(self._core, config.models)
+        self._logic = RouterLogic(config.router, {m.name: m.routing for m in config.models})
+        self.engines = EngineView(self._logic, config.models)
         # ticket -> (request id, replica id, is prefill ticket, issue time)
         self._tickets: dict[str, tuple[str, str, bool, float]] = {}
         self._poller: asyncio.Task[None] | None = None
@@ -127,7 +120,7 @@ class RouterDeployment:
     def decide(self, request: RouteRequest) -> RouteDecision:
         allowed_pools = eligible_pools(request, self._pools)  # RoutingError -> the ingress's 400
         try:
-            decision = self._core.route(request)
+            decision = self._logic.route(request)
         except NoReplicaError:  # none known yet (startup): the pool's handle picks
             pool = allowed_pools[0].name
             self._count(pool, "no_replica_known")
@@ -153,9 +146,9 @@ class RouterDeployment:
             return
         request_id, replica_id, is_prefill, _ = entry
         if is_prefill:
-            self._core.on_prefill_done(request_id, replica_id)
+            self._logic.on_prefill_done(request_id, replica_id)
         else:
-            self._core.on_completed(request_id)
+            self._logic.on_completed(request_id)
 
     async def forget(self, request_id: str) -> None:
         """Release every ticket of ``request_id``: the ingress gave up waiting for the decision
@@ -167,22 +160,22 @@ class RouterDeployment:
     async def snapshot(self) -> RouterSnapshot:
         self._ensure_poller()
         replica_pool = self.engines.replica_pool
-        views = tuple(ReplicaView(rid, replica_pool[rid], self._core.load(rid)) for rid in sorted(replica_pool))
+        views = tuple(ReplicaView(rid, replica_pool[rid], self._logic.load(rid)) for rid in sorted(replica_pool))
         return RouterSnapshot(
             replicas=views,
             num_open_tickets=len(self._tickets),
             router_replica_id=self.replica_id,
-            peer_router_ids=self._core.peer_router_ids(),
+            peer_router_ids=self._logic.peer_router_ids(),
         )
 
     async def session_replica(self, session_id: str) -> str | None:
-        return self._core.session_replica(session_id)
+        return self._logic.session_replica(session_id)
 
     async def prefix_index_view(self, probe_hashes: Sequence[int]) -> IndexView:
         """Which of ``probe_hashes`` this router's prefix index holds per engine replica, and how
         many blocks it holds in all (tests compare router replicas with each other and with the
         engines' own block lists)."""
-        index = self._core.index
+        index = self._logic.index
         held = tuple(
             sorted(
                 (rid, tuple(h for h in probe_hashes if index.holds(rid, h)), index.num_blocks(rid))
@@ -192,8 +185,8 @@ class RouterDeployment:
         return IndexView(router_replica_id=self.replica_id, replicas=held)
 
     @property
-    def core(self) -> RouterCore:
-        return self._core
+    def logic(self) -> RouterLogic:
+        return self._logic
 
     # -- engine replicas ----------------------------------------------------------------------
 
@@ -229,7 +222,7 @@ class RouterDeployment:
         """A peer router replica's requests in flight per engine replica (broadcast every
         ``PEER_LOAD_PERIOD_S`` by each router replica; our own broadcast is ignored)."""
         if router_replica_id != self.replica_id:
-            self._core.apply_peer_in_flight(router_replica_id, counts)
+            self._logic.apply_peer_in_flight(router_replica_id, counts)
 
     async def _publish_load_forever(self) -> None:
         """Several router replicas: tell the others what this one has in flight, so each sees the
@@ -241,7 +234,7 @@ class RouterDeployment:
             await asyncio.sleep(PEER_LOAD_PERIOD_S)
             if pending is not None and not pending.done():
                 continue  # the previous round is still out (a slow peer): skip, never pile up
-            pending = asyncio.ensure_future(self._publish_load_once(handle, self._core.in_flight_counts()))
+            pending = asyncio.ensure_future(self._publish_load_once(handle, self._logic.in_flight_counts()))
 
     async def _publish_load_once(self, handle: Any, counts: dict[str, int]) -> None:
         try:
@@ -263,7 +256,7 @@ class RouterDeployment:
         self.engines.drop(rid)
 
     def on_membership(self, pool_name: str, running_ids: frozenset[str]) -> None:
-        """Serve pushed the running replicas of a pool (``deployments.router.replica_membership``):
+        """Serve pushed the running replicas of a pool (``deployments.handle_routing.replica_membership``):
         replicas no longer running are removed at once (answers of polls sent before are ignored);
         new ones trigger a poll now, which adds them with their stats and KV state."""
         known = self.engines.replicas_of(pool_name)

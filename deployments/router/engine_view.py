@@ -2,9 +2,9 @@
 
 Which pool each known replica is in, its index capacity, this router's cursor into its KV event
 log, its Ray actor id, and which replicas were dropped lately (answers of polls sent before their
-removal are ignored). ``apply_snapshot`` turns one replica's poll answer into ``RouterCore``
+removal are ignored). ``apply_snapshot`` turns one replica's poll answer into ``RouterLogic``
 calls (membership, stats, KV events or a full block snapshot); ``remove`` drops a replica from the
-core and from here. No RPCs: ``deployments.router.deployment`` does the polling.
+logic and from here. No RPCs: ``deployments.router.deployment`` does the polling.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-from deployments.replicas.kv_event_log import KVCursor
-from deployments.router.core.router_core import ReplicaInfo, RouterCore
-from deployments.router.messages import ReplicaSnapshot
+from deployments.messages.kv_events import KVCursor
+from deployments.messages.replica_snapshot import ReplicaSnapshot
+from deployments.router.logic.router_logic import ReplicaInfo, RouterLogic
 from serve_app.config.app import ModelConfig, PoolConfig, Role
 
 
-def core_role(pool: PoolConfig, model: ModelConfig) -> Role | None:
-    """The role the core gives a pool's replicas; None = not routed by the core.
+def logic_role(pool: PoolConfig, model: ModelConfig) -> Role | None:
+    """The role the logic gives a pool's replicas; None = not routed by the logic.
 
     Prefill pools take part only when their model is disaggregated (``ModelConfig.pd_threshold_tokens``:
     every prefill and decode pool of the model shares one KV path; TPU engines hand KV only to TPU
@@ -31,13 +31,13 @@ def core_role(pool: PoolConfig, model: ModelConfig) -> Role | None:
 
 
 class EngineView:
-    def __init__(self, core: RouterCore, models: Sequence[ModelConfig]):
-        self._core = core
+    def __init__(self, logic: RouterLogic, models: Sequence[ModelConfig]):
+        self._logic = logic
         self._pool_by_name = {p.name: p for m in models for p in m.pools}
-        self.roles = {p.name: core_role(p, m) for m in models for p in m.pools}
+        self.roles = {p.name: logic_role(p, m) for m in models for p in m.pools}
         # model -> block size of its prefix hashes (what the ingress hashes prompts at)
         self._block_sizes = {m.name: m.routing_block_size for m in models}
-        self.replica_pool: dict[str, str] = {}  # replica id -> pool name (known to the core)
+        self.replica_pool: dict[str, str] = {}  # replica id -> pool name (known to the logic)
         # replica id -> this router's cursor into its KV event log (precise replicas only)
         self.cursors: dict[str, KVCursor] = {}
         self._actor_replica: dict[str, str] = {}  # Ray actor id -> replica id
@@ -80,15 +80,15 @@ class EngineView:
         is_precise = snap.publishes_kv_events and snap.block_size == model_bs
         engine_bs = snap.block_size or model_bs
         num_blocks = max(1, snap.stats.num_kv_blocks_total * engine_bs // model_bs)
-        if rid not in self.replica_pool or self._core.index.capacity(rid) != num_blocks:
+        if rid not in self.replica_pool or self._logic.index.capacity(rid) != num_blocks:
             # new, or its KV capacity became known / changed
-            self._core.add_replica(ReplicaInfo(rid, pool.name, pool.model, num_blocks, role, is_precise))
+            self._logic.add_replica(ReplicaInfo(rid, pool.name, pool.model, num_blocks, role, is_precise))
             self.replica_pool[rid] = pool.name
         if snap.actor_id:
             self._actor_replica[snap.actor_id] = rid
         # Requests other routers (and ingress fallbacks) have on the replica count as load: the
         # replica's own in-flight count minus what this router has dispatched there.
-        self._core.apply_stats(rid, snap.stats, snap.num_inflight)
+        self._logic.apply_stats(rid, snap.stats, snap.num_inflight)
         if is_precise and snap.kv_cursor is not None:
             self._apply_kv_state(rid, snap, snap.kv_cursor)
 
@@ -102,16 +102,16 @@ class EngineView:
         if snap.kv_blocks is not None:
             if cursor is not None and cursor.seq >= new.seq:
                 return  # this router is already past that snapshot
-            self._core.apply_snapshot(rid, snap.kv_blocks)
+            self._logic.apply_snapshot(rid, snap.kv_blocks)
             self.cursors[rid] = new
         elif cursor is not None and cursor.seq == snap.kv_from_seq:
             if snap.kv_events:
-                self._core.apply_kv_events(rid, snap.kv_events)
+                self._logic.apply_kv_events(rid, snap.kv_events)
             self.cursors[rid] = new
 
     def remove(self, replica_id: str) -> None:
         """The replica is gone: no more routing there; its index, sessions and load drop now."""
-        self._core.remove_replica(replica_id)
+        self._logic.remove_replica(replica_id)
         self.replica_pool.pop(replica_id, None)
         self.cursors.pop(replica_id, None)
         for actor_id in [a for a, r in self._actor_replica.items() if r == replica_id]:

@@ -165,7 +165,7 @@ class ModelConfig:
 
     @property
     def routing(self) -> ModelRouting:
-        """What the router core needs of this model."""
+        """What the router logic needs of this model."""
         return ModelRouting(self.routing_block_size, self.pd_threshold_tokens, self.pd_busy_decode_threshold_tokens)
 
     @property

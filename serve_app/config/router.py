@@ -1,7 +1,7 @@
-"""The router's settings (``router:`` in the YAML), as the router core and its deployment read them.
+"""The router's settings (``router:`` in the YAML), as the router logic and its deployment read them.
 
 One default per setting, here: the pydantic schema (``schema.py``) takes its defaults from these
-dataclasses, and ``deployments.router.core.RouterCore`` takes them as they are. Defaults of the
+dataclasses, and ``deployments.router.logic.RouterLogic`` takes them as they are. Defaults of the
 weights were chosen on ``bench/router_sim.py``.
 """
 
@@ -13,9 +13,9 @@ from typing import Literal, get_args
 from accel.cache_affinity import AffinityWeights
 from accel.contract import ConfigError
 
-# The routing policies (``deployments.router.core.policies`` registers one class per name) ...
+# The routing policies (``deployments.router.logic.policies`` registers one class per name) ...
 PolicyName = Literal["prefix+session+load", "round_robin", "least_loaded", "prefix", "session"]
-# ... and the prefix index modes (``deployments.router.core.prefix_index``): ``precise`` follows the
+# ... and the prefix index modes (``deployments.router.logic.prefix_index``): ``precise`` follows the
 # engines' KV events where they publish them (others are learned from routing), ``approximate``
 # learns every replica from routing.
 IndexMode = Literal["precise", "approximate"]
@@ -113,7 +113,7 @@ class RouterConfig:
 
 @dataclass(frozen=True)
 class ModelRouting:
-    """What the router core needs of one served model, derived once from its pools
+    """What the router logic needs of one served model, derived once from its pools
     (``ModelConfig.routing``)."""
 
     block_size: int  # tokens per block of the prompt hashes (the model's routing block size)

@@ -57,7 +57,7 @@ def test_small_run_prints_one_coherent_json_object(capsys):
 
 def test_the_decision_latency_path_drives_the_core_with_route_requests(capsys):
     """The latency measurement (not its figures): every timed decision goes through
-    ``RouterCore.choose``/``on_dispatched`` on a preloaded index."""
+    ``RouterLogic.choose``/``on_dispatched`` on a preloaded index."""
     small = ["--sessions", "8", "--turns", "2", "--groups", "2", "--shared-requests", "40", "--duration-s", "10"]
     latency = ["--latency-replicas", "4", "--latency-cached-blocks", "200", "--latency-decisions", "30"]
     policies = ["--policies", "prefix+session+load,prefix+session+load@precise"]
@@ -81,7 +81,7 @@ def test_several_router_replicas_split_the_decisions_and_agree_on_the_index():
     from router_sim_workload import WorkloadConfig, make_trace
 
     from accel.contract import EngineStats
-    from deployments.router.kv_events import BlockStored
+    from deployments.messages.kv_events import BlockStored
     from serve_app.config.router import CostWeights
 
     ids = ["a", "b", "c"]
@@ -109,16 +109,16 @@ def test_several_router_replicas_split_the_decisions_and_agree_on_the_index():
     assert len(owners) == 3  # the decisions are spread over every router replica
     # Every router follows every engine's events: identical precise indexes.
     probe = trace[0].prompt_hashes
-    views = {name: r.core.index.match(probe, frozenset(ids)) for name, r in multi.routers.items()}
+    views = {name: r.logic.index.match(probe, frozenset(ids)) for name, r in multi.routers.items()}
     assert len({tuple(sorted(v.items())) for v in views.values()}) == 1 and any(views.values())
     # Each router publishes its in-flight counts to the others (every 0.1 s of simulated time):
     # every router's foreign load on a replica is what the others have there.
     multi.on_stats("a", EngineStats(0, 0, 256, 256))
     multi._tick(1000.0)
-    total = sum(r.core.num_in_flight("a") for r in multi.routers.values())
+    total = sum(r.logic.num_in_flight("a") for r in multi.routers.values())
     for router in multi.routers.values():
-        assert router.core.load("a").num_foreign_in_flight == total - router.core.num_in_flight("a")
-    assert any(router.core.load("a").num_foreign_in_flight > 0 for router in multi.routers.values())
+        assert router.logic.load("a").num_foreign_in_flight == total - router.logic.num_in_flight("a")
+    assert any(router.logic.load("a").num_foreign_in_flight > 0 for router in multi.routers.values())
 
 
 def test_kv_events_reach_the_router_only_at_polls():

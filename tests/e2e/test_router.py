@@ -1,4 +1,4 @@
-"""End to end on a real (small) Ray Serve: the router deployment (RouterCore) in front of two TT
+"""End to end on a real (small) Ray Serve: the router deployment (RouterLogic) in front of two TT
 engine replicas (tiny-llama, torch mesh model, one lane each so a replica is one prefix cache).
 
 - A multi-turn conversation (growing history, one ``x-session-id``) stays on one replica: the

@@ -1,6 +1,6 @@
 """End to end on a real (small) Ray Serve: the router hears of engine-replica churn from Serve at
 once, not at its next poll. The router polls only every 10 minutes here, so only Serve's pushed
-running-replica sets (``deployments/router/replica_membership.py``) can explain the changes seen."""
+running-replica sets (``deployments/handle_routing/replica_membership.py``) can explain the changes seen."""
 
 from __future__ import annotations
 

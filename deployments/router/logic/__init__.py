@@ -1,5 +1,6 @@
-"""The router's pure logic: prefix index, sessions, load, policies and ``RouterCore``.
+"""The router's pure logic: prefix index, sessions, load, policies and ``RouterLogic``.
 
-No Ray or torch imports here (``tests/test_layers.py``); of ``deployments`` only the router's
-messages. The Serve deployment wrapping ``RouterCore`` is ``deployments.router.deployment``.
+No Ray or torch imports here (``tests/test_layers.py``); of ``deployments`` only the neutral
+``deployments.messages``. The Serve deployment wrapping ``RouterLogic`` is
+``deployments.router.deployment``.
 """

@@ -2,7 +2,7 @@
 
 A policy sees one ``RoutingContext`` (the candidate replicas of one pool with their prefix
 matches, loads and the session binding) and returns a ``Choice``. It holds no state about
-replicas, so ``RouterCore`` owns all bookkeeping; the only policy state is round-robin's counter.
+replicas, so ``RouterLogic`` owns all bookkeeping; the only policy state is round-robin's counter.
 
 Load score (``accel.cache_affinity.load_score``), in requests: ``in_flight + foreign_in_flight +
 w_queue * waiting + w_kv_usage * kv_usage``, the last two only from fresh stats (foreign = other

@@ -8,7 +8,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence, Set
 
 from accel.block_hash import BlockHash
-from deployments.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from deployments.messages.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 from .prefix_index import PrefixIndex
 

@@ -46,7 +46,7 @@ from collections.abc import Iterable, Sequence, Set
 from typing import ClassVar
 
 from accel.block_hash import BlockHash
-from deployments.router.kv_events import KVEvent
+from deployments.messages.kv_events import KVEvent
 
 
 class PrefixIndex(ABC):

@@ -1,7 +1,8 @@
 """Session table: which replica a conversation is bound to, with an idle TTL and an in-flight cap.
 
 A session key comes from the ``x-session-id`` header, else the OpenAI ``user`` field, else
-``prompt_cache_key`` (``session_id_from``). A binding is sticky: the policy keeps routing the
+``prompt_cache_key`` (``deployments.messages.sessions.session_id_from``). A binding is sticky: the
+policy keeps routing the
 session to its replica unless that replica is gone or overloaded, or the session already has
 ``max_in_flight_per_session`` requests there (then the extra request spills without moving the
 binding — parallel calls of one agent should not pile onto one replica).
@@ -24,20 +25,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from serve_app.config.router import SessionConfig
-
-SESSION_HEADER = "x-session-id"
-
-
-def session_id_from(
-    headers: Mapping[str, str] | None = None, user: str | None = None, prompt_cache_key: str | None = None
-) -> str | None:
-    """The request's session key: ``x-session-id`` header (any case), else ``user``, else
-    ``prompt_cache_key``; ``None`` when none is set or all are empty."""
-    if headers:
-        for name, value in headers.items():
-            if name.lower() == SESSION_HEADER and value:
-                return value
-    return user or prompt_cache_key or None
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from deployments.router.pinned_request_router import PinnedReplicaRequestRouter, replica_hint
+from deployments.handle_routing.pinned import PinnedReplicaRequestRouter, replica_hint
 from tests.doubles.request_router_fakes import FakePending, fake_replicas
 
 

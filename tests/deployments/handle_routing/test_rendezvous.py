@@ -8,8 +8,8 @@ import asyncio
 import subprocess
 import sys
 
-from deployments.router.messages import RouteRequest
-from deployments.router.rendezvous_request_router import RendezvousRequestRouter, rendezvous_order
+from deployments.handle_routing.rendezvous import RendezvousRequestRouter, rendezvous_order
+from deployments.messages.routing import RouteRequest
 from tests.doubles.request_router_fakes import FakeMetadata, FakePending, fake_replicas
 
 
@@ -45,7 +45,7 @@ def test_same_choice_in_another_interpreter():
     keys = [f"s:chat-{i}" for i in range(20)]
     here = [rendezvous_order(k, ["r1", "r2", "r3"])[0] for k in keys]
     code = (
-        "from deployments.router.rendezvous_request_router import rendezvous_order;"
+        "from deployments.handle_routing.rendezvous import rendezvous_order;"
         f"print([rendezvous_order(k, ['r1', 'r2', 'r3'])[0] for k in {keys!r}])"
     )
     out = subprocess.run(

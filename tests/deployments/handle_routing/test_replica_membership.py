@@ -6,8 +6,8 @@ import asyncio
 import threading
 from types import SimpleNamespace
 
-from deployments.router import replica_membership
-from deployments.router.pinned_request_router import PinnedReplicaRequestRouter
+from deployments.handle_routing import replica_membership
+from deployments.handle_routing.pinned import PinnedReplicaRequestRouter
 
 
 def test_subscribers_get_the_latest_set_then_each_change_once():

@@ -10,7 +10,7 @@ import pytest
 
 from accel.contract import InvalidRequestError
 from deployments.ingress.engine_client import EngineClient, merge_streams
-from deployments.router.messages import RouteDecision, RouteRequest
+from deployments.messages.routing import RouteDecision, RouteRequest
 from serve_app.protocol.errors import APIError
 from tests.deployments.ingress.engine_doubles import (
     REQ,
@@ -136,7 +136,7 @@ def _membership_pools(app):
 
 
 def test_single_running_replica_is_used_without_a_router_round_trip():
-    from deployments.router import replica_membership
+    from deployments.handle_routing import replica_membership
 
     async def run():
         router = FakeRouterHandle(RouteDecision("vllm", "v1", "t1", "least_loaded"))
@@ -162,7 +162,7 @@ def test_single_running_replica_is_used_without_a_router_round_trip():
 
 
 def test_no_shortcut_for_a_retry_or_a_model_with_a_prefill_pool():
-    from deployments.router import replica_membership
+    from deployments.handle_routing import replica_membership
 
     replica_membership.publish("pd-app", "Replica-vllm", frozenset({"only"}))
     pd_pools = (pool_config("vllm", engine="vllm", role="decode"), pool_config("tt", role="prefill"))
@@ -213,7 +213,7 @@ async def _failing_decide(route):
 
 
 def test_prefix_hashes_are_needed_only_when_the_router_decides():
-    from deployments.router import replica_membership
+    from deployments.handle_routing import replica_membership
 
     client, _ = make_client(FakeRouterHandle(), _membership_pools("hash-app"))
     assert client.needs_prefix_hashes("m", "vllm")  # nothing heard from Serve yet: the router decides

@@ -9,7 +9,7 @@ import pytest
 
 from accel.contract import FinishReason, GenerateRequest, OutputDelta
 from deployments.ingress.engine_client import EngineClient
-from deployments.router.messages import RouteDecision, RouteRequest
+from deployments.messages.routing import RouteDecision, RouteRequest
 from serve_app.config.ingress import IngressConfig
 from serve_app.config.router import RouterConfig
 from serve_app.protocol.errors import APIError

@@ -6,7 +6,7 @@ import pytest
 
 from accel.contract import SamplingParams
 from deployments.ingress.engine_support import check_engine_support
-from deployments.router.messages import RouteRequest
+from deployments.messages.routing import RouteRequest
 from serve_app.config.load import load_app_config
 from serve_app.protocol.errors import APIError
 

@@ -87,8 +87,8 @@ def test_tt_replica_reports_block_snapshot_then_kv_events(pool):
     list; with one, the blocks stored since — and so does a second router from the same cursor
     (the log is read, not drained)."""
     from accel.block_hash import hash_prompt_blocks
+    from deployments.messages.kv_events import BlockStored
     from deployments.replicas.tt_replica import TTMeshReplica
-    from deployments.router.kv_events import BlockStored
 
     async def generate(replica, rid, prompt):
         req = GenerateRequest(rid, prompt, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))

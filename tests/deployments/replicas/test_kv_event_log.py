@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from deployments.replicas.kv_event_log import KVCursor, KVEventLog
-from deployments.router.kv_events import BlockRemoved, BlockStored
+from deployments.messages.kv_events import BlockRemoved, BlockStored, KVCursor
+from deployments.replicas.kv_event_log import KVEventLog
 
 
 def _stored(*hashes):

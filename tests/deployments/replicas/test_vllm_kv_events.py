@@ -2,8 +2,8 @@ import pytest
 
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import ConfigError
+from deployments.messages.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from deployments.replicas.vllm_kv_events import VLLMEventTranslator
-from deployments.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
 vllm_events = pytest.importorskip("vllm.distributed.kv_events")
 BS = 4

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from accel.block_hash import hash_prompt_blocks
+from deployments.messages.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from deployments.replicas.vllm_kv_subscriber import VllmKVEventSubscriber, kv_events_config, new_ipc_endpoint
-from deployments.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
 vllm_events = pytest.importorskip("vllm.distributed.kv_events")
 BS = 4

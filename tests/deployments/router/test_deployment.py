@@ -1,4 +1,4 @@
-"""The router deployment as a plain class (no Ray): RouterCore decisions behind the Serve-facing
+"""The router deployment as a plain class (no Ray): RouterLogic decisions behind the Serve-facing
 types, tickets and their release, sessions, churn, pinned pools, policy by name, on-demand polls.
 Pool handles are fakes with ``broadcast`` (``router_fakes``)."""
 
@@ -9,8 +9,8 @@ import dataclasses
 
 import pytest
 
+from deployments.messages.routing import RoutingError, eligible_pools
 from deployments.router.deployment import RouterDeployment
-from deployments.router.messages import RoutingError, eligible_pools
 from serve_app.config.router import RouterConfig
 from tests.doubles.app_configs import app_config, pool_config
 from tests.doubles.router_fakes import (

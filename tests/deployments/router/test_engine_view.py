@@ -10,9 +10,8 @@ import dataclasses
 
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import EngineStats
-from deployments.replicas.kv_event_log import KVCursor
-from deployments.router.kv_events import BlockRemoved, BlockStored
-from deployments.router.messages import ReplicaSnapshot
+from deployments.messages.kv_events import BlockRemoved, BlockStored, KVCursor
+from deployments.messages.replica_snapshot import ReplicaSnapshot
 from tests.doubles.router_fakes import (
     BS,
     Broadcast,
@@ -33,22 +32,22 @@ def test_precise_index_follows_engine_snapshot_then_events():
         router, handles = make_router(tt=tt, vllm=[])
         await router.refresh()
         assert handles["tt"].cursor_args[0] == {}  # no cursors yet: full snapshots
-        assert router.core.index.num_blocks("t2") == 4 and router.core.index.num_blocks("t1") == 0
+        assert router.logic.index.num_blocks("t2") == 4 and router.logic.index.num_blocks("t1") == 0
         assert (await router.choose(route_request("a", prompt))).replica_id == "t2"
         # Routing records the prompt on its replica speculatively (until a poll brings the
         # replica's KV events); the events confirm it.
         other = prompt_ids(12, seed=5)
         d = await router.choose(route_request("b", other))
         assert d.replica_id == "t1"  # t2 has "a" in flight
-        assert router.core.index.match(hash_prompt_blocks(other, BS), {"t1"}) == {"t1": 3}
-        assert router.core.index.num_speculative("t1") == 3
+        assert router.logic.index.match(hash_prompt_blocks(other, BS), {"t1"}) == {"t1": 3}
+        assert router.logic.index.num_speculative("t1") == 3
         tt[0].emit(BlockStored(tuple(hash_prompt_blocks(other, BS))))
         await router.refresh()
         assert handles["tt"].cursor_args[-1] == {
             "t1": KVCursor(tt[0].log.log_id, 0),
             "t2": KVCursor(tt[1].log.log_id, 0),
         }
-        assert router.core.index.num_blocks("t1") == 3 and router.core.index.num_speculative("t1") == 0
+        assert router.logic.index.num_blocks("t1") == 3 and router.logic.index.num_speculative("t1") == 0
 
     asyncio.run(run())
 
@@ -59,7 +58,7 @@ def test_replica_without_events_is_learned_from_routing_in_precise_mode():
         await router.refresh()
         prompt = prompt_ids(12)
         d = await router.choose(route_request("a", prompt))
-        assert router.core.index.num_blocks(d.replica_id) == 3
+        assert router.logic.index.num_blocks(d.replica_id) == 3
 
     asyncio.run(run())
 
@@ -78,7 +77,7 @@ def test_lost_poll_rereads_from_the_same_cursor():
         handles["tt"].error, handles["tt"].snapshots = None, [t1]
         await router.refresh()
         assert handles["tt"].cursor_args[-1]["t1"] == KVCursor(t1.log.log_id, 0)  # the same cursor again
-        assert router.core.index.holds("t1", 11) and router.core.index.holds("t1", 12)
+        assert router.logic.index.holds("t1", 11) and router.logic.index.holds("t1", 12)
 
     asyncio.run(run())
 
@@ -88,18 +87,18 @@ def test_restarted_engine_replica_and_overflowed_log_resync_from_snapshots():
         t1 = make_snap("t1", "tt", blocks=(1, 2), publishes=True)
         router, handles = make_router(tt=[t1], vllm=[])
         await router.refresh()
-        assert router.core.index.holds("t1", 1)
+        assert router.logic.index.holds("t1", 1)
         # The engine replica restarts under the same id: a new log (and empty cache).
         reborn = make_snap("t1", "tt", blocks=(3,), publishes=True)
         handles["tt"].snapshots = [reborn]
         await router.refresh()
-        assert not router.core.index.holds("t1", 1) and router.core.index.holds("t1", 3)
+        assert not router.logic.index.holds("t1", 1) and router.logic.index.holds("t1", 3)
         # The router falls further behind than the log holds: a full snapshot again.
         # (70 events, a log of 64; the engine holds only the last 10 of them now.)
         reborn.emit(*(BlockStored((h,)) for h in range(100, 170)))
         reborn.blocks = [3] + list(range(160, 170))
         await router.refresh()
-        assert router.core.index.num_blocks("t1") == 11 and router.core.index.holds("t1", 169)
+        assert router.logic.index.num_blocks("t1") == 11 and router.logic.index.holds("t1", 169)
 
     asyncio.run(run())
 
@@ -116,7 +115,7 @@ def test_an_answer_to_an_older_cursor_is_not_applied():
         second = t1(start)
         router.engines.apply_snapshot(second)
         router.engines.apply_snapshot(first)  # arrives late: must not store 5 again
-        assert not router.core.index.holds("t1", 5)
+        assert not router.logic.index.holds("t1", 5)
 
     asyncio.run(run())
 
@@ -125,13 +124,13 @@ def test_capacity_follows_the_engine_report():
     async def run():
         router, handles = make_router(tt=[make_snap("t1", "tt")], vllm=[])
         await router.refresh()
-        assert router.core.index.capacity("t1") == 64
+        assert router.logic.index.capacity("t1") == 64
         handles["tt"].snapshots = [lambda cursors: ReplicaSnapshot("t1", "tt", EngineStats(0, 0, 32, 8), 0, 2 * BS)]
         await router.refresh()
-        assert router.core.index.capacity("t1") == 64  # 32 engine blocks of 8 tokens = 64 routing blocks of 4
+        assert router.logic.index.capacity("t1") == 64  # 32 engine blocks of 8 tokens = 64 routing blocks of 4
         handles["tt"].snapshots = [lambda cursors: ReplicaSnapshot("t1", "tt", EngineStats(0, 0, 10, 8), 0, BS)]
         await router.refresh()
-        assert router.core.index.capacity("t1") == 10
+        assert router.logic.index.capacity("t1") == 10
 
     asyncio.run(run())
 

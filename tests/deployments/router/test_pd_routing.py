@@ -1,4 +1,4 @@
-"""Prefill/decode routing: the router (RouterCore) plans PD for long prompts when prefill and decode
+"""Prefill/decode routing: the router (RouterLogic) plans PD for long prompts when prefill and decode
 pools exist, and the ingress's engine client runs prefill -> decode with the ticket, releasing both."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from accel.contract import (
     join_token_ids,
 )
 from deployments.ingress.engine_client import EngineClient
+from deployments.messages.replica_snapshot import ReplicaSnapshot
+from deployments.messages.routing import RouteRequest
 from deployments.router.deployment import RouterDeployment
-from deployments.router.messages import ReplicaSnapshot, RouteRequest
 from serve_app.config.pd import PDConfig
 from serve_app.config.router import RouterConfig
 from tests.deployments.ingress.engine_doubles import FakePoolHandle, FakeRouterHandle, FakeStream
@@ -100,7 +101,7 @@ def test_tpu_to_tpu_pd_through_their_own_connector():
 
 
 def test_engine_client_runs_prefill_then_decode_with_the_ticket():
-    from deployments.router.messages import RouteDecision
+    from deployments.messages.routing import RouteDecision
 
     def prefill_stream(request):
         ticket = KVTransferParams(do_remote_prefill=True, transfer_id=request.kv_transfer.transfer_id, num_tokens=3)

@@ -178,6 +178,6 @@ def test_peer_router_counts_are_load_and_our_own_broadcast_is_ignored():
         await router.peer_load("router-b", {"t1": 6})
         picks = [(await router.choose(route_request(f"r{i}"))).replica_id for i in range(5)]
         assert picks == ["t2"] * 5  # t1 carries the peer's 6 requests
-        assert router.core.in_flight_counts() == {"t2": 5}  # what this router publishes
+        assert router.logic.in_flight_counts() == {"t2": 5}  # what this router publishes
 
     asyncio.run(run())

@@ -95,7 +95,7 @@ def test_router_settings_become_the_core_config():
     )
     cfg = load_app_config(args)
     assert [p.block_size for p in cfg.pools] == [32, 32]  # both from engine_args
-    core = cfg.router  # the router core takes the config's RouterConfig as it is
+    core = cfg.router  # the router logic takes the config's RouterConfig as it is
     assert (core.policy, core.index_mode) == ("round_robin", "approximate")
     # block size and PD threshold: per model, derived once (no PD pools here: no threshold)
     assert cfg.models[0].routing == ModelRouting(block_size=32, pd_threshold_tokens=None)

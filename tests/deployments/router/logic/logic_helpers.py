@@ -1,11 +1,11 @@
-"""RouterCore fixtures shared by the core's tests: a fake clock, a core over N replicas of one
+"""RouterLogic fixtures shared by the core's tests: a fake clock, a core over N replicas of one
 pool, and a request as the ingress builds it."""
 
 from __future__ import annotations
 
 from accel.block_hash import hash_prompt_blocks
-from deployments.router.core.router_core import ReplicaInfo, RouterCore
-from deployments.router.messages import RouteRequest
+from deployments.messages.routing import RouteRequest
+from deployments.router.logic.router_logic import ReplicaInfo, RouterLogic
 from serve_app.config.router import ModelRouting, RouterConfig
 
 BS = 4
@@ -20,10 +20,10 @@ class Clock:
         return self.now_s
 
 
-def core_with(num_replicas: int = 4, pd_threshold_tokens: int | None = None, **config) -> RouterCore:
+def core_with(num_replicas: int = 4, pd_threshold_tokens: int | None = None, **config) -> RouterLogic:
     models = {"m": ModelRouting(BS, pd_threshold_tokens), "m2": ModelRouting(BS)}
     # approximate unless a test asks for precise: these tests teach the index by routing
-    core = RouterCore(RouterConfig(**{"index_mode": "approximate", **config}), models, clock=Clock())
+    core = RouterLogic(RouterConfig(**{"index_mode": "approximate", **config}), models, clock=Clock())
     for i in range(num_replicas):
         core.add_replica(ReplicaInfo(f"r{i}", "pool", "m", 1000))
     return core

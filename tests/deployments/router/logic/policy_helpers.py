@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from deployments.router.core.policy import RoutingContext
-from deployments.router.core.router_core import stable_hash64
+from deployments.messages.routing import stable_hash64
+from deployments.router.logic.policy import RoutingContext
 
 
 def context(

@@ -1,4 +1,4 @@
-from deployments.router.core.policies import make_policy
+from deployments.router.logic.policies import make_policy
 from serve_app.config.router import CostWeights
 
 from .policy_helpers import context

@@ -1,5 +1,5 @@
 from accel.contract import EngineStats
-from deployments.router.core.load import LoadTracker
+from deployments.router.logic.load import LoadTracker
 from serve_app.config.router import LoadConfig
 
 

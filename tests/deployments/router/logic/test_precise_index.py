@@ -1,10 +1,10 @@
 """The precise index's speculative entries: a routed prompt counts as held until the engine's
 events confirm it, a removal drops it or its TTL ends it."""
 
-from deployments.router.core.index_modes import make_prefix_index
-from deployments.router.core.precise_index import PrecisePrefixIndex
-from deployments.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-from tests.deployments.router.core.test_prefix_index import ALL, SYSTEM, USER_A, USER_B, blocks
+from deployments.messages.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from deployments.router.logic.index_modes import make_prefix_index
+from deployments.router.logic.precise_index import PrecisePrefixIndex
+from tests.deployments.router.logic.test_prefix_index import ALL, SYSTEM, USER_A, USER_B, blocks
 
 
 class Clock:

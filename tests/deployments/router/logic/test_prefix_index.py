@@ -6,10 +6,10 @@ import pytest
 
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import ConfigError
-from deployments.router.core.index_modes import make_prefix_index
-from deployments.router.core.precise_index import PrecisePrefixIndex
-from deployments.router.core.prefix_index import ApproximatePrefixIndex
-from deployments.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from deployments.messages.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from deployments.router.logic.index_modes import make_prefix_index
+from deployments.router.logic.precise_index import PrecisePrefixIndex
+from deployments.router.logic.prefix_index import ApproximatePrefixIndex
 
 BS = 4
 ALL = frozenset({"a", "b", "c"})
@@ -29,7 +29,7 @@ def test_index_keys_are_stable_across_processes():
     # match from the same tokens, whatever Python's per-process hash salt is.
     code = (
         "from accel.block_hash import hash_prompt_blocks\n"
-        "from deployments.router.core.prefix_index import ApproximatePrefixIndex\n"
+        "from deployments.router.logic.prefix_index import ApproximatePrefixIndex\n"
         "idx = ApproximatePrefixIndex()\n"
         "for r in ('a', 'b'): idx.add_replica(r, 100)\n"
         "h = hash_prompt_blocks(list(range(40)), 4)\n"
@@ -175,7 +175,7 @@ def test_galloping_match_equals_the_linear_walk_under_eviction():
     # galloping lookup must agree with the exact block-by-block walk of the base class.
     import random
 
-    from deployments.router.core.prefix_index import PrefixIndex
+    from deployments.router.logic.prefix_index import PrefixIndex
 
     rng = random.Random(3)
     idx = ApproximatePrefixIndex()

@@ -6,18 +6,18 @@ import pytest
 
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import ConfigError
-from deployments.router.core.router_core import NoReplicaError, ReplicaInfo
-from deployments.router.kv_events import BlockStored
+from deployments.messages.kv_events import BlockStored
+from deployments.router.logic.router_logic import NoReplicaError, ReplicaInfo
 from serve_app.config.router import CostWeights, RouterConfig, SessionConfig
 
-from .core_helpers import BS, SYSTEM, Clock, core_with, req
+from .logic_helpers import BS, SYSTEM, Clock, core_with, req
 
 
 def test_the_policy_names_of_the_config_are_the_registered_policies():
     from typing import get_args
 
-    from deployments.router.core.index_modes import PREFIX_INDEX_MODES
-    from deployments.router.core.policies import policy_names
+    from deployments.router.logic.index_modes import PREFIX_INDEX_MODES
+    from deployments.router.logic.policies import policy_names
     from serve_app.config.router import IndexMode, PolicyName
 
     assert set(policy_names()) == set(get_args(PolicyName))
@@ -132,11 +132,11 @@ def test_restarted_router_rebuilds_from_snapshots_and_agrees():
 def test_decisions_agree_across_processes():
     # Two router processes with different hash salts, fed the same events, decide the same.
     code = (
-        "from deployments.router.core.router_core import *\n"
+        "from deployments.router.logic.router_logic import *\n"
         "from accel.block_hash import hash_prompt_blocks\n"
-        "from deployments.router.messages import RouteRequest\n"
+        "from deployments.messages.routing import RouteRequest\n"
         "from serve_app.config.router import ModelRouting, RouterConfig\n"
-        "core = RouterCore(RouterConfig(index_mode='approximate'), {'m': ModelRouting(4)}, clock=lambda: 0.0)\n"
+        "core = RouterLogic(RouterConfig(index_mode='approximate'), {'m': ModelRouting(4)}, clock=lambda: 0.0)\n"
         "for i in range(8): core.add_replica(ReplicaInfo(f'r{i}', 'pool', 'm', 100))\n"
         "out = []\n"
         "for i in range(30):\n"

@@ -1,18 +1,18 @@
-"""RouterCore's prefill/decode decisions: when a prompt is disaggregated and where each phase goes."""
+"""RouterLogic's prefill/decode decisions: when a prompt is disaggregated and where each phase goes."""
 
 import pytest
 
 from accel.block_hash import hash_prompt_blocks
-from deployments.router.core.router_core import NoReplicaError, ReplicaInfo, RouterCore
-from deployments.router.messages import RouteRequest
+from deployments.messages.routing import RouteRequest
+from deployments.router.logic.router_logic import NoReplicaError, ReplicaInfo, RouterLogic
 from serve_app.config.router import ModelRouting, RouterConfig
 
-from .core_helpers import BS, SYSTEM, Clock, req
+from .logic_helpers import BS, SYSTEM, Clock, req
 
 
-def pd_core(threshold: int | None, block_size: int = BS, busy_threshold: int | None = None) -> RouterCore:
+def pd_core(threshold: int | None, block_size: int = BS, busy_threshold: int | None = None) -> RouterLogic:
     routing = ModelRouting(block_size, threshold, busy_threshold)
-    core = RouterCore(RouterConfig(index_mode="approximate"), {"m": routing}, clock=Clock())
+    core = RouterLogic(RouterConfig(index_mode="approximate"), {"m": routing}, clock=Clock())
     core.add_replica(ReplicaInfo("p0", "pre", "m", 1000, "prefill"))
     core.add_replica(ReplicaInfo("p1", "pre", "m", 1000, "prefill"))
     core.add_replica(ReplicaInfo("d0", "dec", "m", 1000, "decode"))
@@ -120,7 +120,7 @@ def test_pd_falls_back_to_colocated_replicas_for_short_prompts():
     core.add_replica(ReplicaInfo("both", "both", "m", 1000))
     assert core.route(req("short", SYSTEM[:8])).replica_id == "both"
     assert core.route(req("long", SYSTEM)).prefill_replica_id is not None
-    only_prefill = RouterCore(RouterConfig(index_mode="approximate"), {"m": ModelRouting(BS, 64)}, clock=Clock())
+    only_prefill = RouterLogic(RouterConfig(index_mode="approximate"), {"m": ModelRouting(BS, 64)}, clock=Clock())
     only_prefill.add_replica(ReplicaInfo("p", "pre", "m", 100, "prefill"))
     with pytest.raises(NoReplicaError):
         only_prefill.choose(req("x", SYSTEM))

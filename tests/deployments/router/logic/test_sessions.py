@@ -1,6 +1,7 @@
 import pytest
 
-from deployments.router.core.sessions import SessionTable, session_id_from
+from deployments.messages.sessions import session_id_from
+from deployments.router.logic.sessions import SessionTable
 from serve_app.config.router import SessionConfig
 
 
