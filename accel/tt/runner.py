@@ -26,6 +26,7 @@ import torch
 from accel.contract import TokenLogprob
 from accel.structured.constraint import LogitsConstraint
 from accel.tt.config import TTEngineConfig
+from accel.tt.decode_contract import DecodeContract
 from accel.tt.device_sampling_args import device_sampling_params
 from accel.tt.host_arrays import host_array
 from accel.tt.host_sampler import sample_on_host
@@ -137,6 +138,10 @@ class MeshRunner:
         trace_mode = config.tt.trace_mode
         self._decode_trace = trace_mode in ("all", "decode_only")
         self._prefill_trace = trace_mode == "all"
+        # version 0: reset_batch; version >= 1: the reload commands and slot_remap (decode_contract)
+        self.contract = DecodeContract(model, decode_trace=self._decode_trace, width=capacity)
+        if self.contract.version >= 1:
+            self._mark_host_inputs = None  # the commands say which inputs are authoritative
 
     # ---- warmup -------------------------------------------------------------------------
     def warmup(self) -> None:
@@ -195,7 +200,7 @@ class MeshRunner:
             else:
                 tokens[r.row] = token
             positions[r.row] = r.start_pos
-        self._update_page_table(rows)
+        table_changed = self._update_page_table(rows)
         self._last_decode_layout = layout
         kwargs: dict[str, Any] = {
             "start_pos": torch.tensor(positions, dtype=torch.int32),
@@ -205,7 +210,11 @@ class MeshRunner:
             if reset_batch or self._last_sampling is None:
                 self._last_sampling = device_sampling_params(rows, capacity, self.vocab_size, by_slot=True)
             kwargs["sampling_params"] = self._last_sampling
-            kwargs["reset_batch"] = reset_batch
+        kwargs.update(
+            self.contract.decode_kwargs(
+                layout_changed=reset_batch, on_device=use_device, page_table_changed=table_changed
+            )
+        )
         tokens_host = np.array(tokens, dtype=np.int64).reshape(capacity, 1)
         return PreparedStep(
             plan,
@@ -265,6 +274,7 @@ class MeshRunner:
             read_from_device=False,
             **prepared.decode_kwargs,
         )
+        self.contract.accepted(use_device)
         out, events = self.model.read_decode_output(out, async_read=True)
         sampling = prepared.decode_kwargs.get("sampling_params")
         wants_logprobs = sampling is not None and any(sampling.enable_log_probs)
@@ -303,6 +313,7 @@ class MeshRunner:
             enable_trace=self._prefill_trace,
             **kwargs,
         )
+        self.contract.note_prefill()
         host = unpack_output(out, is_tokens=use_device, wants_logprobs=wants_logprobs, num_rows=n)
         result = self._result(rows, list(range(n)), host)
         return PendingStep(plan, lambda: host, lambda _: result, use_device)
@@ -337,18 +348,23 @@ class MeshRunner:
                     lps[i] = sample.logprobs[k]
         return StepResult(tuple(ids), None if lps is None else tuple(lps), False)
 
-    def _update_page_table(self, rows: Sequence[RowPlan]) -> None:
+    def _update_page_table(self, rows: Sequence[RowPlan]) -> bool:
+        """Bring the persistent decode page table to ``rows``; whether any row changed."""
         scheduled = {r.row for r in rows}
         table = self._page_table
+        changed = False
         for row, blocks in enumerate(self._row_blocks):
             if blocks and row not in scheduled:
                 table[row] = 0
                 self._row_blocks[row] = ()
+                changed = True
         for r in rows:
             if self._row_blocks[r.row] != r.block_ids:
                 table[r.row] = 0
                 table[r.row, : len(r.block_ids)] = r.block_ids
                 self._row_blocks[r.row] = r.block_ids
+                changed = True
+        return changed
 
 
 def accepts_keyword(fn: Callable[..., Any], name: str) -> bool:
