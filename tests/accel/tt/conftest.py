@@ -11,7 +11,9 @@ STUBS_DIR = Path(__file__).resolve().parents[2] / "doubles" / "stubs"
 EXTRA_MODELS_DIR = STUBS_DIR / "extra_models"
 # tt-metal's contract with HF's numbers, registered as a user registers a tt-metal class.
 CONTRACT_MODELS_DIR = STUBS_DIR.parent / "tt_metal_contract"
-_STUB_MODULES = ("ttnn", "fake_tt_model", "hf_contract_generator")
+# The decode-contract version-1 generator (Llama only), its own EXTRA_MODELS_DIR.
+CONTRACT_V1_MODELS_DIR = CONTRACT_MODELS_DIR / "v1"
+_STUB_MODULES = ("ttnn", "fake_tt_model", "hf_contract_generator", "hf_contract_generator_v1")
 
 
 def _drop_stub_modules() -> None:

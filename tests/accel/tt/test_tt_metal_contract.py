@@ -63,14 +63,16 @@ def test_greedy_equals_hf_through_tt_metals_contract(ttnn_stub, request, checkpo
         names = [name for name, _ in model.calls]
         # warmup: compile then capture, by keyword (the double's signatures take kv_cache first)
         assert names[:5] == [
-            "allocate_kv_cache_per_layer",
+            "allocate_kv_cache",  # the pinned revision has no per-layer allocator
             "warmup_prefill",
             "warmup_decode",
             "decode",
             "warmup_prefill",
         ]
-        specs = model.calls[0][1]["per_layer_specs"]
-        assert all(dtype is torch.float32 and idx == i for i, (_, dtype, idx) in enumerate(specs))
+        assert model.calls[0][1]["dtype"] is torch.float32
+        legacy = [kw for name, kw in model.calls if name == "decode" and kw["sampling_params"] is not None]
+        assert all(isinstance(kw["reset_batch"], bool) for kw in legacy)  # version 0: reset_batch
+        assert all(kw["extra"] == [] for name, kw in model.calls if name == "decode")  # and no commands
         assert type(model).max_tokens_calls[-1]["num_devices"] == 8  # the mesh's physical devices
         device_params = [kw["sampling_params"] for name, kw in model.calls if name in ("decode", "prefill")]
         device_params = [p for p in device_params if p is not None]
@@ -191,9 +193,15 @@ def test_a_positional_warmup_call_is_a_type_error(contract_class):
     model = object.__new__(contract_class)
     with pytest.raises(TypeError, match="multiple values for argument 'kv_cache'"):
         model.warmup_model_decode(True, kv_cache=[], max_batch_size=4, num_blocks=8, can_sample_on_device=False)
+    # current WarmupForwardMixin: no non_greedy_decoding_on_device (the plugin stopped passing it)
     with pytest.raises(TypeError, match="non_greedy_decoding_on_device"):
         model.warmup_model_decode(
-            kv_cache=[], enable_trace=True, max_batch_size=4, num_blocks=8, can_sample_on_device=False
+            kv_cache=[],
+            enable_trace=True,
+            max_batch_size=4,
+            num_blocks=8,
+            can_sample_on_device=False,
+            non_greedy_decoding_on_device=False,
         )
 
 

@@ -1,15 +1,19 @@
-"""A tt-metal vLLM generator class, for host tests: tt-metal's call contract, HF's numbers.
+"""A legacy (decode contract version 0) tt-metal vLLM generator, for host tests: tt-metal's call
+contract, HF's numbers.
 
-Written from tt-metal's own code, not from our ``MeshModel`` protocol:
-``models/tt_transformers/tt/generator_vllm.py`` (``initialize_vllm_model``, ``allocate_kv_cache``
-through ``allocate_vllm_kv_cache``, ``prefill_forward`` / ``decode_forward`` forwarding ``*args,
-**kwargs`` to ``Generator.prefill_forward_text`` / ``decode_forward_text``),
-``models/tt_transformers/tt/generator.py`` (those two signatures, ``read_decode_output`` /
-``process_decode_output_host``), ``models/common/warmup/warmup_utils.py``
-(``WarmupForwardMixin.warmup_model_decode(kv_cache, enable_trace, max_batch_size, num_blocks,
-can_sample_on_device, non_greedy_decoding_on_device)``, every argument required) and
-``models/common/sampling/sampling_params.py`` (``seed=None`` = unseeded, ``enable_log_probs``
-read on every call). Return conventions are tt-metal's: prefill gives host logits ``[n, 1,
+Pinned to one upstream revision pair, read (never copied) through the code-search store:
+tt-metal ``models/tt_transformers/tt/generator_vllm.py`` at 0015d62ba229715e1a2490489c17fce1ed317338
+(``LlamaForCausalLM(Generator)``: ``initialize_vllm_model(hf_config, mesh_device, max_batch_size,
+max_seq_len, n_layers=None, tt_data_parallel=1, optimizations="performance")``, ``model_capabilities``
+on the class, ``allocate_kv_cache`` only -- that revision has no per-layer allocator -- and no
+``decode_input_update_contract``: version 0), as vllm-tt-plugin e3fc849 drives it (keywords
+``tokens, start_pos, page_table, kv_cache, enable_trace, read_from_device[, sampling_params,
+reset_batch]``). ``decode_forward_text`` takes only ``Generator``'s own keywords plus ``**kwargs``
+(no Galaxy-generator arguments); warmup is ``WarmupForwardMixin``'s current
+``warmup_model_decode(kv_cache, enable_trace, max_batch_size, num_blocks, can_sample_on_device)``
+(no ``non_greedy_decoding_on_device``: the plugin stopped passing it). ``seed=None`` = unseeded,
+``enable_log_probs`` read on every call (``models/common/sampling/sampling_params.py``).
+Return conventions are tt-metal's: prefill gives host logits ``[n, 1,
 vocab]``; decode gives a device tensor whose host read-back is logits ``[B, 1, vocab]``; with
 device sampling, tokens ``[B]`` or ``(tokens, logprobs)`` when a row enables log probs.
 
@@ -113,12 +117,12 @@ class HFContractGenerator:
         )
         return max_num_seqs * max_model_len
 
-    # ---- KV (allocate_vllm_kv_cache) ----
+    # ---- KV (allocate_vllm_kv_cache: this revision's LlamaForCausalLM offers no per-layer call) ----
     def allocate_kv_cache(self, kv_cache_shape, dtype, num_layers):
-        return self.allocate_kv_cache_per_layer([(kv_cache_shape, dtype, i) for i in range(num_layers)])
+        self.calls.append(("allocate_kv_cache", {"kv_cache_shape": kv_cache_shape, "dtype": dtype}))
+        return self._zero_kv([(kv_cache_shape, dtype, i) for i in range(num_layers)])
 
-    def allocate_kv_cache_per_layer(self, per_layer_specs):
-        self.calls.append(("allocate_kv_cache_per_layer", {"per_layer_specs": per_layer_specs}))
+    def _zero_kv(self, per_layer_specs):
         kv_cache = []
         for _ in self.submeshes:
             # tt-metal: torch.zeros(shape, dtype=dtype), then ttnn.as_tensor(..., dtype=bfloat8_b)
@@ -183,17 +187,15 @@ class HFContractGenerator:
         kv_cache=None,
         enable_trace=True,
         read_from_device=True,
-        async_read=False,
         sampling_params=None,
-        reset_inputs=False,
-        tt_out_logits_saved=None,
-        is_cur_pos_sharded=False,
-        is_page_table_sharded=False,
         reset_batch=False,
         prompt_tokens=None,
         output_tokens=None,
+        **kwargs,
     ):
-        self.calls.append(("decode", dict(sampling_params=sampling_params, reset_batch=reset_batch)))
+        self.calls.append(
+            ("decode", dict(sampling_params=sampling_params, reset_batch=reset_batch, extra=sorted(kwargs)))
+        )
         batch = tokens.shape[0]
         assert batch == self.max_batch_size, "a traced decode runs its captured batch"
         on_device = sampling_params is not None
@@ -251,9 +253,7 @@ class HFContractGenerator:
         )
         self.already_warmed_up_prefill = True
 
-    def warmup_model_decode(
-        self, kv_cache, enable_trace, max_batch_size, num_blocks, can_sample_on_device, non_greedy_decoding_on_device
-    ):
+    def warmup_model_decode(self, kv_cache, enable_trace, max_batch_size, num_blocks, can_sample_on_device):
         self.calls.append(("warmup_decode", dict(enable_trace=enable_trace, max_batch_size=max_batch_size)))
         tokens = torch.zeros(max_batch_size, 1, dtype=torch.int32)
         start_pos = torch.full((max_batch_size,), -1, dtype=torch.int32)
