@@ -42,6 +42,13 @@ class Envs:
     api_key: str | None
     # Most stop strings a request may send (vLLM's VLLM_MAX_STOP_STRINGS, its default 4).
     max_stop_strings: int
+    # Ray's, read by `make serve`'s pre-flight (serve_app/launch): whether Serve runs its HAProxy,
+    # HAProxy's stats and metrics ports, the dashboard's token-authentication mode and token file.
+    ray_serve_haproxy: bool
+    ray_serve_haproxy_stats_port: int
+    ray_serve_haproxy_metrics_port: int
+    ray_auth_mode: str | None
+    ray_auth_token_path: Path
 
 
 def _read() -> Envs:
@@ -68,6 +75,13 @@ def _read() -> Envs:
         ),
         api_key=os.environ.get("MESHSERVE_API_KEY") or None,
         max_stop_strings=int(os.environ.get("VLLM_MAX_STOP_STRINGS", "4")),
+        ray_serve_haproxy=_bool(os.environ.get("RAY_SERVE_ENABLE_HA_PROXY"), False),
+        ray_serve_haproxy_stats_port=int(os.environ.get("RAY_SERVE_HAPROXY_STATS_PORT") or 8404),
+        ray_serve_haproxy_metrics_port=int(os.environ.get("RAY_SERVE_HAPROXY_METRICS_PORT") or 9101),
+        ray_auth_mode=os.environ.get("RAY_AUTH_MODE") or None,
+        ray_auth_token_path=Path(
+            os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token"
+        ).expanduser(),
     )
 
 

@@ -1,0 +1,1 @@
+"""What `make serve` runs before `serve run`: the port pre-flight and the dashboard banner."""
