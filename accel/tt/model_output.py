@@ -2,7 +2,8 @@
 
 tt-metal's generators return host logits ``[rows, 1, vocab]`` (sometimes as a ``(logits,
 log_probs)`` tuple), or, when sampling ran on the device, tokens ``[rows]`` (``[rows, 1]`` from
-some decode paths) or a ``(tokens, logprobs)`` tuple when any row enabled log probs. Decode
+some decode paths, ``[rows, 1, 1]`` from others) or a ``(tokens, log_probs)`` tuple when any row
+enabled log probs, where ``log_probs`` is one per row or a top-k pair ``([rows, 32], [rows, 32])``. Decode
 outputs come back in two steps: ``read_decode_output(out, async_read=True)`` gives ``(host_out,
 events)``; once every event is synchronized, ``process_decode_output_host`` turns ``host_out``
 into torch tensors unless it already is (plugin ``async_decode.finalize_decode``).
@@ -34,10 +35,11 @@ class HostOutput:
 
 
 def is_host_output(out: Any) -> bool:
-    """A torch tensor, or a tuple of torch tensors / None (plugin ``_is_host_decode_output``)."""
+    """A torch tensor, or a tuple of torch tensors / None / such tuples (a top-k log-prob pair)
+    (plugin ``_is_host_decode_output``)."""
     if isinstance(out, torch.Tensor):
         return True
-    return isinstance(out, tuple) and all(t is None or isinstance(t, torch.Tensor) for t in out)
+    return isinstance(out, tuple) and all(t is None or is_host_output(t) for t in out)
 
 
 def unpack_output(out: Any, *, is_tokens: bool, wants_logprobs: bool, num_rows: int) -> HostOutput:
@@ -56,11 +58,13 @@ def unpack_output(out: Any, *, is_tokens: bool, wants_logprobs: bool, num_rows: 
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"expected host torch tensors from the model, got {_describe(out)}")
     if is_tokens:
-        if out.dim() not in (1, 2) or (out.dim() == 2 and out.shape[1] != 1) or out.shape[0] < num_rows:
-            raise TypeError(f"device-sampled tokens must be [rows] or [rows, 1], got shape {tuple(out.shape)}")
-        values = out.reshape(-1)[:num_rows].to(torch.int64)
+        # [rows], or any [rows, 1, ...] (the plugin reshapes decode tokens to [rows, 1]; some
+        # generators hand back [rows, 1, 1])
+        if out.dim() not in (1, 2, 3) or any(d != 1 for d in out.shape[1:]) or out.shape[0] < num_rows:
+            raise TypeError(f"device-sampled tokens must be [rows] or [rows, 1(, 1)], got shape {tuple(out.shape)}")
+        values = out.reshape(out.shape[0])[:num_rows].to(torch.int64)
         if logprobs is not None:
-            logprobs = torch.as_tensor(logprobs).reshape(-1)[:num_rows].float()
+            logprobs = _sampled_logprobs(logprobs, values, num_rows)
         return HostOutput(values, logprobs, True)
     if out.dim() != 3 or out.shape[0] < num_rows:
         raise TypeError(f"host logits must be [rows, 1 (or S), vocab], got shape {tuple(out.shape)}")
@@ -82,6 +86,21 @@ def finalize_decode(
     if not is_host_output(host_out):
         host_out = model.process_decode_output_host(host_out, is_tokens=is_tokens)
     return unpack_output(host_out, is_tokens=is_tokens, wants_logprobs=wants_logprobs, num_rows=num_rows)
+
+
+def _sampled_logprobs(logprobs: Any, tokens: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """The sampled tokens' log probs, float ``[num_rows]``, from what tt-metal's sampler returns:
+    one per row (``[rows]`` / ``[rows, 1]``), or a top-k pair ``(values [rows, K], indices [rows,
+    K])`` (K = 32 on tt-metal's device sampler), where the sampled token's entry is the one whose
+    index is the token (NaN if the token is not among the K: then nothing is claimed)."""
+    if isinstance(logprobs, tuple):
+        if len(logprobs) != 2 or not all(isinstance(t, torch.Tensor) and t.dim() == 2 for t in logprobs):
+            raise TypeError(f"top-k log probs must be a ([rows, K], [rows, K]) pair, got {_describe(logprobs)}")
+        values, indices = (t[:num_rows] for t in logprobs)
+        hit = indices.to(torch.int64) == tokens[:, None]  # [rows, K]
+        picked = values.float().gather(1, hit.to(torch.int64).argmax(dim=1, keepdim=True)).squeeze(1)
+        return torch.where(hit.any(dim=1), picked, torch.full_like(picked, float("nan")))
+    return torch.as_tensor(logprobs).reshape(-1)[:num_rows].float()
 
 
 def _describe(out: Any) -> str:
