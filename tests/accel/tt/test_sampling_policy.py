@@ -6,7 +6,7 @@ import pytest
 
 from accel.contract import SamplingParams, StructuredOutputSpec
 from accel.tt.mesh_model import MAX_DEVICE_TOP_K, SUPPORTS_SAMPLE_ON_DEVICE
-from accel.tt.sampling_policy import SamplingPolicy
+from accel.tt.sampling_policy import SUPPORTS_DEVICE_PENALTIES, SamplingPolicy
 from accel.tt.step_plan import RowPlan, StepMode, StepPlan
 
 CAPS = {SUPPORTS_SAMPLE_ON_DEVICE: True}
@@ -56,6 +56,13 @@ def test_one_offending_row_sends_the_whole_batch_to_host(params, reason):
     p = plan(row("ok", temperature=0), row("bad", **params))
     assert not policy().use_device(p)
     assert policy().host_reason(p) == f"bad: {reason}"
+
+
+def test_penalties_stay_on_the_host_even_where_the_class_declares_device_penalties():
+    """``supports_device_penalties`` is the plugin's key (default True there); the device sampler
+    would need the rows' prompt_tokens/output_tokens, which the runner does not send."""
+    caps = {**CAPS, SUPPORTS_DEVICE_PENALTIES: True}
+    assert policy(caps=caps).host_reason(plan(row("p", repetition_penalty=1.2))) == "p: penalties"
 
 
 def test_intermediate_prefill_row_forces_host():
