@@ -28,6 +28,10 @@ Shapes (B_wire = lanes * per_lane decode slots; row == global slot; lane = row /
   torch tensors. The result is tt-metal's: logits ``[B_wire, 1, vocab]`` (or a ``(logits,
   log_probs)`` tuple), or device-sampled tokens ``[B_wire]`` (``[B_wire, 1]`` accepted) or a
   ``(tokens, logprobs)`` tuple when a row enabled log probs.
+- decode contract (``accel.tt.decode_contract``): a class without ``decode_input_update_contract``
+  (or 0) gets ``reset_batch`` on device-sampling decodes; one declaring 1 gets the four
+  keyword-only commands ``reload_inputs, reload_page_table, reload_sampling_params,
+  reset_sampling_state`` and ``slot_remap`` on every decode, never ``reset_batch``.
 - warmup: ``warmup_model_prefill(kv_cache=, enable_trace=, can_sample_on_device=)`` and
   ``warmup_model_decode(kv_cache=, enable_trace=, max_batch_size=, num_blocks=,
   can_sample_on_device=[, non_greedy_decoding_on_device=])`` -- always by keyword: every real
@@ -129,7 +133,9 @@ class MeshModel(Protocol):
 
     def decode_forward(self, *args: Any, **kwargs: Any) -> Any:
         """Called with keywords: ``tokens, start_pos, page_table, kv_cache, enable_trace,
-        read_from_device[, sampling_params, reset_batch]``."""
+        read_from_device[, sampling_params]`` and the negotiated contract's keywords (version 0:
+        ``reset_batch`` with device sampling; version 1: the four reload commands and
+        ``slot_remap``)."""
         ...
 
     def read_decode_output(self, tt_out: Any, async_read: bool = False) -> Any:
