@@ -112,7 +112,7 @@ def test_v1_generator_rejects_reset_batch_and_forbidden_pairs(ttnn_stub, tiny_ll
         AutoConfig.from_pretrained(tiny_llama), "ttnn"
     )
     model = object.__new__(cls)
-    model.calls, model.max_batch_size = [], 2
+    model.calls, model.max_batch_size, model.data_parallel = [], 2, 1
     base = dict(
         tokens=torch.zeros(2, 1, dtype=torch.int64),
         start_pos=torch.full((2,), -1, dtype=torch.int32),
@@ -125,7 +125,7 @@ def test_v1_generator_rejects_reset_batch_and_forbidden_pairs(ttnn_stub, tiny_ll
     with pytest.raises(TypeError, match="reload_inputs"):  # the commands are required
         model.decode_forward(**base)
     commands = dict(reload_inputs=True, reload_page_table=False, reload_sampling_params=False)
-    with pytest.raises(TypeError, match="reset_batch"):
+    with pytest.raises(ValueError, match="reset_batch"):
         model.decode_forward(**base, **commands, reset_sampling_state=False, reset_batch=True)
-    with pytest.raises(AssertionError, match="together"):
+    with pytest.raises(ValueError, match="both true"):
         model.decode_forward(**base, **(commands | {"reload_page_table": True}), reset_sampling_state=False)

@@ -8,9 +8,13 @@ transition table, host input authority, the correctness invariant, "Requirements
 and the v1 adapter shape that document gives (``decode_forward(*, tokens, start_pos, page_table,
 kv_cache, enable_trace, read_from_device, reload_inputs, reload_page_table,
 reload_sampling_params, reset_sampling_state, slot_remap=None, **kwargs)``, ``reset_batch``
-rejected by name). The tt-metal side of that revision pair (a generator declaring the marker)
-could not be read in the code-search store at the time of writing: the stored
-``generator_vllm.py`` revisions are legacy; the README says so.
+rejected by name), and tt-metal ``models/common/decode_contract.py`` at
+40f4746e27acded3f2eaf7307bd1c3a2a86f7add (what the shared generators do with the commands:
+``decode_input_staging`` -- all / page table only / none, both-true a ``ValueError``;
+``reject_legacy_reload_signal`` -- ``reset_batch`` a ``ValueError`` naming it;
+``rank_local_slot_remap`` -- ``slot_remap`` holds global slot indices, each lane takes its slice
+rebased, a move across lanes is an error). That revision's ``generator.py`` itself was not
+readable in the source store; the README says so.
 
 Everything else (HF logits from the row's KV cells, device sampling, read-back in two steps) is
 the legacy double's (``../../tt_llama``), which this class extends; only the decode entry point,
@@ -29,7 +33,7 @@ silent pass:
 - device sampling uses the resident params, uploaded only on ``reload_sampling_params``;
 - ``slot_remap`` (absolute: row ``i`` reads slot ``remap[i]``) is applied once to the resident
   slot state on every decode; a missing remap is an error;
-- ``reset_batch`` is a ``TypeError``.
+- ``reset_batch`` is a ``ValueError`` naming it.
 """
 
 from __future__ import annotations
@@ -86,7 +90,7 @@ class HFContractGeneratorV1(HFContractGenerator):
         **kwargs,
     ):
         if "reset_batch" in kwargs:
-            raise TypeError("decode_input_update_contract 1: reset_batch is not accepted")
+            raise ValueError("reset_batch is not part of the decode input-update contract")
         commands = dict(
             reload_inputs=reload_inputs,
             reload_page_table=reload_page_table,
@@ -97,14 +101,14 @@ class HFContractGeneratorV1(HFContractGenerator):
             raise TypeError(f"the commands are booleans, got {commands}")
         self.calls.append(("decode", dict(commands, sampling_params=sampling_params, slot_remap=slot_remap)))
         if reload_inputs and reload_page_table:
-            raise ContractError("reload_inputs together with reload_page_table")
+            raise ValueError("reload_page_table is meaningless with reload_inputs=True (both true)")
         if reset_sampling_state and not reload_inputs:
             raise ContractError("reset_sampling_state without reload_inputs")
         batch = tokens.shape[0]
         assert batch == self.max_batch_size, "a traced decode runs its captured batch"
         if slot_remap is None or len(slot_remap) != batch:
             raise ContractError(f"slot_remap must come with every v1 decode, one entry per slot: {slot_remap}")
-        self._apply_remap([int(j) for j in slot_remap])
+        self._apply_remap(self._lane_remaps([int(j) for j in slot_remap]))
         on_device = sampling_params is not None
         if reload_sampling_params:
             self._resident_sampling = sampling_params
@@ -140,6 +144,17 @@ class HFContractGeneratorV1(HFContractGenerator):
         if read_from_device:
             return self.process_decode_output_host(self.read_decode_output(out), is_tokens=on_device)
         return out
+
+    def _lane_remaps(self, slot_remap: list[int]) -> list[int]:
+        """The global remap, checked lane by lane as ``rank_local_slot_remap`` rebases it: each
+        lane's slice may only move rows within that lane."""
+        stride = len(slot_remap) // self.data_parallel
+        for lane in range(self.data_parallel):
+            base = lane * stride
+            for j in slot_remap[base : base + stride]:
+                if not base <= j < base + stride:
+                    raise ValueError(f"slot_remap moves a request across lane {lane}: {slot_remap}")
+        return slot_remap
 
     def _apply_remap(self, remap: list[int]) -> None:
         """Row ``i`` takes slot ``remap[i]``'s resident state (exactly once, absolute)."""
