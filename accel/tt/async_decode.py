@@ -30,6 +30,7 @@ class AsyncDecodeQueue:
     def __init__(self, runner: MeshRunner, is_enabled: bool):
         self.runner = runner
         self.is_enabled = is_enabled
+        runner.read_back_async = is_enabled  # off: the plugin's synchronous read-back
         self._inflight: PendingStep | None = None
         self.num_overlapped_steps = 0
 

@@ -117,6 +117,11 @@ class MeshRunner:
         self.eos_token_ids = eos_token_ids
         self.vocab_size = vocab_size
         self.num_dispatches = 0
+        # True when decodes are read back asynchronously (``AsyncDecodeQueue`` sets it): the
+        # plugin's async path, ``read_decode_output(out, async_read=True)`` then
+        # ``process_decode_output_host``. False: its synchronous path, ``process_decode_output_host``
+        # straight on the device output (no ``read_decode_output`` call).
+        self.read_back_async = True
         # req id -> its logit masks, for constrained requests while they run (the engine core
         # registers and drops them); rows of these requests always sample on the host.
         self.constraints: dict[str, LogitsConstraint] = {}
@@ -275,7 +280,9 @@ class MeshRunner:
             **prepared.decode_kwargs,
         )
         self.contract.accepted(use_device)
-        out, events = self.model.read_decode_output(out, async_read=True)
+        events: Sequence[Any] = ()
+        if self.read_back_async:
+            out, events = self.model.read_decode_output(out, async_read=True)
         sampling = prepared.decode_kwargs.get("sampling_params")
         wants_logprobs = sampling is not None and any(sampling.enable_log_probs)
         capacity = prepared.plan.capacity

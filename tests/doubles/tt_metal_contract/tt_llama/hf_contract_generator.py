@@ -234,13 +234,17 @@ class HFContractGenerator:
 
     def read_decode_output(self, tt_out, async_read=False):
         assert isinstance(tt_out, _DeviceTensor), f"read_decode_output got {type(tt_out).__name__}"
+        self.calls.append(("read_decode_output", {"async_read": async_read}))
         host = _HostTensor(tt_out.value)
         if async_read:
             return host, [ttnn.record_event(self.mesh_device, 0)]
         return host
 
     def process_decode_output_host(self, tt_out, is_tokens=False):
-        assert isinstance(tt_out, _HostTensor), f"process_decode_output_host got {type(tt_out).__name__}"
+        # a read-back host tensor (async path), or the device output itself (the plugin's
+        # synchronous path: ttnn.to_torch reads it back, blocking)
+        assert isinstance(tt_out, (_HostTensor, _DeviceTensor)), f"process_decode_output_host got {type(tt_out)}"
+        self.calls.append(("process_decode_output_host", {"on_device": isinstance(tt_out, _DeviceTensor)}))
         value = tt_out.value
         tokens = value[0] if isinstance(value, tuple) else value
         assert is_tokens == (tokens.dim() == 1), "is_tokens must say whether the decode sampled on device"
