@@ -32,7 +32,7 @@ K = TypeVar("K")
 @dataclass(frozen=True)
 class AffinityWeights:
     """The rule's weights; defaults chosen on ``bench/router_sim.py`` (router) and shared by the
-    TT lanes (``serve_app.config.router.CostWeights`` is this plus config validation)."""
+    TT lanes (``deployments.config.router.CostWeights`` is this plus config validation)."""
 
     w_prefill: float = 1.0  # per uncached prompt block
     w_load_blocks: float = 4.0  # blocks of prefill one unit of load score is worth

@@ -22,8 +22,8 @@ def client_prompts(opts, num_prompts: int, seed: int) -> list[tuple[int, ...]]:
     from accel.text.tokenizer import load_tokenizer
     from bench.serving_rounds import client_args
     from bench.serving_servers import SERVED_MODEL
-    from serve_app.protocol.completions import CompletionRequest
-    from serve_app.protocol.conversion import completion_prompts
+    from serve_app.http.protocol.completions import CompletionRequest
+    from serve_app.http.protocol.conversion import completion_prompts
 
     samples = get_samples(client_args("http://127.0.0.1:0", opts, 1, num_prompts, seed), get_tokenizer(opts.tokenizer))
     tokenizer = load_tokenizer(opts.tokenizer)

@@ -49,7 +49,7 @@ import torch  # noqa: E402
 
 from accel.envs import ENVS  # noqa: E402
 from bench.kv_transfer_mixed import APP, mixed_load  # noqa: E402
-from serve_app.config.pd import PDConfig  # noqa: E402
+from deployments.config.pd import PDConfig  # noqa: E402
 
 MIB = 1 << 20
 

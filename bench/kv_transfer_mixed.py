@@ -124,10 +124,10 @@ def _run_setup(args, model: str, workload, is_pd: bool) -> tuple[list[dict], dic
     import ray
 
     from accel.block_hash import hash_prompt_blocks
+    from deployments.config.router import ModelRouting, RouterConfig
     from deployments.messages.routing import RouteRequest
     from deployments.pd.orchestrator import PDOrchestrator
     from deployments.router.logic.router_logic import ReplicaInfo, RouterLogic
-    from serve_app.config.router import ModelRouting, RouterConfig
 
     cores = sorted(os.sched_getaffinity(0))
     pin = [cores[0], cores[1]] if args.pin and len(cores) >= 2 else [None, None]

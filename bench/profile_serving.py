@@ -36,7 +36,7 @@ from bench.serving_servers import (  # noqa: E402
     stop_servers_on_sigterm,
     vllm_engine_args,
 )
-from serve_app.config.load import load_app_config  # noqa: E402
+from deployments.config.load import load_app_config  # noqa: E402
 
 PY_SPY = Path(sys.executable).with_name("py-spy")
 

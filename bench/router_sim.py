@@ -51,8 +51,8 @@ from router_sim_multi import MultiCoreSimRouter  # noqa: E402
 from router_sim_ray import RaySimRouter  # noqa: E402
 from router_sim_workload import TraceRequest, WorkloadConfig, make_trace  # noqa: E402
 
+from deployments.config.router import CostWeights  # noqa: E402
 from deployments.router.logic.load import PEER_LOAD_PERIOD_S  # noqa: E402
-from serve_app.config.router import CostWeights  # noqa: E402
 
 # (entry name, factory(replica_ids, kv blocks per replica, block size, weights, seed))
 RouterFactory = Callable[[Sequence[str], int, int, CostWeights, int], object]

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from router_sim_workload import TraceRequest
 
 from accel.contract import EngineStats
+from deployments.config.router import CostWeights, ModelRouting, RouterConfig
 from deployments.messages.kv_events import KVEvent
 from deployments.messages.routing import RouteRequest
 from deployments.router.logic.router_logic import ReplicaInfo, RouterLogic
-from serve_app.config.router import CostWeights, ModelRouting, RouterConfig
 
 MODEL = "sim-model"
 POOL = "sim-pool"

@@ -13,8 +13,8 @@ from router_sim_workload import TraceRequest
 
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import EngineStats
+from deployments.config.router import CostWeights
 from deployments.messages.kv_events import BlockStored
-from serve_app.config.router import CostWeights
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -20,11 +20,11 @@ from router_sim_core import CoreSimRouter
 from router_sim_workload import TraceRequest
 
 from accel.contract import EngineStats
+from deployments.config.router import CostWeights
 from deployments.handle_routing.rendezvous import rendezvous_order
 from deployments.messages.kv_events import KVEvent
 from deployments.messages.routing import RouteRequest
 from deployments.router.logic.load import PEER_LOAD_PERIOD_S
-from serve_app.config.router import CostWeights
 
 
 class MultiCoreSimRouter:

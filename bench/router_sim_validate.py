@@ -52,7 +52,7 @@ from router_sim import run_policy  # noqa: E402
 from router_sim_cluster import ClusterConfig, oracle_hit_tokens  # noqa: E402
 from router_sim_workload import WorkloadConfig, make_trace  # noqa: E402
 
-from serve_app.config.router import CostWeights  # noqa: E402
+from deployments.config.router import CostWeights  # noqa: E402
 
 POLICY = "prefix+session+load@precise"  # the deployment's default policy and index mode
 BASE = WorkloadConfig()

@@ -88,7 +88,7 @@ from bench.serving_servers import (  # noqa: E402
     stop_servers_on_sigterm,
     vllm_engine_args,
 )
-from serve_app.config.load import load_app_config  # noqa: E402
+from deployments.config.load import load_app_config  # noqa: E402
 
 # Goals per issue (--goals): a lower bound, or an upper one for the keys in UPPER_BOUNDS.
 GOAL_SETS = {

@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))  # run as a script too (the Ray Serve LLM server p
 
 from accel.vllm.config import VllmEngineConfig  # noqa: E402
 from bench.process_group import popen_group_kwargs  # noqa: E402
-from serve_app.config.load import load_app_config  # noqa: E402
+from deployments.config.load import load_app_config  # noqa: E402
 
 SERVED_MODEL = "tiny-llama"  # the tiny configs' model name (what older callers assume)
 STOP_GRACE_S = 45.0

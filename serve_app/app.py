@@ -18,13 +18,13 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.deployment import Application
 
 from accel.contract import ConfigError
-from deployments.ingress.openai_ingress import make_ingress_class
+from deployments.config.app import AppConfig, PoolConfig
+from deployments.config.load import load_app_config
 from deployments.replicas import tt_replica, vllm_replica
 from deployments.replicas.tt_replica import TTMeshReplica
 from deployments.replicas.vllm_replica import VllmReplica
 from deployments.router.deployment import RouterDeployment
-from serve_app.config.app import AppConfig, PoolConfig
-from serve_app.config.load import load_app_config
+from serve_app.http.openai_ingress import make_ingress_class
 
 logger = logging.getLogger(__name__)
 

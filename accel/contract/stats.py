@@ -32,7 +32,7 @@ class EngineStats:
 
 @dataclass(frozen=True)
 class TTEngineStats:
-    """The TT mesh engine's ``extra_stats()``: how its steps ran (``serve_app.metrics`` turns them
+    """The TT mesh engine's ``extra_stats()``: how its steps ran (``deployments.telemetry.metrics`` turns them
     into the ``meshserve_engine_steps``, ``meshserve_sampled_tokens``, ``meshserve_lane_occupancy``
     and ``meshserve_async_overlap_fraction`` series). Counts are cumulative since the engine
     started; occupancy and overlap are current values."""

@@ -47,7 +47,7 @@ remote_port}``, the replica registers that dict with the actor under our transfe
 (``put_params``, leased), and the decode replica claims it and passes it to its engine
 unchanged; expired or missing -> the decode side recomputes. TPU <-> TT hand-offs have no KV
 path (no connector both sides load) and are refused by the config builder
-(``serve_app/config/pd.py``).
+(``deployments/config/pd.py``).
 
 This class also serves as the CPU stand-in for ``TPUConnector`` in that mode (named in a pool's
 own ``kv_transfer_config``; ``deployments.pd.wiring`` fills in ``app_name``/``ray_address``): a

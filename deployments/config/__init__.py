@@ -8,5 +8,5 @@
   prefill and decode pools pair);
 - ``load``: ``load_app_config(args)``, schema -> dataclasses, once, errors naming file and key.
 
-This package imports nothing of ``deployments`` (``tests/test_layers.py``).
+The bottom floor of ``deployments``: it imports only ``accel`` (``tests/test_layers.py``).
 """

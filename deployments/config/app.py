@@ -19,10 +19,10 @@ from accel.contract import ConfigError
 from accel.tt.config import TTEngineConfig
 from accel.vllm.config import VllmEngineConfig
 from accel.vllm.tpu.backends import DEFAULT_BACKEND, TpuBackendName
-from serve_app.config.ingress import IngressConfig
-from serve_app.config.parsing import OutputParsing
-from serve_app.config.pd import PDConfig, kv_connector_name, pairing_problem
-from serve_app.config.router import ModelRouting, RouterConfig
+from deployments.config.ingress import IngressConfig
+from deployments.config.parsing import OutputParsing
+from deployments.config.pd import PDConfig, kv_connector_name, pairing_problem
+from deployments.config.router import ModelRouting, RouterConfig
 
 EngineKind = Literal["tt", "vllm"]
 Accelerator = Literal["tt", "tpu", "cuda", "cpu"]

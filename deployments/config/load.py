@@ -29,7 +29,7 @@ from accel.envs import ENVS
 from accel.tt.config import TTEngineConfig
 from accel.vllm.config import VllmEngineConfig
 from accel.vllm.tpu.backends import DEFAULT_BACKEND, check_kv_connector, get_backend
-from serve_app.config.app import (
+from deployments.config.app import (
     STREAM_INTERVAL_S,
     AppConfig,
     AutoscalingConfig,
@@ -37,11 +37,11 @@ from serve_app.config.app import (
     ModelConfig,
     PoolConfig,
 )
-from serve_app.config.ingress import IngressConfig
-from serve_app.config.parsing import OutputParsing
-from serve_app.config.pd import KV_ROLES, PD_ROLES, TPU_CONNECTORS, PDConfig, pairing_problem
-from serve_app.config.router import CostWeights, LoadConfig, RouterConfig, SessionConfig
-from serve_app.config.schema import AppArgs, ModelArgs, PoolArgs, RouterArgs
+from deployments.config.ingress import IngressConfig
+from deployments.config.parsing import OutputParsing
+from deployments.config.pd import KV_ROLES, PD_ROLES, TPU_CONNECTORS, PDConfig, pairing_problem
+from deployments.config.router import CostWeights, LoadConfig, RouterConfig, SessionConfig
+from deployments.config.schema import AppArgs, ModelArgs, PoolArgs, RouterArgs
 
 UNKNOWN_FILE = "<serve args>"
 

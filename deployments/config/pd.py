@@ -65,7 +65,7 @@ KV_ROLES = {"prefill": ("kv_producer", "kv_both"), "decode": ("kv_consumer", "kv
 
 
 class PDPool(Protocol):
-    """What pairing reads of a pool (``serve_app.config.app.PoolConfig``; a protocol so this module
+    """What pairing reads of a pool (``deployments.config.app.PoolConfig``; a protocol so this module
     stays below the pool config, which derives its PD threshold from these rules)."""
 
     @property

@@ -51,11 +51,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from accel.vllm.tpu.backends import TpuBackendName
-from serve_app.config.app import AutoscalingConfig, Placement, PoolConfig
-from serve_app.config.ingress import MAX_N, IngressConfig
-from serve_app.config.parsing import OutputParsing, ToolStrictLevel
-from serve_app.config.pd import PDConfig
-from serve_app.config.router import CostWeights, IndexMode, LoadConfig, PolicyName, RouterConfig, SessionConfig
+from deployments.config.app import AutoscalingConfig, Placement, PoolConfig
+from deployments.config.ingress import MAX_N, IngressConfig
+from deployments.config.parsing import OutputParsing, ToolStrictLevel
+from deployments.config.pd import PDConfig
+from deployments.config.router import CostWeights, IndexMode, LoadConfig, PolicyName, RouterConfig, SessionConfig
 
 
 class _Strict(BaseModel):
@@ -66,7 +66,7 @@ class ModelArgs(_Strict):
     name: str = Field(min_length=1)
     path: str = Field(min_length=1)
     max_model_len: int | None = Field(default=None, ge=1)
-    # vLLM's tool-call / reasoning parsers for this model (serve_app.config.parsing).
+    # vLLM's tool-call / reasoning parsers for this model (deployments.config.parsing).
     enable_auto_tool_choice: bool = OutputParsing.enable_auto_tool_choice
     tool_call_parser: str | None = Field(default=OutputParsing.tool_call_parser, min_length=1)
     reasoning_parser: str | None = Field(default=OutputParsing.reasoning_parser, min_length=1)
@@ -121,13 +121,13 @@ class PoolArgs(_Strict):
     graceful_shutdown_timeout_s: float = Field(default=PoolConfig.graceful_shutdown_timeout_s, ge=0)
     step_timeout_s: float = Field(default=PoolConfig.step_timeout_s, gt=0)
     # PoolConfig.stream_interval_s, in milliseconds; None: the placement's default
-    # (serve_app.config.app.STREAM_INTERVAL_S).
+    # (deployments.config.app.STREAM_INTERVAL_S).
     stream_interval_ms: float | None = Field(default=None, ge=0, le=1000)
     placement: Placement = PoolConfig.placement
 
 
 class RouterWeightsArgs(_Strict):
-    """``serve_app.config.router.CostWeights``."""
+    """``deployments.config.router.CostWeights``."""
 
     w_prefill: float = Field(default=CostWeights.w_prefill, ge=0)
     w_load_blocks: float = Field(default=CostWeights.w_load_blocks, ge=0)
@@ -140,7 +140,7 @@ class RouterWeightsArgs(_Strict):
 
 
 class RouterArgs(_Strict):
-    """``serve_app.config.router.RouterConfig`` (the meaning of each setting is documented there)."""
+    """``deployments.config.router.RouterConfig`` (the meaning of each setting is documented there)."""
 
     policy: PolicyName = RouterConfig.policy
     index_mode: IndexMode = RouterConfig.index_mode

@@ -3,6 +3,6 @@ request and decision (``routing``), a replica's self-report (``replica_snapshot`
 log cursors (``kv_events``), the session key (``sessions``).
 
 Neutral ground, the bottom floor of ``deployments``: every other folder may import it; it imports
-none of them (only ``accel`` and ``serve_app.config``), so the router and the replicas never
+none of them (only ``accel`` and ``deployments.config``), so the router and the replicas never
 import each other for their shared vocabulary.
 """

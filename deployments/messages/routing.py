@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from accel.block_hash import BlockHash
-from serve_app.config.app import PoolConfig
+from deployments.config.app import PoolConfig
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """What an engine replica of a prefill or decode pool needs for KV transfer.
 
 Pools with ``role: prefill`` or ``role: decode`` get the application's KV-connector actor
-(created on first use, one per Serve application) and, by KV path (``serve_app.config.pd``):
+(created on first use, one per Serve application) and, by KV path (``deployments.config.pd``):
 - TT engines: ``accel.tt.kv_hooks.KVTransferHooks`` over ``RayKVTransport`` (path ``meshserve``);
 - vLLM engines whose engine_args set no ``kv_transfer_config`` (off TPU): one loading
   ``MeshServeConnector`` (``accel.vllm.kv_connector``) in vLLM's child processes, which join the
@@ -24,11 +24,11 @@ from ray import serve
 
 from accel.tt.kv_hooks import KVTransferHooks
 from accel.vllm.config import VllmEngineConfig
+from deployments.config.app import PoolConfig
+from deployments.config.pd import PD_ROLES, is_native
 from deployments.kv.connector_actor import get_or_create_kv_connector
 from deployments.kv.ray_transport import RayKVTransport
 from deployments.pd.native_handoff import ActorParamsStore, NativeKVHandoff
-from serve_app.config.app import PoolConfig
-from serve_app.config.pd import PD_ROLES, is_native
 
 logger = logging.getLogger(__name__)
 

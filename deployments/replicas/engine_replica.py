@@ -19,12 +19,12 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Mappi
 from typing import Any
 
 from accel.contract import Engine, EngineStats, FinishReason, GenerateRequest, OutputDelta, PrefixCacheChange
+from deployments.config.app import PoolConfig
 from deployments.messages.kv_events import BlockRemoved, BlockStored, KVCursor, KVEvent
 from deployments.messages.replica_snapshot import ReplicaSnapshot
 from deployments.replicas.delta_coalescer import DeltaCoalescer
 from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS, KVEventLog
-from serve_app.config.app import PoolConfig
-from serve_app.metrics import EngineMetrics
+from deployments.telemetry.metrics import EngineMetrics
 
 logger = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ import uuid
 from collections import deque
 from collections.abc import Iterable
 
+from deployments.config.router import RouterConfig
 from deployments.messages.kv_events import KVCursor, KVEvent
-from serve_app.config.router import RouterConfig
 
 DEFAULT_CAPACITY_EVENTS = RouterConfig.kv_event_log_size  # the one default of router.kv_event_log_size
 

@@ -14,11 +14,11 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from accel.contract import GenerateRequest, OutputDelta
+from deployments.config.app import PoolConfig
 from deployments.replicas.engine_replica import EngineFactory, EngineReplica
 from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS
 from deployments.replicas.tt_replica import TTMeshReplica
 from deployments.replicas.vllm_replica import VllmReplica
-from serve_app.config.app import PoolConfig
 
 logger = logging.getLogger(__name__)
 

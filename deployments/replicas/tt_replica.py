@@ -15,10 +15,10 @@ from accel.contract import ConfigError, Engine
 from accel.tt.config import TTEngineConfig
 from accel.tt.engine import TTMeshEngine
 from accel.tt.engine_process import TTMeshEngineProcess
+from deployments.config.app import PoolConfig
 from deployments.pd.wiring import tt_kv_hooks
 from deployments.replicas.engine_replica import EngineFactory, EngineReplica
 from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS
-from serve_app.config.app import PoolConfig
 
 # tt-metal's MESH_DEVICE presets (utils/dp_discovery.py) -> chips in the mesh.
 MESH_DEVICE_CHIPS = {

@@ -35,12 +35,12 @@ from accel.vllm.engine import VllmEngine
 from accel.vllm.tpu.backends import get_backend
 from accel.vllm.tpu.placement import SlicePlacement, replica_placement_group
 from accel.vllm.tpu.topology import parse_slice
+from deployments.config.app import PoolConfig
 from deployments.messages.kv_events import KVEvent
 from deployments.pd.wiring import native_kv_handoff, vllm_kv_transfer_config
 from deployments.replicas.engine_replica import EngineFactory, EngineReplica
 from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS
 from deployments.replicas.vllm_kv_subscriber import VllmKVEventSubscriber, kv_events_config, new_ipc_endpoint
-from serve_app.config.app import PoolConfig
 
 if TYPE_CHECKING:
     from ray.util.tpu import SlicePlacementGroup

@@ -60,6 +60,7 @@ from typing import Any
 
 from ray import serve
 
+from deployments.config.app import AppConfig
 from deployments.handle_routing import replica_membership
 from deployments.messages.routing import RouteDecision, RouteRequest, eligible_pools, prefill_ticket_of
 from deployments.replicas.client import EnginePoolClient
@@ -68,8 +69,7 @@ from deployments.router.engine_view import EngineView
 from deployments.router.logic.load import PEER_LOAD_PERIOD_S
 from deployments.router.logic.router_logic import NoReplicaError, RouterLogic
 from deployments.router.views import IndexView, ReplicaView, RouterSnapshot
-from serve_app.config.app import AppConfig
-from serve_app.metrics import RouterMetrics
+from deployments.telemetry.metrics import RouterMetrics
 
 logger = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
+from deployments.config.app import ModelConfig, PoolConfig, Role
 from deployments.messages.kv_events import KVCursor
 from deployments.messages.replica_snapshot import ReplicaSnapshot
 from deployments.router.logic.router_logic import ReplicaInfo, RouterLogic
-from serve_app.config.app import ModelConfig, PoolConfig, Role
 
 
 def logic_role(pool: PoolConfig, model: ModelConfig) -> Role | None:

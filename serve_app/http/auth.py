@@ -23,7 +23,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from serve_app.protocol.errors import APIError
+from serve_app.http.protocol.errors import APIError
 
 GUARDED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 GUARDED_EXACT = ("/v1",)

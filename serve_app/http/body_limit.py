@@ -15,7 +15,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serve_app.protocol.errors import APIError
+from serve_app.http.protocol.errors import APIError
 
 
 def too_large(limit: int) -> JSONResponse:

@@ -24,7 +24,7 @@ request yet it is decided again without the dead replica and retried once (also 
 tokens were already passed on, the stream fails over (``ingress.max_failovers`` times, default 1):
 prompt + the tokens sent go to the replica the router picks without the dead one, and the
 continuation's deltas are rewritten so the client sees one seamless stream
-(``deployments/ingress/failover.py``). Other errors end the request with an error.
+(``serve_app/http/failover.py``). Other errors end the request with an error.
 """
 
 from __future__ import annotations
@@ -42,13 +42,13 @@ from tokenizers import Tokenizer
 
 from accel.block_hash import hash_prompt_blocks, salted_root
 from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta
-from deployments.ingress.failover import FAILOVER_REQUEST_ID_SUFFIX, StreamProgress
+from deployments.config.app import AppConfig
 from deployments.messages.routing import RouteDecision, RouteRequest, RoutingError, eligible_pools
 from deployments.pd.orchestrator import Call, PDOrchestrator
 from deployments.replicas.client import EnginePoolClient, PoolClient
 from deployments.router.client import RouterClient
-from serve_app.config.app import AppConfig
-from serve_app.protocol.errors import APIError
+from serve_app.http.failover import FAILOVER_REQUEST_ID_SUFFIX, StreamProgress
+from serve_app.http.protocol.errors import APIError
 
 logger = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from accel.contract import SamplingParams
+from deployments.config.app import PoolConfig
 from deployments.messages.routing import RouteRequest, RoutingError, eligible_pools
-from serve_app.config.app import PoolConfig
-from serve_app.protocol.errors import APIError
+from serve_app.http.protocol.errors import APIError
 
 
 def check_engine_support(route: RouteRequest, pools: Sequence[PoolConfig], sampling: SamplingParams) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from deployments.config.app import ModelConfig
 from deployments.replicas.client import PoolClient
-from serve_app.config.app import ModelConfig
 
 SERVING_ROLES = ("both", "decode")
 

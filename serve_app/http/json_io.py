@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from serve_app.protocol.errors import APIError, bad_request
+from serve_app.http.protocol.errors import APIError, bad_request
 
 
 async def read_body(request: Request) -> dict[str, Any]:

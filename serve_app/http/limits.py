@@ -19,8 +19,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from accel.contract import SamplingParams
-from serve_app.config.ingress import IngressConfig
-from serve_app.protocol.errors import APIError, bad_request
+from deployments.config.ingress import IngressConfig
+from serve_app.http.protocol.errors import APIError, bad_request
 
 UNTRUSTED_TEMPLATE = (
     "Chat template is passed with request, but --trust-request-chat-template is not set. "

@@ -28,28 +28,28 @@ from ray import serve
 from accel.block_hash import BlockHash, hash_prompt_blocks, salted_root
 from accel.contract import InvalidRequestError, OutputDelta, SamplingParams
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
-from deployments.ingress import health, limits, openapi, stream_render, tokenize_routes
-from deployments.ingress.auth import ApiKeyMiddleware, key_digests
-from deployments.ingress.body_limit import BodyLimitMiddleware
-from deployments.ingress.engine_client import EngineClient, merge_streams
-from deployments.ingress.engine_support import check_engine_support
-from deployments.ingress.json_io import error_response, read_body
-from deployments.ingress.structured_check import check_structured_outputs
-from deployments.ingress.workers import in_worker
+from deployments.config.app import AppConfig, ModelConfig
 from deployments.messages.routing import RouteRequest
 from deployments.messages.sessions import session_id_from
 from deployments.replicas.local import LocalPoolClient, make_replica
-from serve_app.config.app import AppConfig, ModelConfig
-from serve_app.metrics import IngressMetrics
-from serve_app.protocol import conversion as conv
-from serve_app.protocol import responses as rsp
-from serve_app.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
-from serve_app.protocol.common import ModelCard, ModelList, random_id
-from serve_app.protocol.completions import CompletionRequest
-from serve_app.protocol.errors import APIError
-from serve_app.protocol.responses_api import response_events, response_from_chat, responses_call
-from serve_app.protocol.tool_output import ChoiceParser
-from serve_app.protocol.tool_request import ChatTools, ToolPlan
+from deployments.telemetry.metrics import IngressMetrics
+from serve_app.http import health, limits, openapi, stream_render, tokenize_routes
+from serve_app.http.auth import ApiKeyMiddleware, key_digests
+from serve_app.http.body_limit import BodyLimitMiddleware
+from serve_app.http.engine_client import EngineClient, merge_streams
+from serve_app.http.engine_support import check_engine_support
+from serve_app.http.json_io import error_response, read_body
+from serve_app.http.protocol import conversion as conv
+from serve_app.http.protocol import responses as rsp
+from serve_app.http.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
+from serve_app.http.protocol.common import ModelCard, ModelList, random_id
+from serve_app.http.protocol.completions import CompletionRequest
+from serve_app.http.protocol.errors import APIError
+from serve_app.http.protocol.responses_api import response_events, response_from_chat, responses_call
+from serve_app.http.protocol.tool_output import ChoiceParser
+from serve_app.http.protocol.tool_request import ChatTools, ToolPlan
+from serve_app.http.structured_check import check_structured_outputs
+from serve_app.http.workers import in_worker
 
 POOL_HEADER = "x-meshserve-pool"
 
@@ -110,7 +110,7 @@ class OpenAIIngress:
         self._tokenizers: dict[str, TextTokenizer] = {m.name: load_tokenizer(str(m.path)) for m in config.models}
         self._metrics = _ingress_metrics()
         self._block_sizes = {m.name: m.routing_block_size for m in config.models}
-        # vLLM's tool-call / reasoning parsers per model (serve_app.protocol.tool_request).
+        # vLLM's tool-call / reasoning parsers per model (serve_app.http.protocol.tool_request).
         self._chat_tools = {m.name: ChatTools(m.parsing, m.name, self._tokenizers[m.name]) for m in config.models}
         self._client = EngineClient(
             config,
@@ -193,7 +193,7 @@ class OpenAIIngress:
 
     @app.post("/v1/responses")
     async def responses(self, request: Request) -> Response:
-        """Stateless Responses API: runs as a chat request (serve_app.protocol.responses_api)."""
+        """Stateless Responses API: runs as a chat request (serve_app.http.protocol.responses_api)."""
         return await self._handle(request, is_chat=True, is_responses=True)
 
     # -- request handling ---------------------------------------------------------------------

@@ -15,9 +15,9 @@ from pydantic import BaseModel
 
 from accel.contract import OutputDelta
 from accel.text.tokenizer import TextTokenizer
-from serve_app.protocol import responses as rsp
-from serve_app.protocol.errors import APIError
-from serve_app.protocol.tool_output import ChoiceParser, apply_parsed_messages, parsed_chat_chunk
+from serve_app.http.protocol import responses as rsp
+from serve_app.http.protocol.errors import APIError
+from serve_app.http.protocol.tool_output import ChoiceParser, apply_parsed_messages, parsed_chat_chunk
 
 Merged = AsyncGenerator[tuple[int, OutputDelta], None]  # merge_streams: (choice index, delta)
 

@@ -13,14 +13,14 @@ from fastapi.responses import JSONResponse
 
 from accel.contract import InvalidRequestError
 from accel.text.tokenizer import TextTokenizer
-from deployments.ingress import limits
-from deployments.ingress.json_io import error_response, read_body
-from deployments.ingress.workers import in_worker
-from serve_app.config.app import ModelConfig
-from serve_app.config.ingress import IngressConfig
-from serve_app.protocol import tokenize as tk
-from serve_app.protocol.conversion import parse_body
-from serve_app.protocol.errors import APIError, bad_request, model_not_found
+from deployments.config.app import ModelConfig
+from deployments.config.ingress import IngressConfig
+from serve_app.http import limits
+from serve_app.http.json_io import error_response, read_body
+from serve_app.http.protocol import tokenize as tk
+from serve_app.http.protocol.conversion import parse_body
+from serve_app.http.protocol.errors import APIError, bad_request, model_not_found
+from serve_app.http.workers import in_worker
 
 # What vLLM's tokenize request models accept beyond what we render (no tools / template kwargs /
 # multimodal yet): a 400 naming the field when used, never dropped.

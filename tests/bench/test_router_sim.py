@@ -81,8 +81,8 @@ def test_several_router_replicas_split_the_decisions_and_agree_on_the_index():
     from router_sim_workload import WorkloadConfig, make_trace
 
     from accel.contract import EngineStats
+    from deployments.config.router import CostWeights
     from deployments.messages.kv_events import BlockStored
-    from serve_app.config.router import CostWeights
 
     ids = ["a", "b", "c"]
     multi = MultiCoreSimRouter(3, "prefix+session+load", "precise", ids, 256, 16, CostWeights())

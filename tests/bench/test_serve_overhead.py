@@ -31,7 +31,7 @@ def test_the_in_process_tt_engine_gets_the_served_engines_thread_budget(monkeypa
     import torch
     import yaml
 
-    from serve_app.config.load import load_app_config
+    from deployments.config.load import load_app_config
     from tests.doubles.app_args import TINY_YAML
 
     app = load_app_config(yaml.safe_load(TINY_YAML.read_text())["applications"][0]["args"])

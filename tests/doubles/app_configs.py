@@ -9,10 +9,10 @@ from pathlib import Path
 
 from accel.tt.config import TTEngineConfig
 from accel.vllm.config import VllmEngineConfig
-from serve_app.config.app import AppConfig, ModelConfig, PoolConfig
-from serve_app.config.ingress import IngressConfig
-from serve_app.config.pd import PDConfig
-from serve_app.config.router import RouterConfig
+from deployments.config.app import AppConfig, ModelConfig, PoolConfig
+from deployments.config.ingress import IngressConfig
+from deployments.config.pd import PDConfig
+from deployments.config.router import RouterConfig
 
 CHECKPOINT = Path("/nonexistent/checkpoint")
 MAX_MODEL_LEN = 2048

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import EngineStats
+from deployments.config.router import RouterConfig
 from deployments.messages.replica_snapshot import ReplicaSnapshot
 from deployments.messages.routing import RouteRequest
 from deployments.replicas.kv_event_log import KVEventLog
 from deployments.router.deployment import RouterDeployment
-from serve_app.config.router import RouterConfig
 from tests.doubles.app_configs import app_config, pool_config
 
 BS = 4

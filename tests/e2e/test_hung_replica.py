@@ -45,8 +45,8 @@ def hanging_engine(pool):
 def base_url(serve_session, tiny_llama):
     from ray import serve
 
+    from deployments.config.load import load_app_config
     from serve_app.app import build_from_config
-    from serve_app.config.load import load_app_config
 
     args = local_app_args()
     tt_pool = next(p for p in args["pools"] if p["name"] == "tt")

@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from accel.block_hash import hash_prompt_blocks
+from deployments.config.router import RouterConfig
 from deployments.handle_routing.rendezvous import rendezvous_order
 from deployments.messages.routing import RouteRequest
-from serve_app.config.router import RouterConfig
 from tests.doubles.app_args import app_args, tt_pool
 from tests.doubles.deployed_app import deployed_app
 from tests.doubles.handle_loop import HANDLES

@@ -191,7 +191,7 @@ def test_replica_finds_its_slice_group(cluster):
 
 def _tpu_pool(tiny_llama):
     from accel.vllm.config import VllmEngineConfig
-    from serve_app.config.app import PoolConfig
+    from deployments.config.app import PoolConfig
 
     return PoolConfig(
         name="v7x",

@@ -18,9 +18,9 @@ SCRIPT = textwrap.dedent(
                 raise ImportError("no vllm on this host: " + name)
 
     sys.meta_path.insert(0, BlockVllm())
-    import deployments.ingress.openai_ingress  # noqa: F401
+    import serve_app.http.openai_ingress  # noqa: F401
     from accel.text.tokenizer import load_tokenizer
-    from serve_app.protocol import conversion as conv
+    from serve_app.http.protocol import conversion as conv
 
     tok = load_tokenizer(sys.argv[1])
     req = conv.parse_request({"prompt": "hello", "stop": ["a", "b"], "max_tokens": 4}, False)

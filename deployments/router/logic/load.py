@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from accel.contract import EngineStats
-from serve_app.config.router import LoadConfig
+from deployments.config.router import LoadConfig
 
 PEER_LOAD_PERIOD_S = 0.1  # how often each router replica publishes its in-flight counts
 

@@ -6,7 +6,7 @@ Adding a policy: subclass ``policy.RoutingPolicy`` with a unique ``name`` and li
 from __future__ import annotations
 
 from accel.contract import ConfigError
-from serve_app.config.router import CostWeights
+from deployments.config.router import CostWeights
 
 from .cost_policy import PrefixSessionLoadPolicy
 from .policy import RoutingPolicy

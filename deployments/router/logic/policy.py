@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from accel.cache_affinity import load_limit
-from serve_app.config.router import CostWeights
+from deployments.config.router import CostWeights
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN64 = 0x9E3779B97F4A7C15

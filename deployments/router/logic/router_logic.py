@@ -2,7 +2,7 @@
 
 Composes a prefix index (``prefix_index``), a session table (``sessions``), a load tracker
 (``load``) and a routing policy chosen by name (``policies``) over per-model replica pools. Its
-settings are the app config's: ``serve_app.config.router.RouterConfig`` and, per served model,
+settings are the app config's: ``deployments.config.router.RouterConfig`` and, per served model,
 ``ModelRouting`` (routing block size, PD threshold), derived once from the model's pools.
 
 How the Router deployment drives it
@@ -50,10 +50,10 @@ from dataclasses import dataclass
 
 from accel.block_hash import BlockHash
 from accel.contract import EngineStats
+from deployments.config.app import Role
+from deployments.config.router import ModelRouting, RouterConfig
 from deployments.messages.kv_events import KVEvent
 from deployments.messages.routing import RouteDecision, RouteRequest, prefill_ticket_of, stable_hash64
-from serve_app.config.app import Role
-from serve_app.config.router import ModelRouting, RouterConfig
 
 from .index_modes import make_prefix_index
 from .load import LoadTracker, ReplicaLoad

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from serve_app.config.router import SessionConfig
+from deployments.config.router import SessionConfig
 
 
 @dataclass

@@ -6,7 +6,7 @@ They exist as configurable choices and as baselines for the simulator; the defau
 
 from __future__ import annotations
 
-from serve_app.config.router import CostWeights
+from deployments.config.router import CostWeights
 
 from .policy import Choice, RoutingContext, RoutingPolicy, load_view, tie_rank, without
 

@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from serve_app.protocol.common import OpenAIBaseModel, UsageInfo, random_id
-from serve_app.protocol.sampling_fields import SamplingFields
+from serve_app.http.protocol.common import OpenAIBaseModel, UsageInfo, random_id
+from serve_app.http.protocol.sampling_fields import SamplingFields
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -18,7 +18,7 @@ class ChatCompletionRequest(SamplingFields):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     # Tools and reasoning: validated and applied through vLLM's own request model and parsers
-    # (serve_app.protocol.tool_request / tool_output).
+    # (serve_app.http.protocol.tool_request / tool_output).
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = True

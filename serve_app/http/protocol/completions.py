@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from serve_app.protocol.common import OpenAIBaseModel, UsageInfo, random_id
-from serve_app.protocol.sampling_fields import SamplingFields
+from serve_app.http.protocol.common import OpenAIBaseModel, UsageInfo, random_id
+from serve_app.http.protocol.sampling_fields import SamplingFields
 
 
 class CompletionRequest(SamplingFields):

@@ -18,15 +18,15 @@ from pydantic import BaseModel, ValidationError
 from accel.contract import GenerateRequest, InvalidRequestError, SamplingParams
 from accel.text.bad_words import bad_words_token_ids
 from accel.text.tokenizer import TextTokenizer
-from serve_app.protocol.chat import ChatCompletionRequest
-from serve_app.protocol.chat_roles import developer_as_system
-from serve_app.protocol.completions import CompletionRequest
-from serve_app.protocol.errors import APIError, bad_request
-from serve_app.protocol.field_policy import check_fields
-from serve_app.protocol.sampling_fields import SamplingFields
-from serve_app.protocol.structured_outputs import structured_output_spec
-from serve_app.protocol.tool_request import ToolPlan, tool_call_arguments_as_dicts
-from serve_app.protocol.truncation import truncation
+from serve_app.http.protocol.chat import ChatCompletionRequest
+from serve_app.http.protocol.chat_roles import developer_as_system
+from serve_app.http.protocol.completions import CompletionRequest
+from serve_app.http.protocol.errors import APIError, bad_request
+from serve_app.http.protocol.field_policy import check_fields
+from serve_app.http.protocol.sampling_fields import SamplingFields
+from serve_app.http.protocol.structured_outputs import structured_output_spec
+from serve_app.http.protocol.tool_request import ToolPlan, tool_call_arguments_as_dicts
+from serve_app.http.protocol.truncation import truncation
 
 _INT64 = 2**63
 MAX_N = 128

@@ -8,7 +8,7 @@ A field is one of:
 - ``Ignored``: vLLM's own server ignores it on these endpoints too (we say why).
 
 Fields vLLM does not know stay ignored, as vLLM ignores them (``extra="ignore"``).
-``tests/serve_app/protocol/test_field_policy.py`` walks vLLM's installed request models field by
+``tests/serve_app/http/protocol/test_field_policy.py`` walks vLLM's installed request models field by
 field against these tables, so a field vLLM adds fails the test until it is classified here.
 Work that adds a field flips its entry from ``Refused`` to ``HONOURED`` (one line per field).
 """
@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from serve_app.protocol.errors import APIError
+from serve_app.http.protocol.errors import APIError
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 from accel.contract import TokenLogprob
 from accel.text.tokenizer import TextTokenizer
-from serve_app.protocol.chat import ChatCompletionLogProb, ChatCompletionLogProbs, ChatCompletionLogProbsContent
-from serve_app.protocol.completions import CompletionLogProbs
+from serve_app.http.protocol.chat import ChatCompletionLogProb, ChatCompletionLogProbs, ChatCompletionLogProbsContent
+from serve_app.http.protocol.completions import CompletionLogProbs
 
 _CONTEXT = 4  # sampled tokens vLLM decodes a split character behind (``_get_sampled_context_ids``)
 _MIN_LOGPROB = -9999.0  # what OpenAI writes for -inf

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from accel.contract import OutputDelta, TokenLogprob
 from accel.text.tokenizer import TextTokenizer
-from serve_app.protocol.chat import (
+from serve_app.http.protocol.chat import (
     ChatCompletionResponse,
     ChatCompletionResponseChoice,
     ChatCompletionResponseStreamChoice,
@@ -24,14 +24,14 @@ from serve_app.protocol.chat import (
     ChatMessage,
     DeltaMessage,
 )
-from serve_app.protocol.common import UsageInfo, make_usage
-from serve_app.protocol.completions import (
+from serve_app.http.protocol.common import UsageInfo, make_usage
+from serve_app.http.protocol.completions import (
     CompletionResponse,
     CompletionResponseChoice,
     CompletionResponseStreamChoice,
     CompletionStreamResponse,
 )
-from serve_app.protocol.logprobs import chat_logprobs, completion_logprobs
+from serve_app.http.protocol.logprobs import chat_logprobs, completion_logprobs
 
 
 @dataclass

@@ -29,8 +29,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from serve_app.protocol.chat import ChatCompletionResponse
-from serve_app.protocol.errors import bad_request
+from serve_app.http.protocol.chat import ChatCompletionResponse
+from serve_app.http.protocol.errors import bad_request
 
 # ResponsesRequest fields that map 1:1 to chat request fields (same name and meaning).
 _SAME_FIELDS = (

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from accel.envs import ENVS
-from serve_app.protocol.common import OpenAIBaseModel, StreamOptions
+from serve_app.http.protocol.common import OpenAIBaseModel, StreamOptions
 
 
 class SamplingFields(OpenAIBaseModel):
@@ -42,7 +42,7 @@ class SamplingFields(OpenAIBaseModel):
     request_id: str | None = None  # the response id's suffix (vLLM: random uuid when absent)
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     truncation_side: Literal["left", "right"] | None = None
-    # Constrained decoding (serve_app/protocol/structured_outputs.py; vLLM accepts all four on both
+    # Constrained decoding (serve_app/http/protocol/structured_outputs.py; vLLM accepts all four on both
     # endpoints): validated into the contract's StructuredOutputSpec / SamplingParams fields.
     structured_outputs: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None

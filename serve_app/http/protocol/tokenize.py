@@ -11,9 +11,9 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from accel.text.tokenizer import TextTokenizer
-from serve_app.protocol.common import OpenAIBaseModel
-from serve_app.protocol.conversion import render_chat
-from serve_app.protocol.errors import bad_request
+from serve_app.http.protocol.common import OpenAIBaseModel
+from serve_app.http.protocol.conversion import render_chat
+from serve_app.http.protocol.errors import bad_request
 
 
 class TokenizeCompletionRequest(OpenAIBaseModel):

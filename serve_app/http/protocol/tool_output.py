@@ -20,9 +20,9 @@ from typing import Any
 
 from accel.contract import OutputDelta
 from accel.text.tokenizer import TextTokenizer
-from serve_app.protocol.chat import ChatCompletionResponse, ChatCompletionStreamResponse, ChatMessage, DeltaMessage
-from serve_app.protocol.responses import ChoiceState, RenderOptions, chat_chunk
-from serve_app.protocol.tool_request import ChatTools, ToolPlan
+from serve_app.http.protocol.chat import ChatCompletionResponse, ChatCompletionStreamResponse, ChatMessage, DeltaMessage
+from serve_app.http.protocol.responses import ChoiceState, RenderOptions, chat_chunk
+from serve_app.http.protocol.tool_request import ChatTools, ToolPlan
 
 
 class ChoiceParser:

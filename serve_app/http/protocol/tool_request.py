@@ -9,7 +9,7 @@ tools, ``auto``) into a structured-output constraint built from the tools' JSON 
 schema, or for parsers with a structural-tag format (``hermes``...) an xgrammar structural tag.
 The result, ``ToolPlan``, carries what the template needs (tool dicts, template kwargs), what
 the engine needs (that constraint, ``skip_special_tokens``) and the adjusted vLLM request the
-output parsers read (``serve_app.protocol.tool_output``).
+output parsers read (``serve_app.http.protocol.tool_output``).
 
 vLLM is imported lazily: a model without parsers and a request without tools never import it.
 """
@@ -26,11 +26,11 @@ from pydantic import ValidationError
 
 from accel.contract import SamplingParams, StructuredOutputSpec
 from accel.text.tokenizer import TextTokenizer
-from serve_app.config.parsing import OutputParsing
-from serve_app.protocol.errors import APIError, bad_request
+from deployments.config.parsing import OutputParsing
+from serve_app.http.protocol.errors import APIError, bad_request
 
 # The body fields vLLM's parsers and chat-params builder read; the rest of the body is ours
-# (serve_app.protocol.chat) and never reaches vLLM's request model.
+# (serve_app.http.protocol.chat) and never reaches vLLM's request model.
 _VLLM_FIELDS = (
     "messages",
     "model",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from serve_app.protocol.errors import bad_request
+from serve_app.http.protocol.errors import bad_request
 
 DEFAULT_SIDE = "left"  # vllm.tokenizers.registry.get_tokenizer, runner_type "generate"
 

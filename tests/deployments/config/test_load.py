@@ -12,9 +12,9 @@ import yaml
 from accel.contract import ConfigError
 from accel.tt.config import TTEngineConfig, TTOptions
 from accel.vllm.config import VllmEngineConfig
-from serve_app.config.app import engine_block_size
-from serve_app.config.load import UNKNOWN_FILE, load_app_config
-from serve_app.config.router import ModelRouting
+from deployments.config.app import engine_block_size
+from deployments.config.load import UNKNOWN_FILE, load_app_config
+from deployments.config.router import ModelRouting
 
 CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.yaml"))
 
@@ -285,9 +285,9 @@ def test_tt_prefill_to_tpu_decode_is_refused_too():
 
 
 def test_one_default_per_setting_the_schema_reads_the_dataclasses():
-    from serve_app.config.ingress import IngressConfig
-    from serve_app.config.pd import PDConfig
-    from serve_app.config.router import RouterConfig
+    from deployments.config.ingress import IngressConfig
+    from deployments.config.pd import PDConfig
+    from deployments.config.router import RouterConfig
 
     args = _args()
     for section in ("router", "pd", "ingress"):

@@ -6,7 +6,7 @@ import pytest
 
 from accel.contract import ConfigError
 from accel.vllm.config import VllmEngineConfig
-from serve_app.config.load import load_app_config
+from deployments.config.load import load_app_config
 
 
 def _args(**model: object) -> dict:

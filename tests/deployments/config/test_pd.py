@@ -1,6 +1,6 @@
 """Which prefill and decode pools can hand KV to each other (pure logic)."""
 
-from serve_app.config.pd import is_native, kv_connector_name, kv_path, pairing_problem
+from deployments.config.pd import is_native, kv_connector_name, kv_path, pairing_problem
 from tests.doubles.app_configs import pool_config
 
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from accel.contract import ConfigError
-from serve_app.config.load import load_app_config
+from deployments.config.load import load_app_config
 
 
 def _args(name: str = "local") -> dict:

@@ -61,8 +61,8 @@ def test_the_engine_request_router_publishes_what_serve_pushes(monkeypatch):
 
 
 def test_router_deployment_applies_membership_on_its_loop():
+    from deployments.config.router import RouterConfig
     from deployments.router.deployment import RouterDeployment
-    from serve_app.config.router import RouterConfig
     from tests.doubles.app_configs import app_config, pool_config
 
     class Handle:

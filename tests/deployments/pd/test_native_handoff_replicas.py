@@ -38,7 +38,7 @@ def actor(serve_session):
 
 @pytest.fixture(scope="module")
 def pools(tiny_llama):
-    from serve_app.config.load import load_app_config
+    from deployments.config.load import load_app_config
 
     connector = {
         "kv_connector": "MeshServeConnector",

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import yaml
 
+from deployments.config.load import load_app_config
 from deployments.pd.native_handoff import NativeKVHandoff
 from deployments.pd.wiring import native_kv_handoff, vllm_kv_transfer_config
-from serve_app.config.load import load_app_config
 
 CONFIGS = Path(__file__).parents[3] / "configs"
 

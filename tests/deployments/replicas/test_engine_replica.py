@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from accel.contract import FinishReason, GenerateRequest, SamplingParams
+from deployments.config.load import load_app_config
 from deployments.replicas.engine_replica import EngineReplica
-from serve_app.config.load import load_app_config
 from tests.doubles.hf_replay_engine import HFReplayEngine
 from tests.hf_reference import hf_greedy
 

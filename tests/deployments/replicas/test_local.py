@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from accel.contract import FinishReason, GenerateRequest, SamplingParams
+from deployments.config.load import load_app_config
 from deployments.replicas.local import LocalPoolClient, make_replica
 from deployments.replicas.tt_replica import TTMeshReplica
-from serve_app.config.load import load_app_config
 from tests.doubles.app_args import app_args, tt_pool
 from tests.hf_reference import hf_greedy
 

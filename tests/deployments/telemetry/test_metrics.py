@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 from accel.contract import EngineStats, FinishReason, TTEngineStats
-from serve_app import metrics as metrics_mod
-from serve_app.metrics import EngineMetrics
+from deployments.telemetry import metrics as metrics_mod
+from deployments.telemetry.metrics import EngineMetrics
 
 
 class Recorder:
@@ -95,7 +95,7 @@ def test_engine_that_emits_vllm_metrics_itself_is_not_doubled():
 def test_dashboard_queries_only_known_series():
     source = Path(metrics_mod.__file__).read_text()
     ours = set(re.findall(r'"(meshserve_[a-z0-9_]+)"', source)) | set(re.findall(r'"(vllm_[a-z0-9_]+)"', source))
-    dash = json.loads((Path(__file__).parents[2] / "docs/grafana/meshserve.json").read_text())
+    dash = json.loads((Path(__file__).parents[3] / "docs/grafana/meshserve.json").read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
     used = {
         re.sub(r"_(total|bucket|sum|count)$", "", name)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 
 from accel.contract import FinishReason, GenerateRequest, OutputDelta
-from deployments.ingress.engine_client import EngineClient
-from serve_app.config.ingress import IngressConfig
-from serve_app.config.router import RouterConfig
+from deployments.config.ingress import IngressConfig
+from deployments.config.router import RouterConfig
+from serve_app.http.engine_client import EngineClient
 from tests.doubles.app_configs import app_config, pool_config
 
 POOLS = (pool_config("tt", "m", "tt", "cpu", "both"), pool_config("vllm", "m", "vllm", "cpu", "both"))

@@ -11,8 +11,8 @@ from typing import Any
 from starlette.requests import Request
 
 from accel.contract import FinishReason, GenerateRequest, OutputDelta
-from deployments.ingress.openai_ingress import OpenAIIngress
-from serve_app.config.load import load_app_config
+from deployments.config.load import load_app_config
+from serve_app.http.openai_ingress import OpenAIIngress
 
 
 def make_ingress(tiny_llama, **model_args: Any) -> OpenAIIngress:

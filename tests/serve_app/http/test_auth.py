@@ -7,7 +7,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from deployments.ingress.auth import ApiKeyMiddleware, is_guarded, key_digests
+from serve_app.http.auth import ApiKeyMiddleware, is_guarded, key_digests
 
 
 def _client(keys: list[str]) -> TestClient:

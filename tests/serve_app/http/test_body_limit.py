@@ -8,7 +8,7 @@ import asyncio
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from deployments.ingress.body_limit import BodyLimitMiddleware
+from serve_app.http.body_limit import BodyLimitMiddleware
 
 LIMIT = 1000
 

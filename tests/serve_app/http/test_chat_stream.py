@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from accel.contract import FinishReason, GenerateRequest, OutputDelta, TokenLogprob
-from tests.deployments.ingress.scripted_stream import ScriptedEngine, call, make_ingress
 from tests.hf_reference import vllm_text
+from tests.serve_app.http.scripted_stream import ScriptedEngine, call, make_ingress
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,11 @@ import asyncio
 import pytest
 
 from accel.contract import InvalidRequestError
-from deployments.ingress.engine_client import EngineClient, merge_streams
 from deployments.messages.routing import RouteDecision, RouteRequest
-from serve_app.protocol.errors import APIError
-from tests.deployments.ingress.engine_doubles import (
+from serve_app.http.engine_client import EngineClient, merge_streams
+from serve_app.http.protocol.errors import APIError
+from tests.doubles.app_configs import app_config, pool_config
+from tests.serve_app.http.engine_doubles import (
     REQ,
     FakePoolHandle,
     FakeRouterHandle,
@@ -20,7 +21,6 @@ from tests.deployments.ingress.engine_doubles import (
     delta,
     make_client,
 )
-from tests.doubles.app_configs import app_config, pool_config
 
 
 def test_routes_to_the_chosen_replica_and_releases():

@@ -8,12 +8,13 @@ import asyncio
 import pytest
 
 from accel.contract import FinishReason, GenerateRequest, OutputDelta
-from deployments.ingress.engine_client import EngineClient
+from deployments.config.ingress import IngressConfig
+from deployments.config.router import RouterConfig
 from deployments.messages.routing import RouteDecision, RouteRequest
-from serve_app.config.ingress import IngressConfig
-from serve_app.config.router import RouterConfig
-from serve_app.protocol.errors import APIError
-from tests.deployments.ingress.engine_doubles import (
+from serve_app.http.engine_client import EngineClient
+from serve_app.http.protocol.errors import APIError
+from tests.doubles.app_configs import app_config, pool_config
+from tests.serve_app.http.engine_doubles import (
     POOLS,
     REQ,
     FakePoolHandle,
@@ -23,7 +24,6 @@ from tests.deployments.ingress.engine_doubles import (
     delta,
     make_client,
 )
-from tests.doubles.app_configs import app_config, pool_config
 
 
 def test_dead_replica_before_any_output_is_reported_and_retried_elsewhere():

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from accel.contract import SamplingParams
-from deployments.ingress.engine_support import check_engine_support
+from deployments.config.load import load_app_config
 from deployments.messages.routing import RouteRequest
-from serve_app.config.load import load_app_config
-from serve_app.protocol.errors import APIError
+from serve_app.http.engine_support import check_engine_support
+from serve_app.http.protocol.errors import APIError
 
 
 @pytest.fixture(scope="module")

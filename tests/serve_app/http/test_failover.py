@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from accel.contract import FinishReason, GenerateRequest, KVTransferParams, OutputDelta, SamplingParams
-from deployments.ingress.failover import StreamProgress
+from serve_app.http.failover import StreamProgress
 
 
 def test_continuation_and_budget_end():

@@ -3,7 +3,7 @@ prefill-only pools and not-yet-heard pools do not count."""
 
 from __future__ import annotations
 
-from deployments.ingress.health import model_can_serve, unhealthy_models
+from serve_app.http.health import model_can_serve, unhealthy_models
 from tests.doubles.app_configs import app_config, pool_config
 
 

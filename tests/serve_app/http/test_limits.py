@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from accel.contract import SamplingParams
-from deployments.ingress import limits
-from serve_app.config.ingress import IngressConfig
-from serve_app.protocol.errors import APIError
+from deployments.config.ingress import IngressConfig
+from serve_app.http import limits
+from serve_app.http.protocol.errors import APIError
 
 
 def _status(fn, *args) -> tuple[int, str | None, str]:

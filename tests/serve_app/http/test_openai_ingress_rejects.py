@@ -7,8 +7,8 @@ import json
 
 from starlette.requests import Request
 
-from deployments.ingress.openai_ingress import OpenAIIngress
-from serve_app.config.load import load_app_config
+from deployments.config.load import load_app_config
+from serve_app.http.openai_ingress import OpenAIIngress
 
 
 class Gauge:

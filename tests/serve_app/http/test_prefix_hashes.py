@@ -12,7 +12,7 @@ import pytest
 from accel.block_hash import hash_prompt_blocks, salted_root
 from accel.contract import FinishReason, GenerateRequest, OutputDelta
 from deployments.messages.routing import RouteRequest
-from tests.deployments.ingress.scripted_stream import call, make_ingress
+from tests.serve_app.http.scripted_stream import call, make_ingress
 
 LONG = "The quick brown fox jumps over the lazy dog. " * 12
 

@@ -12,7 +12,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from tests.deployments.ingress.scripted_stream import ScriptedEngine, call, make_ingress
+from tests.serve_app.http.scripted_stream import ScriptedEngine, call, make_ingress
 
 TOOL = {
     "type": "function",

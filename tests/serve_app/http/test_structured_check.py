@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.deployments.ingress.test_openai_ingress_rejects import _ingress, _request
+from tests.serve_app.http.test_openai_ingress_rejects import _ingress, _request
 
 
 @pytest.mark.parametrize(

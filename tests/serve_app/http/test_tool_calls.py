@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.deployments.ingress.scripted_stream import ScriptedEngine, assemble, call, make_ingress
+from tests.serve_app.http.scripted_stream import ScriptedEngine, assemble, call, make_ingress
 
 TOOLS = [
     {

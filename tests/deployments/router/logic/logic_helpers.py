@@ -4,9 +4,9 @@ pool, and a request as the ingress builds it."""
 from __future__ import annotations
 
 from accel.block_hash import hash_prompt_blocks
+from deployments.config.router import ModelRouting, RouterConfig
 from deployments.messages.routing import RouteRequest
 from deployments.router.logic.router_logic import ReplicaInfo, RouterLogic
-from serve_app.config.router import ModelRouting, RouterConfig
 
 BS = 4
 SYSTEM = tuple(range(100, 164))  # 16 blocks

@@ -1,5 +1,5 @@
+from deployments.config.router import CostWeights
 from deployments.router.logic.policies import make_policy
-from serve_app.config.router import CostWeights
 
 from .policy_helpers import context
 

@@ -1,6 +1,6 @@
 from accel.contract import EngineStats
+from deployments.config.router import LoadConfig
 from deployments.router.logic.load import LoadTracker
-from serve_app.config.router import LoadConfig
 
 
 class Clock:

@@ -1,9 +1,9 @@
 import pytest
 
 from accel.contract import ConfigError
+from deployments.config.router import CostWeights
 from deployments.router.logic.policies import make_policy, policy_names
 from deployments.router.logic.policy import load_view, tie_rank, without
-from serve_app.config.router import CostWeights
 
 from .policy_helpers import context
 

@@ -6,9 +6,9 @@ import pytest
 
 from accel.block_hash import hash_prompt_blocks
 from accel.contract import ConfigError
+from deployments.config.router import CostWeights, RouterConfig, SessionConfig
 from deployments.messages.kv_events import BlockStored
 from deployments.router.logic.router_logic import NoReplicaError, ReplicaInfo
-from serve_app.config.router import CostWeights, RouterConfig, SessionConfig
 
 from .logic_helpers import BS, SYSTEM, Clock, core_with, req
 
@@ -16,9 +16,9 @@ from .logic_helpers import BS, SYSTEM, Clock, core_with, req
 def test_the_policy_names_of_the_config_are_the_registered_policies():
     from typing import get_args
 
+    from deployments.config.router import IndexMode, PolicyName
     from deployments.router.logic.index_modes import PREFIX_INDEX_MODES
     from deployments.router.logic.policies import policy_names
-    from serve_app.config.router import IndexMode, PolicyName
 
     assert set(policy_names()) == set(get_args(PolicyName))
     assert set(PREFIX_INDEX_MODES) == set(get_args(IndexMode))
@@ -135,7 +135,7 @@ def test_decisions_agree_across_processes():
         "from deployments.router.logic.router_logic import *\n"
         "from accel.block_hash import hash_prompt_blocks\n"
         "from deployments.messages.routing import RouteRequest\n"
-        "from serve_app.config.router import ModelRouting, RouterConfig\n"
+        "from deployments.config.router import ModelRouting, RouterConfig\n"
         "core = RouterLogic(RouterConfig(index_mode='approximate'), {'m': ModelRouting(4)}, clock=lambda: 0.0)\n"
         "for i in range(8): core.add_replica(ReplicaInfo(f'r{i}', 'pool', 'm', 100))\n"
         "out = []\n"

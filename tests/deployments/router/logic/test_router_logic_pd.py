@@ -3,9 +3,9 @@
 import pytest
 
 from accel.block_hash import hash_prompt_blocks
+from deployments.config.router import ModelRouting, RouterConfig
 from deployments.messages.routing import RouteRequest
 from deployments.router.logic.router_logic import NoReplicaError, ReplicaInfo, RouterLogic
-from serve_app.config.router import ModelRouting, RouterConfig
 
 from .logic_helpers import BS, SYSTEM, Clock, req
 

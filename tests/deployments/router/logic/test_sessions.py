@@ -1,8 +1,8 @@
 import pytest
 
+from deployments.config.router import SessionConfig
 from deployments.messages.sessions import session_id_from
 from deployments.router.logic.sessions import SessionTable
-from serve_app.config.router import SessionConfig
 
 
 class Clock:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from serve_app.protocol import conversion as conv
-from serve_app.protocol.chat_roles import developer_as_system
+from serve_app.http.protocol import conversion as conv
+from serve_app.http.protocol.chat_roles import developer_as_system
 
 
 def _prompt(tok, messages, **kw):

@@ -6,10 +6,10 @@ import pytest
 
 from accel.contract import InvalidRequestError
 from accel.text.tokenizer import load_tokenizer
-from serve_app.protocol import conversion as conv
-from serve_app.protocol.chat import ChatCompletionRequest
-from serve_app.protocol.completions import CompletionRequest
-from serve_app.protocol.errors import APIError
+from serve_app.http.protocol import conversion as conv
+from serve_app.http.protocol.chat import ChatCompletionRequest
+from serve_app.http.protocol.completions import CompletionRequest
+from serve_app.http.protocol.errors import APIError
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ import pytest
 
 from accel.contract import OutputDelta, TokenLogprob
 from accel.text.tokenizer import load_tokenizer
-from serve_app.protocol import conversion as conv
-from serve_app.protocol import responses as rsp
-from serve_app.protocol.errors import APIError
+from serve_app.http.protocol import conversion as conv
+from serve_app.http.protocol import responses as rsp
+from serve_app.http.protocol.errors import APIError
 
 MSGS = [{"role": "user", "content": "Say hi"}]
 

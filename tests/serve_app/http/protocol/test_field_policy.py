@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from serve_app.protocol import conversion as conv
-from serve_app.protocol import field_policy as fp
-from serve_app.protocol.chat import ChatCompletionRequest
-from serve_app.protocol.completions import CompletionRequest
-from serve_app.protocol.errors import APIError
+from serve_app.http.protocol import conversion as conv
+from serve_app.http.protocol import field_policy as fp
+from serve_app.http.protocol.chat import ChatCompletionRequest
+from serve_app.http.protocol.completions import CompletionRequest
+from serve_app.http.protocol.errors import APIError
 
 BASE = {
     True: {"model": "m", "messages": [{"role": "user", "content": "hi"}]},

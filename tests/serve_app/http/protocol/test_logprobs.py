@@ -18,7 +18,7 @@ from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
 from vllm.v1.engine.logprobs import LogprobsProcessor
 
 from accel.contract import TokenLogprob
-from serve_app.protocol.logprobs import chat_logprobs, completion_logprobs
+from serve_app.http.protocol.logprobs import chat_logprobs, completion_logprobs
 
 K = 3
 

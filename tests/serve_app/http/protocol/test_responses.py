@@ -8,7 +8,7 @@ import pytest
 
 from accel.contract import FinishReason, OutputDelta, TokenLogprob
 from accel.text.tokenizer import load_tokenizer
-from serve_app.protocol import responses as rsp
+from serve_app.http.protocol import responses as rsp
 
 
 @pytest.fixture(scope="module")

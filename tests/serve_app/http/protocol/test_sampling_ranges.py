@@ -11,8 +11,8 @@ from vllm.entrypoints.openai.completion.protocol import CompletionRequest as Vll
 from vllm.exceptions import VLLMValidationError
 
 from accel.contract import InvalidRequestError
-from serve_app.protocol import conversion as conv
-from serve_app.protocol.errors import APIError
+from serve_app.http.protocol import conversion as conv
+from serve_app.http.protocol.errors import APIError
 
 CASES = [
     ({"temperature": 2.0}, None),

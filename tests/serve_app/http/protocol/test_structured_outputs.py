@@ -9,9 +9,9 @@ import pytest
 
 from accel.contract import InvalidRequestError, StructuredOutputKind
 from accel.text.tokenizer import load_tokenizer
-from serve_app.protocol import conversion as conv
-from serve_app.protocol.chat import ChatCompletionRequest
-from serve_app.protocol.completions import CompletionRequest
+from serve_app.http.protocol import conversion as conv
+from serve_app.http.protocol.chat import ChatCompletionRequest
+from serve_app.http.protocol.completions import CompletionRequest
 
 SCHEMA = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}
 MESSAGES = [{"role": "user", "content": "hi"}]

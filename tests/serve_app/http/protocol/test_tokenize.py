@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from accel.text.tokenizer import load_tokenizer
-from serve_app.protocol import conversion as conv
-from serve_app.protocol import tokenize as tk
-from serve_app.protocol.errors import APIError
+from serve_app.http.protocol import conversion as conv
+from serve_app.http.protocol import tokenize as tk
+from serve_app.http.protocol.errors import APIError
 
 MSGS = [{"role": "user", "content": "Hello there"}]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from vllm.renderers.params import TokenizeParams
 
-from serve_app.protocol import conversion as conv
-from serve_app.protocol.errors import APIError
+from serve_app.http.protocol import conversion as conv
+from serve_app.http.protocol.errors import APIError
 
 MAX_MODEL_LEN = 512
 TEXT = "Hello world how are you doing today, my friend?"

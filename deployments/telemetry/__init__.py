@@ -1,0 +1,1 @@
+"""Ray metrics (``metrics``) emitted by the replicas, the Router and the ingress."""
