@@ -5,10 +5,17 @@ the ingress at most ``max_request_bytes`` of memory and never reaches the JSON p
 
 The body is read here (bounded) and handed on whole: the endpoints read all of it anyway.
 The bound comes from the serving ingress per request (``limit_of``), as for ``auth.py``.
+
+A refusal is sent whole at once, but the response is completed only after the rest of the upload
+is read and discarded (at most ``LINGER_S``, giving up after ``LINGER_IDLE_S`` without a byte),
+as nginx's lingering close does: closing a socket with unread bytes makes the kernel answer with
+a reset, which discards the 413 on the client before it reads it (and uvicorn stops handing the
+body to the app once the response is complete, so the drain must come before).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from starlette.datastructures import Headers
@@ -17,10 +24,36 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.http.protocol.errors import APIError
 
+LINGER_S = 30.0  # the longest a refused upload is drained (nginx's lingering_time)
+LINGER_IDLE_S = 5.0  # stop draining after this long without a byte (nginx's lingering_timeout)
+
 
 def too_large(limit: int) -> JSONResponse:
     err = APIError(413, f"The request body is larger than the limit of {limit} bytes.")
     return JSONResponse(err.to_response().model_dump(), status_code=413, headers={"Connection": "close"})
+
+
+async def _refuse(limit: int, receive: Receive, send: Send, body_left: bool) -> None:
+    """Send the 413 whole, drain what is left of the upload (``body_left``), then complete it."""
+    response = too_large(limit)
+    await send({"type": "http.response.start", "status": 413, "headers": response.raw_headers})
+    await send({"type": "http.response.body", "body": response.body, "more_body": True})
+    if body_left:
+        await _drain(receive)
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _drain(receive: Receive) -> None:
+    """Read and discard request messages until the body ends, the client leaves, or time is up."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + LINGER_S
+    while (left := deadline - loop.time()) > 0:
+        try:
+            message = await asyncio.wait_for(receive(), timeout=min(left, LINGER_IDLE_S))
+        except asyncio.TimeoutError:
+            return
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
 
 
 class BodyLimitMiddleware:
@@ -37,7 +70,7 @@ class BodyLimitMiddleware:
             return
         length = Headers(scope=scope).get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
-            await too_large(limit)(scope, receive, send)
+            await _refuse(limit, receive, send, body_left=True)
             return
         messages: list[Message] = []
         size = 0
@@ -48,7 +81,7 @@ class BodyLimitMiddleware:
                 break
             size += len(message.get("body", b""))
             if size > limit:
-                await too_large(limit)(scope, receive, send)
+                await _refuse(limit, receive, send, body_left=message.get("more_body", False))
                 return
             messages.append(message)
             if not message.get("more_body", False):
