@@ -81,7 +81,7 @@ serve: export RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S := 3
 # (`make serve &`) ignores SIGINT, Python then installs no KeyboardInterrupt handler, and the
 # app cannot be stopped cleanly (a `ray stop --force` then leaves Ray's HAProxy on the port).
 # Before `serve run`, the pre-flight (serve_app/launch/preflight.py): a port of the config (or HAProxy's
-# 8404/9101) held by the HAProxy of a dead Ray session (a `serve run` killed with SIGKILL leaves it
+# 8404/9101) held by the HAProxy of a dead Ray session (a `serve run` killed with SIGKILL can leave it
 # listening) is freed, anything else holding one stops here with one line naming it; then where
 # Ray's dashboard is and how to sign in (Ray 2.60 asks for the token in ~/.ray/auth_token).
 serve: setup
