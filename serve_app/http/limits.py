@@ -7,7 +7,8 @@ request: each violation is a 400 (or 429) naming the field, with a message that 
   tokenizing (``IngressConfig.prompt_char_cap``);
 - chat templates sent by the client are refused unless ``trust_request_chat_template`` (vLLM's
   message and rule);
-- n against ``max_n``; max_tokens against ``max_tokens_cap`` (which is also the default);
+- n against ``max_n``; max_tokens against ``max_tokens_cap`` (which is also the default), read
+  from the parsed request by ``conversion.requested_max_tokens``, its one reading;
 - fan-out: a request holds one slot of ``max_concurrent_requests`` per engine request (prompts x
   n), taken as a whole or not at all (``ConcurrencyBound``).
 """
@@ -20,6 +21,9 @@ from typing import Any
 
 from accel.contract import SamplingParams
 from deployments.config.ingress import IngressConfig
+from serve_app.http.protocol.chat import ChatCompletionRequest
+from serve_app.http.protocol.completions import CompletionRequest
+from serve_app.http.protocol.conversion import requested_max_tokens
 from serve_app.http.protocol.errors import APIError, bad_request
 
 UNTRUSTED_TEMPLATE = (
@@ -94,23 +98,16 @@ def check_body(body: Mapping[str, Any], is_chat: bool, config: IngressConfig, ma
         raise bad_request(f"n must be at most {config.max_n}, got {n}", "n")
 
 
-def requested_max_tokens(body: Mapping[str, Any], is_chat: bool) -> tuple[str, Any]:
-    """(field name, value) of the client's completion-length request."""
-    if is_chat and body.get("max_completion_tokens") is not None:
-        return "max_completion_tokens", body["max_completion_tokens"]
-    return "max_tokens", body.get("max_tokens")
-
-
 def cap_max_tokens(
-    sampling: Sequence[SamplingParams], body: Mapping[str, Any], is_chat: bool, config: IngressConfig
+    sampling: Sequence[SamplingParams], req: CompletionRequest | ChatCompletionRequest, config: IngressConfig
 ) -> list[SamplingParams]:
     """``max_tokens_cap``: an explicit larger request is a 400; without one the cap is the default
     (the room left in the context, if smaller, stays the bound)."""
     cap = config.max_tokens_cap
     if cap is None:
         return list(sampling)
-    field, requested = requested_max_tokens(body, is_chat)
-    if isinstance(requested, int) and requested > cap:
+    field, requested = requested_max_tokens(req)
+    if requested is not None and requested > cap:
         raise bad_request(f"{field} must be at most {cap} on this server, got {requested}", field)
     return [
         sp if sp.max_tokens is None or sp.max_tokens <= cap else dataclasses.replace(sp, max_tokens=cap)

@@ -253,7 +253,7 @@ class OpenAIIngress:
         # not stall other requests.
         prompts, hashes = await in_worker(_prompts_and_hashes, req, tok, model.max_model_len, plan, block_size)
         sampling = [tools.apply(plan, conv.sampling_params(req, len(p), model.max_model_len, tok), p) for p in prompts]
-        sampling = limits.cap_max_tokens(sampling, body, is_chat, self._config.ingress)
+        sampling = limits.cap_max_tokens(sampling, req, self._config.ingress)
         _check_token_ids(sampling, tok.vocab_size)
         await check_structured_outputs(sampling[0].structured_outputs)
         prefix = "chatcmpl" if is_chat else "cmpl"

@@ -104,7 +104,7 @@ def request_prompts(
 ) -> list[tuple[int, ...]]:
     """The request's prompts as token ids, truncated as ``truncate_prompt_tokens`` asks
     (``truncation``: vLLM's rules; ``plan``: a chat request's tools and template kwargs)."""
-    cut = truncation(req.truncate_prompt_tokens, req.truncation_side, _requested_max_tokens(req)[1], max_model_len)
+    cut = truncation(req.truncate_prompt_tokens, req.truncation_side, _max_tokens_or_default(req)[1], max_model_len)
     max_length = None if cut is None else cut.encode_max_length
     if isinstance(req, ChatCompletionRequest):
         prompts = [chat_prompt(req, tokenizer, plan, max_length)]
@@ -300,14 +300,24 @@ def echo_only(req: CompletionRequest | ChatCompletionRequest) -> bool:
     return isinstance(req, CompletionRequest) and bool(req.echo) and req.max_tokens == 0
 
 
-def _requested_max_tokens(req: CompletionRequest | ChatCompletionRequest) -> tuple[str, int | None]:
-    """(the field that set it, the requested max_tokens; None = up to max_model_len)."""
+def requested_max_tokens(req: CompletionRequest | ChatCompletionRequest) -> tuple[str, int | None]:
+    """The one reading of the client's completion length: (the field that set it, its value;
+    None = the client sent none). ``max_completion_tokens`` wins over ``max_tokens`` on chat."""
     if isinstance(req, ChatCompletionRequest):
         if req.max_completion_tokens is not None:
             return "max_completion_tokens", req.max_completion_tokens
         return "max_tokens", req.max_tokens
-    # vLLM's completions: an explicit null is the default, 16.
-    return "max_tokens", 16 if req.max_tokens is None else req.max_tokens
+    # Completions' model defaults max_tokens to 16: only a value the client sent counts here.
+    return "max_tokens", req.max_tokens if "max_tokens" in req.model_fields_set else None
+
+
+def _max_tokens_or_default(req: CompletionRequest | ChatCompletionRequest) -> tuple[str, int | None]:
+    """``requested_max_tokens`` with vLLM's defaults: on completions an explicit null is 16; on
+    chat None stays None (up to max_model_len)."""
+    field, requested = requested_max_tokens(req)
+    if requested is None and isinstance(req, CompletionRequest):
+        return field, 16
+    return field, requested
 
 
 def sampling_params(
@@ -318,7 +328,7 @@ def sampling_params(
 ) -> SamplingParams:
     """The engine's sampling params; ``InvalidRequestError(field)`` for out-of-range values.
     ``tokenizer`` encodes ``bad_words`` (required when the request has any)."""
-    param, requested = _requested_max_tokens(req)
+    param, requested = _max_tokens_or_default(req)
     if isinstance(req, ChatCompletionRequest):
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
     else:

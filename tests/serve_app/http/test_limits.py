@@ -8,6 +8,7 @@ import pytest
 from accel.contract import SamplingParams
 from deployments.config.ingress import IngressConfig
 from serve_app.http import limits
+from serve_app.http.protocol import conversion as conv
 from serve_app.http.protocol.errors import APIError
 
 
@@ -52,15 +53,14 @@ def test_n_cap():
 
 def test_max_tokens_cap_refuses_larger_and_is_the_default():
     cfg = IngressConfig(max_tokens_cap=8)
-    assert _status(limits.cap_max_tokens, [SamplingParams(max_tokens=9)], {"max_tokens": 9}, False, cfg)[:2] == (
-        400,
-        "max_tokens",
-    )
-    body = {"max_completion_tokens": 9}
-    assert _status(limits.cap_max_tokens, [SamplingParams(max_tokens=9)], body, True, cfg)[1] == "max_completion_tokens"
-    (sp,) = limits.cap_max_tokens([SamplingParams(max_tokens=100)], {}, False, cfg)  # None asked: room = 100
+    completion = conv.parse_request({"prompt": "a", "max_tokens": 9}, False)
+    assert _status(limits.cap_max_tokens, [SamplingParams(max_tokens=9)], completion, cfg)[:2] == (400, "max_tokens")
+    chat = conv.parse_request({"messages": [{"role": "user", "content": "a"}], "max_completion_tokens": 9}, True)
+    assert _status(limits.cap_max_tokens, [SamplingParams(max_tokens=9)], chat, cfg)[1] == "max_completion_tokens"
+    unasked = conv.parse_request({"prompt": "a"}, False)
+    (sp,) = limits.cap_max_tokens([SamplingParams(max_tokens=100)], unasked, cfg)  # None asked: room = 100
     assert sp.max_tokens == 8
-    (sp,) = limits.cap_max_tokens([SamplingParams(max_tokens=5)], {}, False, cfg)  # room smaller: kept
+    (sp,) = limits.cap_max_tokens([SamplingParams(max_tokens=5)], unasked, cfg)  # room smaller: kept
     assert sp.max_tokens == 5
 
 
