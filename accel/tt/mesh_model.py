@@ -51,6 +51,13 @@ SUPPORTS_ASYNC_DECODE = "supports_async_decode"
 SUPPORTS_SAMPLE_ON_DEVICE = "supports_sample_on_device"
 SUPPORTS_CHUNKED_PREFILL = "supports_chunked_prefill"
 MAX_DEVICE_TOP_K = "max_device_top_k"  # int; device sampler's candidate set (tt-metal: 32)
+# vllm-tt-plugin's own key (docs/MODEL_CAPABILITIES.md at 0827ce57), default True there: a class
+# that does not declare it gets device penalties on decode, with the token histories
+# (``prompt_tokens`` / ``output_tokens``, int32 ``[B_wire, L]`` padded with -1) the plugin passes
+# to ``decode_forward`` (``device_sampling_args.penalty_histories``). The plugin sends no history
+# with a prefill, so a penalized prefill row samples on the host (its first token would otherwise
+# ignore the prompt's repetition penalty).
+SUPPORTS_DEVICE_PENALTIES = "supports_device_penalties"
 # Our own declaration (no tt-metal key exists for it): the class folds ``tt_data_parallel`` lanes
 # into one process. The plugin decides this by class (Galaxy generators, GPT-OSS); see
 # ``accel.tt.registry.LANE_DP_CLASSES``.

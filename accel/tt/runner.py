@@ -27,7 +27,7 @@ from accel.contract import TokenLogprob
 from accel.structured.constraint import LogitsConstraint
 from accel.tt.config import TTEngineConfig
 from accel.tt.decode_contract import DecodeContract
-from accel.tt.device_sampling_args import device_sampling_params
+from accel.tt.device_sampling_args import device_sampling_params, penalty_histories
 from accel.tt.host_arrays import host_array
 from accel.tt.host_sampler import sample_on_host
 from accel.tt.mesh_model import MeshModel, TTSamplingParams
@@ -117,10 +117,8 @@ class MeshRunner:
         self.eos_token_ids = eos_token_ids
         self.vocab_size = vocab_size
         self.num_dispatches = 0
-        # True when decodes are read back asynchronously (``AsyncDecodeQueue`` sets it): the
-        # plugin's async path, ``read_decode_output(out, async_read=True)`` then
-        # ``process_decode_output_host``. False: its synchronous path, ``process_decode_output_host``
-        # straight on the device output (no ``read_decode_output`` call).
+        # Set by AsyncDecodeQueue. False: the plugin's synchronous read-back, process_decode_output_host
+        # straight on the device output (no read_decode_output).
         self.read_back_async = True
         # req id -> its logit masks, for constrained requests while they run (the engine core
         # registers and drops them); rows of these requests always sample on the host.
@@ -143,7 +141,6 @@ class MeshRunner:
         trace_mode = config.tt.trace_mode
         self._decode_trace = trace_mode in ("all", "decode_only")
         self._prefill_trace = trace_mode == "all"
-        # version 0: reset_batch; version >= 1: the reload commands and slot_remap (decode_contract)
         self.contract = DecodeContract(model, decode_trace=self._decode_trace, width=capacity)
         if self.contract.version >= 1:
             self._mark_host_inputs = None  # the commands say which inputs are authoritative
@@ -272,12 +269,15 @@ class MeshRunner:
         assert prepared.decode_kwargs is not None  # prepare() fills them for every decode step
         if prepared.host_input_rows and self._mark_host_inputs is not None:
             self._mark_host_inputs(prepared.host_input_rows)
+        histories = penalty_histories(rows, prepared.plan.capacity) if use_device else None
+        extra = {} if histories is None else {"prompt_tokens": histories[0], "output_tokens": histories[1]}
         out = self.model.decode_forward(
             tokens=torch.from_numpy(prepared.tokens),
             kv_cache=self.kv_cache,
             enable_trace=self._decode_trace,
             read_from_device=False,
             **prepared.decode_kwargs,
+            **extra,
         )
         self.contract.accepted(use_device)
         events: Sequence[Any] = ()

@@ -4,7 +4,8 @@ Device sampling needs ``sample_on_device_mode == "all"`` (or ``"decode_only"`` o
 a model declaring ``supports_sample_on_device``, and no row needing something the device sampler
 does not do: logit masks (structured outputs, allowed_token_ids, bad_words; the TT plugin's
 ``check_perform_device_sampling(is_decode, has_structured_outputs)``), logprobs, penalties
-(always, for now: see ``SUPPORTS_DEVICE_PENALTIES``), logit_bias, min_tokens, min_p, or a
+(on a prefill step, or where the class declares ``supports_device_penalties`` False), logit_bias,
+min_tokens, min_p, or a
 top-k wider than ``max_device_top_k`` when the model declares one. An intermediate
 chunked-prefill row also forces the host, so the device RNG never advances for a row that emits
 no token. One offending row sends the whole batch to the host (the host path takes logits for
@@ -20,15 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accel.contract import SamplingParams
-from accel.tt.mesh_model import MAX_DEVICE_TOP_K, SUPPORTS_SAMPLE_ON_DEVICE
+from accel.tt.mesh_model import MAX_DEVICE_TOP_K, SUPPORTS_DEVICE_PENALTIES, SUPPORTS_SAMPLE_ON_DEVICE
 from accel.tt.step_plan import RowPlan, StepPlan
-
-# vllm-tt-plugin's own key (docs/MODEL_CAPABILITIES.md at 0827ce57), default True there: a class
-# predating it gets device penalties, with the token histories (``prompt_tokens`` /
-# ``output_tokens``) the plugin passes to ``decode_forward``. The runner does not send those
-# histories yet, so a penalized row always samples on the host, whatever the class declares; a
-# class declaring False would send it there anyway.
-SUPPORTS_DEVICE_PENALTIES = "supports_device_penalties"
 
 
 @dataclass(frozen=True)
@@ -57,6 +51,8 @@ class SamplingPolicy:
             return "model does not declare supports_sample_on_device"
         for row in plan.rows:
             reason = self.row_host_reason(row)
+            if reason is None and not plan.is_decode and row.sampling.has_penalties:
+                reason = "penalties on a prefill step (no token histories sent with a prefill)"
             if reason is not None:
                 return f"{row.req_id}: {reason}"
         return None
@@ -83,7 +79,7 @@ class SamplingPolicy:
             return "structured outputs / allowed_token_ids / bad_words (host logit masks)"
         if sp.logprobs is not None:
             return "logprobs"
-        if sp.has_penalties:  # whatever SUPPORTS_DEVICE_PENALTIES says: no histories sent yet
+        if sp.has_penalties and not self.model_capabilities.get(SUPPORTS_DEVICE_PENALTIES, True):
             return "penalties"
         if sp.logit_bias:
             return "logit_bias"

@@ -32,6 +32,7 @@ from accel.tt.mesh_model import (
     SUPPORTS_ASYNC_DECODE,
     SUPPORTS_CHUNKED_PREFILL,
     SUPPORTS_DATA_PARALLEL_LANES,
+    SUPPORTS_DEVICE_PENALTIES,
     SUPPORTS_PREFIX_CACHING,
     SUPPORTS_SAMPLE_ON_DEVICE,
     TTSamplingParams,
@@ -79,6 +80,7 @@ class ScriptedMeshModel:
         SUPPORTS_PREFIX_CACHING: True,
         SUPPORTS_ASYNC_DECODE: True,
         SUPPORTS_SAMPLE_ON_DEVICE: True,
+        SUPPORTS_DEVICE_PENALTIES: False,  # no token-history inputs: penalties sample on the host
         SUPPORTS_CHUNKED_PREFILL: True,
         SUPPORTS_DATA_PARALLEL_LANES: True,
     }

@@ -30,6 +30,7 @@ from accel.tt.mesh_model import (
     SUPPORTS_ASYNC_DECODE,
     SUPPORTS_CHUNKED_PREFILL,
     SUPPORTS_DATA_PARALLEL_LANES,
+    SUPPORTS_DEVICE_PENALTIES,
     SUPPORTS_PREFIX_CACHING,
     SUPPORTS_SAMPLE_ON_DEVICE,
     TTSamplingParams,
@@ -53,6 +54,7 @@ class TorchMeshModel:
         SUPPORTS_PREFIX_CACHING: True,
         SUPPORTS_ASYNC_DECODE: True,
         SUPPORTS_SAMPLE_ON_DEVICE: True,
+        SUPPORTS_DEVICE_PENALTIES: False,  # no token-history inputs: penalties sample on the host
         # Prefill resumes at any ``start_pos`` (paged KV, lane-local blocks): chunks are exact.
         SUPPORTS_CHUNKED_PREFILL: True,
         # One instance drives every lane (``tt_data_parallel`` KV sets, one decode batch).

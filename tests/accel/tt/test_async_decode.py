@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from accel.contract import SamplingParams
 from accel.tt.async_decode import AsyncDecodeQueue
-from accel.tt.mesh_model import SUPPORTS_SAMPLE_ON_DEVICE
+from accel.tt.mesh_model import SUPPORTS_DEVICE_PENALTIES, SUPPORTS_SAMPLE_ON_DEVICE
 from accel.tt.runner import PendingStep, StepResult
 from accel.tt.sampling_policy import SamplingPolicy
 from accel.tt.step_plan import PENDING_TOKEN, RowPlan, StepMode, StepPlan
@@ -14,7 +14,8 @@ class FakeRunner:
     """Submits nothing; each step's token for a row = 100 * step_id + row. Records feeding."""
 
     def __init__(self):
-        self.policy = SamplingPolicy("all", False, {SUPPORTS_SAMPLE_ON_DEVICE: True})
+        # a class without device penalties: a penalized row samples on the host
+        self.policy = SamplingPolicy("all", False, {SUPPORTS_SAMPLE_ON_DEVICE: True, SUPPORTS_DEVICE_PENALTIES: False})
         self.submitted: list[tuple[int, dict | None]] = []
         self.finalized: list[int] = []
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from accel.contract import SamplingParams, StructuredOutputSpec
-from accel.tt.mesh_model import MAX_DEVICE_TOP_K, SUPPORTS_SAMPLE_ON_DEVICE
-from accel.tt.sampling_policy import SUPPORTS_DEVICE_PENALTIES, SamplingPolicy
+from accel.tt.mesh_model import MAX_DEVICE_TOP_K, SUPPORTS_DEVICE_PENALTIES, SUPPORTS_SAMPLE_ON_DEVICE
+from accel.tt.sampling_policy import SamplingPolicy
 from accel.tt.step_plan import RowPlan, StepMode, StepPlan
 
 CAPS = {SUPPORTS_SAMPLE_ON_DEVICE: True}
@@ -53,16 +53,20 @@ def test_plain_rows_sample_on_device():
     ],
 )
 def test_one_offending_row_sends_the_whole_batch_to_host(params, reason):
+    caps = {**CAPS, SUPPORTS_DEVICE_PENALTIES: False}
     p = plan(row("ok", temperature=0), row("bad", **params))
-    assert not policy().use_device(p)
-    assert policy().host_reason(p) == f"bad: {reason}"
+    assert not policy(caps=caps).use_device(p)
+    assert policy(caps=caps).host_reason(p) == f"bad: {reason}"
 
 
-def test_penalties_stay_on_the_host_even_where_the_class_declares_device_penalties():
-    """``supports_device_penalties`` is the plugin's key (default True there); the device sampler
-    would need the rows' prompt_tokens/output_tokens, which the runner does not send."""
-    caps = {**CAPS, SUPPORTS_DEVICE_PENALTIES: True}
-    assert policy(caps=caps).host_reason(plan(row("p", repetition_penalty=1.2))) == "p: penalties"
+def test_device_penalties_follow_the_plugins_key_and_default():
+    """``supports_device_penalties`` is the plugin's key, True when absent; a prefill never
+    samples penalties on the device (the plugin sends token histories with decodes only)."""
+    penalized = row("p", repetition_penalty=1.2)
+    assert policy().use_device(plan(penalized))  # absent: True, as the plugin reads it
+    declined = {**CAPS, SUPPORTS_DEVICE_PENALTIES: False}
+    assert policy(caps=declined).host_reason(plan(penalized)) == "p: penalties"
+    assert policy().host_reason(plan(penalized, mode=StepMode.PREFILL)).startswith("p: penalties on a prefill")
 
 
 def test_intermediate_prefill_row_forces_host():

@@ -113,6 +113,26 @@ def test_read_back_paths_are_the_plugins(ttnn_stub, tiny_llama, async_scheduling
         engine.close()
 
 
+def test_device_penalties_read_the_token_histories_and_match_the_host(ttnn_stub, tiny_llama):
+    """The class declares no ``supports_device_penalties`` (the plugin's default: True): penalized
+    decodes sample on the device with ``prompt_tokens`` / ``output_tokens`` (-1 padded), and
+    give the host sampler's tokens; the prefill's token samples on the host."""
+    prompt = (5,) * 30  # unpenalized, the tiny model's greedy output repeats a token within 12
+    sampling = greedy(12, repetition_penalty=1.2, frequency_penalty=2.0, presence_penalty=2.0)
+    outs = {}
+    for mode in (None, "all"):
+        engine = contract_engine(ttnn_stub, tiny_llama, mode)
+        try:
+            outs[mode] = tokens_of(run_requests(engine, [GenerateRequest("r", prompt, sampling)])["r"])
+            decodes = [kw for name, kw in engine.model._model.calls if name == "decode" and kw["sampling_params"]]
+        finally:
+            engine.close()
+    assert outs["all"] == outs[None]
+    assert outs[None] != hf_greedy(tiny_llama, prompt, 12)  # the penalties change this output
+    assert decodes and all(kw["sampling_params"].repetition_penalty[0] == 1.2 for kw in decodes)
+    assert all(kw["histories"] for kw in decodes)
+
+
 class DictTransport:
     """``KVTransport`` (our own protocol) over a dict: export and import in one process."""
 

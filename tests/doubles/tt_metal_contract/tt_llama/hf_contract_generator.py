@@ -194,7 +194,15 @@ class HFContractGenerator:
         **kwargs,
     ):
         self.calls.append(
-            ("decode", dict(sampling_params=sampling_params, reset_batch=reset_batch, extra=sorted(kwargs)))
+            (
+                "decode",
+                dict(
+                    sampling_params=sampling_params,
+                    reset_batch=reset_batch,
+                    extra=sorted(kwargs),
+                    histories=prompt_tokens is not None and output_tokens is not None,
+                ),
+            )
         )
         batch = tokens.shape[0]
         assert batch == self.max_batch_size, "a traced decode runs its captured batch"
@@ -223,7 +231,13 @@ class HFContractGenerator:
             if enable_trace:
                 self._device_inputs = (inputs, positions)
         else:
-            sampled = self._sample(logits[:, 0], sampling_params, positions=[p + 1 for p in positions])
+            sampled = self._sample(
+                logits[:, 0],
+                sampling_params,
+                positions=[p + 1 for p in positions],
+                prompt_tokens=prompt_tokens,
+                output_tokens=output_tokens,
+            )
             out = _DeviceTensor(sampled)
             if enable_trace:
                 next_tokens = sampled[0] if isinstance(sampled, tuple) else sampled
@@ -299,14 +313,27 @@ class HFContractGenerator:
     def _last_logits(self, token_ids: list[int]) -> torch.Tensor:
         return self.hf_model(input_ids=torch.tensor([token_ids])).logits[0, -1].float()
 
-    def _sample(self, logits: torch.Tensor, sampling_params: Any, positions: list[int]) -> Any:
+    def _sample(
+        self, logits: torch.Tensor, sampling_params: Any, positions: list[int], prompt_tokens=None, output_tokens=None
+    ) -> Any:
         """Device sampling as ``format_sampling_params`` reads the params: every field by name,
-        ``enable_log_probs`` included; ``seed`` None = unseeded."""
+        ``enable_log_probs`` included; ``seed`` None = unseeded. Penalties read the rows' token
+        histories (``prompt_tokens`` / ``output_tokens``, -1 padded, as the plugin sends them
+        with a decode); penalties without them are an error, not a silent no-op."""
         params = {f.name: getattr(sampling_params, f.name) for f in fields(sampling_params)}
         enable_log_probs = sampling_params.enable_log_probs  # AttributeError if the engine leaves it out
         rows = logits.shape[0]
         for name in ("temperature", "top_k", "top_p", "seed"):
             assert len(params[name]) == rows, f"sampling_params.{name}: {len(params[name])} rows, batch {rows}"
+        logits = logits.clone()
+        for i in range(rows):
+            rep, freq, pres = (params[n][i] for n in ("repetition_penalty", "frequency_penalty", "presence_penalty"))
+            if rep == 1.0 and freq == 0.0 and pres == 0.0:
+                continue
+            assert prompt_tokens is not None and output_tokens is not None, "penalties need the token histories"
+            prompt = [int(t) for t in prompt_tokens[i].tolist() if t >= 0]
+            output = [int(t) for t in output_tokens[i].tolist() if t >= 0]
+            _apply_penalties(logits[i], prompt, output, rep, freq, pres)
         tokens = torch.empty(rows, dtype=torch.int64)
         for i in range(rows):
             temperature, top_k, top_p, seed = (params[n][i] for n in ("temperature", "top_k", "top_p", "seed"))
@@ -324,3 +351,16 @@ class HFContractGenerator:
             return tokens
         logprobs = logits.log_softmax(-1).gather(1, tokens[:, None]).squeeze(1)
         return tokens, logprobs
+
+
+def _apply_penalties(x: torch.Tensor, prompt: list[int], output: list[int], rep: float, freq: float, pres: float):
+    """vLLM's penalties on one row's logits ``[vocab]``, in place: repetition over prompt and
+    output tokens (positive logits divided, negative multiplied), frequency and presence over the
+    output tokens."""
+    seen = sorted(set(prompt) | set(output))
+    if rep != 1.0 and seen:
+        vals = x[seen]
+        x[seen] = torch.where(vals > 0, vals / rep, vals * rep)
+    if output:
+        counts = torch.bincount(torch.tensor(output), minlength=x.shape[0]).float()
+        x -= freq * counts + pres * (counts > 0).float()

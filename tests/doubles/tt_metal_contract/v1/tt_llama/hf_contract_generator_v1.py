@@ -136,7 +136,13 @@ class HFContractGeneratorV1(HFContractGenerator):
             out = _DeviceTensor(logits)
             self._resident = (inputs, positions)  # host sampling: the next decode reloads anyway
         else:
-            sampled = self._sample(logits[:, 0], self._resident_sampling, positions=[p + 1 for p in positions])
+            sampled = self._sample(
+                logits[:, 0],
+                self._resident_sampling,
+                positions=[p + 1 for p in positions],
+                prompt_tokens=prompt_tokens,
+                output_tokens=output_tokens,
+            )
             out = _DeviceTensor(sampled)
             next_tokens = sampled[0] if isinstance(sampled, tuple) else sampled
             # the trace writes the sampled token back and advances the position once
