@@ -41,7 +41,7 @@ from deployments.config.ingress import IngressConfig
 from deployments.config.parsing import OutputParsing
 from deployments.config.pd import KV_ROLES, PD_ROLES, TPU_CONNECTORS, PDConfig, pairing_problem
 from deployments.config.router import CostWeights, LoadConfig, RouterConfig, SessionConfig
-from deployments.config.schema import AppArgs, ModelArgs, PoolArgs, RouterArgs
+from deployments.config.schema import AppArgs, IngressArgs, ModelArgs, PoolArgs, RouterArgs
 
 UNKNOWN_FILE = "<serve args>"
 
@@ -56,18 +56,7 @@ def load_app_config(args: Mapping[str, Any] | AppArgs, config_file: str | None =
     except ValidationError as err:
         raise _format_validation(file, err) from None
 
-    names = [m.name for m in parsed.models]
-    for i, name in enumerate(names):
-        if names.index(name) != i:
-            raise _fail(file, f"models[{i}].name", f"duplicate model name {name!r}")
-    pool_names = [p.name for p in parsed.pools]
-    for i, pool in enumerate(parsed.pools):
-        if pool_names.index(pool.name) != i:
-            raise _fail(file, f"pools[{i}].name", f"duplicate pool name {pool.name!r}")
-        if pool.model not in names:
-            raise _fail(file, f"pools[{i}].model", f"unknown model {pool.model!r} (models: {names})")
-        _check_pool(file, i, pool)
-
+    _check_names(file, parsed)
     pd = PDConfig(parsed.pd.threshold_tokens, parsed.pd.busy_decode_threshold_tokens)
     pool_by_index: dict[int, PoolConfig] = {}
     models = []
@@ -92,21 +81,40 @@ def load_app_config(args: Mapping[str, Any] | AppArgs, config_file: str | None =
         pools=all_pools,
         router=_to_router(parsed.router),
         pd=pd,
-        ingress=IngressConfig(
-            replicas=ing.replicas,
-            num_cpus=ing.num_cpus,
-            max_concurrent_requests=ing.max_concurrent_requests,
-            retry_after_s=ing.retry_after_s,
-            access_log=ing.access_log,
-            # As vLLM: the configured keys take precedence over the environment variable.
-            api_keys=tuple(ing.api_keys) or ((ENVS.api_key,) if ENVS.api_key else ()),
-            max_request_bytes=ing.max_request_bytes,
-            max_prompt_chars=ing.max_prompt_chars,
-            max_tokens_cap=ing.max_tokens_cap,
-            max_n=ing.max_n,
-            trust_request_chat_template=ing.trust_request_chat_template,
-            max_failovers=ing.max_failovers,
-        ),
+        ingress=_to_ingress(ing),
+    )
+
+
+def _check_names(file: str, parsed: AppArgs) -> None:
+    """Model and pool names unique, every pool of a known model, each pool's own checks."""
+    names = [m.name for m in parsed.models]
+    for i, name in enumerate(names):
+        if names.index(name) != i:
+            raise _fail(file, f"models[{i}].name", f"duplicate model name {name!r}")
+    pool_names = [p.name for p in parsed.pools]
+    for i, pool in enumerate(parsed.pools):
+        if pool_names.index(pool.name) != i:
+            raise _fail(file, f"pools[{i}].name", f"duplicate pool name {pool.name!r}")
+        if pool.model not in names:
+            raise _fail(file, f"pools[{i}].model", f"unknown model {pool.model!r} (models: {names})")
+        _check_pool(file, i, pool)
+
+
+def _to_ingress(ing: IngressArgs) -> IngressConfig:
+    return IngressConfig(
+        replicas=ing.replicas,
+        num_cpus=ing.num_cpus,
+        max_concurrent_requests=ing.max_concurrent_requests,
+        retry_after_s=ing.retry_after_s,
+        access_log=ing.access_log,
+        # As vLLM: the configured keys take precedence over the environment variable.
+        api_keys=tuple(ing.api_keys) or ((ENVS.api_key,) if ENVS.api_key else ()),
+        max_request_bytes=ing.max_request_bytes,
+        max_prompt_chars=ing.max_prompt_chars,
+        max_tokens_cap=ing.max_tokens_cap,
+        max_n=ing.max_n,
+        trust_request_chat_template=ing.trust_request_chat_template,
+        max_failovers=ing.max_failovers,
     )
 
 
@@ -317,6 +325,22 @@ def _to_router(r: RouterArgs) -> RouterConfig:
     )
 
 
+def _tpu_pd_connector_problem(pool: PoolConfig) -> str | None:
+    """Why a TPU prefill/decode pool's connector cannot hand KV over (None: it can)."""
+    connector = pool.kv_connector
+    pd_connectors = get_backend(pool.tpu_backend).connectors_for("pd")
+    if connector in {c.name for c in pd_connectors}:
+        return None
+    first = pd_connectors[0]
+    return (
+        f"a TPU pool with role {pool.role} needs its backend's own prefill/decode connector "
+        f"(TPU backends load no other, so meshserve's cannot be wired in): one of "
+        f"{', '.join(c.name for c in pd_connectors)} for {pool.tpu_backend}, e.g. "
+        f"{{kv_connector: {first.name}, kv_connector_module_path: {first.module_path}, "
+        f"kv_role: {KV_ROLES[pool.role][0]}}}; got {connector or 'none'}"
+    )
+
+
 def _check_pd_pools(file: str, pools: tuple[PoolConfig, ...]) -> None:
     """Prefill/decode pools must be able to hand KV to each other (``pd.py``): a TPU pool needs
     its backend's own connector, a native connector the kv_role of its side, and a prefill pool a
@@ -340,20 +364,9 @@ def _check_pd_pools(file: str, pools: tuple[PoolConfig, ...]) -> None:
                 f"both for pool {pool.name!r} (or accelerator: cpu, the torch program)",
             )
         if pool.accelerator == "tpu":
-            pd_connectors = get_backend(pool.tpu_backend).connectors_for("pd")
-            if connector not in {c.name for c in pd_connectors}:
-                first = pd_connectors[0]
-                raise _fail(
-                    file,
-                    key,
-                    (
-                        f"a TPU pool with role {pool.role} needs its backend's own prefill/decode connector "
-                        f"(TPU backends load no other, so meshserve's cannot be wired in): one of "
-                        f"{', '.join(c.name for c in pd_connectors)} for {pool.tpu_backend}, e.g. "
-                        f"{{kv_connector: {first.name}, kv_connector_module_path: {first.module_path}, "
-                        f"kv_role: {KV_ROLES[pool.role][0]}}}; got {connector or 'none'}"
-                    ),
-                )
+            problem = _tpu_pd_connector_problem(pool)
+            if problem is not None:
+                raise _fail(file, key, problem)
         if connector is not None and config is not None and config.get("kv_role") not in KV_ROLES[pool.role]:
             raise _fail(
                 file,

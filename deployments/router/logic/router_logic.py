@@ -177,14 +177,8 @@ class RouterLogic:
             raise NoReplicaError(f"no replica serves model {model!r}")
         hashes = request.prompt_block_hashes
         threshold = routing.pd_threshold_tokens
-        prefill_pool = self._pools.get((model, "prefill"))
-        decode_pool = self._pools.get((model, "decode"))
-        both_pool = self._pools.get((model, "both"))
         allowed = self._allowed(request)
-        if allowed is not None:  # a pinned pool or a retry: no disaggregation, only those replicas
-            prefill_pool = None
-            decode_pool = tuple(r for r in decode_pool or () if r in allowed)
-            both_pool = tuple(r for r in both_pool or () if r in allowed)
+        prefill_pool, decode_pool, both_pool = self._role_replicas(model, allowed)
         session = request.session_id
         decode = None
         # Shorter prompts may go PD too while their decode replica is busy — only where they would
@@ -217,6 +211,18 @@ class RouterLogic:
             decode = self._choose_in(pool, (model, role), hashes, session, allowed)
         self._plans[request.request_id] = (decode,)
         return self._decision(request, decode, None)
+
+    def _role_replicas(
+        self, model: str, allowed: frozenset[str] | None
+    ) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None, tuple[str, ...] | None]:
+        """The replicas of ``model`` by role: (prefill, decode, both); None = no such role. With
+        ``allowed`` (a pinned pool or a retry): no disaggregation, only those replicas."""
+        prefill = self._pools.get((model, "prefill"))
+        decode = self._pools.get((model, "decode"))
+        both = self._pools.get((model, "both"))
+        if allowed is None:
+            return prefill, decode, both
+        return None, tuple(r for r in decode or () if r in allowed), tuple(r for r in both or () if r in allowed)
 
     def _short_prompt_prefill_pool(
         self, prefill_pool: tuple[str, ...], decode: _Pick, num_uncached: int, busy: int | None

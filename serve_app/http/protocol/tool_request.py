@@ -162,10 +162,7 @@ class ChatTools:
         return tuple(self.tokenizer.encode(end, add_special_tokens=False)) if end else ()
 
     def prepare(self, body: Mapping[str, Any]) -> ToolPlan:
-        from vllm.entrypoints.openai.chat_completion.protocol import (
-            ChatCompletionNamedToolChoiceParam,
-            ChatCompletionRequest,
-        )
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
         from vllm.exceptions import VLLMValidationError
 
         subset = {k: body[k] for k in _VLLM_FIELDS if k in body}
@@ -175,23 +172,7 @@ class ChatTools:
             raise _validation_error(err) from None
         except VLLMValidationError as exc:
             raise bad_request(str(exc.args[0]) if exc.args else str(exc), exc.parameter) from None
-        # vLLM's OnlineRenderer.render_chat: a tool choice that needs a tool parser, without one.
-        choice = request.tool_choice
-        if not self.has_tool_parser and choice not in (None, "none"):
-            if choice == "auto":
-                raise bad_request(
-                    '"auto" tool choice requires enable_auto_tool_choice and tool_call_parser to be set '
-                    "in the model's config",
-                    "tool_choice",
-                )
-            desc = (
-                f'function "{choice.function.name}"'
-                if isinstance(choice, ChatCompletionNamedToolChoiceParam)
-                else f'"{choice}"'
-            )
-            raise bad_request(
-                f"tool_choice={desc} requires tool_call_parser to be set in the model's config", "tool_choice"
-            )
+        self._check_tool_choice(request.tool_choice)
         tool_dicts = [t.model_dump() for t in request.tools] if request.tools is not None else None
         # vLLM's ChatCompletionRequest.build_chat_params: the request's chat_template_kwargs plus
         # reasoning_effort / documents (and enable_thinking from reasoning_effort).
@@ -216,6 +197,23 @@ class ChatTools:
             structured_outputs=forced,
             skip_special_tokens=request.skip_special_tokens if request.skip_special_tokens != original_skip else None,
         )
+
+    def _check_tool_choice(self, choice: Any) -> None:
+        """vLLM's OnlineRenderer.render_chat: a tool choice that needs a tool parser, without one."""
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionNamedToolChoiceParam
+
+        if self.has_tool_parser or choice in (None, "none"):
+            return
+        if choice == "auto":
+            raise bad_request(
+                '"auto" tool choice requires enable_auto_tool_choice and tool_call_parser to be set '
+                "in the model's config",
+                "tool_choice",
+            )
+        is_named = isinstance(choice, ChatCompletionNamedToolChoiceParam)
+        desc = f'function "{choice.function.name}"' if is_named else f'"{choice}"'
+        message = f"tool_choice={desc} requires tool_call_parser to be set in the model's config"
+        raise bad_request(message, "tool_choice")
 
 
 def tool_call_arguments_as_dicts(messages: list[dict[str, Any]]) -> None:
