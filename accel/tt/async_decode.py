@@ -58,7 +58,7 @@ class AsyncDecodeQueue:
         pending = self.runner.launch(prepared, prev)
         if prev is not None:
             done.append((prev.plan, prev.finalize()))
-        # Device sampling already excludes logprobs rows (SamplingPolicy).
+        # A device-sampled step carries its own log probs (where the device serves them).
         if self.is_enabled and plan.is_decode and pending.is_device_sampled:
             self._inflight = pending
             self.num_overlapped_steps += 1

@@ -51,7 +51,7 @@ from accel.tt.model_setup import (
 from accel.tt.request_checks import check_request
 from accel.tt.request_streams import RequestStreams
 from accel.tt.runner import MeshRunner
-from accel.tt.sampling_policy import SamplingPolicy
+from accel.tt.sampling_policy import SamplingPolicy, device_logprobs_limit
 from accel.tt.scheduler import LaneScheduler
 from accel.tt.step_loop import StepLoop
 
@@ -120,7 +120,12 @@ def build_engine_parts(
     kv_cache = allocate_kv_cache(
         model, kv_shape, kv_dtype(model, hf_config, config.kv_cache_dtype), int(hf_config.num_hidden_layers)
     )
-    policy = SamplingPolicy(config.tt.sample_on_device_mode, config.tt.always_compat_sampling, dict(capabilities))
+    policy = SamplingPolicy(
+        config.tt.sample_on_device_mode,
+        config.tt.always_compat_sampling,
+        dict(capabilities),
+        device_logprobs_limit(mesh_num_devices(backend), str(getattr(hf_config, "model_type", ""))),
+    )
     runner = MeshRunner(model, kv_cache, config, policy, tokenizer.eos_token_ids, vocab_size)
     if config.tt.enable_model_warmup:
         runner.warmup()

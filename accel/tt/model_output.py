@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from accel.contract import TokenLogprob
 from accel.tt.mesh_model import DeviceEvent
 
 
@@ -32,6 +33,7 @@ class HostOutput:
     values: torch.Tensor
     logprobs: torch.Tensor | None
     is_tokens: bool
+    top_logprobs: tuple[torch.Tensor, torch.Tensor] | None = None  # device top-k: (values, ids) [rows, K]
 
 
 def is_host_output(out: Any) -> bool:
@@ -63,9 +65,12 @@ def unpack_output(out: Any, *, is_tokens: bool, wants_logprobs: bool, num_rows: 
         if out.dim() not in (1, 2, 3) or any(d != 1 for d in out.shape[1:]) or out.shape[0] < num_rows:
             raise TypeError(f"device-sampled tokens must be [rows] or [rows, 1(, 1)], got shape {tuple(out.shape)}")
         values = out.reshape(out.shape[0])[:num_rows].to(torch.int64)
+        top = None
+        if isinstance(logprobs, tuple):
+            top = (logprobs[0][:num_rows].float(), logprobs[1][:num_rows].to(torch.int64))
         if logprobs is not None:
             logprobs = _sampled_logprobs(logprobs, values, num_rows)
-        return HostOutput(values, logprobs, True)
+        return HostOutput(values, logprobs, True, top)
     if out.dim() != 3 or out.shape[0] < num_rows:
         raise TypeError(f"host logits must be [rows, 1 (or S), vocab], got shape {tuple(out.shape)}")
     return HostOutput(out[:num_rows, -1, :].float(), None, False)
@@ -86,6 +91,29 @@ def finalize_decode(
     if not is_host_output(host_out):
         host_out = model.process_decode_output_host(host_out, is_tokens=is_tokens)
     return unpack_output(host_out, is_tokens=is_tokens, wants_logprobs=wants_logprobs, num_rows=num_rows)
+
+
+def device_logprobs(
+    rows: Sequence[Any], out_index: Sequence[int], out: HostOutput
+) -> tuple[TokenLogprob | None, ...] | None:
+    """Per plan row (``RowPlan``s; ``out_index``: row -> output index), the device sampler's log
+    probs of the rows that asked for them: the sampled token's, and the best ``logprobs`` of
+    the top-k pair when the sampler returned one. None when the device returned none."""
+    if out.logprobs is None:
+        return None
+    result: list[TokenLogprob | None] = []
+    for r, j in zip(rows, out_index):
+        num_top = r.sampling.logprobs
+        if num_top is None or not r.samples:
+            result.append(None)
+            continue
+        top: tuple[tuple[int, float], ...] = ()
+        if num_top > 0 and out.top_logprobs is not None:
+            values, ids = out.top_logprobs
+            order = values[j].argsort(descending=True)[:num_top]
+            top = tuple((int(ids[j, k]), float(values[j, k])) for k in order.tolist())
+        result.append(TokenLogprob(int(out.values[j]), float(out.logprobs[j]), top))
+    return tuple(result)
 
 
 def _sampled_logprobs(logprobs: Any, tokens: torch.Tensor, num_rows: int) -> torch.Tensor:

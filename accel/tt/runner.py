@@ -31,7 +31,7 @@ from accel.tt.device_sampling_args import device_sampling_params, penalty_histor
 from accel.tt.host_arrays import host_array
 from accel.tt.host_sampler import sample_on_host
 from accel.tt.mesh_model import MeshModel, TTSamplingParams
-from accel.tt.model_output import HostOutput, finalize_decode, unpack_output
+from accel.tt.model_output import HostOutput, device_logprobs, finalize_decode, unpack_output
 from accel.tt.sampling_policy import SamplingPolicy
 from accel.tt.step_plan import PENDING_TOKEN, RowPlan, StepMode, StepPlan
 
@@ -331,7 +331,7 @@ class MeshRunner:
         if out.is_tokens:
             all_ids = out.values.tolist()
             device_ids = tuple(all_ids[j] if r.samples else NO_TOKEN for r, j in zip(rows, out_index))  # ints: tolist()
-            return StepResult(device_ids, None, True)
+            return StepResult(device_ids, device_logprobs(rows, out_index, out), True)
         logits = out.values
         sampling_rows = [i for i, r in enumerate(rows) if r.samples]
         ids = [NO_TOKEN] * len(rows)

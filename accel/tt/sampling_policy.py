@@ -30,6 +30,8 @@ class SamplingPolicy:
     sample_on_device_mode: str | None
     always_compat_sampling: bool
     model_capabilities: Mapping[str, Any]
+    # The widest ``logprobs`` the device sampler serves (``device_logprobs_limit``); None: host.
+    max_device_logprobs: int | None = None
     # id(SamplingParams) -> (that object, its host reason); see params_host_reason.
     _reasons: dict[int, tuple[SamplingParams, str | None]] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -77,7 +79,7 @@ class SamplingPolicy:
     def _params_reason(self, sp: SamplingParams) -> str | None:
         if sp.has_logit_constraints:
             return "structured outputs / allowed_token_ids / bad_words (host logit masks)"
-        if sp.logprobs is not None:
+        if sp.logprobs is not None and (self.max_device_logprobs is None or sp.logprobs > self.max_device_logprobs):
             return "logprobs"
         if sp.has_penalties and not self.model_capabilities.get(SUPPORTS_DEVICE_PENALTIES, True):
             return "penalties"
@@ -91,3 +93,12 @@ class SamplingPolicy:
         if max_top_k and not sp.is_greedy and (sp.top_k == 0 or sp.top_k > int(max_top_k)):
             return f"top_k wider than the device sampler's {max_top_k} candidates"
         return None
+
+
+def device_logprobs_limit(num_devices: int, model_type: str) -> int | None:
+    """vllm-tt-plugin e3fc849 ``check_perform_device_sampling``: log probs on the device only on
+    8- or 32-device meshes (tt-metal#34077); there, the sampled token's log prob (``logprobs=0``)
+    from every model, top-32 only from those returning the top-k pair (gpt_oss, by model type)."""
+    if num_devices not in (8, 32):
+        return None
+    return 32 if model_type == "gpt_oss" else 0

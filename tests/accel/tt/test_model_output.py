@@ -6,7 +6,9 @@ import math
 
 import torch
 
-from accel.tt.model_output import finalize_decode, is_host_output, unpack_output
+from accel.contract import SamplingParams
+from accel.tt.model_output import device_logprobs, finalize_decode, is_host_output, unpack_output
+from accel.tt.step_plan import RowPlan
 
 
 def _topk_pair(tokens: list[int], k: int = 32, vocab: int = 100) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,3 +46,15 @@ def test_token_tensors_of_every_shape_the_plugin_accepts():
     for shape in [(4,), (4, 1), (4, 1, 1)]:
         host = unpack_output(torch.arange(4).reshape(shape), is_tokens=True, wants_logprobs=False, num_rows=3)
         assert host.values.tolist() == [0, 1, 2]
+
+
+def test_device_logprobs_take_the_best_of_the_top_k_pair():
+    host = unpack_output((torch.tensor([5, 6]), _topk_pair([0, 0])), is_tokens=True, wants_logprobs=True, num_rows=2)
+    rows = [
+        RowPlan("a", 0, 0, 10, 11, (1,), (0,), True, SamplingParams(temperature=0, logprobs=2), 0),
+        RowPlan("b", 0, 1, 10, 11, (1,), (0,), True, SamplingParams(temperature=0), 0),
+    ]
+    a, b = device_logprobs(rows, [0, 1], host)
+    assert b is None and a is not None
+    assert a.token_id == 5 and math.isclose(a.logprob, -0.5, rel_tol=1e-6)
+    assert [t for t, _ in a.top] == [0, 1]  # ids 0 and 1 have the highest values (0, -0.1)

@@ -6,7 +6,7 @@ import pytest
 
 from accel.contract import SamplingParams, StructuredOutputSpec
 from accel.tt.mesh_model import MAX_DEVICE_TOP_K, SUPPORTS_DEVICE_PENALTIES, SUPPORTS_SAMPLE_ON_DEVICE
-from accel.tt.sampling_policy import SamplingPolicy
+from accel.tt.sampling_policy import SamplingPolicy, device_logprobs_limit
 from accel.tt.step_plan import RowPlan, StepMode, StepPlan
 
 CAPS = {SUPPORTS_SAMPLE_ON_DEVICE: True}
@@ -67,6 +67,15 @@ def test_device_penalties_follow_the_plugins_key_and_default():
     declined = {**CAPS, SUPPORTS_DEVICE_PENALTIES: False}
     assert policy(caps=declined).host_reason(plan(penalized)) == "p: penalties"
     assert policy().host_reason(plan(penalized, mode=StepMode.PREFILL)).startswith("p: penalties on a prefill")
+
+
+def test_device_logprobs_as_the_plugin_serves_them():
+    assert device_logprobs_limit(1, "llama") is None  # single device: host (tt-metal#34077)
+    assert device_logprobs_limit(8, "llama") == 0  # the sampled token's only
+    assert device_logprobs_limit(32, "gpt_oss") == 32  # the top-32 pair
+    on_t3k = SamplingPolicy("all", False, CAPS, device_logprobs_limit(8, "llama"))
+    assert on_t3k.use_device(plan(row("a", logprobs=0)))
+    assert on_t3k.host_reason(plan(row("a", logprobs=1))) == "a: logprobs"
 
 
 def test_intermediate_prefill_row_forces_host():

@@ -133,6 +133,33 @@ def test_device_penalties_read_the_token_histories_and_match_the_host(ttnn_stub,
     assert all(kw["histories"] for kw in decodes)
 
 
+def test_device_logprobs_of_the_sampled_token_on_an_eight_device_mesh(ttnn_stub, tiny_llama):
+    """Plugin e3fc849: on an 8- or 32-device mesh, ``logprobs=0`` samples on the device, whose
+    ``(tokens, log_probs)`` give each token's log prob; wider requests stay on the host (only
+    gpt_oss returns the top-32 pair)."""
+    from transformers import AutoModelForCausalLM
+
+    prompt = prompt_of(3, 11)
+    engine = contract_engine(ttnn_stub, tiny_llama, "all")
+    try:
+        out = run_requests(engine, [GenerateRequest("r", prompt, greedy(5, logprobs=0))])["r"]
+        model = engine.model._model
+        on_device = [kw for name, kw in model.calls if name == "decode" and kw["sampling_params"]]
+        assert on_device and all(kw["sampling_params"].enable_log_probs[0] for kw in on_device)
+    finally:
+        engine.close()
+    tokens = tokens_of(out)
+    assert tokens == hf_greedy(tiny_llama, prompt, 5)
+    logprobs = [lp for d in out for lp in (d.logprobs or ())]
+    assert [lp.token_id for lp in logprobs] == tokens
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    with torch.no_grad():
+        full = torch.tensor([list(prompt) + tokens])
+        ref = hf(full).logits[0].log_softmax(-1)
+    for k, lp in enumerate(logprobs):
+        assert lp.logprob == pytest.approx(float(ref[len(prompt) - 1 + k, tokens[k]]), abs=1e-4)
+
+
 class DictTransport:
     """``KVTransport`` (our own protocol) over a dict: export and import in one process."""
 
