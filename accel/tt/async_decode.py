@@ -10,9 +10,10 @@ an empty plan.
 A changed batch layout (a request joins or leaves) does not drain, as vLLM's async scheduling
 does not: a row keeps its slot for its whole life, so a continuing row's pending token is the
 in-flight step's token in the same slot, and a joining row's first input comes from the host.
-(The runner still passes ``reset_batch`` for that step.) Draining there held every other row's
-token back by one device step at each join and leave: a gap of two steps, the p99 gap of a
-decode replica that requests keep joining (PD's decode side).
+(The runner still signals the changed layout for that step: ``reset_batch`` to a version-0 class,
+a full input reload with sampling reset to a version-1 one; ``accel.tt.decode_contract``.)
+Draining there held every other row's token back by one device step at each join and leave: a
+gap of two steps, the p99 gap of a decode replica that requests keep joining (PD's decode side).
 
 ``execute(plan)`` returns the (plan, result) pairs that completed, oldest first; at most two
 steps are ever outstanding (the one being applied and the one computing).
