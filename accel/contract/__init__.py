@@ -9,14 +9,15 @@ Every type here is a frozen dataclass validated on construction: an invalid valu
 
 One module per concept: ``errors``, ``sampling`` (``SamplingParams``), ``request``
 (``GenerateRequest``, ``KVTransferParams``), ``output`` (``OutputDelta`` and its parts),
-``stats`` (``EngineStats``, ``TTEngineStats``), ``structured_output``
-(``StructuredOutputSpec``), ``engine`` (the ``Engine``
+``pooling`` (``EmbedRequest``, ``EmbeddingResult``), ``stats`` (``EngineStats``,
+``TTEngineStats``), ``structured_output`` (``StructuredOutputSpec``), ``engine`` (the ``Engine``
 protocol, ``PrefixCacheChange``). Import them from here.
 """
 
 from accel.contract.engine import Engine, PrefixCacheChange
 from accel.contract.errors import ConfigError, InvalidRequestError
 from accel.contract.output import FinishReason, OutputDelta, TokenLogprob, join_token_ids
+from accel.contract.pooling import EmbeddingResult, EmbedRequest
 from accel.contract.request import GenerateRequest, KVTransferParams, LoraAdapter
 from accel.contract.sampling import SamplingParams
 from accel.contract.stats import EngineStats, TTEngineStats
@@ -24,6 +25,8 @@ from accel.contract.structured_output import StructuredOutputKind, StructuredOut
 
 __all__ = [
     "ConfigError",
+    "EmbedRequest",
+    "EmbeddingResult",
     "Engine",
     "EngineStats",
     "FinishReason",

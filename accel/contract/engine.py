@@ -14,6 +14,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from accel.block_hash import BlockHash
 from accel.contract.output import OutputDelta
+from accel.contract.pooling import EmbeddingResult, EmbedRequest
 from accel.contract.request import GenerateRequest
 from accel.contract.stats import EngineStats, TTEngineStats
 
@@ -43,6 +44,11 @@ class Engine(Protocol):
     def generate(self, request: GenerateRequest) -> AsyncIterator[OutputDelta]: ...
 
     async def abort(self, request_id: str) -> None: ...
+
+    async def embed(self, request: EmbedRequest) -> EmbeddingResult:
+        """The prompt's pooled embedding. An engine without vLLM's pooling runner raises
+        ``InvalidRequestError`` naming ``model`` (and one with it refuses ``generate`` so)."""
+        ...
 
     def stats(self) -> EngineStats: ...
 

@@ -18,6 +18,8 @@ from typing import Any
 
 from accel.block_hash import BlockHash
 from accel.contract import (
+    EmbeddingResult,
+    EmbedRequest,
     EngineStats,
     GenerateRequest,
     OutputDelta,
@@ -48,6 +50,7 @@ from accel.tt.model_setup import (
     open_default_backend,
     platform_name,
 )
+from accel.tt.pooling import refuse_pooling
 from accel.tt.request_checks import check_request
 from accel.tt.request_streams import RequestStreams
 from accel.tt.runner import MeshRunner
@@ -268,6 +271,9 @@ class TTMeshEngine:
 
     async def abort(self, request_id: str) -> None:
         self._post(AbortRequest(request_id))
+
+    async def embed(self, request: EmbedRequest) -> EmbeddingResult:
+        refuse_pooling(request)  # generative models only
 
     def stats(self) -> EngineStats:
         return self._loop.stats

@@ -29,7 +29,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accel.block_hash import BlockHash
-from accel.contract import EngineStats, GenerateRequest, OutputDelta, PrefixCacheChange, TTEngineStats
+from accel.contract import (
+    EmbeddingResult,
+    EmbedRequest,
+    EngineStats,
+    GenerateRequest,
+    OutputDelta,
+    PrefixCacheChange,
+    TTEngineStats,
+)
 from accel.text.tokenizer import load_tokenizer
 from accel.tt.config import TTEngineConfig
 from accel.tt.core_messages import AbortRequest, FinishRequest, InboxMessage
@@ -46,6 +54,7 @@ from accel.tt.core_process import (
 from accel.tt.health import DEFAULT_STEP_TIMEOUT_S, EngineUnhealthy
 from accel.tt.mesh_model import MeshModel
 from accel.tt.model_setup import load_hf_config
+from accel.tt.pooling import refuse_pooling
 from accel.tt.request_checks import check_request
 from accel.tt.request_streams import RequestStreams
 from accel.tt.step_loop import drain
@@ -151,6 +160,9 @@ class TTMeshEngineProcess:
 
     async def abort(self, request_id: str) -> None:
         self._send(AbortRequest(request_id))
+
+    async def embed(self, request: EmbedRequest) -> EmbeddingResult:
+        refuse_pooling(request)  # generative models only
 
     def stats(self) -> EngineStats:
         return self._view.stats

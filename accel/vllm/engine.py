@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from accel.contract import (
+    EmbeddingResult,
+    EmbedRequest,
     EngineStats,
     FinishReason,
     GenerateRequest,
@@ -35,6 +37,7 @@ from accel.contract import (
 )
 from accel.text.output_builder import OutputBuilder
 from accel.text.tokenizer import load_tokenizer
+from accel.vllm import pooling
 from accel.vllm.config import VllmEngineConfig
 from accel.vllm.conversion import (
     from_vllm_kv_params,
@@ -175,6 +178,8 @@ class VllmEngine:
         self.max_model_len: int = vllm_config.model_config.max_model_len
         self.block_size: int = vllm_config.cache_config.block_size
         self.vocab_size: int = vllm_config.model_config.get_vocab_size()
+        # "generate" or "pooling" (runner: pooling, e.g. convert: embed): which of generate / embed it serves.
+        self.runner_type: str = vllm_config.model_config.runner_type
         self._is_shut_down = False
         # The engine core and workers AsyncLLM just started, stopped even if this process is killed.
         self._orphan_guard = OrphanGuard(new_descendants(before))
@@ -206,6 +211,8 @@ class VllmEngine:
         logger.info("XLA compile cache: %s%s", cache, "" if "VLLM_XLA_CACHE_PATH" in updates else " (set by the user)")
 
     def _validate(self, request: GenerateRequest) -> None:
+        if self.runner_type == pooling.POOLING_RUNNER:
+            raise InvalidRequestError("model", "this engine runs vLLM's pooling runner: embeddings only")
         if request.num_prompt_tokens >= self.max_model_len:
             raise InvalidRequestError(
                 "prompt",
@@ -314,6 +321,18 @@ class VllmEngine:
                 out.outputs[0].finish_reason,
                 builder.finish_reason,
             )
+
+    async def embed(self, request: EmbedRequest) -> EmbeddingResult:
+        """The prompt's embedding through ``AsyncLLM.encode`` (``accel.vllm.pooling``); an engine
+        without vLLM's pooling runner refuses it naming ``model``."""
+        pooling.check_embed(request, self.runner_type, self.max_model_len, self.vocab_size)
+        if request.request_id in self._active:
+            raise InvalidRequestError("request_id", f"{request.request_id!r} is already running")
+        self._active.add(request.request_id)
+        try:
+            return await pooling.encode(self._llm, request)
+        finally:
+            self._active.discard(request.request_id)
 
     async def abort(self, request_id: str) -> None:
         """End ``request_id`` (the caller's id): its stream ends with ``FinishReason.ABORT``."""
