@@ -23,6 +23,7 @@ from deployments.config.ingress import IngressConfig
 from deployments.config.parsing import OutputParsing
 from deployments.config.pd import PDConfig, kv_connector_name, pairing_problem
 from deployments.config.router import ModelRouting, RouterConfig
+from deployments.config.task import PoolTask, pool_tasks
 
 EngineKind = Literal["tt", "vllm"]
 Accelerator = Literal["tt", "tpu", "cuda", "cpu"]
@@ -112,6 +113,11 @@ class PoolConfig:
     @property
     def engine(self) -> EngineKind:
         return "tt" if isinstance(self.engine_config, TTEngineConfig) else "vllm"
+
+    @property
+    def tasks(self) -> frozenset[PoolTask]:
+        """What the pool's engine serves: generate, or embed (vLLM's pooling runner)."""
+        return pool_tasks(self.engine_config)
 
     @property
     def block_size(self) -> int:

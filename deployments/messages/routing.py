@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from accel.block_hash import BlockHash
 from deployments.config.app import PoolConfig
+from deployments.config.task import PoolTask
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class RouteRequest:
     prompt_block_hashes: tuple[BlockHash, ...] = ()
     # Engine replicas not to choose (a retry after the first choice died).
     excluded_replicas: tuple[str, ...] = ()
+    # What the request needs the pool's engine to serve (deployments.config.task).
+    task: PoolTask = "generate"
 
     @property
     def affinity_key(self) -> str:
@@ -84,12 +87,14 @@ class RouteDecision:
 
 class RoutingError(Exception):
     """A request the router cannot place (unknown pool, pool serving another model).
-    ``param`` names the offending request field for the 400."""
+    ``param`` names the offending request field; ``status``: 400, or 404 for a model none of whose
+    pools serves the request's task (vLLM's server has no such route for that model)."""
 
-    def __init__(self, message: str, param: str):
+    def __init__(self, message: str, param: str, status: int = 400):
         super().__init__(message)
         self.message = message
         self.param = param
+        self.status = status
 
 
 WHOLE_REQUEST_ROLES = ("both", "decode")
@@ -97,7 +102,8 @@ WHOLE_REQUEST_ROLES = ("both", "decode")
 
 def eligible_pools(request: RouteRequest, pools: Sequence[PoolConfig]) -> list[PoolConfig]:
     """Pools that may run the whole request: the pinned one, else every pool of the model whose
-    role can (``both``, or ``decode``, which prefills locally when no PD plan is made).
+    role can (``both``, or ``decode``, which prefills locally when no PD plan is made) and whose
+    engine serves the request's task (``deployments.config.task``).
     Raises ``RoutingError`` for an unknown pin, a pin to another model, or an unserved model."""
     if request.pool is not None:
         pool = next((p for p in pools if p.name == request.pool), None)
@@ -105,8 +111,13 @@ def eligible_pools(request: RouteRequest, pools: Sequence[PoolConfig]) -> list[P
             raise RoutingError(f"unknown pool {request.pool!r} (pools: {[p.name for p in pools]})", "x-meshserve-pool")
         if pool.model != request.model:
             raise RoutingError(f"pool {pool.name!r} serves {pool.model!r}, not {request.model!r}", "x-meshserve-pool")
+        if request.task not in pool.tasks:
+            message = f"pool {pool.name!r} cannot serve {request.task} requests for {request.model!r}"
+            raise RoutingError(message, "model")
         return [pool]
-    found = [p for p in pools if p.model == request.model and p.role in WHOLE_REQUEST_ROLES]
+    found = [p for p in pools if p.model == request.model and p.role in WHOLE_REQUEST_ROLES and request.task in p.tasks]
     if not found:
+        if any(p.model == request.model for p in pools):
+            raise RoutingError(f"model {request.model!r} serves no {request.task} requests", "model", 404)
         raise RoutingError(f"no pool serves model {request.model!r}", "model")
     return found

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
-from accel.contract import GenerateRequest, OutputDelta
+from accel.contract import EmbeddingResult, EmbedRequest, GenerateRequest, OutputDelta
 from deployments.handle_routing import replica_membership
 from deployments.messages.kv_events import KVCursor
 from deployments.messages.replica_snapshot import ReplicaSnapshot
@@ -32,6 +32,8 @@ class PoolClient(Protocol):
     def running_replicas(self) -> frozenset[str] | None: ...
 
     def generate(self, request: GenerateRequest, replica_id: str | None) -> ReplicaStream: ...
+
+    async def embed(self, request: EmbedRequest, replica_id: str | None) -> EmbeddingResult: ...
 
 
 class EnginePoolClient:
@@ -72,6 +74,12 @@ class EnginePoolClient:
         reads the hint; None = the least-loaded replica)."""
         stream: ReplicaStream = self._streaming_handle().generate.remote(request, replica_hint=replica_id)
         return stream
+
+    async def embed(self, request: EmbedRequest, replica_id: str | None) -> EmbeddingResult:
+        """``EngineReplica.embed`` on ``replica_id`` (None = the least-loaded replica); cancelling
+        the caller cancels the call."""
+        result: EmbeddingResult = await self._handle.embed.remote(request, replica_hint=replica_id)
+        return result
 
     async def routing_snapshots(self, cursors: Mapping[str, KVCursor]) -> list[ReplicaSnapshot | BaseException]:
         """``EngineReplica.routing_snapshot(cursors)`` of every live replica of the pool; a replica

@@ -18,7 +18,16 @@ import time
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
-from accel.contract import Engine, EngineStats, FinishReason, GenerateRequest, OutputDelta, PrefixCacheChange
+from accel.contract import (
+    EmbeddingResult,
+    EmbedRequest,
+    Engine,
+    EngineStats,
+    FinishReason,
+    GenerateRequest,
+    OutputDelta,
+    PrefixCacheChange,
+)
 from deployments.config.app import PoolConfig
 from deployments.messages.kv_events import BlockRemoved, BlockStored, KVCursor, KVEvent
 from deployments.messages.replica_snapshot import ReplicaSnapshot
@@ -193,6 +202,23 @@ class EngineReplica:
             raise
         except Exception as exc:
             out.put_error(exc)
+
+    async def embed(self, request: EmbedRequest, replica_hint: str | None = None) -> EmbeddingResult:
+        """The prompt's embedding (an engine without vLLM's pooling runner refuses it naming
+        ``model``). ``replica_hint``: as for ``generate``. Cancelling the call aborts the engine
+        request. Counted in flight while it runs, as a stream is."""
+        del replica_hint
+        self._ensure_stats_task()
+        self._num_inflight += 1
+        try:
+            return await self._engine.embed(request)
+        except Exception as exc:
+            safe = plainly_picklable(exc)
+            if safe is exc:
+                raise
+            raise safe from exc
+        finally:
+            self._num_inflight -= 1
 
     async def abort(self, request_id: str) -> None:
         await self._engine.abort(request_id)

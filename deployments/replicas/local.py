@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from accel.contract import GenerateRequest, OutputDelta
+from accel.contract import EmbeddingResult, EmbedRequest, GenerateRequest, OutputDelta
 from deployments.config.app import PoolConfig
 from deployments.replicas.engine_replica import EngineFactory, EngineReplica
 from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS
@@ -63,6 +63,10 @@ class LocalPoolClient:
     def generate(self, request: GenerateRequest, replica_id: str | None) -> LocalReplicaStream:
         del replica_id  # the only replica
         return LocalReplicaStream(self.replica.generate(request), self._closing)
+
+    async def embed(self, request: EmbedRequest, replica_id: str | None) -> EmbeddingResult:
+        del replica_id  # the only replica
+        return await self.replica.embed(request)
 
     async def check_health(self) -> None:
         await self.replica.check_health()

@@ -41,7 +41,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, 
 from tokenizers import Tokenizer
 
 from accel.block_hash import hash_prompt_blocks, salted_root
-from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta
+from accel.contract import EmbeddingResult, EmbedRequest, GenerateRequest, InvalidRequestError, OutputDelta
 from deployments.config.app import AppConfig
 from deployments.messages.routing import RouteDecision, RouteRequest, RoutingError, eligible_pools
 from deployments.pd.orchestrator import Call, PDOrchestrator
@@ -110,7 +110,12 @@ class EngineClient:
         try:
             eligible_pools(route, self._pools)
         except RoutingError as err:
-            raise APIError(400, err.message, err.param) from None
+            raise APIError(err.status, err.message, err.param) from None
+
+    def release(self, decision: RouteDecision) -> None:
+        """Hand ``decision``'s ticket back to the router (a request that ran outside ``stream``)."""
+        if decision.ticket:
+            self._router.release(decision, decision.ticket)
 
     def single_replica_decision(self, route: RouteRequest) -> RouteDecision | None:
         """The decision when there is only one replica to send ``route`` to, else None."""
@@ -260,6 +265,26 @@ class EngineClient:
                 excluded_replicas=excluded,
             )
             decision = await self.decide(route)
+
+    async def embed(self, request: EmbedRequest, route: RouteRequest) -> EmbeddingResult:
+        """One pooling request (``route.task == "embed"``) on the replica the router picks; the
+        ticket is released however it ends. A replica that dies answers 503 (no retry: nothing
+        was streamed, the client retries the whole request)."""
+        decision = await self.decide(route)
+        self._local_inflight[decision.pool] += 1
+        try:
+            return await self._engines[decision.pool].embed(request, decision.replica_id)
+        except (APIError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            is_dead, actor_id = dead_replica_actor(exc)
+            if is_dead:
+                self._report_dead(decision, actor_id)
+                raise self._died_error() from exc
+            raise _as_api_error(exc, self._retry_after_s) from exc
+        finally:
+            self._local_inflight[decision.pool] -= 1
+            self.release(decision)
 
     def _died_error(self) -> APIError:
         return APIError(503, "The engine replica serving this request died; retry.", None, self._retry_after_s)
