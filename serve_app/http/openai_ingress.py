@@ -33,7 +33,7 @@ from deployments.messages.routing import RouteRequest
 from deployments.messages.sessions import session_id_from
 from deployments.replicas.local import LocalPoolClient, make_replica
 from deployments.telemetry.metrics import IngressMetrics
-from serve_app.http import health, limits, openapi, stream_render, tokenize_routes
+from serve_app.http import embeddings_route, health, limits, openapi, stream_render, tokenize_routes
 from serve_app.http.auth import ApiKeyMiddleware, key_digests
 from serve_app.http.body_limit import BodyLimitMiddleware
 from serve_app.http.engine_client import EngineClient, merge_streams
@@ -44,6 +44,7 @@ from serve_app.http.protocol import responses as rsp
 from serve_app.http.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
 from serve_app.http.protocol.common import ModelCard, ModelList, random_id
 from serve_app.http.protocol.completions import CompletionRequest
+from serve_app.http.protocol.embeddings import EmbeddingRequest
 from serve_app.http.protocol.errors import APIError
 from serve_app.http.protocol.responses_api import response_events, response_from_chat, responses_call
 from serve_app.http.protocol.tool_output import ChoiceParser
@@ -195,6 +196,12 @@ class OpenAIIngress:
     async def responses(self, request: Request) -> Response:
         """Stateless Responses API: runs as a chat request (serve_app.http.protocol.responses_api)."""
         return await self._handle(request, is_chat=True, is_responses=True)
+
+    @app.post("/v1/embeddings", openapi_extra=openapi.json_body(EmbeddingRequest))
+    async def embeddings(self, request: Request) -> Response:
+        """Pools running vLLM's pooling runner (serve_app.http.embeddings_route)."""
+        client, ingress = self._client, self._config.ingress
+        return await embeddings_route.embeddings(request, client, self._lookup, self._bound, ingress, self._reject)
 
     # -- request handling ---------------------------------------------------------------------
 

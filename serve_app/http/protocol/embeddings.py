@@ -28,7 +28,7 @@ from serve_app.http.protocol.errors import bad_request
 from serve_app.http.protocol.truncation import truncation
 
 POOLING_TRUNCATION_SIDE = "right"  # vllm.tokenizers.registry.get_tokenizer, runner_type "pooling"
-_REFUSED = ("messages", "padding", "mm_processor_kwargs", "cache_salt", "normalize", "chat_template")
+REFUSED_FIELDS = ("messages", "padding", "mm_processor_kwargs", "cache_salt", "normalize", "chat_template")
 _DTYPES: Mapping[str, str] = {"float32": "f4", "float16": "f2"}
 
 
@@ -65,7 +65,7 @@ class EmbeddingResponse(OpenAIBaseModel):
 
 def parse_embedding_request(body: Mapping[str, Any]) -> EmbeddingRequest:
     """The body as an ``EmbeddingRequest``; a refused or invalid field is a 400 naming it."""
-    for name in _REFUSED:
+    for name in REFUSED_FIELDS:
         if body.get(name) is not None:
             raise bad_request(f"`{name}` is not supported by this server's /v1/embeddings", name)
     if isinstance(body.get("input"), list) and any(isinstance(x, dict) for x in body["input"]):

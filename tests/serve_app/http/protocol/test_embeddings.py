@@ -114,3 +114,18 @@ def test_response_body_and_usage():
         "completion_tokens": 0,
         "prompt_tokens_details": None,
     }
+
+
+def test_every_field_of_vllms_request_is_honoured_or_refused():
+    from vllm.entrypoints.pooling.embed.protocol import EmbeddingChatRequest, EmbeddingCompletionRequest
+
+    from serve_app.http.protocol.embeddings import REFUSED_FIELDS, EmbeddingRequest
+
+    ours = set(EmbeddingRequest.model_fields) | set(REFUSED_FIELDS)
+    assert set(EmbeddingCompletionRequest.model_fields) <= ours
+    assert "messages" in REFUSED_FIELDS and set(EmbeddingChatRequest.model_fields) - ours <= {
+        "add_generation_prompt",
+        "continue_final_message",
+        "chat_template_kwargs",
+        "media_io_kwargs",
+    }  # (the chat form's options: it is refused as a whole, by `messages`)

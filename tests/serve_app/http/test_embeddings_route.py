@@ -1,0 +1,128 @@
+"""``POST /v1/embeddings`` over the ingress's ``EngineClient`` with doubles of Serve's handles: one
+engine request per input on the pool the router picks (task ``embed``), tickets released, the
+body in vLLM's shape; refusals with vLLM's statuses."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+
+import pytest
+from starlette.requests import Request
+
+from accel.contract import EmbeddingResult, InvalidRequestError
+from deployments.config.ingress import IngressConfig
+from deployments.config.router import RouterConfig
+from deployments.messages.routing import RouteDecision
+from serve_app.http import limits
+from serve_app.http.embeddings_route import embeddings
+from serve_app.http.engine_client import EngineClient
+from serve_app.http.tokenize_routes import model_lookup
+from tests.doubles.app_configs import app_config, pool_config
+from tests.serve_app.http.engine_doubles import FakeMethod, FakeResponse, FakeRouterHandle
+
+
+def _embed_pool(name, model):
+    pool = pool_config(name, model, "vllm")
+    return dataclasses.replace(
+        pool, engine_config=dataclasses.replace(pool.engine_config, extra_args={"runner": "pooling"})
+    )
+
+
+class FakeEmbedHandle:
+    """A pool handle whose ``embed.remote`` answers a vector made from the prompt (or ``error``)."""
+
+    def __init__(self, error=None):
+        self.calls = []
+
+        def embed(request, replica_hint=None):
+            self.calls.append((request.request_id, request.prompt_token_ids, replica_hint))
+            vector = tuple(float(t) for t in request.prompt_token_ids[:2])
+            return FakeResponse(EmbeddingResult(request.request_id, vector, request.num_prompt_tokens), error=error)
+
+        self.embed = FakeMethod(embed)
+
+
+def _setup(tiny_llama, error=None, max_concurrent=8):
+    from accel.text.tokenizer import load_tokenizer
+
+    pools = (_embed_pool("emb", "e"), pool_config("gen", "g", "vllm"))
+    config = app_config(pools, RouterConfig(decision_timeout_s=1), ingress=IngressConfig(retry_after_s=2))
+    router = FakeRouterHandle(RouteDecision("emb", "replica-1", "ticket", "test"))
+    handle = FakeEmbedHandle(error)
+    client = EngineClient(config, router, {"emb": handle, "gen": FakeEmbedHandle()})
+    tok = load_tokenizer(str(tiny_llama))
+    lookup = model_lookup({m.name: m for m in config.models}, {"e": tok, "g": tok})
+    rejects: list[tuple[str, int]] = []
+    bound = limits.ConcurrencyBound(max_concurrent)
+
+    def call(body, headers=()):
+        payload = json.dumps(body).encode()
+
+        async def receive():
+            return {"type": "http.request", "body": payload, "more_body": False}
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/embeddings", "headers": list(headers)}
+        response = asyncio.run(
+            embeddings(
+                Request(scope, receive), client, lookup, bound, config.ingress, lambda m, s: rejects.append((m, s))
+            )
+        )
+        return response.status_code, json.loads(response.body)
+
+    return call, router, handle, rejects, tok, bound
+
+
+def test_each_input_is_one_engine_request_and_tickets_are_released(tiny_llama):
+    call, router, handle, rejects, tok, bound = _setup(tiny_llama)
+    status, body = call({"model": "e", "input": ["hello world", "x"]})
+    assert status == 200, body
+    ids = [tuple(tok.encode("hello world")), tuple(tok.encode("x"))]
+    assert [c[1] for c in handle.calls] == ids and {c[2] for c in handle.calls} == {"replica-1"}
+    assert [r.task for r in router.routes] == ["embed", "embed"]
+    assert router.released == ["ticket", "ticket"] and bound.held == 0
+    assert [d["embedding"] for d in body["data"]] == [[float(t) for t in i[:2]] for i in ids]
+    assert [d["index"] for d in body["data"]] == [0, 1] and body["model"] == "e" and body["id"].startswith("embd-")
+    n = sum(map(len, ids))
+    assert body["usage"] == {
+        "prompt_tokens": n,
+        "total_tokens": n,
+        "completion_tokens": 0,
+        "prompt_tokens_details": None,
+    }
+    assert rejects == []
+
+
+def test_request_id_is_the_response_id(tiny_llama):
+    call, *_ = _setup(tiny_llama)
+    assert call({"model": "e", "input": [5, 6], "request_id": "mine"})[1]["id"] == "mine"
+
+
+def test_refusals_have_vllms_statuses(tiny_llama):
+    call, router, handle, rejects, *_ = _setup(tiny_llama)
+    assert call({"model": "g", "input": "x"})[0] == 404  # a generative model has no /v1/embeddings
+    assert call({"model": "nope", "input": "x"})[0] == 404
+    status, body = call({"model": "e", "input": "x"}, [(b"x-meshserve-pool", b"gen")])
+    assert (status, body["error"]["param"]) == (400, "x-meshserve-pool")  # a pool of another model
+    assert call({"model": "e", "input": "x", "encoding_format": "bytes"})[0] == 400
+    assert handle.calls == [] and router.routes == []
+    # (labelled with the served model once resolved; a body refused before that: "unknown")
+    assert rejects == [("g", 404), ("unknown", 404), ("e", 400), ("unknown", 400)]
+
+
+@pytest.mark.parametrize("error", [InvalidRequestError("dimensions", "not Matryoshka"), RuntimeError("boom")])
+def test_engine_failures(tiny_llama, error):
+    call, router, *_ = _setup(tiny_llama, error=error)
+    status, body = call({"model": "e", "input": "x", "dimensions": 8})
+    if isinstance(error, InvalidRequestError):
+        assert (status, body["error"]["param"]) == (400, "dimensions")
+    else:
+        assert status == 500 and "boom" not in body["error"]["message"]
+    assert router.released == ["ticket"]
+
+
+def test_over_the_concurrency_bound_is_429(tiny_llama):
+    call, *_ = _setup(tiny_llama, max_concurrent=1)
+    status, body = call({"model": "e", "input": ["a", "b"]})
+    assert status == 429
