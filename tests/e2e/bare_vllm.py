@@ -38,9 +38,15 @@ def command(model_dir: Path, served_name: str, port: int, engine_args: Mapping[s
 
 @contextlib.contextmanager
 def bare_vllm_server(
-    model_dir: Path, served_name: str, engine_args: Mapping[str, Any], log_path: Path, timeout_s: float = 300
+    model_dir: Path,
+    served_name: str,
+    engine_args: Mapping[str, Any],
+    log_path: Path,
+    timeout_s: float = 300,
+    ready_probe: tuple[str, Mapping[str, Any]] | None = None,
 ) -> Iterator[str]:
-    """Yields the server's base URL (``http://127.0.0.1:PORT``) once it answers a completion."""
+    """Yields the server's base URL (``http://127.0.0.1:PORT``) once it answers a completion
+    (``ready_probe``: another (path, body) to wait for, e.g. an embedding on a pooling model)."""
     port = free_port()
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": str(REPO_ROOT)}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -55,7 +61,7 @@ def bare_vllm_server(
         )
         url = f"http://127.0.0.1:{port}"
         try:
-            _wait_ready(url, served_name, proc, log_path, timeout_s)
+            _wait_ready(url, served_name, proc, log_path, timeout_s, ready_probe)
             yield url
         finally:
             with contextlib.suppress(ProcessLookupError):
@@ -67,14 +73,21 @@ def bare_vllm_server(
                 proc.wait(timeout=10)
 
 
-def _wait_ready(url: str, served_name: str, proc: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
+def _wait_ready(
+    url: str,
+    served_name: str,
+    proc: subprocess.Popen,
+    log_path: Path,
+    timeout_s: float,
+    probe: tuple[str, Mapping[str, Any]] | None = None,
+) -> None:
     deadline = time.monotonic() + timeout_s
-    body = {"model": served_name, "prompt": "ready?", "max_tokens": 1}
+    path, body = probe or ("/v1/completions", {"model": served_name, "prompt": "ready?", "max_tokens": 1})
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"bare vLLM exited with {proc.returncode}: {log_path.read_text()[-3000:]}")
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 200:
+            if httpx.post(f"{url}{path}", json=dict(body), timeout=30).status_code == 200:
                 return
         time.sleep(1)
     raise TimeoutError(f"bare vLLM not ready after {timeout_s} s (log {log_path})")
