@@ -1,4 +1,5 @@
-"""``POST /v1/embeddings``: parse (``protocol.embeddings``), resolve the model (404), tokenize
+"""``POST /v1/embeddings`` and ``POST /pooling`` (the same vectors in vLLM's pooling shape:
+``protocol.pooling``): parse (``protocol.embeddings``), resolve the model (404), tokenize
 each input, then place every input on a pool whose engine serves embeddings (vLLM's pooling
 runner: ``RouteRequest.task == "embed"``; a model with none: 404, as vLLM's server has no such
 route for a generative model; a pinned pool that cannot: 400 naming ``model``) and gather the
@@ -10,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 
 from accel.contract import EmbeddingResult, EmbedRequest, InvalidRequestError
 from deployments.config.ingress import IngressConfig
@@ -23,15 +26,35 @@ from serve_app.http import limits
 from serve_app.http.engine_client import EngineClient
 from serve_app.http.json_io import error_response, read_body
 from serve_app.http.protocol.common import random_id
-from serve_app.http.protocol.embeddings import embedding_prompts, embedding_response, parse_embedding_request
+from serve_app.http.protocol.embeddings import (
+    EmbeddingRequest,
+    embedding_prompts,
+    embedding_response,
+    parse_embedding_request,
+)
 from serve_app.http.protocol.errors import APIError
+from serve_app.http.protocol.pooling import parse_pooling_request, pooling_response
 from serve_app.http.tokenize_routes import ModelLookup
 from serve_app.http.workers import in_worker
 
 POOL_HEADER = "x-meshserve-pool"
 
 
-async def embeddings(
+@dataclass(frozen=True)
+class PoolingApi:
+    """What differs between the endpoints: the parse, the response id's prefix and the render."""
+
+    parse: Callable[[Mapping[str, Any]], EmbeddingRequest]
+    id_prefix: str
+    render: Callable[[str, int, str, Sequence[EmbeddingResult], EmbeddingRequest], BaseModel]
+
+
+EMBEDDINGS = PoolingApi(parse_embedding_request, "embd", embedding_response)
+POOLING = PoolingApi(parse_pooling_request, "pooling", pooling_response)
+
+
+async def pooled(
+    api: PoolingApi,
     request: Request,
     client: EngineClient,
     lookup: ModelLookup,
@@ -39,18 +62,18 @@ async def embeddings(
     config: IngressConfig,
     on_reject: Callable[[str, int], None],
 ) -> Response:
-    """The endpoint; ``on_reject(model label, status)`` counts a refused request."""
+    """The endpoint ``api``; ``on_reject(model label, status)`` counts a refused request."""
     held, label = 0, "unknown"
     try:
         body = await read_body(request)
-        req = parse_embedding_request(body)
+        req = api.parse(body)
         model, tok = lookup(req.model)
         label = model.name
         prompts = await in_worker(embedding_prompts, req, tok, model.max_model_len)
         if not bound.try_acquire(len(prompts)):
             raise APIError(429, "Too many requests in flight; retry later.", None, config.retry_after_s)
         held = len(prompts)
-        base_id = random_id("embd")
+        base_id = random_id(api.id_prefix)
         pool = request.headers.get(POOL_HEADER)
         embeds = [
             EmbedRequest(f"{base_id}-{i}", ids, req.dimensions, req.use_activation) for i, ids in enumerate(prompts)
@@ -59,7 +82,7 @@ async def embeddings(
         client.check_routable(routes[0])
         results = await _all_or_none([client.embed(e, r) for e, r in zip(embeds, routes)])
         response_id = req.request_id or request.headers.get("x-request-id") or base_id
-        out = embedding_response(response_id, int(time.time()), model.name, results, req)
+        out = api.render(response_id, int(time.time()), model.name, results, req)
         return JSONResponse(out.model_dump())
     except APIError as err:
         on_reject(label, err.status)

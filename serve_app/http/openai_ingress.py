@@ -46,6 +46,7 @@ from serve_app.http.protocol.common import ModelCard, ModelList, random_id
 from serve_app.http.protocol.completions import CompletionRequest
 from serve_app.http.protocol.embeddings import EmbeddingRequest
 from serve_app.http.protocol.errors import APIError
+from serve_app.http.protocol.pooling import PoolingRequest
 from serve_app.http.protocol.responses_api import response_events, response_from_chat, responses_call
 from serve_app.http.protocol.tool_output import ChoiceParser
 from serve_app.http.protocol.tool_request import ChatTools, ToolPlan
@@ -200,8 +201,16 @@ class OpenAIIngress:
     @app.post("/v1/embeddings", openapi_extra=openapi.json_body(EmbeddingRequest))
     async def embeddings(self, request: Request) -> Response:
         """Pools running vLLM's pooling runner (serve_app.http.embeddings_route)."""
+        return await self._pooled(embeddings_route.EMBEDDINGS, request)
+
+    @app.post("/pooling", openapi_extra=openapi.json_body(PoolingRequest))
+    async def pooling(self, request: Request) -> Response:
+        """vLLM's /pooling for an embedding model: the same vectors in vLLM's pooling shape."""
+        return await self._pooled(embeddings_route.POOLING, request)
+
+    async def _pooled(self, api: embeddings_route.PoolingApi, request: Request) -> Response:
         client, ingress = self._client, self._config.ingress
-        return await embeddings_route.embeddings(request, client, self._lookup, self._bound, ingress, self._reject)
+        return await embeddings_route.pooled(api, request, client, self._lookup, self._bound, ingress, self._reject)
 
     # -- request handling ---------------------------------------------------------------------
 

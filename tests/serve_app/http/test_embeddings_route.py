@@ -16,7 +16,7 @@ from deployments.config.ingress import IngressConfig
 from deployments.config.router import RouterConfig
 from deployments.messages.routing import RouteDecision
 from serve_app.http import limits
-from serve_app.http.embeddings_route import embeddings
+from serve_app.http.embeddings_route import EMBEDDINGS, POOLING, pooled
 from serve_app.http.engine_client import EngineClient
 from serve_app.http.tokenize_routes import model_lookup
 from tests.doubles.app_configs import app_config, pool_config
@@ -57,7 +57,7 @@ def _setup(tiny_llama, error=None, max_concurrent=8):
     rejects: list[tuple[str, int]] = []
     bound = limits.ConcurrencyBound(max_concurrent)
 
-    def call(body, headers=()):
+    def call(body, headers=(), api=EMBEDDINGS):
         payload = json.dumps(body).encode()
 
         async def receive():
@@ -65,8 +65,8 @@ def _setup(tiny_llama, error=None, max_concurrent=8):
 
         scope = {"type": "http", "method": "POST", "path": "/v1/embeddings", "headers": list(headers)}
         response = asyncio.run(
-            embeddings(
-                Request(scope, receive), client, lookup, bound, config.ingress, lambda m, s: rejects.append((m, s))
+            pooled(
+                api, Request(scope, receive), client, lookup, bound, config.ingress, lambda m, s: rejects.append((m, s))
             )
         )
         return response.status_code, json.loads(response.body)
@@ -126,3 +126,17 @@ def test_over_the_concurrency_bound_is_429(tiny_llama):
     call, *_ = _setup(tiny_llama, max_concurrent=1)
     status, body = call({"model": "e", "input": ["a", "b"]})
     assert status == 429
+
+
+def test_pooling_is_the_same_vectors_in_vllms_pooling_shape(tiny_llama):
+    call, router, handle, rejects, tok, bound = _setup(tiny_llama)
+    status, body = call({"model": "e", "input": ["hello world", "x"], "task": "embed"}, api=POOLING)
+    assert status == 200, body
+    ids = [tuple(tok.encode("hello world")), tuple(tok.encode("x"))]
+    assert [(d["index"], d["object"], d["data"]) for d in body["data"]] == [
+        (i, "pooling", [float(t) for t in p[:2]]) for i, p in enumerate(ids)
+    ]
+    assert body["id"].startswith("pooling-") and body["usage"]["prompt_tokens"] == sum(map(len, ids))
+    status, body = call({"model": "e", "input": "x", "task": "token_embed"}, api=POOLING)
+    assert (status, body["error"]["param"]) == (400, "task")
+    assert call({"model": "g", "input": "x"}, api=POOLING)[0] == 404
