@@ -14,6 +14,8 @@ from __future__ import annotations
 from ray.util.metrics import Counter, Gauge, Histogram
 
 from accel.contract import EngineStats, FinishReason, TTEngineStats
+from deployments.telemetry.engine_prometheus import EnginePrometheus
+from deployments.telemetry.ingress_prometheus import IngressPrometheus
 
 ENGINE_TAGS = ("model_name", "pool", "replica")
 
@@ -96,11 +98,18 @@ class EngineMetrics:
     increments and sets the gauges; the TT engine's step statistics (``TTEngineStats``, from its
     ``extra_stats()``; other engines have none) feed the ``meshserve_*`` engine series the same
     way: cumulative counts become increments, current values set gauges.
+
+    ``prom``: the same observations as vLLM-named ``prometheus_client`` series of this replica
+    (``EnginePrometheus``, read by ``GET /metrics``), when the engine does not register vLLM's
+    own (``emit_vllm_metrics``); None otherwise.
     """
 
-    def __init__(self, model_name: str, pool: str, replica: str, emit_vllm_metrics: bool = True):
+    def __init__(
+        self, model_name: str, pool: str, replica: str, emit_vllm_metrics: bool = True, max_model_len: int = 2048
+    ):
         self._tags = {"model_name": model_name, "pool": pool, "replica": replica}
         self.emit_vllm = emit_vllm_metrics
+        self.prom = EnginePrometheus(model_name, max_model_len) if emit_vllm_metrics else None
         self._last_queries = 0
         self._last_hits = 0
         self._last_tt = TTEngineStats()  # counts already turned into increments
@@ -133,16 +142,22 @@ class EngineMetrics:
         )
 
     def observe_first_token(self, ttft_s: float) -> None:
+        if self.prom is not None:
+            self.prom.observe_first_token(ttft_s)
         if self.emit_vllm:
             self.ttft.observe(ttft_s, self._tags)
 
     def observe_delta(self, gap_s: float, num_tokens: int) -> None:
+        if self.prom is not None and num_tokens > 0:
+            self.prom.observe_delta(gap_s, num_tokens)
         if self.emit_vllm and num_tokens > 0:
             self.itl.observe(gap_s / num_tokens, self._tags)
 
     def observe_finish(
         self, reason: FinishReason, num_prompt: int, num_output: int, e2e_s: float, ttft_s: float | None
     ) -> None:
+        if self.prom is not None:
+            self.prom.observe_finish(reason, num_prompt, num_output, e2e_s, ttft_s)
         if not self.emit_vllm:
             return
         self.e2e.observe(e2e_s, self._tags)
@@ -154,6 +169,8 @@ class EngineMetrics:
         self.success.inc(1, {**self._tags, "finished_reason": reason.value})
 
     def observe_stats(self, stats: EngineStats, tt: TTEngineStats | None = None) -> None:
+        if self.prom is not None:
+            self.prom.observe_stats(stats, tt)
         if self.emit_vllm:
             self.running.set(stats.num_running, self._tags)
             self.waiting.set(stats.num_waiting, self._tags)
@@ -188,9 +205,11 @@ class EngineMetrics:
 
 
 class IngressMetrics:
-    """Ingress-side counters: router fallbacks and rejected requests."""
+    """Ingress-side counters: router fallbacks and rejected requests; the same counts as
+    ``meshserve:*`` series of the ingress's ``GET /metrics`` (``prom``)."""
 
     def __init__(self) -> None:
+        self.prom = IngressPrometheus()
         self.router_fallbacks = Counter(
             "meshserve_router_fallbacks", "Requests routed locally because the router did not answer.", ("reason",)
         )
@@ -204,12 +223,15 @@ class IngressMetrics:
 
     def failover(self) -> None:
         self.failovers.inc(1)
+        self.prom.failovers.inc()
 
     def fallback(self, reason: str) -> None:
         self.router_fallbacks.inc(1, {"reason": reason})
+        self.prom.router_fallbacks.labels(reason).inc()
 
     def reject(self, model: str, status: int) -> None:
         self.rejected.inc(1, {"model_name": model, "status": str(status)})
+        self.prom.rejected.labels(model, str(status)).inc()
 
 
 class RouterMetrics:
