@@ -152,9 +152,14 @@ class VllmEngine:
         if use_ray_metrics is None:
             use_ray_metrics = _is_ray_initialized()
         if use_ray_metrics:
+            # Ray's stat logger, then vLLM's plain Prometheus logger (in this order: each
+            # unregisters the vllm:* metrics of the process's prometheus_client REGISTRY first):
+            # the replica reads vLLM's own values there for the ingress's GET /metrics
+            # (EngineReplica.metrics_snapshot). Without Ray, vLLM adds that logger itself.
+            from vllm.v1.metrics.loggers import PrometheusStatLogger
             from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
-            stat_loggers.append(RayPrometheusStatLogger)
+            stat_loggers += [RayPrometheusStatLogger, PrometheusStatLogger]
         logger.info(
             "starting vLLM on %s: model=%s tp=%d max_model_len=%s block_size=%s "
             "prefix_caching=%s; loading weights, sizing KV cache, compiling/warming up",

@@ -18,6 +18,8 @@ import time
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
+from prometheus_client import REGISTRY
+
 from accel.contract import (
     EmbeddingResult,
     EmbedRequest,
@@ -34,6 +36,7 @@ from deployments.messages.replica_snapshot import ReplicaSnapshot
 from deployments.replicas.delta_coalescer import DeltaCoalescer
 from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS, KVEventLog
 from deployments.telemetry.metrics import EngineMetrics
+from deployments.telemetry.snapshot import MetricsSnapshot, registry_snapshot, with_label
 
 logger = logging.getLogger(__name__)
 
@@ -112,11 +115,14 @@ class EngineReplica:
         self._last_progress_at = time.monotonic()
         self._stats_task: asyncio.Task[None] | None = None
         self._metrics = self._make_metrics(emit_vllm_metrics)
+        self._reads_vllm_registry = not emit_vllm_metrics  # vLLM's own stat logger keeps vllm:*
         self._is_shut_down = False
 
     def _make_metrics(self, emit_vllm_metrics: bool) -> EngineMetrics | None:
         try:
-            return EngineMetrics(self.pool.model, self.pool.name, self.replica_id, emit_vllm_metrics=emit_vllm_metrics)
+            return EngineMetrics(
+                self.pool.model, self.pool.name, self.replica_id, emit_vllm_metrics, self.pool.max_model_len
+            )
         except Exception:
             logger.warning("metrics unavailable in this process", exc_info=True)
             return None
@@ -235,6 +241,16 @@ class EngineReplica:
 
     def stats(self) -> EngineStats:
         return self._engine.stats()
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """This replica's ``vllm:*`` (and ``meshserve:*``) series for the ingress's ``GET /metrics``:
+        vLLM's own, from its Prometheus stat logger in this process's ``prometheus_client``
+        registry (``model_name`` set to the served model's name), or the ones this replica keeps
+        for its engine (``EnginePrometheus``)."""
+        if self._reads_vllm_registry:
+            return registry_snapshot(REGISTRY, "vllm:", with_label("model_name", self.pool.model))
+        prom = self._metrics.prom if self._metrics is not None else None
+        return prom.snapshot() if prom is not None else MetricsSnapshot()
 
     def routing_snapshot(self, cursors: Mapping[str, KVCursor] | None = None) -> ReplicaSnapshot:
         """Stats and KV state for one router's poll (by broadcast, so ``cursors`` holds the

@@ -19,6 +19,7 @@ from deployments.replicas.engine_replica import EngineFactory, EngineReplica
 from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS
 from deployments.replicas.tt_replica import TTMeshReplica
 from deployments.replicas.vllm_replica import VllmReplica
+from deployments.telemetry.snapshot import MetricsSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,10 @@ class LocalPoolClient:
     async def embed(self, request: EmbedRequest, replica_id: str | None) -> EmbeddingResult:
         del replica_id  # the only replica
         return await self.replica.embed(request)
+
+    async def metrics_snapshots(self, timeout_s: float) -> list[MetricsSnapshot | BaseException]:
+        del timeout_s  # (a call in this process)
+        return [self.replica.metrics_snapshot()]
 
     async def check_health(self) -> None:
         await self.replica.check_health()

@@ -39,6 +39,7 @@ from serve_app.http.body_limit import BodyLimitMiddleware
 from serve_app.http.engine_client import EngineClient, merge_streams
 from serve_app.http.engine_support import check_engine_support
 from serve_app.http.json_io import error_response, read_body
+from serve_app.http.metrics_route import metrics as metrics_body
 from serve_app.http.protocol import conversion as conv
 from serve_app.http.protocol import responses as rsp
 from serve_app.http.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
@@ -184,6 +185,12 @@ class OpenAIIngress:
     @app.get("/version")
     async def version(self) -> JSONResponse:
         return tokenize_routes.version()
+
+    @app.get("/metrics")
+    async def metrics(self) -> Response:
+        """vLLM's /metrics: every engine replica's vllm:* series summed, and meshserve:* (metrics_route)."""
+        ingress = self._metrics.prom if self._metrics is not None else None
+        return await metrics_body(self._client.engines, ingress, self._bound.held)
 
     @app.post("/v1/completions", openapi_extra=openapi.json_body(CompletionRequest))
     async def completions(self, request: Request) -> Response:
