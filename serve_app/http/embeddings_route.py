@@ -1,56 +1,71 @@
-"""``POST /v1/embeddings`` and ``POST /pooling`` (the same vectors in vLLM's pooling shape:
-``protocol.pooling``): parse (``protocol.embeddings``), resolve the model (404), tokenize
-each input, then place every input on a pool whose engine serves embeddings (vLLM's pooling
-runner: ``RouteRequest.task == "embed"``; a model with none: 404, as vLLM's server has no such
-route for a generative model; a pinned pool that cannot: 400 naming ``model``) and gather the
-vectors. One engine request per input, counted against ``max_concurrent_requests`` as a
-completion's prompts are.
+"""The pooling endpoints: ``POST /v1/embeddings``, ``/pooling`` (the same vectors in vLLM's
+pooling shape), ``/score`` and ``/rerank`` (cosine similarity of the texts' embeddings, as vLLM
+scores with an embedding model). Each parses its body into a ``PooledCall`` (the protocol layer:
+``protocol.embeddings``, ``protocol.pooling``, ``protocol.scoring``); then alike: resolve the
+model (404), tokenize its prompts, place every prompt on a pool whose engine serves embeddings
+(vLLM's pooling runner: ``RouteRequest.task == "embed"``; a model with none: 404, as vLLM's server
+has no such route for a generative model; a pinned pool that cannot: 400 naming ``model``),
+gather the vectors and let the call render them. One engine request per prompt, counted against
+``max_concurrent_requests`` as a completion's prompts are.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from accel.contract import EmbeddingResult, EmbedRequest, InvalidRequestError
+from accel.text.tokenizer import TextTokenizer
 from deployments.config.ingress import IngressConfig
 from deployments.messages.routing import RouteRequest
 from serve_app.http import limits
 from serve_app.http.engine_client import EngineClient
 from serve_app.http.json_io import error_response, read_body
-from serve_app.http.protocol.common import random_id
-from serve_app.http.protocol.embeddings import (
-    EmbeddingRequest,
-    embedding_prompts,
-    embedding_response,
-    parse_embedding_request,
-)
+from serve_app.http.protocol.embeddings import parse_embedding_request
 from serve_app.http.protocol.errors import APIError
-from serve_app.http.protocol.pooling import parse_pooling_request, pooling_response
+from serve_app.http.protocol.pooling import parse_pooling_request
+from serve_app.http.protocol.scoring import parse_rerank_request, parse_score_request
 from serve_app.http.tokenize_routes import ModelLookup
 from serve_app.http.workers import in_worker
 
 POOL_HEADER = "x-meshserve-pool"
 
 
+class PooledCall(Protocol):
+    """A parsed pooling request: its prompts, its engine options, and its render."""
+
+    model: str | None
+    request_id: str | None
+    use_activation: bool | None
+
+    @property
+    def dimensions(self) -> int | None: ...
+
+    def prompts(self, tok: TextTokenizer, max_model_len: int) -> list[tuple[int, ...]]: ...
+
+    def render(self, response_id: str, created: int, model: str, results: Sequence[EmbeddingResult]) -> BaseModel: ...
+
+
 @dataclass(frozen=True)
 class PoolingApi:
-    """What differs between the endpoints: the parse, the response id's prefix and the render."""
+    """One endpoint: its parse and its response id's prefix (vLLM's: ``<prefix>-<request id>``)."""
 
-    parse: Callable[[Mapping[str, Any]], EmbeddingRequest]
+    parse: Callable[[Mapping[str, Any]], PooledCall]
     id_prefix: str
-    render: Callable[[str, int, str, Sequence[EmbeddingResult], EmbeddingRequest], BaseModel]
 
 
-EMBEDDINGS = PoolingApi(parse_embedding_request, "embd", embedding_response)
-POOLING = PoolingApi(parse_pooling_request, "pooling", pooling_response)
+EMBEDDINGS = PoolingApi(parse_embedding_request, "embd")
+POOLING = PoolingApi(parse_pooling_request, "pooling")
+SCORE = PoolingApi(parse_score_request, "score")
+RERANK = PoolingApi(parse_rerank_request, "score")
 
 
 async def pooled(
@@ -65,25 +80,19 @@ async def pooled(
     """The endpoint ``api``; ``on_reject(model label, status)`` counts a refused request."""
     held, label = 0, "unknown"
     try:
-        body = await read_body(request)
-        req = api.parse(body)
-        model, tok = lookup(req.model)
+        call = api.parse(await read_body(request))
+        model, tok = lookup(call.model)
         label = model.name
-        prompts = await in_worker(embedding_prompts, req, tok, model.max_model_len)
+        prompts = await in_worker(call.prompts, tok, model.max_model_len)
         if not bound.try_acquire(len(prompts)):
             raise APIError(429, "Too many requests in flight; retry later.", None, config.retry_after_s)
         held = len(prompts)
-        base_id = random_id(api.id_prefix)
-        pool = request.headers.get(POOL_HEADER)
-        embeds = [
-            EmbedRequest(f"{base_id}-{i}", ids, req.dimensions, req.use_activation) for i, ids in enumerate(prompts)
-        ]
-        routes = [RouteRequest(e.request_id, model.name, e.num_prompt_tokens, pool, task="embed") for e in embeds]
-        client.check_routable(routes[0])
-        results = await _all_or_none([client.embed(e, r) for e, r in zip(embeds, routes)])
-        response_id = req.request_id or request.headers.get("x-request-id") or base_id
-        out = api.render(response_id, int(time.time()), model.name, results, req)
-        return JSONResponse(out.model_dump())
+        # As vLLM: the X-Request-Id header, else the body's request_id, else a new one.
+        base_id = request.headers.get("x-request-id") or call.request_id or uuid.uuid4().hex
+        response_id = f"{api.id_prefix}-{base_id}"
+        engine_id = f"{api.id_prefix}-{uuid.uuid4().hex}"  # unique even when clients reuse ids
+        results = await _embed_all(client, model.name, prompts, call, engine_id, request.headers.get(POOL_HEADER))
+        return JSONResponse(call.render(response_id, int(time.time()), model.name, results).model_dump())
     except APIError as err:
         on_reject(label, err.status)
         return error_response(err)
@@ -93,6 +102,23 @@ async def pooled(
     finally:
         if held:
             bound.release(held)
+
+
+async def _embed_all(
+    client: EngineClient,
+    model: str,
+    prompts: Sequence[tuple[int, ...]],
+    call: PooledCall,
+    engine_id: str,
+    pool: str | None,
+) -> list[EmbeddingResult]:
+    """Every prompt's vector, in order (one engine request each, task ``embed``)."""
+    embeds = [
+        EmbedRequest(f"{engine_id}-{i}", ids, call.dimensions, call.use_activation) for i, ids in enumerate(prompts)
+    ]
+    routes = [RouteRequest(e.request_id, model, e.num_prompt_tokens, pool, task="embed") for e in embeds]
+    client.check_routable(routes[0])
+    return await _all_or_none([client.embed(e, r) for e, r in zip(embeds, routes)])
 
 
 async def _all_or_none(calls: list[Coroutine[Any, Any, EmbeddingResult]]) -> list[EmbeddingResult]:

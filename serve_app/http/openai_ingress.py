@@ -215,6 +215,18 @@ class OpenAIIngress:
         """vLLM's /pooling for an embedding model: the same vectors in vLLM's pooling shape."""
         return await self._pooled(embeddings_route.POOLING, request)
 
+    @app.post("/score")
+    @app.post("/v1/score")
+    async def score(self, request: Request) -> Response:
+        """vLLM's scoring with an embedding model: cosine similarity of the texts' vectors."""
+        return await self._pooled(embeddings_route.SCORE, request)
+
+    @app.post("/rerank")
+    @app.post("/v1/rerank")
+    @app.post("/v2/rerank")
+    async def rerank(self, request: Request) -> Response:
+        return await self._pooled(embeddings_route.RERANK, request)
+
     async def _pooled(self, api: embeddings_route.PoolingApi, request: Request) -> Response:
         client, ingress = self._client, self._config.ingress
         return await embeddings_route.pooled(api, request, client, self._lookup, self._bound, ingress, self._reject)

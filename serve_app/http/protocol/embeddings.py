@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from accel.contract import EmbeddingResult
 from accel.text.tokenizer import TextTokenizer
@@ -46,6 +46,13 @@ class EmbeddingRequest(OpenAIBaseModel):
     embed_dtype: str = "float32"
     endianness: Literal["native", "little", "big"] = "native"
     use_activation: bool | None = None
+
+    def prompts(self, tok: TextTokenizer, max_model_len: int) -> list[tuple[int, ...]]:
+        """The prompts to embed, one per input."""
+        return embedding_prompts(self, tok, max_model_len)
+
+    def render(self, response_id: str, created: int, model: str, results: Sequence[EmbeddingResult]) -> BaseModel:
+        return embedding_response(response_id, created, model, results, self)
 
 
 class EmbeddingResponseData(OpenAIBaseModel):

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pydantic import BaseModel
+
 from accel.contract import EmbeddingResult
 from serve_app.http.protocol.common import OpenAIBaseModel, UsageInfo
 from serve_app.http.protocol.embeddings import EmbeddingRequest, encode_embedding, parse_embedding_request
@@ -20,6 +22,9 @@ SERVED_TASK = "embed"
 
 class PoolingRequest(EmbeddingRequest):
     task: str | None = None
+
+    def render(self, response_id: str, created: int, model: str, results: Sequence[EmbeddingResult]) -> BaseModel:
+        return pooling_response(response_id, created, model, results, self)
 
 
 class PoolingResponseData(OpenAIBaseModel):
@@ -37,12 +42,13 @@ class PoolingResponse(OpenAIBaseModel):
     usage: UsageInfo
 
 
-def parse_pooling_request(body: Mapping[str, Any]) -> EmbeddingRequest:
+def parse_pooling_request(body: Mapping[str, Any]) -> PoolingRequest:
     """The body as an embeddings request; a ``task`` other than ``embed`` is a 400 naming it."""
     task = body.get("task")
     if task is not None and task != SERVED_TASK:
         raise bad_request(f"Unsupported task: {task!r} Supported tasks: [{SERVED_TASK!r}]", "task")
-    return parse_embedding_request({k: v for k, v in body.items() if k != "task"})
+    req = parse_embedding_request({k: v for k, v in body.items() if k != "task"})
+    return PoolingRequest.model_validate({**req.model_dump(), "task": task})
 
 
 def pooling_response(

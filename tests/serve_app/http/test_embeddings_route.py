@@ -96,7 +96,9 @@ def test_each_input_is_one_engine_request_and_tickets_are_released(tiny_llama):
 
 def test_request_id_is_the_response_id(tiny_llama):
     call, *_ = _setup(tiny_llama)
-    assert call({"model": "e", "input": [5, 6], "request_id": "mine"})[1]["id"] == "mine"
+    assert call({"model": "e", "input": [5, 6], "request_id": "mine"})[1]["id"] == "embd-mine"  # as vLLM
+    headers = [(b"x-request-id", b"theirs")]
+    assert call({"model": "e", "input": [5, 6], "request_id": "mine"}, headers)[1]["id"] == "embd-theirs"
 
 
 def test_refusals_have_vllms_statuses(tiny_llama):
@@ -140,3 +142,20 @@ def test_pooling_is_the_same_vectors_in_vllms_pooling_shape(tiny_llama):
     status, body = call({"model": "e", "input": "x", "task": "token_embed"}, api=POOLING)
     assert (status, body["error"]["param"]) == (400, "task")
     assert call({"model": "g", "input": "x"}, api=POOLING)[0] == 404
+
+
+def test_score_and_rerank_embed_each_text_once(tiny_llama):
+    from serve_app.http.embeddings_route import RERANK, SCORE
+
+    call, router, handle, rejects, tok, bound = _setup(tiny_llama)
+    status, body = call(
+        {"model": "e", "queries": "hello", "documents": ["hello world", "x"], "request_id": "q"}, api=SCORE
+    )
+    assert status == 200, body
+    texts = ["hello", "hello world", "x"]
+    assert [c[1] for c in handle.calls] == [tuple(tok.encode(t)) for t in texts]
+    assert body["id"] == "score-q" and [d["index"] for d in body["data"]] == [0, 1]
+    assert body["usage"]["prompt_tokens"] == sum(len(tok.encode(t)) for t in texts)
+    status, body = call({"model": "e", "query": "hello", "documents": ["hello world", "x"], "top_n": 1}, api=RERANK)
+    assert status == 200 and len(body["results"]) == 1 and router.released == ["ticket"] * 6
+    assert call({"model": "g", "queries": "a", "documents": "b"}, api=SCORE)[0] == 404
