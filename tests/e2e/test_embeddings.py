@@ -6,9 +6,11 @@ embedding model; a plain one for the generative model's refusal).
 
 Equal: the vectors (float and base64, the client's default; ``allclose`` with rtol 0, atol 1e-6:
 the same engine on the same CPU kernels, so in practice bit-equal), their count, order and
-length, the usage; the statuses of the refusals (``dimensions`` on a model that is not
-Matryoshka, an empty input list, an input over max_model_len, chat and completions to the
-embedding model, embeddings from the generative model).
+length, the usage; ``/pooling``, ``/score`` and ``/rerank`` bodies (values within the same
+tolerance, rerank order and documents exactly); the statuses of the refusals (``dimensions`` on
+a model that is not Matryoshka, an empty input list, an input over max_model_len, chat and
+completions to the embedding model, another pooling task, mismatched score sides, embeddings
+from the generative model).
 """
 
 from __future__ import annotations
@@ -45,6 +47,31 @@ INPUTS = [
     [[5, 6], [7, 8, 9]],
 ]
 ATOL = 1e-6
+# vLLM's other pooling endpoints for an embedding model, with the same checkpoint.
+OTHER_CALLS = [
+    ("/pooling", {"input": ["hello world", "x"]}),
+    ("/pooling", {"input": [5, 6, 7], "task": "embed", "encoding_format": "float"}),
+    ("/score", {"queries": "hello", "documents": ["hello world", "bye", "def f(): pass"]}),
+    ("/v1/score", {"text_1": ["a", "b"], "text_2": ["c", "d"]}),
+    ("/rerank", {"query": "hello", "documents": ["hello world", "bye", "x"], "top_n": 2}),
+    ("/v2/rerank", {"query": "hello", "documents": ["hello world", "bye"]}),
+]
+
+
+def _numbers(body: dict) -> dict:
+    """What must agree in a pooling/score/rerank body (ids and timestamps differ)."""
+    if "results" in body:
+        ranked = [(r["index"], r["document"], r["relevance_score"]) for r in body["results"]]
+        return {"usage": body["usage"], "order": [r[:2] for r in ranked], "values": [r[2] for r in ranked]}
+    values = [d.get("data", d.get("score")) for d in body["data"]]
+    usage = {k: body["usage"][k] for k in ("prompt_tokens", "total_tokens")}
+    return {"usage": usage, "objects": [d["object"] for d in body["data"]], "values": values}
+
+
+def _other_endpoints(url: str, model: str) -> list[dict]:
+    return [
+        _numbers(httpx.post(url + path, json={"model": model, **body}, timeout=60).json()) for path, body in OTHER_CALLS
+    ]
 
 
 def _refusals(url: str, embed_model: str) -> dict[str, int]:
@@ -55,6 +82,8 @@ def _refusals(url: str, embed_model: str) -> dict[str, int]:
         "too_long": ("/v1/embeddings", {"model": embed_model, "input": [5] * 513}),
         "chat": ("/v1/chat/completions", {"model": embed_model, "messages": [{"role": "user", "content": "hi"}]}),
         "completion": ("/v1/completions", {"model": embed_model, "prompt": "hi", "max_tokens": 2}),
+        "pooling_task": ("/pooling", {"model": embed_model, "input": "x", "task": "classify"}),
+        "score_lengths": ("/score", {"model": embed_model, "queries": ["a", "b"], "documents": ["c", "d", "e"]}),
     }
     return {name: httpx.post(url + path, json=body, timeout=60).status_code for name, (path, body) in bodies.items()}
 
@@ -76,6 +105,7 @@ def reference(tiny_llama, tmp_path_factory) -> dict:
     with bare_vllm_server(tiny_llama, "tiny-embed", EMBED_ARGS, logs / "embed.log", ready_probe=probe) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
         answers = {"embeddings": _embeddings(client, "tiny-embed"), "refusals": _refusals(url, "tiny-embed")}
+        answers["others"] = _other_endpoints(url, "tiny-embed")
     gen_args = {"max_model_len": 512, "dtype": "float32", "enforce_eager": True}
     with bare_vllm_server(tiny_llama, "tiny-llama", gen_args, logs / "generate.log") as url:
         body = {"model": "tiny-llama", "input": "x"}
@@ -100,6 +130,12 @@ def test_embeddings_equal_bare_vllms(reference, ours):
         assert mine["usage"].total_tokens == theirs["usage"].total_tokens
         assert [len(v) for v in mine["vectors"]] == [len(v) for v in theirs["vectors"]] != []
         np.testing.assert_allclose(np.asarray(mine["vectors"]), np.asarray(theirs["vectors"]), rtol=0, atol=ATOL)
+
+
+def test_pooling_score_and_rerank_equal_bare_vllms(reference, ours):
+    for mine, theirs in zip(_other_endpoints(ours, "tiny-embed"), reference["others"], strict=True):
+        assert {k: v for k, v in mine.items() if k != "values"} == {k: v for k, v in theirs.items() if k != "values"}
+        np.testing.assert_allclose(np.asarray(mine["values"]), np.asarray(theirs["values"]), rtol=0, atol=ATOL)
 
 
 def test_refusals_have_bare_vllms_statuses(reference, ours):
