@@ -12,6 +12,7 @@ gather the vectors and let the call render them. One engine request per prompt, 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -37,6 +38,10 @@ from serve_app.http.tokenize_routes import ModelLookup
 from serve_app.http.workers import in_worker
 
 POOL_HEADER = "x-meshserve-pool"
+# The body fields that carry text to tokenize, across the pooling endpoints.
+TEXT_FIELDS = ("input", "query", "queries", "documents", "items", "data_1", "data_2", "text_1", "text_2")
+
+logger = logging.getLogger(__name__)
 
 
 class PooledCall(Protocol):
@@ -80,9 +85,12 @@ async def pooled(
     """The endpoint ``api``; ``on_reject(model label, status)`` counts a refused request."""
     held, label = 0, "unknown"
     try:
-        call = api.parse(await read_body(request))
+        body = await read_body(request)
+        limits.check_unicode(body)
+        call = api.parse(body)
         model, tok = lookup(call.model)
         label = model.name
+        _check_text_size(body, config.prompt_char_cap(model.max_model_len))
         prompts = await in_worker(call.prompts, tok, model.max_model_len)
         if not bound.try_acquire(len(prompts)):
             raise APIError(429, "Too many requests in flight; retry later.", None, config.retry_after_s)
@@ -99,9 +107,24 @@ async def pooled(
     except InvalidRequestError as err:
         on_reject(label, 400)
         return error_response(APIError(400, err.message, err.field))
+    except Exception:
+        logger.exception("pooling request failed")  # details in the log only, as the other endpoints
+        on_reject(label, 500)
+        return error_response(APIError(500, "Internal server error; see the server log."))
     finally:
         if held:
             bound.release(held)
+
+
+def _check_text_size(body: Mapping[str, Any], cap: int) -> None:
+    """400 past the ingress's character cap (``max_prompt_chars``), before anything is tokenized."""
+    for field in TEXT_FIELDS:
+        value = body.get(field)
+        chars = sum(len(v) for v in (value if isinstance(value, list) else [value]) if isinstance(v, str))
+        if chars > cap:
+            raise APIError(
+                400, f"{field} has {chars} characters, more than the limit of {cap}; please reduce the input.", field
+            )
 
 
 async def _embed_all(

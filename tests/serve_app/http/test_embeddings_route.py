@@ -159,3 +159,16 @@ def test_score_and_rerank_embed_each_text_once(tiny_llama):
     status, body = call({"model": "e", "query": "hello", "documents": ["hello world", "x"], "top_n": 1}, api=RERANK)
     assert status == 200 and len(body["results"]) == 1 and router.released == ["ticket"] * 6
     assert call({"model": "g", "queries": "a", "documents": "b"}, api=SCORE)[0] == 404
+
+
+def test_invalid_unicode_and_oversized_text_are_400_before_tokenizing(tiny_llama):
+    call, router, handle, *_ = _setup(tiny_llama)
+    status, body = call({"model": "e", "input": ["ok", "bad \ud800"]})
+    assert (status, body["error"]["param"]) == (400, "input")
+    status, body = call({"model": "e", "input": "x" * (2048 * 32 + 1)})  # past max_model_len x 32 characters
+    assert (status, body["error"]["param"]) == (400, "input")
+    from serve_app.http.embeddings_route import RERANK
+
+    status, body = call({"model": "e", "query": "q", "documents": ["y" * (2048 * 32 + 1)]}, api=RERANK)
+    assert (status, body["error"]["param"]) == (400, "documents")
+    assert handle.calls == []
