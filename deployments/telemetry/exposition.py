@@ -46,6 +46,10 @@ def prometheus_family(family: Family) -> Metric:
         if isinstance(out, HistogramMetricFamily):
             buckets = [(_le(bound), count) for bound, count in series.buckets]
             out.add_metric(values, buckets, series.value)
+            if series.created is not None:  # (add_metric takes no created for a histogram)
+                out.add_sample(family.name + "_created", dict(zip(names, values)), series.created)
+        elif isinstance(out, CounterMetricFamily):
+            out.add_metric(values, series.value, created=series.created)
         else:
             out.add_metric(values, series.value)
     return out

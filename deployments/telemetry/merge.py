@@ -4,6 +4,7 @@ several replicas (pools, engine kinds): series with equal names and labels add u
 - Counters and histograms add (sums, and bucket counts bound by bound). Buckets with different
   bounds (a pool with other custom buckets) merge over the union of bounds, each replica's
   cumulative count read at its largest bound not above it: exact at shared bounds and ``+Inf``.
+- A counter's or histogram's ``_created`` is the earliest of the replicas'.
 - Gauges add (requests running, waiting), except a fraction (``*_perc``: KV cache usage), which
   is averaged over the replicas reporting it, and a state or info gauge (``*_info``,
   ``vllm:engine_sleep_state``), whose largest value is kept.
@@ -64,6 +65,8 @@ def _merge_series(name: str, kind: MetricKind, labels: Labels, group: list[Serie
     if kind == "histogram":
         return merge_histograms(labels, group)
     values = [s.value for s in group]
+    if kind == "counter":
+        return Series(labels, sum(values), created=earliest(group))
     if kind == "gauge":
         rule = gauge_rule(name)
         if rule == "mean":
@@ -82,4 +85,9 @@ def merge_histograms(labels: Labels, group: list[Series]) -> Series:
             at = bisect.bisect_right(own, bound) - 1  # its largest bound <= this one
             if at >= 0:
                 counts[i] += series.buckets[at][1]
-    return Series(labels, sum(s.value for s in group), tuple(zip(bounds, counts)))
+    return Series(labels, sum(s.value for s in group), tuple(zip(bounds, counts)), earliest(group))
+
+
+def earliest(group: list[Series]) -> float | None:
+    created = [s.created for s in group if s.created is not None]
+    return min(created) if created else None

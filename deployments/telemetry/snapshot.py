@@ -24,11 +24,13 @@ Labels = tuple[tuple[str, str], ...]  # sorted by name
 class Series:
     """One labelled series. ``value``: a counter's total, a gauge's value, a histogram's sum.
     ``buckets``: a histogram's (upper bound, cumulative count), ascending, ``inf`` last (its
-    count is the histogram's ``_count``)."""
+    count is the histogram's ``_count``). ``created``: a counter's or histogram's ``_created``
+    (Unix time it started counting), as ``prometheus_client`` exports it; None without."""
 
     labels: Labels
     value: float = 0.0
     buckets: tuple[tuple[float, float], ...] = ()
+    created: float | None = None
 
     @property
     def count(self) -> float:
@@ -65,16 +67,23 @@ def family_of(metric: Metric, relabel: Callable[[Labels], Labels] | None = None)
     """A collected ``prometheus_client`` family as a ``Family`` (None for kinds other than
     counter, gauge and histogram); ``relabel`` rewrites every series' labels."""
     fix = relabel or (lambda labels: labels)
+    created = {labels_of(s.labels): float(s.value) for s in metric.samples if s.name == metric.name + "_created"}
     if metric.type in ("counter", "gauge"):
         wanted = metric.name + "_total" if metric.type == "counter" else metric.name
-        series = tuple(Series(fix(labels_of(s.labels)), float(s.value)) for s in metric.samples if s.name == wanted)
+        series = tuple(
+            Series(fix(labels_of(s.labels)), float(s.value), created=created.get(labels_of(s.labels)))
+            for s in metric.samples
+            if s.name == wanted
+        )
         return Family(metric.name, metric.type, metric.documentation, series)  # type: ignore[arg-type]
     if metric.type == "histogram":
-        return Family(metric.name, "histogram", metric.documentation, _histogram_series(metric, fix))
+        return Family(metric.name, "histogram", metric.documentation, _histogram_series(metric, fix, created))
     return None
 
 
-def _histogram_series(metric: Metric, fix: Callable[[Labels], Labels]) -> tuple[Series, ...]:
+def _histogram_series(
+    metric: Metric, fix: Callable[[Labels], Labels], created: Mapping[Labels, float]
+) -> tuple[Series, ...]:
     sums: dict[Labels, float] = {}
     buckets: dict[Labels, list[tuple[float, float]]] = {}
     for s in metric.samples:
@@ -84,7 +93,7 @@ def _histogram_series(metric: Metric, fix: Callable[[Labels], Labels]) -> tuple[
             rest = labels_of({k: v for k, v in s.labels.items() if k != "le"})
             buckets.setdefault(rest, []).append((float(s.labels["le"]), float(s.value)))
     return tuple(
-        Series(fix(labels), sums.get(labels, 0.0), tuple(sorted(bs, key=lambda b: b[0])))
+        Series(fix(labels), sums.get(labels, 0.0), tuple(sorted(bs, key=lambda b: b[0])), created.get(labels))
         for labels, bs in buckets.items()
     )
 

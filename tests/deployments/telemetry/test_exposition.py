@@ -60,6 +60,9 @@ def test_render_round_trips_through_prometheus_clients_parser():
     buckets = parsed["vllm:e2e_request_latency_seconds_bucket"]
     assert {dict(k)["le"]: v for k, v in buckets.items()} == {"0.5": 1.0, "1.0": 2.0, "+Inf": 2.0}
     assert b"# TYPE vllm:prompt_tokens_total counter" in body
+    # _created as prometheus_client (and so vLLM) writes it, for counters and histograms alike
+    assert set(parsed["vllm:prompt_tokens_created"]) == {key}
+    assert set(parsed["vllm:e2e_request_latency_seconds_created"]) == {key}
     assert b"# TYPE vllm:e2e_request_latency_seconds histogram" in body
 
 

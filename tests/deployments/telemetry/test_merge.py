@@ -84,3 +84,15 @@ def test_a_family_of_another_kind_elsewhere_keeps_the_first_kind():
 
 def test_nothing_to_merge_is_an_empty_snapshot():
     assert merge_snapshots([]) == MetricsSnapshot()
+
+
+def test_created_is_the_earliest_replicas():
+    def counter(created):
+        return _snap(Family("vllm:prompt_tokens", "counter", "", (Series(LABELS, 1.0, created=created),)))
+
+    def histogram(created):
+        series = Series(LABELS, 1.0, ((math.inf, 1.0),), created)
+        return _snap(Family("vllm:e2e_request_latency_seconds", "histogram", "", (series,)))
+
+    merged = merge_snapshots([counter(20.0), counter(None), counter(10.0), histogram(30.0), histogram(5.0)])
+    assert [f.series[0].created for f in merged.families] == [10.0, 5.0]
