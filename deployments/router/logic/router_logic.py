@@ -52,6 +52,7 @@ from accel.block_hash import BlockHash
 from accel.contract import EngineStats
 from deployments.config.app import Role
 from deployments.config.router import ModelRouting, RouterConfig
+from deployments.config.task import PoolTask
 from deployments.messages.kv_events import KVEvent
 from deployments.messages.routing import RouteDecision, RouteRequest, prefill_ticket_of, stable_hash64
 
@@ -77,6 +78,9 @@ class ReplicaInfo:
     # False: the engine publishes no KV events (at the router's block size), so even in
     # ``precise`` mode this replica's index entries are learned from routing (approximate).
     publishes_kv_events: bool = True
+    # What its pool's engine serves (``deployments.config.task``): a request goes only where its
+    # task is served (a model may have generative and pooling pools).
+    tasks: frozenset[PoolTask] = frozenset({"generate"})
 
 
 @dataclass(frozen=True)
@@ -239,10 +243,16 @@ class RouterLogic:
         return not self._load.in_flight.get(replica_id) and not self._load.foreign_in_flight().get(replica_id)
 
     def _allowed(self, request: RouteRequest) -> frozenset[str] | None:
-        """The replicas a pinned or retried request may use; None = every replica of its model."""
-        if request.pool is None and not request.excluded_replicas:
+        """The replicas a pinned or retried request, or one whose task not every replica of its
+        model serves, may use; None = every replica of its model."""
+        serves_all = all(request.task in i.tasks for i in self._replicas.values() if i.model == request.model)
+        if request.pool is None and not request.excluded_replicas and serves_all:
             return None
-        replicas = (r for r, info in self._replicas.items() if request.pool is None or info.pool == request.pool)
+        replicas = (
+            r
+            for r, info in self._replicas.items()
+            if (request.pool is None or info.pool == request.pool) and request.task in info.tasks
+        )
         return frozenset(replicas) - frozenset(request.excluded_replicas)
 
     def _decision(self, request: RouteRequest, serve: _Pick, prefill: _Pick | None) -> RouteDecision:
