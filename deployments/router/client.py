@@ -17,6 +17,7 @@ from typing import Any
 
 from deployments.messages.routing import RouteDecision, RouteRequest
 from deployments.router.deployment import RouterDeployment
+from deployments.telemetry.snapshot import MetricsSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,19 @@ class RouterClient:
     def report_dead(self, replica_id: str | None, actor_id: str | None) -> None:
         """``RouterDeployment.report_dead`` on every router replica."""
         self._broadcast(RouterDeployment.report_dead, replica_id, actor_id)
+
+    async def metrics_snapshots(self, timeout_s: float) -> list[MetricsSnapshot | BaseException]:
+        """``RouterDeployment.metrics_snapshot()`` of every router replica (for ``GET /metrics``);
+        a replica whose call failed answers with its exception, and past ``timeout_s`` the
+        routers answer with the ``TimeoutError`` alone."""
+        response = self._handle.broadcast(RouterDeployment.metrics_snapshot.__name__)
+        try:
+            answers: list[MetricsSnapshot | BaseException] = await response.results_async(
+                timeout_s=timeout_s, return_exceptions=True
+            )
+        except TimeoutError as exc:
+            return [exc]
+        return answers
 
     def _broadcast(self, method: Callable[..., Any], *args: Any) -> None:
         """Call ``method`` on every router replica without waiting for it."""

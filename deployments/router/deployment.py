@@ -70,6 +70,7 @@ from deployments.router.logic.load import PEER_LOAD_PERIOD_S
 from deployments.router.logic.router_logic import NoReplicaError, RouterLogic
 from deployments.router.views import IndexView, ReplicaView, RouterSnapshot
 from deployments.telemetry.metrics import RouterMetrics
+from deployments.telemetry.snapshot import MetricsSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -216,7 +217,11 @@ class RouterDeployment:
         if self._metrics is not None:
             counts = engines.num_replicas_by_pool()
             for pool in self._pools:
-                self._metrics.known_replicas.set(counts.get(pool.name, 0), {"pool": pool.name})
+                self._metrics.sees(pool.name, counts.get(pool.name, 0))
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """This router replica's ``meshserve:router_*`` series, for the ingress's ``GET /metrics``."""
+        return self._metrics.prom.snapshot() if self._metrics is not None else MetricsSnapshot()
 
     async def peer_load(self, router_replica_id: str, counts: Mapping[str, int]) -> None:
         """A peer router replica's requests in flight per engine replica (broadcast every
@@ -302,7 +307,7 @@ class RouterDeployment:
 
     def _count(self, pool: str, reason: str) -> None:
         if self._metrics is not None:
-            self._metrics.decisions.inc(1, {"pool": pool, "reason": reason})
+            self._metrics.decided(pool, reason)
 
     def _ensure_poller(self) -> None:
         if self._poller is not None:

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from deployments.telemetry.snapshot import Family, Labels, MetricKind, MetricsSnapshot, Series, bucket_bounds
 
-MAX_GAUGES = ("vllm:engine_sleep_state",)
+# Gauges every replica reports whole (a state; the engine replicas each router replica sees).
+MAX_GAUGES = ("vllm:engine_sleep_state", "meshserve:router_known_replicas")
 
 
 def gauge_rule(name: str) -> str:

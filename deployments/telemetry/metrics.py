@@ -16,6 +16,7 @@ from ray.util.metrics import Counter, Gauge, Histogram
 from accel.contract import EngineStats, FinishReason, TTEngineStats
 from deployments.telemetry.engine_prometheus import EnginePrometheus
 from deployments.telemetry.ingress_prometheus import IngressPrometheus
+from deployments.telemetry.router_prometheus import RouterPrometheus
 
 ENGINE_TAGS = ("model_name", "pool", "replica")
 
@@ -235,8 +236,20 @@ class IngressMetrics:
 
 
 class RouterMetrics:
+    """Router decisions and the engine replicas it sees; the same as ``meshserve:*`` series of
+    the ingress's ``GET /metrics`` (``prom``, through ``RouterDeployment.metrics_snapshot``)."""
+
     def __init__(self) -> None:
+        self.prom = RouterPrometheus()
         self.decisions = Counter(
             "meshserve_router_decisions", "Routing decisions by pool and reason.", ("pool", "reason")
         )
         self.known_replicas = Gauge("meshserve_router_known_replicas", "Engine replicas the router sees.", ("pool",))
+
+    def decided(self, pool: str, reason: str) -> None:
+        self.decisions.inc(1, {"pool": pool, "reason": reason})
+        self.prom.decisions.labels(pool, reason).inc()
+
+    def sees(self, pool: str, num_replicas: int) -> None:
+        self.known_replicas.set(num_replicas, {"pool": pool})
+        self.prom.known_replicas.labels(pool).set(num_replicas)

@@ -105,6 +105,10 @@ class EngineClient:
     def engines(self) -> Mapping[str, PoolClient]:
         return self._engines
 
+    @property
+    def router(self) -> RouterClient:
+        return self._router
+
     def check_routable(self, route: RouteRequest) -> None:
         """400 for a pinned pool that does not exist or serves another model (no RPC)."""
         try:

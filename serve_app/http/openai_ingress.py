@@ -190,7 +190,7 @@ class OpenAIIngress:
     async def metrics(self) -> Response:
         """vLLM's /metrics: every engine replica's vllm:* series summed, and meshserve:* (metrics_route)."""
         ingress = self._metrics.prom if self._metrics is not None else None
-        return await metrics_body(self._client.engines, ingress, self._bound.held)
+        return await metrics_body(self._client.engines, ingress, self._bound.held, router=self._client.router)
 
     @app.post("/v1/completions", openapi_extra=openapi.json_body(CompletionRequest))
     async def completions(self, request: Request) -> Response:

@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from accel.contract import FinishReason
 from deployments.telemetry.engine_prometheus import EnginePrometheus
 from deployments.telemetry.ingress_prometheus import IngressPrometheus
+from deployments.telemetry.router_prometheus import RouterPrometheus
 from deployments.telemetry.snapshot import MetricsSnapshot
 from serve_app.http import metrics_route
 
@@ -85,3 +86,18 @@ def test_sums_replicas_across_pools_and_counts_the_ones_that_failed():
 def test_no_pools_still_answers_with_the_ingress_series():
     response = asyncio.run(metrics_route.metrics({}, None, inflight=0))
     assert _samples(response.body) == {("meshserve:ingress_requests_inflight", ()): 0}
+
+
+def _router(decisions: int, known: int) -> MetricsSnapshot:
+    prom = RouterPrometheus()
+    prom.decisions.labels("tt", "prefix").inc(decisions)
+    prom.known_replicas.labels("tt").set(known)
+    return prom.snapshot()
+
+
+def test_router_replicas_decisions_add_and_the_replicas_they_see_do_not():
+    routers = Pool([_router(3, 2), _router(4, 2), RuntimeError("router down")])
+    response = asyncio.run(metrics_route.metrics({}, None, inflight=0, router=routers))
+    samples = _samples(response.body)
+    assert samples[("meshserve:router_decisions_total", (("pool", "tt"), ("reason", "prefix")))] == 7
+    assert samples[("meshserve:router_known_replicas", (("pool", "tt"),))] == 2
