@@ -6,7 +6,8 @@ At each scrape the ingress asks every engine replica of every pool for its snaps
 (``EngineReplica.metrics_snapshot``, one broadcast per pool, all pools at once, each within
 ``SCRAPE_TIMEOUT_S``); a replica that is dead or does not answer is left out and counted in
 ``meshserve:metrics_replicas{outcome="failed"}``; the router replicas' ``meshserve:router_*``
-series are gathered the same way. The snapshots are summed
+series are gathered the same way, and the KV-connector actor's ``meshserve:kv_*`` (an app with
+a prefill pool: ``kv_metrics_source``). The snapshots are summed
 (``deployments.telemetry.merge``): one series per model and engine index over its replicas,
 across pools and engine kinds, as one vLLM server with that many engines would show them. The
 ingress's own counters are this ingress replica's (a scrape through HAProxy reaches one of
@@ -59,22 +60,26 @@ async def _pool_snapshots(source: SnapshotSource, timeout_s: float) -> list[Metr
         return [exc]
 
 
+async def _snapshots_of(source: SnapshotSource | None, timeout_s: float) -> list[MetricsSnapshot | BaseException]:
+    return [] if source is None else await _pool_snapshots(source, timeout_s)
+
+
 async def metrics(
     pools: Mapping[str, object],
     ingress: IngressPrometheus | None,
     inflight: int,
     timeout_s: float = SCRAPE_TIMEOUT_S,
     router: SnapshotSource | None = None,
+    kv: SnapshotSource | None = None,
 ) -> Response:
     """The body of ``GET /metrics``: the engines' series summed, then meshserve's own (the
-    router replicas' summed, this ingress replica's)."""
-    no_router: list[MetricsSnapshot | BaseException] = []
-    (snapshots, counts), routers = await asyncio.gather(
-        gather_engine_snapshots(pools, timeout_s),
-        _pool_snapshots(router, timeout_s) if router is not None else asyncio.sleep(0, no_router),
+    router replicas' summed, the KV connector's, this ingress replica's)."""
+    (snapshots, counts), routers, kvs = await asyncio.gather(
+        gather_engine_snapshots(pools, timeout_s), _snapshots_of(router, timeout_s), _snapshots_of(kv, timeout_s)
     )
     merged = merge_snapshots(snapshots)
-    own = [scrape_families(inflight, counts), merge_snapshots(r for r in routers if isinstance(r, MetricsSnapshot))]
+    own = [scrape_families(inflight, counts)]
+    own += [merge_snapshots(a for a in answers if isinstance(a, MetricsSnapshot)) for answers in (routers, kvs)]
     own += [ingress.snapshot()] if ingress is not None else []
     body = render(MetricsSnapshot(merged.families + tuple(f for s in own for f in s.families)))
     return Response(content=body, media_type=CONTENT_TYPE)

@@ -39,6 +39,7 @@ from serve_app.http.body_limit import BodyLimitMiddleware
 from serve_app.http.engine_client import EngineClient, merge_streams
 from serve_app.http.engine_support import check_engine_support
 from serve_app.http.json_io import error_response, read_body
+from serve_app.http.kv_metrics_source import kv_source
 from serve_app.http.metrics_route import metrics as metrics_body
 from serve_app.http.protocol import conversion as conv
 from serve_app.http.protocol import responses as rsp
@@ -189,8 +190,9 @@ class OpenAIIngress:
     @app.get("/metrics")
     async def metrics(self) -> Response:
         """vLLM's /metrics: every engine replica's vllm:* series summed, and meshserve:* (metrics_route)."""
-        ingress = self._metrics.prom if self._metrics is not None else None
-        return await metrics_body(self._client.engines, ingress, self._bound.held, router=self._client.router)
+        ingress, client = (self._metrics.prom if self._metrics is not None else None), self._client
+        kv = kv_source(self._config)
+        return await metrics_body(client.engines, ingress, self._bound.held, router=client.router, kv=kv)
 
     @app.post("/v1/completions", openapi_extra=openapi.json_body(CompletionRequest))
     async def completions(self, request: Request) -> Response:

@@ -132,6 +132,7 @@ def _tt_steps(scrape: dict[str, dict]) -> float:
 
 
 def test_both_engine_kinds_report_and_meshserve_series_follow(ours):
+    """Replicas that answered the scrape, TT step statistics, the router's decisions and view."""
     scrape, url = ours[2], ours[3]
     replicas = {
         (s.labels["pool"], s.labels["outcome"]): s.value for s in scrape["meshserve:metrics_replicas"]["samples"]
@@ -142,5 +143,11 @@ def test_both_engine_kinds_report_and_meshserve_series_follow(ours):
         time.sleep(0.5)
         scrape = _scrape(url)
     assert _tt_steps(scrape) > 0  # summed over the TT replicas
+    decisions = scrape["meshserve:router_decisions"]["samples"]
+    assert (
+        sum(s.value for s in decisions if s.name == "meshserve:router_decisions_total") >= 3
+    )  # (a TT pin decides too)
+    known = {s.labels["pool"]: s.value for s in scrape["meshserve:router_known_replicas"]["samples"]}
+    assert known == {"tt": 2, "vllm": 1}
     engines = {s.labels["engine"] for s in scrape["vllm:num_requests_running"]["samples"]}
     assert engines == {"0"}  # one series per engine index, summed over replicas as vLLM names it
