@@ -201,6 +201,8 @@ class EngineReplica:
                             delta.num_completion_tokens,
                             now - start,
                             ttft,
+                            num_cached=delta.num_cached_tokens,
+                            max_tokens=request.sampling.max_tokens,
                         )
                     return
             out.put_error(RuntimeError(f"engine stream of {request.request_id} ended without finishing"))

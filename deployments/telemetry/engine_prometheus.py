@@ -61,6 +61,7 @@ class EnginePrometheus:
         """Every series vLLM creates at start, at zero, so a scrape before any request shows them."""
         plain: list[Gauge | Counter | Histogram] = [self.running, self.waiting, self.kv_usage, self.async_overlap]
         plain += [self.prefix_queries, self.prefix_hits, self.prompt_tokens, self.generation_tokens]
+        plain += [self.cached_tokens, self.computed_len, self.max_tokens]
         plain += [self.prompt_len, self.output_len, self.ttft, self.itl, self.tpot, self.e2e, self.decode]
         for metric in plain:
             metric.labels(*self._values)
@@ -96,12 +97,23 @@ class EnginePrometheus:
         )
         self.prompt_tokens = self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = self._counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        self.cached_tokens = self._counter(
+            "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local prefix cache hits)."
+        )
         self.success = self._counter(
             "vllm:request_success", "Count of successfully processed requests.", "finished_reason"
         )
 
     def _build_histograms(self, tokens: tuple[float, ...]) -> None:
         self.prompt_len = self._histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
+        self.computed_len = self._histogram(
+            "vllm:request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+            tokens,
+        )
+        self.max_tokens = self._histogram(
+            "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", tokens
+        )
         self.output_len = self._histogram(
             "vllm:request_generation_tokens", "Number of generation tokens processed.", tokens
         )
@@ -146,11 +158,24 @@ class EnginePrometheus:
             itl.observe(gap_s / num_tokens)
 
     def observe_finish(
-        self, reason: FinishReason, num_prompt: int, num_output: int, e2e_s: float, ttft_s: float | None
+        self,
+        reason: FinishReason,
+        num_prompt: int,
+        num_output: int,
+        e2e_s: float,
+        ttft_s: float | None,
+        num_cached: int = 0,
+        max_tokens: int | None = None,
     ) -> None:
+        """A finished request; ``num_cached``: its prompt tokens found in the prefix cache;
+        ``max_tokens``: its parameter (vLLM observes it when set)."""
         v = self._values
         self.success.labels(*v, reason.value).inc()
         self.prompt_tokens.labels(*v).inc(num_prompt)
+        self.cached_tokens.labels(*v).inc(num_cached)
+        self.computed_len.labels(*v).observe(num_prompt - max(num_cached, 0))
+        if max_tokens:
+            self.max_tokens.labels(*v).observe(max_tokens)
         self.generation_tokens.labels(*v).inc(num_output)
         self.prompt_len.labels(*v).observe(num_prompt)
         self.output_len.labels(*v).observe(num_output)

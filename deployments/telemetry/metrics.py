@@ -155,10 +155,17 @@ class EngineMetrics:
             self.itl.observe(gap_s / num_tokens, self._tags)
 
     def observe_finish(
-        self, reason: FinishReason, num_prompt: int, num_output: int, e2e_s: float, ttft_s: float | None
+        self,
+        reason: FinishReason,
+        num_prompt: int,
+        num_output: int,
+        e2e_s: float,
+        ttft_s: float | None,
+        num_cached: int = 0,
+        max_tokens: int | None = None,
     ) -> None:
         if self.prom is not None:
-            self.prom.observe_finish(reason, num_prompt, num_output, e2e_s, ttft_s)
+            self.prom.observe_finish(reason, num_prompt, num_output, e2e_s, ttft_s, num_cached, max_tokens)
         if not self.emit_vllm:
             return
         self.e2e.observe(e2e_s, self._tags)

@@ -39,13 +39,18 @@ def test_requests_and_stats_become_vllms_counts():
     prom = EnginePrometheus("tiny", 512)
     prom.observe_first_token(0.02)
     prom.observe_delta(0.3, 3)  # three tokens after 0.3 s: three inter-token gaps of 0.1 s
-    prom.observe_finish(FinishReason.LENGTH, 7, 4, 0.5, 0.02)
+    prom.observe_finish(FinishReason.LENGTH, 7, 4, 0.5, 0.02, num_cached=4, max_tokens=4)
     prom.observe_finish(FinishReason.STOP, 3, 1, 0.1, 0.1)
     prom.observe_stats(EngineStats(1, 2, 10, 4, prefix_cache_queries=64, prefix_cache_hits=32))
     prom.observe_stats(EngineStats(0, 2, 10, 4, prefix_cache_queries=96, prefix_cache_hits=32), TTEngineStats(3, 9))
     snap = prom.snapshot()
     assert _values(snap, "vllm:prompt_tokens") == {(): 10.0}
     assert _values(snap, "vllm:generation_tokens") == {(): 5.0}
+    assert _values(snap, "vllm:prompt_tokens_cached") == {(): 4.0}
+    (computed,) = snap.family("vllm:request_prefill_kv_computed_tokens").series
+    assert computed.value == 6.0 and computed.count == 2  # (7 - 4) + (3 - 0)
+    (max_tokens,) = snap.family("vllm:request_params_max_tokens").series
+    assert max_tokens.value == 4.0 and max_tokens.count == 1  # observed when set
     assert _values(snap, "vllm:request_success") == {("stop",): 1.0, ("length",): 1.0, ("abort",): 0.0}
     assert _values(snap, "vllm:prefix_cache_queries") == {(): 96.0}
     assert _values(snap, "vllm:prefix_cache_hits") == {(): 32.0}
@@ -74,3 +79,26 @@ def test_buckets_are_vllms():
     ):
         (series,) = snap.family(name).series
         assert tuple(b for b, _ in series.buckets) == (*buckets.histogram_buckets(family), math.inf), name
+
+
+def test_names_types_and_labels_are_those_of_vllms_prometheus_logger(tiny_llama):
+    """Every vllm: family kept for the TT engine is one vLLM's PrometheusStatLogger registers for
+    the same model, of the same type, with the same label names."""
+    pytest.importorskip("vllm")
+    from prometheus_client import REGISTRY
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+    from vllm.v1.metrics.prometheus import unregister_vllm_metrics
+
+    args = AsyncEngineArgs(model=str(tiny_llama), served_model_name=["tiny"], max_model_len=512, enforce_eager=True)
+    PrometheusStatLogger(args.create_engine_config(UsageContext.ENGINE_CONTEXT), [0])
+    try:
+        theirs = {m.name: (m.type, {k for s in m.samples for k in s.labels} - {"le"}) for m in REGISTRY.collect()}
+    finally:
+        unregister_vllm_metrics()
+    ours = EnginePrometheus("tiny", 512).snapshot()
+    for family in ours.families:
+        if family.name.startswith("vllm:"):
+            labels = {k for s in family.series for k, _ in s.labels}
+            assert theirs.get(family.name) == (family.kind, labels), family.name
