@@ -17,14 +17,23 @@ BlockHash = int
 ROOT_HASH: BlockHash = 0  # the "parent" of a prompt's first block
 
 
-def salted_root(cache_salt: str | None) -> BlockHash:
+def salted_root(cache_salt: str | None, lora_name: str | None = None) -> BlockHash:
     """The parent of a prompt's first block: ``ROOT_HASH``, or for a request with a
     ``cache_salt`` a hash of the salt, so its chain shares no hash with unsalted prompts or with
-    another salt's (vLLM mixes the salt into its first block's hash the same way)."""
-    if not cache_salt:
-        return ROOT_HASH
-    h = hashlib.blake2b(digest_size=16, person=b"cache_salt")
-    h.update(cache_salt.encode("utf-8"))
+    another salt's (vLLM mixes the salt into its first block's hash the same way). A request run
+    with a LoRA adapter (``lora_name``, the adapter's served name) roots its chain at a hash of the
+    adapter too: the same prompt under two adapters, or under one and the base model, never shares
+    a block (vLLM keys every block of an adapter request by its adapter)."""
+    if not lora_name:
+        if not cache_salt:
+            return ROOT_HASH
+        h = hashlib.blake2b(digest_size=16, person=b"cache_salt")
+        h.update(cache_salt.encode("utf-8"))
+        return int.from_bytes(h.digest(), "little")
+    h = hashlib.blake2b(digest_size=16, person=b"lora_root")
+    salt = (cache_salt or "").encode("utf-8")
+    h.update(len(salt).to_bytes(8, "little") + salt)  # length-prefixed: (salt, name) pairs stay distinct
+    h.update(lora_name.encode("utf-8"))
     return int.from_bytes(h.digest(), "little")
 
 

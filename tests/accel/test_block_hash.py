@@ -36,3 +36,29 @@ def test_salted_chains_are_disjoint_and_stable():
     assert a == a2  # the same salt shares its prefix
     assert not (set(a) & set(plain)) and not (set(a) & set(b))
     assert salted_root(None) == salted_root("") == ROOT_HASH
+
+
+def test_adapter_chains_are_disjoint_from_base_salt_and_each_other():
+    roots = {
+        "base": ROOT_HASH,
+        "salt": salted_root("s"),
+        "a": salted_root(None, "a"),
+        "b": salted_root(None, "b"),
+        "a+salt": salted_root("s", "a"),
+        "a+other salt": salted_root("t", "a"),
+        "ab split": salted_root("a", "b"),  # (salt, name) pairs do not collide by concatenation
+        "ab joined": salted_root(None, "ab"),
+    }
+    chains = {k: set(hash_prompt_blocks(IDS, 32, root)) for k, root in roots.items()}
+    for i, x in enumerate(chains):
+        for y in list(chains)[i + 1 :]:
+            assert not (chains[x] & chains[y]), (x, y)
+    assert salted_root(None, "a") == salted_root("", "a")  # one root per adapter, stable
+    assert salted_root("s", None) == salted_root("s")  # unchanged for salt-only requests
+
+
+def test_adapter_root_is_stable_across_processes():
+    code = "from accel.block_hash import salted_root; print(salted_root('s', 'tiny-llama-lora-a'))"
+    env = dict(os.environ, PYTHONHASHSEED="7")
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout
+    assert out.strip() == str(salted_root("s", "tiny-llama-lora-a"))
