@@ -20,6 +20,7 @@ from accel.tt.config import TTEngineConfig
 from accel.vllm.config import VllmEngineConfig
 from accel.vllm.tpu.backends import DEFAULT_BACKEND, TpuBackendName
 from deployments.config.ingress import IngressConfig
+from deployments.config.lora import LoraModule, pool_max_loras
 from deployments.config.parsing import OutputParsing
 from deployments.config.pd import PDConfig, kv_connector_name, pairing_problem
 from deployments.config.router import ModelRouting, RouterConfig
@@ -120,6 +121,11 @@ class PoolConfig:
         return pool_tasks(self.engine_config)
 
     @property
+    def max_loras(self) -> int:
+        """LoRA adapters one replica runs in a batch (vLLM's ``max_loras``); 0 = none."""
+        return pool_max_loras(self.engine_config)
+
+    @property
     def block_size(self) -> int:
         """Engine KV block size in tokens."""
         return engine_block_size(self.engine_config, self.accelerator)
@@ -144,6 +150,8 @@ class ModelConfig:
     pools: tuple[PoolConfig, ...]  # the pools serving it, in config order
     pd: PDConfig = field(default_factory=PDConfig)
     parsing: OutputParsing = field(default_factory=OutputParsing)  # vLLM tool / reasoning parsers
+    # Adapters declared as vLLM's --lora-modules (deployments.config.lora), served by name.
+    lora_modules: tuple[LoraModule, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.pools:
@@ -195,6 +203,17 @@ class AppConfig:
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)
+
+    def resolve_model(self, name: str) -> tuple[ModelConfig, LoraModule | None] | None:
+        """What a request's ``model`` names: a served model, or one of its declared LoRA
+        adapters (with the model it runs on); None = neither."""
+        for m in self.models:
+            if m.name == name:
+                return m, None
+            adapter = next((a for a in m.lora_modules if a.name == name), None)
+            if adapter is not None:
+                return m, adapter
+        return None
 
     def pools_for_model(self, name: str) -> tuple[PoolConfig, ...]:
         return tuple(p for p in self.pools if p.model == name)

@@ -38,6 +38,7 @@ from deployments.config.app import (
     PoolConfig,
 )
 from deployments.config.ingress import IngressConfig
+from deployments.config.lora import resolve_lora_modules
 from deployments.config.parsing import OutputParsing
 from deployments.config.pd import KV_ROLES, PD_ROLES, TPU_CONNECTORS, PDConfig, pairing_problem
 from deployments.config.router import CostWeights, LoadConfig, RouterConfig, SessionConfig
@@ -70,7 +71,12 @@ def load_app_config(args: Mapping[str, Any] | AppArgs, config_file: str | None =
         for j, p in served:
             pool_by_index[j] = _to_pool(file, j, p, path, max_model_len, parsing)
         pools = tuple(pool_by_index[j] for j, _ in served)
-        models.append(ModelConfig(m.name, path, max_model_len, pools, pd, parsing))
+        try:
+            lora = resolve_lora_modules(m.lora_modules, m.name, [p.max_loras for p in pools])
+        except ConfigError as exc:
+            raise _fail(file, f"models[{i}].lora_modules", str(exc)) from None
+        models.append(ModelConfig(m.name, path, max_model_len, pools, pd, parsing, lora))
+    _check_served_names(file, models)
     all_pools = tuple(pool_by_index[j] for j in range(len(parsed.pools)))
     _check_pd_pools(file, all_pools)
     ing = parsed.ingress
@@ -98,6 +104,16 @@ def _check_names(file: str, parsed: AppArgs) -> None:
         if pool.model not in names:
             raise _fail(file, f"pools[{i}].model", f"unknown model {pool.model!r} (models: {names})")
         _check_pool(file, i, pool)
+
+
+def _check_served_names(file: str, models: Sequence[ModelConfig]) -> None:
+    """Every served name (models and their adapters) names one thing."""
+    seen = {m.name for m in models}
+    for i, model in enumerate(models):
+        for adapter in model.lora_modules:
+            if adapter.name in seen:
+                raise _fail(file, f"models[{i}].lora_modules", f"{adapter.name!r} is already a served name")
+            seen.add(adapter.name)
 
 
 def _to_ingress(ing: IngressArgs) -> IngressConfig:

@@ -15,6 +15,7 @@ Schema (``applications[].args`` of a Serve config file)::
       tool_call_parser: hermes
       reasoning_parser: qwen3
       tool_strict_level: auto           # auto | function | parameter
+      lora_modules: [name=path, {name: a, path: ..., base_model_name: ...}]  # vLLM's --lora-modules
     pools:
     - name: tt                          # unique; also the x-meshserve-pool routing header value
       engine: tt | vllm
@@ -71,6 +72,8 @@ class ModelArgs(_Strict):
     tool_call_parser: str | None = Field(default=OutputParsing.tool_call_parser, min_length=1)
     reasoning_parser: str | None = Field(default=OutputParsing.reasoning_parser, min_length=1)
     tool_strict_level: ToolStrictLevel = OutputParsing.tool_strict_level
+    # vLLM's --lora-modules: "name=path" or the JSON form (a string or a mapping); deployments.config.lora.
+    lora_modules: list[str | dict[str, Any]] = Field(default_factory=list)
 
 
 class AutoscalingArgs(_Strict):
