@@ -35,6 +35,10 @@ class RouteRequest:
     excluded_replicas: tuple[str, ...] = ()
     # What the request needs the pool's engine to serve (deployments.config.task).
     task: PoolTask = "generate"
+    # The LoRA adapter it runs with (its served name; ``model`` is then the adapter's base model):
+    # only replicas of pools with enable_lora can run it, and its block hashes are rooted at the
+    # adapter (accel.block_hash.salted_root).
+    lora: str | None = None
 
     @property
     def affinity_key(self) -> str:
@@ -102,8 +106,9 @@ WHOLE_REQUEST_ROLES = ("both", "decode")
 
 def eligible_pools(request: RouteRequest, pools: Sequence[PoolConfig]) -> list[PoolConfig]:
     """Pools that may run the whole request: the pinned one, else every pool of the model whose
-    role can (``both``, or ``decode``, which prefills locally when no PD plan is made) and whose
-    engine serves the request's task (``deployments.config.task``).
+    role can (``both``, or ``decode``, which prefills locally when no PD plan is made), whose
+    engine serves the request's task (``deployments.config.task``) and, for a request with a LoRA
+    adapter, runs adapters (``PoolConfig.max_loras``; a pin to a pool that cannot: 400 naming model).
     Raises ``RoutingError`` for an unknown pin, a pin to another model, or an unserved model."""
     if request.pool is not None:
         pool = next((p for p in pools if p.name == request.pool), None)
@@ -114,10 +119,16 @@ def eligible_pools(request: RouteRequest, pools: Sequence[PoolConfig]) -> list[P
         if request.task not in pool.tasks:
             message = f"pool {pool.name!r} cannot serve {request.task} requests for {request.model!r}"
             raise RoutingError(message, "model")
+        if request.lora is not None and not pool.max_loras:
+            raise RoutingError(f"pool {pool.name!r} cannot run LoRA adapter {request.lora!r} (no enable_lora)", "model")
         return [pool]
     found = [p for p in pools if p.model == request.model and p.role in WHOLE_REQUEST_ROLES and request.task in p.tasks]
     if not found:
         if any(p.model == request.model for p in pools):
             raise RoutingError(f"model {request.model!r} serves no {request.task} requests", "model", 404)
         raise RoutingError(f"no pool serves model {request.model!r}", "model")
+    if request.lora is not None:
+        found = [p for p in found if p.max_loras]
+        if not found:
+            raise RoutingError(f"no pool of {request.model!r} runs LoRA adapter {request.lora!r}", "model")
     return found
