@@ -4,8 +4,10 @@ works unchanged, plus meshserve's own ``meshserve:*`` series.
 
 At each scrape the ingress asks every engine replica of every pool for its snapshot
 (``EngineReplica.metrics_snapshot``, one broadcast per pool, all pools at once, each within
-``SCRAPE_TIMEOUT_S``); a replica that is dead or does not answer is left out and counted in
-``meshserve:metrics_replicas{outcome="failed"}``; the router replicas' ``meshserve:router_*``
+``SCRAPE_TIMEOUT_S``). A dead replica is left out and counted in
+``meshserve:metrics_replicas{outcome="failed"}``; a pool whose broadcast does not complete in
+time (a hung replica) is left out whole, counted as one failure (Serve's broadcast has one
+deadline for all its replicas). The router replicas' ``meshserve:router_*``
 series are gathered the same way, and the KV-connector actor's ``meshserve:kv_*`` (an app with
 a prefill pool: ``kv_metrics_source``). The snapshots are summed
 (``deployments.telemetry.merge``): one series per model and engine index over its replicas,
