@@ -82,7 +82,8 @@ class EngineView:
         num_blocks = max(1, snap.stats.num_kv_blocks_total * engine_bs // model_bs)
         if rid not in self.replica_pool or self._logic.index.capacity(rid) != num_blocks:
             # new, or its KV capacity became known / changed
-            self._logic.add_replica(ReplicaInfo(rid, pool.name, pool.model, num_blocks, role, is_precise, pool.tasks))
+            info = ReplicaInfo(rid, pool.name, pool.model, num_blocks, role, is_precise, pool.tasks, pool.max_loras)
+            self._logic.add_replica(info)
             self.replica_pool[rid] = pool.name
         if snap.actor_id:
             self._actor_replica[snap.actor_id] = rid

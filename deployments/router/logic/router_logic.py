@@ -56,6 +56,7 @@ from deployments.config.task import PoolTask
 from deployments.messages.kv_events import KVEvent
 from deployments.messages.routing import RouteDecision, RouteRequest, prefill_ticket_of, stable_hash64
 
+from .adapters import AdapterTable
 from .index_modes import make_prefix_index
 from .load import LoadTracker, ReplicaLoad
 from .policies import make_policy
@@ -81,6 +82,7 @@ class ReplicaInfo:
     # What its pool's engine serves (``deployments.config.task``): a request goes only where its
     # task is served (a model may have generative and pooling pools).
     tasks: frozenset[PoolTask] = frozenset({"generate"})
+    max_loras: int = 0  # LoRA adapters it runs in one batch (its pool's enable_lora); 0 = none
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,7 @@ class RouterLogic:
         self._index = make_prefix_index(self.config.index_mode, clock, self.config.speculative_ttl_s)
         self._sessions = SessionTable(self.config.sessions, clock)
         self._load = LoadTracker(self.config.load, clock)
+        self._adapters = AdapterTable()  # LoRA slots and affinity (``adapters``)
         self._replicas: dict[str, ReplicaInfo] = {}
         self._replica_hashes: dict[str, int] = {}
         self._pools: dict[tuple[str, Role], tuple[str, ...]] = {}  # (model, role) -> sorted replica ids
@@ -132,6 +135,7 @@ class RouterLogic:
         self._index.add_replica(info.replica_id, info.num_kv_blocks)
         self._index.set_event_driven(info.replica_id, info.publishes_kv_events)
         self._load.add_replica(info.replica_id)
+        self._adapters.add_replica(info.replica_id, info.max_loras)
         key = (info.model, info.role)
         self._set_pool(key, self._pools.get(key, ()) + (info.replica_id,))
 
@@ -146,6 +150,7 @@ class RouterLogic:
         self._index.remove_replica(replica_id)
         self._sessions.remove_replica(replica_id)
         self._load.remove_replica(replica_id)
+        self._adapters.remove_replica(replica_id)
 
     def replicas(self) -> tuple[ReplicaInfo, ...]:
         return tuple(self._replicas[r] for r in sorted(self._replicas))
@@ -212,7 +217,7 @@ class RouterLogic:
             pool = both_pool or decode_pool
             if not pool:
                 raise NoReplicaError(f"no replica serves model {model!r}")
-            decode = self._choose_in(pool, (model, role), hashes, session, allowed)
+            decode = self._choose_in(pool, (model, role), hashes, session, allowed, request.lora)
         self._plans[request.request_id] = (decode,)
         return self._decision(request, decode, None)
 
@@ -243,17 +248,19 @@ class RouterLogic:
         return not self._load.in_flight.get(replica_id) and not self._load.foreign_in_flight().get(replica_id)
 
     def _allowed(self, request: RouteRequest) -> frozenset[str] | None:
-        """The replicas a pinned or retried request, or one whose task not every replica of its
-        model serves, may use; None = every replica of its model."""
+        """The replicas a pinned or retried request, one whose task not every replica of its model
+        serves, or one with a LoRA adapter (``adapters.AdapterTable.placeable``; never
+        disaggregated), may use; None = every replica of its model."""
         serves_all = all(request.task in i.tasks for i in self._replicas.values() if i.model == request.model)
-        if request.pool is None and not request.excluded_replicas and serves_all:
+        if request.pool is None and not request.excluded_replicas and serves_all and request.lora is None:
             return None
         replicas = (
             r
             for r, info in self._replicas.items()
             if (request.pool is None or info.pool == request.pool) and request.task in info.tasks
         )
-        return frozenset(replicas) - frozenset(request.excluded_replicas)
+        allowed = frozenset(replicas) - frozenset(request.excluded_replicas)
+        return allowed if request.lora is None else self._adapters.placeable(request.lora, allowed)
 
     def _decision(self, request: RouteRequest, serve: _Pick, prefill: _Pick | None) -> RouteDecision:
         """``serve`` runs the request (the colocated replica, or the decode side under PD)."""
@@ -290,9 +297,11 @@ class RouterLogic:
         hashes: Sequence[BlockHash],
         session_key: str | None,
         allowed: frozenset[str] | None = None,
+        lora: str | None = None,
     ) -> _Pick:
         pool_set = self._pool_sets[pool_key] if allowed is None else self._pool_sets[pool_key] & allowed
         matched = self._index.match(hashes, pool_set)
+        credited = matched if lora is None else self._adapters.credit(lora, matched, pool_set)
         bound = self._sessions.bound_replica(session_key) if session_key else None
         new_session = bool(session_key) and bound is None
         if bound is not None and bound not in pool_set:
@@ -304,7 +313,7 @@ class RouterLogic:
         ctx = RoutingContext(
             candidates=pool,
             num_prompt_blocks=len(hashes),
-            matched_blocks=matched,
+            matched_blocks=credited,
             in_flight=self._load.in_flight,
             fresh_stats=self._load.fresh_stats(),
             foreign_in_flight=self._load.foreign_in_flight(),
@@ -330,6 +339,8 @@ class RouterLogic:
         live = [p for p in plans if p.replica_id in self._replicas]  # a replica may have died since
         hashes = request.prompt_block_hashes
         self._load.on_dispatched(request.request_id, (p.replica_id for p in live))
+        if request.lora is not None:
+            self._adapters.on_dispatched(request.request_id, request.lora, (p.replica_id for p in live))
         keys = []
         for plan in live:
             self._index.on_routed(plan.replica_id, hashes)
@@ -346,6 +357,7 @@ class RouterLogic:
         """The request ended: completed, failed or cancelled. Unknown ids are ignored."""
         self._plans.pop(request_id, None)
         self._load.on_finished(request_id)
+        self._adapters.on_finished(request_id)
         for key in self._session_keys_of_request.pop(request_id, ()):
             self._sessions.on_finished(key)
 
