@@ -265,7 +265,9 @@ class EngineClient:
                 num_prompt_tokens=len(ids),
                 prompt_block_hashes=route.prompt_block_hashes
                 if attempt_request is request
-                else tuple(hash_prompt_blocks(ids, self._block_sizes[route.model], salted_root(request.cache_salt))),
+                else tuple(
+                    hash_prompt_blocks(ids, self._block_sizes[route.model], salted_root(request.cache_salt, route.lora))
+                ),
                 excluded_replicas=excluded,
             )
             decision = await self.decide(route)

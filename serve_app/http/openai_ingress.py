@@ -16,6 +16,7 @@ request goes straight to its pool's only replica, where no router decides.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
@@ -26,7 +27,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 
 from accel.block_hash import BlockHash, hash_prompt_blocks, salted_root
-from accel.contract import InvalidRequestError, OutputDelta, SamplingParams
+from accel.contract import GenerateRequest, InvalidRequestError, OutputDelta, SamplingParams
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
 from deployments.config.app import AppConfig, ModelConfig
 from deployments.messages.routing import RouteRequest
@@ -40,6 +41,8 @@ from serve_app.http.engine_client import EngineClient, merge_streams
 from serve_app.http.engine_support import check_engine_support
 from serve_app.http.json_io import error_response, read_body
 from serve_app.http.kv_metrics_source import kv_source
+from serve_app.http.lora_adapters import AdapterRegistry, ServedAdapter
+from serve_app.http.lora_routes import load_adapter, runtime_updates_allowed, unload_adapter
 from serve_app.http.metrics_route import metrics as metrics_body
 from serve_app.http.protocol import conversion as conv
 from serve_app.http.protocol import responses as rsp
@@ -128,6 +131,9 @@ class OpenAIIngress:
         self.api_key_digests = key_digests(config.ingress.api_keys)
         self.max_request_bytes = config.ingress.max_request_bytes
         self._lookup = tokenize_routes.model_lookup(self._models, self._tokenizers)
+        # LoRA adapters served by name (declared + loaded at run time) and vLLM's opt-in to load them.
+        self._adapters = AdapterRegistry(config.models)
+        self._lora_updates = runtime_updates_allowed()
 
     async def check_health(self) -> None:
         """Serve's periodic probe: fails when an engine inside this replica fails its own check
@@ -173,7 +179,21 @@ class OpenAIIngress:
             for m in self._models.values()
             if m.name not in down
         ]
+        cards += [  # as vLLM lists adapters: after the base models, parent = base, root = path
+            ModelCard(id=a.adapter.name, root=a.adapter.path, parent=a.model.name)
+            for a in self._adapters.served()
+            if a.model.name not in down
+        ]
         return JSONResponse(ModelList(data=cards).model_dump())
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(self, request: Request) -> Response:
+        """vLLM's runtime adapter load, with VLLM_ALLOW_RUNTIME_LORA_UPDATING (lora_routes)."""
+        return await load_adapter(request, self._adapters, self._lora_updates)
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(self, request: Request) -> Response:
+        return await unload_adapter(request, self._adapters, self._lora_updates)
 
     @app.post("/tokenize")
     async def tokenize(self, request: Request) -> JSONResponse:
@@ -277,7 +297,8 @@ class OpenAIIngress:
             call = responses_call(body)
             body = call.chat_body
         req = conv.parse_request(body, is_chat)
-        model, tok = self._lookup(req.model)  # no "model": the only served one, as vLLM's server does
+        served = self._adapters.resolve(req.model) if req.model else None  # model: <a LoRA adapter>
+        model, tok = self._lookup(served.model.name if served else req.model)  # None: the only served one
         label["model"] = model.name
         limits.check_body(body, is_chat, self._config.ingress, model.max_model_len)
         tools, plan = self._chat_tools[model.name], None
@@ -288,7 +309,8 @@ class OpenAIIngress:
         block_size = self._block_sizes[model.name] if self._client.needs_prefix_hashes(model.name, pool) else None
         # Templates, tokenization and hashing off the event loop, in one hop: a long prompt must
         # not stall other requests.
-        prompts, hashes = await in_worker(_prompts_and_hashes, req, tok, model.max_model_len, plan, block_size)
+        lora = served.adapter.name if served else None
+        prompts, hashes = await in_worker(_prompts_and_hashes, req, tok, model.max_model_len, plan, block_size, lora)
         sampling = [tools.apply(plan, conv.sampling_params(req, len(p), model.max_model_len, tok), p) for p in prompts]
         sampling = limits.cap_max_tokens(sampling, req, self._config.ingress)
         _check_token_ids(sampling, tok.vocab_size)
@@ -297,12 +319,16 @@ class OpenAIIngress:
         # Engine ids stay unique even when clients reuse an X-Request-Id; the response carries theirs.
         base_id = random_id(prefix)
         session = session_id_from(request.headers, req.session_id or req.user, req.prompt_cache_key)
-        greqs = conv.generate_requests(base_id, prompts, sampling, req.n, session, req.cache_salt)
+        greqs = _with_adapter(
+            conv.generate_requests(base_id, prompts, sampling, req.n, session, req.cache_salt), served
+        )
         self._bound.check_fan_out(len(greqs) - 1, self._config.ingress.retry_after_s)
         held[0] = len(greqs)
         self._set_inflight_gauge()
         routes = [
-            RouteRequest(g.request_id, model.name, g.num_prompt_tokens, pool, session, hashes[g.prompt_token_ids])
+            RouteRequest(
+                g.request_id, model.name, g.num_prompt_tokens, pool, session, hashes[g.prompt_token_ids], lora=lora
+            )
             for g in greqs
         ]
         self._client.check_routable(routes[0])
@@ -312,7 +338,7 @@ class OpenAIIngress:
         opts = rsp.RenderOptions(
             request_id=conv.response_id(prefix, request.headers.get("x-request-id"), req),
             created=int(time.time()),
-            model=model.name,
+            model=lora or model.name,  # vLLM answers with the adapter's name
             num_logprobs=greqs[0].sampling.logprobs,
             return_token_ids=bool(req.return_token_ids),
             include_usage=bool(stream_opts and stream_opts.include_usage),
@@ -347,7 +373,7 @@ class OpenAIIngress:
         if is_chat:
             body_gen = stream_render.chat_sse(merged, first, choices, opts, tok, parsers)
             if call is not None:
-                body_gen = response_events(call, model.name, sampling[0].max_tokens, body_gen)
+                body_gen = response_events(call, lora or model.name, sampling[0].max_tokens, body_gen)
         else:
             body_gen = stream_render.completion_sse(merged, first, choices, opts, tok)
         return StreamingResponse(body_gen, media_type="text/event-stream")
@@ -384,15 +410,22 @@ def _prompts_and_hashes(
     max_model_len: int,
     plan: ToolPlan | None,
     block_size: int | None,
+    lora: str | None = None,
 ) -> tuple[list[tuple[int, ...]], dict[tuple[int, ...], tuple[BlockHash, ...]]]:
     """The request's prompt ids and each distinct prompt's chained block hashes; without a
-    ``block_size`` none (``()``): the request goes to its pool's only replica, no router to tell."""
+    ``block_size`` none (``()``): the request goes to its pool's only replica, no router to tell.
+    A request with a LoRA adapter (``lora``) roots its chain at the adapter too."""
     prompts = conv.request_prompts(req, tok, max_model_len, plan)
     if block_size is None:
         return prompts, dict.fromkeys(prompts, ())
     # Every choice carries the request's cache_salt: one chain root (salted prompts share no hash).
-    root = salted_root(req.cache_salt)
+    root = salted_root(req.cache_salt, lora)
     return prompts, {ids: tuple(hash_prompt_blocks(ids, block_size, root)) for ids in set(prompts)}
+
+
+def _with_adapter(greqs: list[GenerateRequest], served: ServedAdapter | None) -> list[GenerateRequest]:
+    """Each engine request carries the adapter whole, so any replica of a LoRA pool can run it."""
+    return greqs if served is None else [dataclasses.replace(g, lora=served.adapter) for g in greqs]
 
 
 def _check_token_ids(sampling: Sequence[SamplingParams], vocab_size: int) -> None:
