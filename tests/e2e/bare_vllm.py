@@ -31,6 +31,8 @@ def command(model_dir: Path, served_name: str, port: int, engine_args: Mapping[s
         flag = "--" + key.replace("_", "-")
         if value is True:
             cmd.append(flag)
+        elif isinstance(value, (list, tuple)):  # a flag taking several values (--lora-modules)
+            cmd += [flag, *map(str, value)]
         elif value is not False and value is not None:
             cmd += [flag, str(value)]
     return cmd
