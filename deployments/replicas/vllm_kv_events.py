@@ -15,10 +15,13 @@ a device-resident one. A block is held while any medium holds it: ``BlockStored`
 the first medium stores it, ``BlockRemoved`` when the last one drops it.
 
 Blocks we cannot key faithfully are left out and counted in ``num_skipped_blocks``: a parent we
-never saw (we subscribed late: the engine's snapshot repairs that), a different block size, LoRA
-or multimodal extra keys (our hash covers tokens only), another KV-cache group, or an offload
-event for a block never seen on the device that carries no tokens to hash. A ``cache_salt`` (the
-first block's only extra key) starts the chain at ``salted_root(salt)``, as the ingress hashes it.
+never saw (we subscribed late: the engine's snapshot repairs that), a different block size,
+multimodal extra keys (our hash covers tokens only), a LoRA id without its name, another KV-cache
+group, or an offload event for a block never seen on the device that carries no tokens to hash.
+A ``cache_salt`` (the first block's only extra key) starts the chain at ``salted_root(salt)``,
+as the ingress hashes it; a LoRA adapter's blocks (``lora_name``, published as every block's
+first extra key) start it at ``salted_root(salt, lora_name)``, as the ingress hashes the
+adapter's requests.
 """
 
 from __future__ import annotations
@@ -72,10 +75,16 @@ class VLLMEventTranslator:
         """Our hashes of the blocks this event makes held (not those already held elsewhere)."""
         num_blocks = len(event.block_hashes)
         medium = _medium(event)
-        extra_keys = getattr(event, "extra_keys", None)
-        salt = _cache_salt(event, extra_keys)
-        lora = getattr(event, "lora_id", None) is not None or getattr(event, "lora_name", None) is not None
-        if not _is_group0(event) or lora or (extra_keys and any(extra_keys) and salt is None):
+        lora_name = getattr(event, "lora_name", None)
+        extra_keys = _without_lora(getattr(event, "extra_keys", None), lora_name)
+        salt = _cache_salt(event, extra_keys) if extra_keys is not False else None
+        unnamed_lora = getattr(event, "lora_id", None) is not None and lora_name is None
+        if (
+            not _is_group0(event)
+            or unnamed_lora
+            or extra_keys is False
+            or (extra_keys and any(extra_keys) and salt is None)
+        ):
             self.num_skipped_blocks += num_blocks
             return ()
         if medium == _GPU and event.block_size != self.block_size:
@@ -89,7 +98,7 @@ class VLLMEventTranslator:
             self.num_skipped_blocks += num_blocks
             return ()
         if event.parent_block_hash is None:
-            parent = salted_root(salt)
+            parent = salted_root(salt, lora_name)
         elif event.parent_block_hash in self._ours:
             parent = self._ours[event.parent_block_hash]
         else:
@@ -122,6 +131,21 @@ class VLLMEventTranslator:
                 del self._held[h]
                 gone.append(self._ours.pop(h))
         return tuple(gone)
+
+
+def _without_lora(extra_keys: Any, lora_name: str | None) -> Any:
+    """The blocks' extra keys past the adapter's name (vLLM publishes it first on every block of
+    an adapter request); False when a block lacks it (the event cannot be keyed)."""
+    if lora_name is None:
+        return extra_keys
+    if not extra_keys:
+        return False
+    rest = []
+    for keys in extra_keys:
+        if not isinstance(keys, (tuple, list)) or not keys or keys[0] != lora_name:
+            return False
+        rest.append(tuple(keys[1:]) or None)
+    return rest
 
 
 def _cache_salt(event: Any, extra_keys: Any) -> str | None:

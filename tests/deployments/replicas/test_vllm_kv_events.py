@@ -95,3 +95,27 @@ def test_a_cache_salt_starts_the_chain_at_the_salted_root():
     assert not set(salted) & set(hash_prompt_blocks(TOKENS[:8], BS))
     chained = tr.translate([stored([b"s2"], b"s1", TOKENS[8:12], extra_keys=[None])])
     assert chained == [BlockStored((hash_prompt_blocks(TOKENS[:12], BS, salted_root("s3cret"))[2],))]
+
+
+def test_an_adapters_blocks_start_the_chain_at_the_adapters_root():
+    """vLLM publishes an adapter request's lora_name as every block's first extra key (then the
+    first block's cache_salt); our hashes equal what the ingress computes for that adapter's
+    request, never the base model's or another adapter's."""
+    from accel.block_hash import salted_root
+
+    ours = hash_prompt_blocks(TOKENS[:12], BS, salted_root(None, "lora-a"))
+    tr = VLLMEventTranslator(BS)
+    keys = [("lora-a",), ("lora-a",)]
+    out = tr.translate([stored([b"a0", b"a1"], None, TOKENS[:8], lora_id=1, lora_name="lora-a", extra_keys=keys)])
+    assert out == [BlockStored(tuple(ours[:2]))]
+    chained = tr.translate([stored([b"a2"], b"a1", TOKENS[8:12], lora_id=1, lora_name="lora-a", extra_keys=keys[:1])])
+    assert chained == [BlockStored((ours[2],))]
+    other = hash_prompt_blocks(TOKENS[:8], BS, salted_root(None, "lora-b"))
+    assert not set(other) & set(ours) and not set(ours) & set(hash_prompt_blocks(TOKENS[:8], BS))
+    salted = tr.translate(
+        [stored([b"s0"], None, TOKENS[:4], lora_id=1, lora_name="lora-a", extra_keys=[("lora-a", "salt")])]
+    )
+    assert salted == [BlockStored((hash_prompt_blocks(TOKENS[:4], BS, salted_root("salt", "lora-a"))[0],))]
+    # A block without the adapter's name among its keys cannot be keyed.
+    assert tr.translate([stored([b"x"], None, TOKENS[:4], lora_id=1, lora_name="lora-a", extra_keys=None)]) == []
+    assert tr.num_skipped_blocks == 1
