@@ -19,6 +19,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 
 setup: $(STAMP) ttnn-venv
 	@$(PY) -m accel.models.tiny --if-missing >/dev/null
+	@$(PY) -m accel.models.tiny_lora >/dev/null  # (configs/lora.yaml's adapters; kept when there)
 	@$(PY) -m accel.models.smollm2 --if-missing >/dev/null
 
 # The real ttnn wheel (CPython 3.10/3.12 only; this venv is 3.11) in its own cached venv, so
