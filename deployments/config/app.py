@@ -20,7 +20,7 @@ from accel.tt.config import TTEngineConfig
 from accel.vllm.config import VllmEngineConfig
 from accel.vllm.tpu.backends import DEFAULT_BACKEND, TpuBackendName
 from deployments.config.ingress import IngressConfig
-from deployments.config.lora import LoraModule, pool_max_loras
+from deployments.config.lora import LoraModule, pool_max_lora_rank, pool_max_loras
 from deployments.config.parsing import OutputParsing
 from deployments.config.pd import PDConfig, kv_connector_name, pairing_problem
 from deployments.config.router import ModelRouting, RouterConfig
@@ -124,6 +124,11 @@ class PoolConfig:
     def max_loras(self) -> int:
         """LoRA adapters one replica runs in a batch (vLLM's ``max_loras``); 0 = none."""
         return pool_max_loras(self.engine_config)
+
+    @property
+    def max_lora_rank(self) -> int:
+        """The largest adapter rank its engine takes (vLLM's ``max_lora_rank``; LoRA pools only)."""
+        return pool_max_lora_rank(self.engine_config)
 
     @property
     def block_size(self) -> int:

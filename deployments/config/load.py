@@ -38,7 +38,7 @@ from deployments.config.app import (
     PoolConfig,
 )
 from deployments.config.ingress import IngressConfig
-from deployments.config.lora import resolve_lora_modules
+from deployments.config.lora import VLLM_DEFAULT_MAX_LORA_RANK, resolve_lora_modules
 from deployments.config.parsing import OutputParsing
 from deployments.config.pd import KV_ROLES, PD_ROLES, TPU_CONNECTORS, PDConfig, pairing_problem
 from deployments.config.router import CostWeights, LoadConfig, RouterConfig, SessionConfig
@@ -72,7 +72,7 @@ def load_app_config(args: Mapping[str, Any] | AppArgs, config_file: str | None =
             pool_by_index[j] = _to_pool(file, j, p, path, max_model_len, parsing)
         pools = tuple(pool_by_index[j] for j, _ in served)
         try:
-            lora = resolve_lora_modules(m.lora_modules, m.name, [p.max_loras for p in pools])
+            lora = resolve_lora_modules(m.lora_modules, m.name, [p.max_loras for p in pools], _max_lora_rank(pools))
         except ConfigError as exc:
             raise _fail(file, f"models[{i}].lora_modules", str(exc)) from None
         models.append(ModelConfig(m.name, path, max_model_len, pools, pd, parsing, lora))
@@ -104,6 +104,11 @@ def _check_names(file: str, parsed: AppArgs) -> None:
         if pool.model not in names:
             raise _fail(file, f"pools[{i}].model", f"unknown model {pool.model!r} (models: {names})")
         _check_pool(file, i, pool)
+
+
+def _max_lora_rank(pools: Sequence[PoolConfig]) -> int:
+    """The largest adapter rank every LoRA pool of a model takes."""
+    return min((p.max_lora_rank for p in pools if p.max_loras), default=VLLM_DEFAULT_MAX_LORA_RANK)
 
 
 def _check_served_names(file: str, models: Sequence[ModelConfig]) -> None:

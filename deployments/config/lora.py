@@ -23,6 +23,7 @@ from accel.tt.config import TTEngineConfig
 from accel.vllm.config import VllmEngineConfig
 
 VLLM_DEFAULT_MAX_LORAS = 1  # vllm.config.LoRAConfig.max_loras
+VLLM_DEFAULT_MAX_LORA_RANK = 16  # vllm.config.LoRAConfig.max_lora_rank
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,12 @@ def pool_max_loras(engine_config: TTEngineConfig | VllmEngineConfig) -> int:
     return int(extra.get("max_loras") or VLLM_DEFAULT_MAX_LORAS)
 
 
+def pool_max_lora_rank(engine_config: TTEngineConfig | VllmEngineConfig) -> int:
+    """The largest adapter rank a LoRA pool's engine takes (vLLM's ``max_lora_rank``)."""
+    extra = engine_config.extra_args if isinstance(engine_config, VllmEngineConfig) else None
+    return int((extra or {}).get("max_lora_rank") or VLLM_DEFAULT_MAX_LORA_RANK)
+
+
 def check_adapter_folder(path: str) -> str | None:
     """Why ``path`` is no PEFT adapter folder vLLM can load (None: it looks like one)."""
     folder = Path(path)
@@ -78,12 +85,27 @@ def check_adapter_folder(path: str) -> str | None:
     return None
 
 
+def adapter_refusal(path: str, max_lora_rank: int) -> str | None:
+    """What vLLM's engine raises when it loads the adapter at ``path`` (an existing PEFT folder)
+    with ``max_lora_rank`` (its ``PEFTHelper.validate_legal``: rank, DoRA, bias, ...); None: legal."""
+    # deferred: vLLM's LoRA helpers, in the processes that check adapters (config load, ingress)
+    from vllm.config.lora import LoRAConfig
+    from vllm.lora.peft_helper import PEFTHelper
+
+    try:
+        PEFTHelper.from_local_dir(path, None).validate_legal(LoRAConfig(max_lora_rank=max_lora_rank))  # type: ignore[arg-type]
+    except (ValueError, TypeError, KeyError) as exc:
+        return str(exc)
+    return None
+
+
 def resolve_lora_modules(
-    values: list[str | dict[str, object]], model: str, max_loras: list[int]
+    values: list[str | dict[str, object]], model: str, max_loras: list[int], max_lora_rank: int
 ) -> tuple[LoraModule, ...]:
     """A model's ``lora_modules`` (raises ``ConfigError``): each parsed, names unique, each folder
-    an adapter, and some pool of the model (``max_loras``: each pool's ``pool_max_loras``) able
-    to run them."""
+    an adapter its LoRA pools can load (``max_lora_rank``: the smallest of theirs), and some pool
+    of the model (``max_loras``: each pool's ``pool_max_loras``) able to run them (a ``vllm
+    serve`` with such a module fails at start)."""
     modules = tuple(parse_lora_module(v) for v in values)
     if modules and not any(max_loras):
         raise ConfigError(f"model {model!r} declares LoRA modules but none of its pools sets engine_args.enable_lora")
@@ -93,7 +115,7 @@ def resolve_lora_modules(
             raise ConfigError(f"duplicate LoRA module name {module.name!r}")
         if module.name == model:
             raise ConfigError(f"LoRA module {module.name!r} conflicts with the served base model")
-        problem = check_adapter_folder(module.path)
+        problem = check_adapter_folder(module.path) or adapter_refusal(module.path, max_lora_rank)
         if problem is not None:
             raise ConfigError(f"LoRA module {module.name!r}: {problem}")
     return modules

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from accel.contract import LoraAdapter
 from deployments.config.app import ModelConfig
+from deployments.config.lora import adapter_refusal
 from deployments.messages.routing import stable_hash64
 
 _ID_SPACE = (1 << 31) - 2  # ids 1 .. 2**31 - 1 (vLLM's are positive ints)
@@ -86,6 +87,10 @@ class AdapterRegistry:
         if not (Path(lora_path) / "adapter_config.json").is_file():  # what vLLM's worker fails on
             message = f"Loading lora {lora_name} failed: No adapter found for {lora_path}"
             return LoraAnswer(404, message, "NotFoundError")
+        # What vLLM's engine refuses as it loads the adapter (rank over max_lora_rank, DoRA, ...).
+        refusal = adapter_refusal(lora_path, min(p.max_lora_rank for p in model.pools if p.max_loras))
+        if refusal is not None:
+            return LoraAnswer(500, refusal, "InternalServerError")
         self._adapters[lora_name] = ServedAdapter(self._adapter(lora_name, lora_path), model)
         return LoraAnswer(200, f"Success: LoRA adapter '{lora_name}' added successfully.")
 

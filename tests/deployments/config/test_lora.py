@@ -4,6 +4,7 @@ checks naming file and key, and model-name resolution to (model, adapter)."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,14 @@ def test_an_adapter_named_like_another_model_is_refused():
     args["pools"].append(pool)
     with pytest.raises(ConfigError, match="'tiny-llama-lora-a' is already a served name"):
         load_app_config(args)
+
+
+def test_a_declared_adapter_over_max_lora_rank_is_refused_as_vllm_refuses_it(tmp_path, tiny_lora_adapters):
+    config = json.loads((tiny_lora_adapters[0] / "adapter_config.json").read_text())
+    (tmp_path / "adapter_config.json").write_text(json.dumps({**config, "r": 16}))
+    args = copy.deepcopy(_args())
+    args["models"][0]["lora_modules"].append(f"big={tmp_path}")
+    with pytest.raises(ConfigError, match="LoRA rank 16 is greater than max_lora_rank 8"):
+        load_app_config(args)
+    args["pools"][1]["engine_args"]["max_lora_rank"] = 16
+    assert load_app_config(args).models[0].lora_modules[-1].name == "big"

@@ -4,6 +4,7 @@ of checks."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -65,3 +66,13 @@ def test_load_and_unload_answer_as_vllm(tiny_lora_adapters):
     unknown = registry.unload("c")
     assert (unknown.status, unknown.message) == (404, "The lora adapter 'c' cannot be found.")
     assert registry.unload("").status == 400
+
+
+def test_an_adapter_the_engine_would_refuse_is_not_loaded(tiny_lora_adapters, tmp_path):
+    """Rank over the pool's max_lora_rank (8 in configs/lora.yaml): vLLM's engine raises as it
+    loads it, and vLLM's server answers 500 with the reason."""
+    config = json.loads((tiny_lora_adapters[0] / "adapter_config.json").read_text())
+    (tmp_path / "adapter_config.json").write_text(json.dumps({**config, "r": 16}))
+    answer = _registry().load("big", str(tmp_path))
+    assert (answer.status, answer.error_type) == (500, "InternalServerError")
+    assert "LoRA rank 16 is greater than max_lora_rank 8." in answer.message
