@@ -17,15 +17,17 @@ order, statuses, error types and messages (``LoraAnswer``); the routes are ``lor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from accel.contract import LoraAdapter
 from deployments.config.app import ModelConfig
 from deployments.config.lora import adapter_refusal
 from deployments.messages.routing import stable_hash64
 
+T = TypeVar("T")
 _ID_SPACE = (1 << 31) - 2  # ids 1 .. 2**31 - 1 (vLLM's are positive ints)
 
 
@@ -62,6 +64,17 @@ class AdapterRegistry:
 
     def resolve(self, name: str) -> ServedAdapter | None:
         return self._adapters.get(name)
+
+    def lookup_through(self, lookup: Callable[[str | None], T]) -> Callable[[str | None], T]:
+        """``lookup`` (a model name -> what it resolves to) taking an adapter's name as its base
+        model's: for endpoints where an adapter changes nothing (``/tokenize``, ``/detokenize``:
+        vLLM tokenizes an adapter's requests with the base model's tokenizer)."""
+
+        def through(name: str | None) -> T:
+            served = self.resolve(name) if name else None
+            return lookup(served.model.name if served else name)
+
+        return through
 
     def served(self) -> tuple[ServedAdapter, ...]:
         """In load order (vLLM lists its adapters after the base models, in load order)."""

@@ -134,6 +134,7 @@ class OpenAIIngress:
         # LoRA adapters served by name (declared + loaded at run time) and vLLM's opt-in to load them.
         self._adapters = AdapterRegistry(config.models)
         self._lora_updates = runtime_updates_allowed()
+        self._token_lookup = self._adapters.lookup_through(self._lookup)  # /tokenize takes adapters as vLLM does
 
     async def check_health(self) -> None:
         """Serve's periodic probe: fails when an engine inside this replica fails its own check
@@ -197,11 +198,11 @@ class OpenAIIngress:
 
     @app.post("/tokenize")
     async def tokenize(self, request: Request) -> JSONResponse:
-        return await tokenize_routes.tokenize(request, self._lookup, self._config.ingress)
+        return await tokenize_routes.tokenize(request, self._token_lookup, self._config.ingress)
 
     @app.post("/detokenize")
     async def detokenize(self, request: Request) -> JSONResponse:
-        return await tokenize_routes.detokenize(request, self._lookup)
+        return await tokenize_routes.detokenize(request, self._token_lookup)
 
     @app.get("/version")
     async def version(self) -> JSONResponse:

@@ -114,6 +114,8 @@ def _answers(url: str, adapter_dirs: list[str], headers: dict[str, str] | None =
     client = _client(url)
     answers = {"models": _models(client), "base": _greedy(client, BASE, headers)}
     answers.update({name: _greedy(client, name) for name in ADAPTERS})
+    tokenized = [httpx.post(f"{url}/tokenize", json={"model": m, "prompt": PROMPT}, timeout=60) for m in ADAPTERS]
+    answers["tokenize"] = [(r.status_code, r.json().get("tokens")) for r in tokenized]
     answers["runtime"] = _runtime(url, client, adapter_dirs)
     return answers
 
@@ -165,6 +167,11 @@ def test_greedy_output_per_adapter_and_base_equals_bare_vllm(reference, our_answ
         assert our_answers[name] == reference[name], name
         assert our_answers[name]["tokens"] != reference["base"]["tokens"]  # the adapter is applied
     assert our_answers[ADAPTERS[0]]["tokens"] != our_answers[ADAPTERS[1]]["tokens"]
+
+
+def test_tokenize_takes_adapter_names_as_bare_vllm(reference, our_answers):
+    assert our_answers["tokenize"] == reference["tokenize"]
+    assert reference["tokenize"][0][0] == 200
 
 
 def test_runtime_load_and_unload_answer_as_bare_vllm(reference, our_answers):

@@ -116,3 +116,15 @@ def test_runtime_updates_only_with_vllms_opt_in(monkeypatch, tiny_lora_adapters,
         assert seen[0][0].lora is not None and seen[0][0].lora.path == str(tiny_lora_adapters[0])
         gone = asyncio.run(ingress.unload_lora_adapter(_request("/v1/unload_lora_adapter", {"lora_name": "c"})))
         assert gone.status_code == 200 and _chat(ingress, "c")[0] == 404
+
+
+def test_tokenize_takes_an_adapters_name_with_its_base_models_tokenizer(monkeypatch, tiny_lora_adapters):
+    ingress, _ = _ingress(monkeypatch)
+
+    def tokens(model: str) -> tuple[int, Any]:
+        response = asyncio.run(ingress.tokenize(_request("/tokenize", {"model": model, "prompt": LONG})))
+        return response.status_code, json.loads(response.body).get("tokens")
+
+    base = tokens("tiny-llama")
+    assert base[0] == 200 and tokens("tiny-llama-lora-a") == base
+    assert tokens("no-such-adapter")[0] == 404
