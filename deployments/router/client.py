@@ -52,6 +52,17 @@ class RouterClient:
         """``RouterDeployment.report_dead`` on every router replica."""
         self._broadcast(RouterDeployment.report_dead, replica_id, actor_id)
 
+    async def set_lora_adapter(self, name: str, path: str | None) -> None:
+        """``RouterDeployment.set_lora_adapter`` on every router replica, awaited (up to
+        ``CONTROL_TIMEOUT_S``): a runtime load or unload is answered once the routers hold it."""
+        response = self._handle.broadcast(RouterDeployment.set_lora_adapter.__name__, name, path)
+        await asyncio.wait_for(response.results_async(return_exceptions=True), CONTROL_TIMEOUT_S)
+
+    async def lora_adapters(self, timeout_s: float) -> dict[str, str | None]:
+        """``RouterDeployment.lora_adapters`` of one router replica."""
+        answer: dict[str, str | None] = await asyncio.wait_for(self._handle.lora_adapters.remote(), timeout_s)
+        return answer
+
     async def metrics_snapshots(self, timeout_s: float) -> list[MetricsSnapshot | BaseException]:
         """``RouterDeployment.metrics_snapshot()`` of every router replica (for ``GET /metrics``);
         a replica whose call failed answers with its exception, and past ``timeout_s`` the

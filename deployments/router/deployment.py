@@ -96,6 +96,9 @@ class RouterDeployment:
         self._unsubscribe: list[Any] = []  # replica_membership subscriptions
         self._gossip: asyncio.Task[None] | None = None  # publishes our in-flight counts to peer routers
         self._metrics: RouterMetrics | None = None
+        # LoRA adapters loaded (path) or unloaded (None) at run time through some ingress replica,
+        # in that order: every ingress replica syncs its set from here (serve_app.http.lora_adapters).
+        self._runtime_adapters: dict[str, str | None] = {}
 
     # -- decision API -------------------------------------------------------------------------
 
@@ -157,6 +160,15 @@ class RouterDeployment:
         every router replica: the ingress does not know which one decided.)"""
         self._release(prefill_ticket_of(request_id))
         self._release(request_id)
+
+    async def set_lora_adapter(self, name: str, path: str | None) -> None:
+        """An ingress replica loaded (``path``) or unloaded (None) LoRA adapter ``name`` at run time."""
+        self._runtime_adapters.pop(name, None)  # (re)loaded last: vLLM lists adapters in load order
+        self._runtime_adapters[name] = path
+
+    async def lora_adapters(self) -> dict[str, str | None]:
+        """The latest runtime load or unload of every adapter name, oldest first."""
+        return dict(self._runtime_adapters)
 
     async def snapshot(self) -> RouterSnapshot:
         self._ensure_poller()

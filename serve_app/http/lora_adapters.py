@@ -1,6 +1,12 @@
 """The LoRA adapters an ingress replica serves: the models' declared ``lora_modules`` plus those
 loaded at run time (``/v1/load_lora_adapter``), each served by name on its base model.
 
+Runtime loads and unloads reach every ingress replica through the router deployment, which
+keeps the latest per name (``RouterDeployment.lora_adapters``): the replica that takes one
+publishes it before answering, and every replica syncs from it (``AdapterSync``: at most every
+``ADAPTER_SYNC_S``, only for a ``model`` that names no base model, for ``/v1/models`` and before
+a load or unload), so another replica serves a change within that time.
+
 Every engine request with an adapter carries it whole (``accel.contract.LoraAdapter``: name, id,
 path), so every replica of the model's LoRA pools runs it, including replicas that start later:
 vLLM loads an adapter it has not seen from the request's path (then keeps it among its
@@ -17,7 +23,9 @@ order, statuses, error types and messages (``LoraAnswer``); the routes are ``lor
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -28,6 +36,9 @@ from deployments.config.lora import adapter_refusal
 from deployments.messages.routing import stable_hash64
 
 T = TypeVar("T")
+ADAPTER_SYNC_S = 1.0  # how stale an ingress replica's view of other replicas' loads may be
+
+logger = logging.getLogger(__name__)
 _ID_SPACE = (1 << 31) - 2  # ids 1 .. 2**31 - 1 (vLLM's are positive ints)
 
 
@@ -117,6 +128,57 @@ class AdapterRegistry:
         del self._adapters[lora_name]
         return LoraAnswer(200, f"Success: LoRA adapter '{lora_name}' removed successfully.")
 
+    def apply_runtime(self, changes: Mapping[str, str | None]) -> None:
+        """The runtime loads (path) and unloads (None) made through every ingress replica, oldest
+        first (``RouterDeployment.lora_adapters``)."""
+        for name, path in changes.items():
+            current = self._adapters.get(name)
+            if path is None:
+                self._adapters.pop(name, None)
+            elif self._runtime_model is not None and name not in self._models:
+                if current is None or current.adapter.path != path:
+                    self._adapters.pop(name, None)  # (re)loaded: listed last, as vLLM lists it
+                    self._adapters[name] = ServedAdapter(self._adapter(name, path), self._runtime_model)
+
     @staticmethod
     def _adapter(name: str, path: str) -> LoraAdapter:
         return LoraAdapter(name, adapter_id(name, path), path)
+
+
+class AdapterSync:
+    """Keeps an ingress replica's ``AdapterRegistry`` in step with the runtime loads and unloads
+    of every ingress replica: ``fetch`` reads them (the router's), ``publish`` records one there.
+    A failed fetch leaves the registry as it was (logged at debug: the router may be restarting)."""
+
+    def __init__(
+        self,
+        registry: AdapterRegistry,
+        fetch: Callable[[], Awaitable[Mapping[str, str | None]]],
+        publish: Callable[[str, str | None], Awaitable[None]],
+        period_s: float = ADAPTER_SYNC_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.registry = registry
+        self._fetch, self._publish = fetch, publish
+        self._period_s, self._clock = period_s, clock
+        self._synced_at_s: float | None = None
+
+    async def sync(self, force: bool = False) -> None:
+        """Fetch and apply, unless the last sync is younger than ``period_s`` (and not ``force``)."""
+        now = self._clock()
+        if not force and self._synced_at_s is not None and now - self._synced_at_s < self._period_s:
+            return
+        self._synced_at_s = now
+        try:
+            changes = await self._fetch()
+        except Exception as exc:
+            logger.debug("LoRA adapter sync failed: %r", exc)
+            return
+        self.registry.apply_runtime(changes)
+
+    async def publish(self, name: str, path: str | None) -> None:
+        """Record a load (``path``) or unload (None) this replica made, for the others."""
+        try:
+            await self._publish(name, path)
+        except Exception as exc:
+            logger.warning("LoRA adapter %r: other ingress replicas not told (%r)", name, exc)

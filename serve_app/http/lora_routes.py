@@ -4,7 +4,9 @@ has them: only with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` set as vLLM reads it (`
 message, or vLLM's error body and status (``lora_adapters.AdapterRegistry``).
 
 A loaded adapter is served by every replica of the model's LoRA pools at once, those started
-later included: each engine request carries the adapter (``lora_adapters``).
+later included: each engine request carries the adapter (``lora_adapters``). The ingress replica
+that takes a load or unload syncs first (so its checks see the others' changes) and publishes it
+before answering (``lora_adapters.AdapterSync``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from serve_app.http.json_io import error_response, read_body
-from serve_app.http.lora_adapters import AdapterRegistry, LoraAnswer
+from serve_app.http.lora_adapters import AdapterSync, LoraAnswer
 from serve_app.http.protocol.conversion import parse_body
 from serve_app.http.protocol.errors import APIError, ErrorInfo, ErrorResponse
 
@@ -55,21 +57,29 @@ def _render(answer: LoraAnswer) -> Response:
     return JSONResponse(ErrorResponse(error=info).model_dump(), status_code=answer.status)
 
 
-async def load_adapter(request: Request, registry: AdapterRegistry, allowed: bool) -> Response:
+async def load_adapter(request: Request, adapters: AdapterSync, allowed: bool) -> Response:
     if not allowed:
         return _not_found()
     try:
         body = parse_body(LoadLoRAAdapterRequest, await read_body(request))
     except APIError as err:
         return error_response(err)
-    return _render(registry.load(body.lora_name, body.lora_path, body.load_inplace))
+    await adapters.sync(force=True)
+    answer = adapters.registry.load(body.lora_name, body.lora_path, body.load_inplace)
+    if answer.status == 200:
+        await adapters.publish(body.lora_name, body.lora_path)
+    return _render(answer)
 
 
-async def unload_adapter(request: Request, registry: AdapterRegistry, allowed: bool) -> Response:
+async def unload_adapter(request: Request, adapters: AdapterSync, allowed: bool) -> Response:
     if not allowed:
         return _not_found()
     try:
         body = parse_body(UnloadLoRAAdapterRequest, await read_body(request))
     except APIError as err:
         return error_response(err)
-    return _render(registry.unload(body.lora_name))
+    await adapters.sync(force=True)
+    answer = adapters.registry.unload(body.lora_name)
+    if answer.status == 200:
+        await adapters.publish(body.lora_name, None)
+    return _render(answer)

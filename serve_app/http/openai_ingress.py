@@ -41,7 +41,7 @@ from serve_app.http.engine_client import EngineClient, merge_streams
 from serve_app.http.engine_support import check_engine_support
 from serve_app.http.json_io import error_response, read_body
 from serve_app.http.kv_metrics_source import kv_source
-from serve_app.http.lora_adapters import AdapterRegistry, ServedAdapter
+from serve_app.http.lora_adapters import AdapterRegistry, AdapterSync, ServedAdapter
 from serve_app.http.lora_routes import load_adapter, runtime_updates_allowed, unload_adapter
 from serve_app.http.metrics_route import metrics as metrics_body
 from serve_app.http.protocol import conversion as conv
@@ -134,6 +134,11 @@ class OpenAIIngress:
         # LoRA adapters served by name (declared + loaded at run time) and vLLM's opt-in to load them.
         self._adapters = AdapterRegistry(config.models)
         self._lora_updates = runtime_updates_allowed()
+        # Runtime loads and unloads of every ingress replica, through the router (lora_adapters).
+        router, timeout_s = self._client.router, config.router.decision_timeout_s
+        self._adapter_sync = AdapterSync(
+            self._adapters, lambda: router.lora_adapters(timeout_s), router.set_lora_adapter
+        )
         self._token_lookup = self._adapters.lookup_through(self._lookup)  # /tokenize takes adapters as vLLM does
 
     async def check_health(self) -> None:
@@ -175,6 +180,7 @@ class OpenAIIngress:
     @app.get("/v1/models")
     async def models(self) -> JSONResponse:
         down = set(health.unhealthy_models(self._models, self._client.engines))
+        await self._adapter_sync.sync()
         cards = [
             ModelCard(id=m.name, root=str(m.path), max_model_len=m.max_model_len)
             for m in self._models.values()
@@ -190,11 +196,11 @@ class OpenAIIngress:
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(self, request: Request) -> Response:
         """vLLM's runtime adapter load, with VLLM_ALLOW_RUNTIME_LORA_UPDATING (lora_routes)."""
-        return await load_adapter(request, self._adapters, self._lora_updates)
+        return await load_adapter(request, self._adapter_sync, self._lora_updates)
 
     @app.post("/v1/unload_lora_adapter")
     async def unload_lora_adapter(self, request: Request) -> Response:
-        return await unload_adapter(request, self._adapters, self._lora_updates)
+        return await unload_adapter(request, self._adapter_sync, self._lora_updates)
 
     @app.post("/tokenize")
     async def tokenize(self, request: Request) -> JSONResponse:
@@ -298,7 +304,7 @@ class OpenAIIngress:
             call = responses_call(body)
             body = call.chat_body
         req = conv.parse_request(body, is_chat)
-        served = self._adapters.resolve(req.model) if req.model else None  # model: <a LoRA adapter>
+        served = await self._resolve_adapter(req.model)  # model: <a LoRA adapter>
         model, tok = self._lookup(served.model.name if served else req.model)  # None: the only served one
         label["model"] = model.name
         limits.check_body(body, is_chat, self._config.ingress, model.max_model_len)
@@ -378,6 +384,14 @@ class OpenAIIngress:
         else:
             body_gen = stream_render.completion_sse(merged, first, choices, opts, tok)
         return StreamingResponse(body_gen, media_type="text/event-stream")
+
+    async def _resolve_adapter(self, name: str | None) -> ServedAdapter | None:
+        """The LoRA adapter ``name`` names (None: a base model, or nothing), the runtime set synced
+        first unless ``name`` is a base model's (lora_adapters.AdapterSync)."""
+        if not name or name in self._models:
+            return None
+        await self._adapter_sync.sync()
+        return self._adapters.resolve(name)
 
     async def _leave_after(self, body: AsyncIterable[Any], slots: int) -> AsyncIterator[Any]:
         try:

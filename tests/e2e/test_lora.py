@@ -184,3 +184,14 @@ def test_an_adapter_pinned_to_the_tt_pool_is_a_400_naming_model(ours):
     body = {"model": ADAPTERS[0], "prompt": PROMPT, "max_tokens": 2}
     answer = httpx.post(f"{ours}/v1/completions", json=body, headers={"x-meshserve-pool": "tt"}, timeout=60)
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "model"
+
+
+def test_the_router_keeps_the_runtime_changes_for_every_ingress_replica(our_answers):
+    """What another ingress replica syncs from: "c" loaded, then unloaded (``_runtime``)."""
+    from ray import serve
+
+    from serve_app.app import ROUTER_NAME
+
+    assert our_answers["runtime"]["unload"] == 200
+    handle = serve.get_deployment_handle(ROUTER_NAME, APP)
+    assert handle.lora_adapters.remote().result(timeout_s=30) == {"c": None}

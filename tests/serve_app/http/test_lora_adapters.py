@@ -4,6 +4,7 @@ of checks."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from deployments.config.load import load_app_config
-from serve_app.http.lora_adapters import AdapterRegistry, adapter_id
+from serve_app.http.lora_adapters import AdapterRegistry, AdapterSync, adapter_id
 
 CONFIG = Path(__file__).parents[3] / "configs" / "lora.yaml"
 
@@ -76,3 +77,50 @@ def test_an_adapter_the_engine_would_refuse_is_not_loaded(tiny_lora_adapters, tm
     answer = _registry().load("big", str(tmp_path))
     assert (answer.status, answer.error_type) == (500, "InternalServerError")
     assert "LoRA rank 16 is greater than max_lora_rank 8." in answer.message
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def test_runtime_changes_of_other_ingress_replicas_are_applied_in_order(tiny_lora_adapters):
+    registry = _registry()
+    a, b = (str(p) for p in tiny_lora_adapters)
+    registry.apply_runtime({"c": a, "tiny-llama-lora-a": None, "tiny-llama": b})
+    names = [s.adapter.name for s in registry.served()]
+    assert names == ["tiny-llama-lora-b", "c"]  # a unloaded elsewhere; a base model name ignored
+    registry.apply_runtime({"c": b})  # reloaded elsewhere from another folder: listed last, new id
+    served = registry.resolve("c")
+    assert served is not None and served.adapter.path == b and served.adapter.int_id == adapter_id("c", b)
+
+
+def test_adapter_sync_fetches_at_most_once_a_period_and_survives_a_failing_router(tiny_lora_adapters):
+    registry, clock, fetched, published = _registry(), Clock(), [], []
+    state: dict[str, str | None] = {"c": str(tiny_lora_adapters[0])}
+
+    async def fetch():
+        fetched.append(clock.now_s)
+        if state is None:
+            raise TimeoutError
+        return dict(state)
+
+    async def publish(name, path):
+        published.append((name, path))
+
+    sync = AdapterSync(registry, fetch, publish, period_s=1.0, clock=clock)
+    asyncio.run(sync.sync())
+    asyncio.run(sync.sync())  # within the period: no fetch
+    assert fetched == [0.0] and registry.resolve("c") is not None
+    state["c"] = None
+    clock.now_s = 1.5
+    asyncio.run(sync.sync())
+    assert fetched == [0.0, 1.5] and registry.resolve("c") is None
+    state = None  # the router gone: the registry stays as it was
+    asyncio.run(sync.sync(force=True))
+    assert len(fetched) == 3 and registry.resolve("tiny-llama-lora-a") is not None
+    asyncio.run(sync.publish("d", "/p"))
+    assert published == [("d", "/p")]
