@@ -14,7 +14,7 @@ blocks its cache holds):
 
 Load score, in requests: ``in_flight + w_queue * waiting + w_kv_usage * kv_usage`` (the router
 counts in-flight itself and reads waiting / KV usage from fresh engine stats; a lane reads them
-from its own queues and block pool).
+from its own queues and block allocator).
 
 Pure logic: no torch, no Ray. Ties are the caller's (the router spreads them by rendezvous
 hashing, lanes take the lowest index).

@@ -28,7 +28,7 @@ from accel.contract import (
 )
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
 from accel.tt.async_decode import AsyncDecodeQueue
-from accel.tt.block_pool import BlockPool
+from accel.tt.block_allocator import BlockAllocator
 from accel.tt.config import TTEngineConfig, check_model_capabilities
 from accel.tt.core_messages import AbortRequest, InboxMessage
 from accel.tt.engine_core import EngineCore, KVHookPoints, StepRecord
@@ -68,7 +68,7 @@ class EngineParts:
     tokenizer: TextTokenizer
     hf_config: Any
     backend: Any
-    model: Any
+    model: MeshModel
     core: EngineCore
     grammars: EngineGrammars
     platform: str
@@ -141,7 +141,7 @@ def build_engine_parts(
         LaneScheduler(
             i,
             config.max_num_seqs,
-            BlockPool(blocks_per_lane, config.block_size, enable_prefix_caching, lane=i),
+            BlockAllocator(blocks_per_lane, config.block_size, enable_prefix_caching, lane=i),
             prefill_budget,
             config.max_model_len,
             enable_chunked_prefill=enable_chunked_prefill,
@@ -176,10 +176,10 @@ def build_engine_parts(
 
 def lane_block_snapshot(core: EngineCore) -> list[BlockHash]:
     """Every block hash some lane holds in its prefix cache now (the union of the lane caches),
-    least recently used first per lane. Safe from any thread (``BlockPool.cached_block_hashes``)."""
+    least recently used first per lane. Safe from any thread (``BlockAllocator.cached_block_hashes``)."""
     seen: dict[BlockHash, None] = {}
     for lane in core.coordinator.lanes:
-        for h in lane.pool.cached_block_hashes():
+        for h in lane.allocator.cached_block_hashes():
             seen[h] = None
     return list(seen)
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from accel.contract import EngineStats, GenerateRequest, KVTransferParams, PrefixCacheChange, TTEngineStats
 from accel.text.stop_tokens import check_token_stop
 from accel.tt.async_decode import AsyncDecodeQueue
-from accel.tt.block_pool import BlockPool
+from accel.tt.block_allocator import BlockAllocator
 from accel.tt.core_messages import NewTokens
 from accel.tt.lane_coordinator import LaneCoordinator
 from accel.tt.request_state import RequestState, RequestStatus
@@ -36,9 +36,9 @@ class KVHookPoints(Protocol):
         """Whether ``on_added`` may write KV for ``r`` (the engine then lets in-flight steps
         finish first; for other requests it does not wait)."""
 
-    def on_added(self, r: RequestState, pool: BlockPool, lane_kv: Any) -> None:
+    def on_added(self, r: RequestState, allocator: BlockAllocator, lane_kv: Any) -> None:
         """``r`` was bound to its lane and nothing is scheduled yet: an import can allocate blocks
-        in ``pool``, write the KV, ``cache_blocks`` them under ``r``'s prompt hashes and free them;
+        in ``allocator``, write the KV, ``cache_blocks`` them under ``r``'s prompt hashes and free them;
         admission then takes them as a prefix hit (tokens marked computed)."""
 
     def on_finished(self, r: RequestState, lane_kv: Any) -> KVTransferParams | None:
@@ -102,7 +102,7 @@ class EngineCore:
             if self._inflight_writes_free_block():
                 self.queue.wait_idle()
             try:
-                self.kv_hooks.on_added(r, self.coordinator.lanes[r.lane].pool, self.kv_cache[r.lane])
+                self.kv_hooks.on_added(r, self.coordinator.lanes[r.lane].allocator, self.kv_cache[r.lane])
             except Exception:
                 self._finish(r)  # nothing of it was scheduled; it leaves no trace
                 raise
@@ -115,8 +115,8 @@ class EngineCore:
             return False
         lanes = self.coordinator.lanes
         for row in plan.rows:
-            pool = lanes[row.lane].pool
-            if pool.ref_count(row.block_ids[row.start_pos // pool.block_size]) == 0:
+            allocator = lanes[row.lane].allocator
+            if allocator.ref_count(row.block_ids[row.start_pos // allocator.block_size]) == 0:
                 return True
         return False
 
@@ -205,14 +205,14 @@ class EngineCore:
     def stats(self, platform: str) -> EngineStats:
         """Load and cache snapshot over every lane."""
         coordinator = self.coordinator
-        pools = [lane.pool for lane in coordinator.lanes]
+        allocators = [lane.allocator for lane in coordinator.lanes]
         return EngineStats(
             num_waiting=coordinator.num_waiting,
             num_running=coordinator.num_running,
-            num_kv_blocks_total=sum(pool.num_blocks for pool in pools),
-            num_kv_blocks_free=sum(pool.num_free_blocks for pool in pools),
-            prefix_cache_queries=sum(pool.prefix_cache_queries for pool in pools),
-            prefix_cache_hits=sum(pool.prefix_cache_hits for pool in pools),
+            num_kv_blocks_total=sum(allocator.num_blocks for allocator in allocators),
+            num_kv_blocks_free=sum(allocator.num_free_blocks for allocator in allocators),
+            prefix_cache_queries=sum(allocator.prefix_cache_queries for allocator in allocators),
+            prefix_cache_hits=sum(allocator.prefix_cache_hits for allocator in allocators),
             platform=platform,
         )
 
@@ -232,7 +232,7 @@ class EngineCore:
         """Every lane's cache changes, in lane order, each tagged with its lane: lanes are separate
         prefix caches (a request only hits its own lane's), so the router's index keeps them
         apart and matches a prompt against the replica's best lane."""
-        return [event for lane in self.coordinator.lanes for event in lane.pool.take_kv_events()]
+        return [event for lane in self.coordinator.lanes for event in lane.allocator.take_kv_events()]
 
     def _record(self, plan: StepPlan, num_dispatches: int) -> None:
         if plan.mode is StepMode.EMPTY:

@@ -17,7 +17,7 @@ Import: ``prefetch`` (asyncio side, called by ``TTMeshEngine.generate``) reads t
 store), off the engine thread; then
 ``on_added`` (engine thread, the request was bound to its lane and nothing is scheduled) refuses
 another model (fingerprint, dtype, shapes) or other prompt tokens (block hashes), then writes the
-prompt's full blocks into freshly allocated blocks of the lane's pool, registers them in its prefix
+prompt's full blocks into freshly allocated blocks of the lane's allocator, registers them in its prefix
 cache under the prompt's chained hashes and releases them to the cache's LRU queue, then writes the
 partial last block (up to,
 not including, the last prompt token) into a block the request holds and marks it preloaded.
@@ -52,7 +52,7 @@ from accel.kv_transfer.fingerprint import model_fingerprint
 from accel.kv_transfer.payload import KVDescriptor, KVPayload
 from accel.kv_transfer.transport import KVTransport, failure_reason
 from accel.kv_transfer.tt_layout import gather_tt, scatter_tt
-from accel.tt.block_pool import BlockPool
+from accel.tt.block_allocator import BlockAllocator
 from accel.tt.request_state import RequestState
 
 logger = logging.getLogger(__name__)
@@ -110,25 +110,27 @@ class KVTransferHooks:
         kv = r.request.kv_transfer
         return self.share_prefixes or (kv is not None and kv.do_remote_prefill)
 
-    def on_added(self, r: RequestState, pool: BlockPool, lane_kv: Any) -> None:
+    def on_added(self, r: RequestState, allocator: BlockAllocator, lane_kv: Any) -> None:
         kv = r.request.kv_transfer
         transfer_id = kv.transfer_id if kv is not None and kv.do_remote_prefill else None  # (prefill implies one)
         if transfer_id is None:
             if self.share_prefixes:
-                self._pull_prefix(r, pool, lane_kv)
+                self._pull_prefix(r, allocator, lane_kv)
             return
         payload = self._fetch(r.request, lane_kv)
         if payload is None:
             return
         try:
-            num_tokens = self._import_prefix(pool, lane_kv, r.request, payload)
+            num_tokens = self._import_prefix(allocator, lane_kv, r.request, payload)
         except Exception:  # never fail the request over an import: prefill it instead
             logger.exception("KV import of %s failed, recomputing", r.req_id)
             self.transport.report_recompute("import_error")
             return
-        wanted = min(payload.descriptor.num_tokens, r.num_prompt_tokens - 1) // pool.block_size * pool.block_size
+        wanted = (
+            min(payload.descriptor.num_tokens, r.num_prompt_tokens - 1) // allocator.block_size * allocator.block_size
+        )
         if num_tokens == wanted and payload.descriptor.num_tokens >= r.num_prompt_tokens - 1:
-            num_tokens += _preload_tail(r, pool, lane_kv, payload.kv, num_tokens)
+            num_tokens += _preload_tail(r, allocator, lane_kv, payload.kv, num_tokens)
         self.transport.complete(transfer_id)
         self.num_imported_tokens += num_tokens
         if num_tokens < wanted:
@@ -174,16 +176,16 @@ class KVTransferHooks:
             return None
 
     @staticmethod
-    def _import_prefix(pool: BlockPool, lane_kv: Any, request: GenerateRequest, payload: KVPayload) -> int:
-        """Write the payload's full blocks into ``pool``'s prefix cache; the tokens now cached."""
-        bs = pool.block_size
+    def _import_prefix(allocator: BlockAllocator, lane_kv: Any, request: GenerateRequest, payload: KVPayload) -> int:
+        """Write the payload's full blocks into ``allocator``'s prefix cache; the tokens now cached."""
+        bs = allocator.block_size
         tokens = request.prompt_token_ids
         num_blocks = min(payload.descriptor.num_tokens, len(tokens) - 1) // bs  # never the last token
         hashes = hash_prompt_blocks(tokens[: num_blocks * bs], bs, salted_root(request.cache_salt))
-        if not pool.enable_prefix_caching or not hashes:
+        if not allocator.enable_prefix_caching or not hashes:
             return 0
-        num_cached = len(pool.find_cached_prefix(hashes))
-        return _cache_blocks(pool, lane_kv, hashes, num_cached, payload.kv[:, :, num_cached * bs :])
+        num_cached = len(allocator.find_cached_prefix(hashes))
+        return _cache_blocks(allocator, lane_kv, hashes, num_cached, payload.kv[:, :, num_cached * bs :])
 
     # ---- prefix tier --------------------------------------------------------------------
     def _tier_key(self, lane_kv: Any) -> str:
@@ -200,14 +202,14 @@ class KVTransferHooks:
         if self.transport.offer_prefix(self._tier_key(lane_kv), bs, [hashes[i] for i in new], blocks):
             self._offered.update(hashes[i] for i in new)
 
-    def _pull_prefix(self, r: RequestState, pool: BlockPool, lane_kv: Any) -> None:
-        bs = pool.block_size
+    def _pull_prefix(self, r: RequestState, allocator: BlockAllocator, lane_kv: Any) -> None:
+        bs = allocator.block_size
         tokens = r.request.prompt_token_ids
         # never the last token
         hashes = hash_prompt_blocks(tokens[: (len(tokens) - 1) // bs * bs], bs, salted_root(r.request.cache_salt))
-        if not pool.enable_prefix_caching or not hashes:
+        if not allocator.enable_prefix_caching or not hashes:
             return
-        num_cached = len(pool.find_cached_prefix(hashes))
+        num_cached = len(allocator.find_cached_prefix(hashes))
         if num_cached == len(hashes):
             return
         try:
@@ -217,7 +219,7 @@ class KVTransferHooks:
             if len(blocks) <= num_cached:
                 return
             kv = torch.cat(blocks[num_cached:], dim=2)
-            num_tokens = _cache_blocks(pool, lane_kv, hashes[: len(blocks)], num_cached, kv)
+            num_tokens = _cache_blocks(allocator, lane_kv, hashes[: len(blocks)], num_cached, kv)
         except Exception:
             logger.warning("prefix tier import for %s failed; prefilling it", r.req_id, exc_info=True)
             return
@@ -230,36 +232,38 @@ class KVTransferHooks:
         )
 
 
-def _preload_tail(r: RequestState, pool: BlockPool, lane_kv: Any, kv: torch.Tensor, num_full_tokens: int) -> int:
+def _preload_tail(
+    r: RequestState, allocator: BlockAllocator, lane_kv: Any, kv: torch.Tensor, num_full_tokens: int
+) -> int:
     """Every full block of ``r``'s prompt but the last token's is cached: write the rest of the
     prompt's KV up to (not including) its last token — the partial last block — into a fresh block
-    of ``pool`` held by ``r`` and mark ``r`` preloaded, so admission puts it straight into decode
+    of ``allocator`` held by ``r`` and mark ``r`` preloaded, so admission puts it straight into decode
     (the last prompt token is its first decode input) instead of prefilling that block. Returns
     the tokens written (0 when there is no room for the block: ``r`` is then prefilled as usual)."""
     num_tail = r.num_prompt_tokens - 1 - num_full_tokens  # 0 <= num_tail < block_size
     if num_tail > 0:
-        if pool.num_free_blocks < 1:
+        if allocator.num_free_blocks < 1:
             return 0
-        block = pool.allocate(1)[0]
+        block = allocator.allocate(1)[0]
         # A page table whose positions [num_full_tokens, +block_size) map to the new block.
-        table = [0] * (num_full_tokens // pool.block_size) + [block]
+        table = [0] * (num_full_tokens // allocator.block_size) + [block]
         scatter_tt(lane_kv, table, kv[:, :, num_full_tokens : num_full_tokens + num_tail], start_token=num_full_tokens)
         r.preloaded_block = block
     r.is_kv_preloaded = True
     return num_tail
 
 
-def _cache_blocks(pool: BlockPool, lane_kv: Any, hashes: list[int], num_cached: int, kv: torch.Tensor) -> int:
+def _cache_blocks(allocator: BlockAllocator, lane_kv: Any, hashes: list[int], num_cached: int, kv: torch.Tensor) -> int:
     """Blocks ``num_cached..len(hashes)`` (their KV = ``kv`` ``[L, 2, >=n*bs, Hkv, D]`` from block
-    ``num_cached`` on) into fresh blocks of ``pool``, registered in its prefix cache and released
+    ``num_cached`` on) into fresh blocks of ``allocator``, registered in its prefix cache and released
     to the LRU queue (admission takes them as a hit). Returns the prefix tokens now cached."""
-    bs = pool.block_size
-    num_new = min(len(hashes) - num_cached, pool.num_free_blocks)
+    bs = allocator.block_size
+    num_new = min(len(hashes) - num_cached, allocator.num_free_blocks)
     if num_new > 0:
-        blocks = pool.allocate(num_new)
+        blocks = allocator.allocate(num_new)
         lo = num_cached * bs
         # A page table whose positions [lo, lo + num_new * bs) map to the new blocks.
         scatter_tt(lane_kv, [0] * num_cached + blocks, kv[:, :, : num_new * bs], start_token=lo)
-        pool.cache_blocks(blocks, hashes[num_cached : num_cached + num_new])
-        pool.free(blocks)
+        allocator.cache_blocks(blocks, hashes[num_cached : num_cached + num_new])
+        allocator.free(blocks)
     return (num_cached + max(num_new, 0)) * bs

@@ -1,7 +1,7 @@
 """Drives every lane of the mesh with one shared step mode (vllm-tt-plugin's lane rules).
 
 - Lanes = ``data_parallel_size``; each has its own ``LaneScheduler`` (per-lane ``max_num_seqs``,
-  own block pool and block-id space).
+  own block allocator and block-id space).
 - Lanes are KV cache domains (each its own prefix cache). A new request goes to the lane of its
   session when that lane is not overloaded, else to the lane the prefix-vs-load rule picks
   (``accel.cache_affinity``, the router's rule, over each lane's cached prefix of the prompt and
@@ -57,9 +57,9 @@ class LaneCoordinator:
     def lane_load(self, i: int) -> float:
         """Lane ``i``'s load score (``accel.cache_affinity.load_score``, the router's units)."""
         lane = self.lanes[i]
-        pool = lane.pool
+        allocator = lane.allocator
         num_waiting = len(lane.waiting)
-        kv_usage = 1.0 - pool.num_free_blocks / pool.num_blocks
+        kv_usage = 1.0 - allocator.num_free_blocks / allocator.num_blocks
         return load_score(len(lane.running) + num_waiting, num_waiting, kv_usage, self.weights)
 
     def cached_prefix_blocks(self, r: RequestState) -> list[int]:
@@ -68,7 +68,7 @@ class LaneCoordinator:
         bs = self.lanes[0].block_size
         r.update_block_hashes(bs)
         hashes = r.block_hashes[: (r.num_tokens - 1) // bs]
-        return [len(lane.pool.find_cached_prefix(hashes)) for lane in self.lanes]
+        return [len(lane.allocator.find_cached_prefix(hashes)) for lane in self.lanes]
 
     def pick_lane(self, r: RequestState) -> int:
         """The lane for new request ``r``: its session's lane unless overloaded, else the

@@ -61,7 +61,7 @@ def check_lanes(config: TTEngineConfig, model_cls: type) -> None:
         )
 
 
-def build_mesh_model(model_cls: type[MeshModel], hf_config: Any, backend: Any, config: TTEngineConfig) -> Any:
+def build_mesh_model(model_cls: type[MeshModel], hf_config: Any, backend: Any, config: TTEngineConfig) -> MeshModel:
     """``model_cls`` on ``backend``'s mesh (None: no backend, an injected model class), adapted
     for the engine by the backend (``MeshBackend.adapt``: ttnn models get their event adapter)."""
     optional = {
@@ -71,7 +71,8 @@ def build_mesh_model(model_cls: type[MeshModel], hf_config: Any, backend: Any, c
     }
     mesh_device = getattr(backend, "mesh_device", None)
     model = load_mesh_model(model_cls, hf_config, mesh_device, config.max_num_seqs_global, **optional)
-    return backend.adapt(model) if backend is not None else model
+    adapted: MeshModel = backend.adapt(model) if backend is not None else model
+    return adapted
 
 
 def num_blocks_per_lane(model_cls: type[MeshModel], config: TTEngineConfig, num_devices: int = 1) -> int:

@@ -10,7 +10,7 @@ Algorithm (per lane; the lane coordinator picks the mode for all lanes):
 - DECODE: every running request with exactly one uncomputed token gets one row. When a new
   block is needed and none is free, the most recently admitted running request is preempted
   (possibly the request itself), so the oldest requests always progress: no deadlock (a lane's
-  pool holds at least one max_model_len sequence) and no starvation (preempted requests resume
+  allocator holds at least one max_model_len sequence) and no starvation (preempted requests resume
   first, admission is FIFO).
 - Preemption is by recompute: blocks and slot are released at once; the request returns to the
   front of the waiting queue and later prefills prompt + outputs again (the prefix cache usually
@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from accel.tt.block_pool import BlockPool
+from accel.tt.block_allocator import BlockAllocator
 from accel.tt.request_state import RequestState, RequestStatus
 from accel.tt.step_plan import PENDING_TOKEN, RowPlan
 
@@ -48,7 +48,7 @@ class LaneScheduler:
         self,
         lane: int,
         per_lane: int,
-        pool: BlockPool,
+        allocator: BlockAllocator,
         max_num_batched_tokens: int,
         max_model_len: int,
         enable_chunked_prefill: bool = True,
@@ -59,8 +59,8 @@ class LaneScheduler:
         # prefill cannot resume mid-prompt.
         self.enable_chunked_prefill = enable_chunked_prefill
         self.per_lane = per_lane
-        self.pool = pool
-        self.block_size = pool.block_size
+        self.allocator = allocator
+        self.block_size = allocator.block_size
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.waiting: deque[RequestState] = deque()
@@ -102,11 +102,11 @@ class LaneScheduler:
 
     def _release(self, r: RequestState) -> None:
         if r.preloaded_block is not None:  # finished or aborted before admission adopted it
-            self.pool.free([r.preloaded_block])
+            self.allocator.free([r.preloaded_block])
             r.preloaded_block = None
         r.is_kv_preloaded = False
         if r.block_ids:
-            self.pool.free(r.block_ids)
+            self.allocator.free(r.block_ids)
             r.block_ids = []
             r.block_table = ()
         r.num_cached_blocks = 0
@@ -160,16 +160,16 @@ class LaneScheduler:
         r.update_block_hashes(self.block_size)
         # Never take the last token from the cache: its logits are needed.
         max_hit_blocks = (r.num_tokens - 1) // self.block_size
-        hit = self.pool.find_cached_prefix(r.block_hashes[:max_hit_blocks])
+        hit = self.allocator.find_cached_prefix(r.block_hashes[:max_hit_blocks])
         num_hit_tokens = len(hit) * self.block_size
         chunk = min(r.num_tokens - num_hit_tokens, budget)
         if not self.enable_chunked_prefill and chunk < r.num_tokens - num_hit_tokens:
             return 0  # whole prompts only: wait for a step with budget for all of it
         num_new = -(-(num_hit_tokens + chunk) // self.block_size) - len(hit)
-        if num_new > self.pool.num_free_after_touch(hit):
+        if num_new > self.allocator.num_free_after_touch(hit):
             return 0
-        self.pool.touch(hit)  # before allocating: the hit must not be evicted for the new blocks
-        self._adopt(r, hit, self.pool.allocate(num_new), num_hit_tokens)
+        self.allocator.touch(hit)  # before allocating: the hit must not be evicted for the new blocks
+        self._adopt(r, hit, self.allocator.allocate(num_new), num_hit_tokens)
         return chunk
 
     def _adopt(self, r: RequestState, hit: list[int], more_blocks: list[int], num_computed: int) -> None:
@@ -179,7 +179,7 @@ class LaneScheduler:
         r.block_table = tuple(r.block_ids)
         r.num_cached_blocks = len(hit)
         r.num_computed = r.num_prefix_hit_tokens = num_computed
-        self.pool.record_prefix_query(r.num_tokens, num_computed)
+        self.allocator.record_prefix_query(r.num_tokens, num_computed)
         self._admit(r)
 
     def _try_admit_preloaded(self, r: RequestState) -> bool:
@@ -190,11 +190,11 @@ class LaneScheduler:
         bs = self.block_size
         r.update_block_hashes(bs)
         num_full = (r.num_tokens - 1) // bs
-        hit = self.pool.find_cached_prefix(r.block_hashes[:num_full])
+        hit = self.allocator.find_cached_prefix(r.block_hashes[:num_full])
         if len(hit) < num_full:
             self._release(r)  # frees the tail block; r stays waiting, nothing else held
             return False
-        self.pool.touch(hit)
+        self.allocator.touch(hit)
         tail = [r.preloaded_block] if r.preloaded_block is not None else []
         r.preloaded_block, r.is_kv_preloaded = None, False
         self._adopt(r, hit, tail, r.num_tokens - 1)
@@ -273,21 +273,21 @@ class LaneScheduler:
         """Blocks for ``num_tokens`` positions of running ``r``, preempting the most recently
         admitted requests while short. False when ``r`` itself had to go."""
         need = -(-num_tokens // self.block_size) - len(r.block_ids)
-        while need > self.pool.num_free_blocks:
+        while need > self.allocator.num_free_blocks:
             victim = self.running[-1]
             self.preempt(victim)
             part.preempted_req_ids.append(victim.req_id)
             if victim is r:
                 return False
         if need > 0:
-            r.block_ids.extend(self.pool.allocate(need))
+            r.block_ids.extend(self.allocator.allocate(need))
             r.block_table = tuple(r.block_ids)
         return True
 
     # ---- after a step --------------------------------------------------------------------
     def cache_computed_blocks(self, requests: Iterable[RequestState]) -> None:
         """Register newly full, computed blocks of ``requests`` in the prefix cache."""
-        if not self.pool.enable_prefix_caching:
+        if not self.allocator.enable_prefix_caching:
             return
         bs = self.block_size
         for r in requests:
@@ -300,7 +300,7 @@ class LaneScheduler:
         """Before running ``r`` is freed at its finish: register the blocks its last step
         filled (a next turn of the conversation starts with them). Positions up to, not
         including, the last sampled token were fed by applied steps, so their KV is written."""
-        if self.pool.enable_prefix_caching and r.status is RequestStatus.RUNNING:
+        if self.allocator.enable_prefix_caching and r.status is RequestStatus.RUNNING:
             self._cache_blocks_up_to(r, min(r.num_computed, len(r.token_ids) - 1))
 
     def _cache_blocks_up_to(self, r: RequestState, num_tokens: int) -> None:
@@ -309,7 +309,7 @@ class LaneScheduler:
             return
         r.update_block_hashes(self.block_size)
         lo = r.num_cached_blocks
-        self.pool.cache_blocks(r.block_ids[lo:num_full], r.block_hashes[lo:num_full])
+        self.allocator.cache_blocks(r.block_ids[lo:num_full], r.block_hashes[lo:num_full])
         r.num_cached_blocks = num_full
 
 

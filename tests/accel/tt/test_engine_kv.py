@@ -62,17 +62,17 @@ class CellTransferHooks:
         kv = r.request.kv_transfer
         return kv is not None and kv.do_remote_prefill
 
-    def on_added(self, r, pool, lane_kv):
+    def on_added(self, r, allocator, lane_kv):
         if not self.may_import(r):
             return
         cells, bs = self.exported[r.request.kv_transfer.transfer_id[2:]], self.block_size
         r.update_block_hashes(bs)
         num_full = r.num_prompt_tokens // bs
-        blocks = pool.allocate(num_full)
+        blocks = allocator.allocate(num_full)
         for p in range(num_full * bs):
             self.model._cells[r.lane][(blocks[p // bs], p % bs)] = cells[p]
-        pool.cache_blocks(blocks, r.block_hashes[:num_full])
-        pool.free(blocks)  # cached and free: admission takes them as a prefix hit
+        allocator.cache_blocks(blocks, r.block_hashes[:num_full])
+        allocator.free(blocks)  # cached and free: admission takes them as a prefix hit
         self.num_imported_blocks += num_full
 
 
@@ -108,7 +108,7 @@ def test_kv_hook_points_export_and_import(tiny_llama):
         assert ticket is not None and ticket.transfer_id == "t-pre" and ticket.num_tokens == 50
         # Drop the prefill replica's own cache so only the import can give a hit.
         for lane in engine.core.coordinator.lanes:
-            lane.pool._cached.clear()
+            lane.allocator._cached.clear()
         dec = GenerateRequest(
             "dec", prompt, greedy(8), kv_transfer=KVTransferParams(do_remote_prefill=True, transfer_id="t-pre")
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from accel.cache_affinity import AffinityWeights
 from accel.contract import GenerateRequest, SamplingParams
-from accel.tt.block_pool import BlockPool
+from accel.tt.block_allocator import BlockAllocator
 from accel.tt.lane_coordinator import LaneCoordinator
 from accel.tt.request_state import RequestState
 from accel.tt.scheduler import LaneScheduler
@@ -15,7 +15,7 @@ BS = 4
 
 def make_coord(num_lanes=2, per_lane=4, num_blocks=256, budget=256, max_model_len=512, weights=None):
     lanes = [
-        LaneScheduler(i, per_lane, BlockPool(num_blocks, BS, True, lane=i), budget, max_model_len)
+        LaneScheduler(i, per_lane, BlockAllocator(num_blocks, BS, True, lane=i), budget, max_model_len)
         for i in range(num_lanes)
     ]
     return LaneCoordinator(lanes, weights)

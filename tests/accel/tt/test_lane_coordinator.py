@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from accel.contract import GenerateRequest, SamplingParams
-from accel.tt.block_pool import BlockPool
+from accel.tt.block_allocator import BlockAllocator
 from accel.tt.lane_coordinator import LaneCoordinator
 from accel.tt.request_state import RequestState
 from accel.tt.scheduler import LaneScheduler
@@ -15,7 +15,7 @@ from accel.tt.step_plan import StepMode
 def make_coord(num_lanes=4, per_lane=2, num_blocks=32, block_size=4, budget=16, max_model_len=64, caching=True):
     return LaneCoordinator(
         [
-            LaneScheduler(i, per_lane, BlockPool(num_blocks, block_size, caching, lane=i), budget, max_model_len)
+            LaneScheduler(i, per_lane, BlockAllocator(num_blocks, block_size, caching, lane=i), budget, max_model_len)
             for i in range(num_lanes)
         ]
     )
@@ -155,4 +155,4 @@ def test_random_load_no_deadlock_no_starvation_static_lanes_pool_back_to_full():
         raise AssertionError("requests starved or deadlocked")
     assert any(p.preempted_req_ids for p in d.plans), "scenario should preempt"
     for lane in coord.lanes:
-        assert lane.pool.num_free_blocks == 12 and lane.num_free_slots == 3
+        assert lane.allocator.num_free_blocks == 12 and lane.num_free_slots == 3

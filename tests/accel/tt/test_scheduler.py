@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from accel.contract import GenerateRequest, SamplingParams
-from accel.tt.block_pool import BlockPool
+from accel.tt.block_allocator import BlockAllocator
 from accel.tt.request_state import RequestState, RequestStatus
 from accel.tt.scheduler import LaneScheduler
 from accel.tt.step_plan import PENDING_TOKEN
 
 
 def make_lane(num_blocks=16, block_size=4, per_lane=4, budget=8, max_model_len=64, caching=True, lane=0):
-    return LaneScheduler(lane, per_lane, BlockPool(num_blocks, block_size, caching, lane=lane), budget, max_model_len)
+    return LaneScheduler(
+        lane, per_lane, BlockAllocator(num_blocks, block_size, caching, lane=lane), budget, max_model_len
+    )
 
 
 def make_req(rid, prompt_len, max_tokens=8, first=10, cache_salt=None):
@@ -76,7 +78,7 @@ def test_prefix_hit_skips_cached_blocks_but_never_the_last_token():
     # 12 tokens = 3 full blocks cached, but the last token must be computed: hit 2 blocks.
     assert (row.start_pos, row.end_pos) == (8, 12)
     assert row.block_ids[:2] == tuple(a.block_ids[:2])
-    assert lane.pool.prefix_cache_hits == 8 and lane.pool.prefix_cache_queries == 24
+    assert lane.allocator.prefix_cache_hits == 8 and lane.allocator.prefix_cache_queries == 24
 
 
 def test_salted_prompts_share_a_prefix_only_with_the_same_salt():
@@ -140,7 +142,7 @@ def test_finish_returns_every_block_and_the_slot():
     lane.finish(a)
     lane.finish(b)
     lane.finish(b)  # idempotent
-    assert lane.pool.num_free_blocks == 8 and lane.num_free_slots == 2
+    assert lane.allocator.num_free_blocks == 8 and lane.num_free_slots == 2
     c = make_req("c", 2)
     lane.add(c)
     lane.schedule_prefill()
@@ -177,11 +179,11 @@ def _preload(lane, r):
 
     bs = lane.block_size
     num_full = (r.num_tokens - 1) // bs
-    blocks = lane.pool.allocate(num_full)
-    lane.pool.cache_blocks(blocks, hash_prompt_blocks(r.token_ids[: num_full * bs], bs))
-    lane.pool.free(blocks)
+    blocks = lane.allocator.allocate(num_full)
+    lane.allocator.cache_blocks(blocks, hash_prompt_blocks(r.token_ids[: num_full * bs], bs))
+    lane.allocator.free(blocks)
     if (r.num_tokens - 1) % bs:
-        r.preloaded_block = lane.pool.allocate(1)[0]
+        r.preloaded_block = lane.allocator.allocate(1)[0]
     r.is_kv_preloaded = True
     return blocks
 
@@ -216,19 +218,19 @@ def test_an_imported_prompt_aborted_while_waiting_frees_its_tail_block():
     r = make_req("a", 7)
     _preload(lane, r)
     lane.add(r)
-    free_before = lane.pool.num_free_blocks
+    free_before = lane.allocator.num_free_blocks
     lane.finish(r)
-    assert lane.pool.num_free_blocks == free_before + 1 and r.preloaded_block is None
+    assert lane.allocator.num_free_blocks == free_before + 1 and r.preloaded_block is None
 
 
 def test_an_imported_prompt_whose_blocks_were_evicted_is_prefilled():
     lane = make_lane(num_blocks=6, block_size=4)
     r = make_req("a", 11)
     _preload(lane, r)
-    other = lane.pool.allocate(lane.pool.num_free_blocks)  # other work evicts the cached full blocks
-    lane.pool.free(other)
+    other = lane.allocator.allocate(lane.allocator.num_free_blocks)  # other work evicts the cached full blocks
+    lane.allocator.free(other)
     lane.add(r)
     part = lane.schedule_prefill()  # the prefix is gone: tail block dropped, ordinary prefill
     assert [(row.req_id, row.start_pos) for row in part.rows] == [("a", 0)]
     assert not r.is_kv_preloaded and r.preloaded_block is None and r.num_prefix_hit_tokens == 0
-    assert lane.pool.num_free_blocks == 6 - len(r.block_ids)  # the tail block went back
+    assert lane.allocator.num_free_blocks == 6 - len(r.block_ids)  # the tail block went back

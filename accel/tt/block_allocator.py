@@ -1,4 +1,4 @@
-"""One lane's paged-KV block pool with prefix caching.
+"""One lane's paged-KV block allocator with prefix caching.
 
 Invariants:
 - a block is either referenced (``ref_count > 0``, owned by running requests) or in the free
@@ -7,7 +7,7 @@ Invariants:
   back (``touch``) instead of recomputing;
 - ``_cached`` maps a chained block hash (``accel.block_hash``) to the one block holding it;
   allocation evicts the oldest free block and drops its hash (a ``removed`` ``PrefixCacheChange``);
-- block ids are lane-local (``0..num_blocks-1``); every lane has its own pool.
+- block ids are lane-local (``0..num_blocks-1``); every lane has its own allocator.
 
 Pure logic: no torch, no threads. The engine thread is the only caller.
 """
@@ -21,7 +21,7 @@ from accel.block_hash import BlockHash
 from accel.contract import PrefixCacheChange
 
 
-class BlockPool:
+class BlockAllocator:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool, lane: int = 0):
         assert num_blocks > 0 and block_size > 0
         self.num_blocks = num_blocks
