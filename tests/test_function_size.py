@@ -13,9 +13,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 50
 NOT_YET_SPLIT = {
-    # The request path in one function; issue 38's request pipeline (parse -> prompt -> sampling ->
-    # generate requests -> route -> stream -> render) splits it into stages.
-    ("serve_app/http/openai_ingress.py", "OpenAIIngress._prepare"),
     ("serve_app/http/engine_client.py", "EngineClient.stream"),
     ("serve_app/http/protocol/responses_api.py", "response_events"),
 }

@@ -1,268 +1,178 @@
-"""``TTMeshEngineProcess``: the TT mesh engine with its step loop in a process of its own (the
-engine core, ``core_process.py``), as vLLM runs ``EngineCore`` apart from ``AsyncLLM``.
+"""The TT engine-core process (``TTMeshEngineProcess``'s child) and the messages on its pipe.
 
-Why: in one process the step loop (scheduling, the model's host code) and everything on the
-asyncio side (detokenizing, the caller's streaming, HTTP when the engine sits in the ingress)
-take turns on one GIL, so the engine gets at most one core for both. Here the core process builds
-the model, the KV cache and the ``EngineCore`` and runs the same ``StepLoop`` on its main thread;
-this process keeps the tokenizer and the ``RequestStreams`` (the ``OutputBuilder`` per request),
-so detokenization and streaming overlap the next step. The messages between the two are
-``core_process``'s.
+``core_main`` builds the engine's parts (``build_engine_parts``: model, KV, ``EngineCore``), runs
+the same ``StepLoop`` as the in-process engine on its main thread, and a receiver thread feeds the
+loop's inbox and answers queries.
 
-Invariants: every request this process streams is in ``RequestStreams`` until its stream ends;
-when the core process dies every open stream ends with ``EngineUnhealthy`` and the health check
-fails (the replica is then restarted). PD KV hooks run inside the step loop and call Ray: a pool
-with them keeps the in-process engine (``make_tt_engine``).
+Wire (one ``multiprocessing`` pipe, pickled objects, a send lock per side):
+- to the core: the inbox messages (``AddRequest`` — its grammar compiled here, by the receiver
+  thread, off the step loop: compiled grammars do not pickle —, ``FinishRequest``,
+  ``AbortRequest``), ``CoreQuery`` (``snapshot``: the lanes' cached block hashes; ``health``: the
+  loop's stall check and the device probe) and ``CoreStop``;
+- from the core: ``CoreReady`` / ``CoreFailed`` once at start, then one ``CoreStep`` per loop
+  iteration that changed something (the step's ``NewTokens`` / ``RequestFailed`` with the stats,
+  step stats and KV events as of that iteration) and a ``CoreReply`` per query. A step's
+  ``NewTokens`` travel as plain tuples (``outputs_to_wire`` / ``outputs_from_wire``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import itertools
-import logging
-import multiprocessing
+import os
 import threading
-from collections import deque
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any
 
-from accel.block_hash import BlockHash
-from accel.contract import (
-    EmbeddingResult,
-    EmbedRequest,
-    EngineStats,
-    GenerateRequest,
-    OutputDelta,
-    PrefixCacheChange,
-    TTEngineStats,
-)
-from accel.text.tokenizer import load_tokenizer
+import torch
+
+from accel.contract import EngineStats, InvalidRequestError, PrefixCacheChange, TTEngineStats
 from accel.tt.config import TTEngineConfig
-from accel.tt.core_messages import AbortRequest, FinishRequest, InboxMessage
-from accel.tt.core_process import (
-    CoreFailed,
-    CoreQuery,
-    CoreReady,
-    CoreReply,
-    CoreStep,
-    CoreStop,
-    core_main,
-    outputs_from_wire,
-)
-from accel.tt.health import DEFAULT_STEP_TIMEOUT_S, EngineUnhealthy
+from accel.tt.core_messages import AddRequest, NewTokens, OutboxMessage, RequestFailed
+from accel.tt.engine import build_engine_parts, lane_block_snapshot
 from accel.tt.mesh_model import MeshModel
-from accel.tt.model_setup import load_hf_config
-from accel.tt.pooling import refuse_pooling
-from accel.tt.request_checks import check_request
-from accel.tt.request_streams import RequestStreams
-from accel.tt.step_loop import drain
+from accel.tt.step_loop import StepLoop
 
-logger = logging.getLogger(__name__)
-
-START_TIMEOUT_S = 600.0  # model build + warm-up on a real mesh takes minutes
+# -- the wire ----------------------------------------------------------------------------------
 
 
-# -- this process's side -----------------------------------------------------------------------
-
-
-@dataclass
-class _CoreView:
-    """What the core process last published (written by the receiver thread only)."""
-
+@dataclass(frozen=True)
+class CoreReady:
+    platform: str
+    num_blocks_per_lane: int
+    torch_threads: int
     stats: EngineStats
     extra_stats: TTEngineStats
-    num_busy_iterations: int = 0
-    host_busy_s: float = 0.0
-    kv_events: deque[PrefixCacheChange] = field(default_factory=deque)
 
 
-class TTMeshEngineProcess:
-    """Implements ``accel.contract.Engine``; the mesh, model and step loop live in the core
-    process this constructor starts (and waits for: a build error is raised here)."""
+@dataclass(frozen=True)
+class CoreFailed:
+    error: str
 
-    def __init__(
-        self,
-        config: TTEngineConfig,
-        *,
-        model_class: type[MeshModel] | None = None,
-        step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
-        accelerator: str = "cpu",
-    ):
-        self.config = config
-        self.step_timeout_s = step_timeout_s
-        self.tokenizer = load_tokenizer(config.tokenizer_path)
-        self.vocab_size = int(load_hf_config(config.model).vocab_size)
-        context = multiprocessing.get_context("spawn")  # (fork would copy threads and locks)
-        self._conn, child_conn = context.Pipe()
-        self._process = context.Process(
-            target=core_main,
-            args=(child_conn, config, model_class, step_timeout_s, accelerator),
-            name="tt-engine-core",
-            daemon=True,
+
+WireOutput = tuple[Any, ...] | RequestFailed  # a NewTokens as the plain tuple of its fields
+
+
+def outputs_to_wire(outputs: Sequence[OutboxMessage]) -> list[WireOutput]:
+    """Each ``NewTokens`` as a plain tuple. Why: pickle calls a NamedTuple's Python-level
+    ``__getnewargs__`` once per instance (about 0.7 us here: ~90 us per 128-row step, on the step
+    loop's thread), while a list of plain tuples pickles in C (~25 us with this conversion)."""
+    return [tuple(out) if type(out) is NewTokens else out for out in outputs]
+
+
+def outputs_from_wire(wire: Sequence[WireOutput]) -> list[OutboxMessage]:
+    """``outputs_to_wire`` undone (same order; ``tuple.__new__`` skips NewTokens' Python ``__new__``)."""
+    new = tuple.__new__
+    return [new(NewTokens, out) if type(out) is tuple else out for out in wire]  # type: ignore[misc]
+
+
+@dataclass(frozen=True)
+class CoreStep:
+    outputs: list[WireOutput]  # outputs_to_wire(the iteration's outbox messages)
+    stats: EngineStats
+    extra_stats: TTEngineStats
+    kv_events: list[PrefixCacheChange]
+    num_busy_iterations: int
+    host_busy_s: float
+
+
+@dataclass(frozen=True)
+class CoreQuery:
+    seq: int
+    what: str  # "snapshot" | "health"
+
+
+@dataclass(frozen=True)
+class CoreReply:
+    seq: int
+    value: Any
+
+
+@dataclass(frozen=True)
+class CoreStop:
+    pass
+
+
+# -- the core process ----------------------------------------------------------------------------
+
+
+def set_torch_threads_for_serving() -> None:
+    """One torch intra-op thread in the engine core unless ``OMP_NUM_THREADS`` says otherwise:
+    vLLM's rule for its own engine core (``vllm.utils.torch_utils.set_torch_threads_for_runtime``:
+    OMP workers spin-waiting after each parallel region steal the step's serial code's cycles),
+    so the engine has vLLM's thread budget. On the torch mesh program here one thread was not
+    slower than two (3,704 and 3,273 tok/s against 3,268; docs/BENCHMARKS.md at dbf54f6)."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+
+
+def core_main(
+    conn: Connection,
+    config: TTEngineConfig,
+    model_class: type[MeshModel] | None,
+    step_timeout_s: float,
+    accelerator: str,
+) -> None:
+    """The engine-core process: build, report ready, run the step loop on this (main) thread
+    while a receiver thread feeds its inbox and answers queries."""
+    set_torch_threads_for_serving()
+    try:
+        parts = build_engine_parts(
+            config, model_class=model_class, step_timeout_s=step_timeout_s, accelerator=accelerator
         )
-        self._process.start()
-        child_conn.close()
-        if not self._conn.poll(START_TIMEOUT_S):
-            self._process.kill()
-            raise RuntimeError(f"the TT engine-core process did not start within {START_TIMEOUT_S:.0f} s")
-        try:
-            first = self._conn.recv()
-        except EOFError:
-            first = CoreFailed(f"the TT engine-core process exited with code {self._process.exitcode} while starting")
-        if isinstance(first, CoreFailed):
-            self._process.join(timeout=10)
-            raise RuntimeError(first.error)
-        assert isinstance(first, CoreReady)
-        self.platform = first.platform
-        self.num_blocks_per_lane = first.num_blocks_per_lane
-        self.torch_threads = first.torch_threads  # the core's intra-op threads (set_torch_threads_for_serving)
-        self._view = _CoreView(first.stats, first.extra_stats)
-        self._send_lock = threading.Lock()
-        self._replies: dict[int, concurrent.futures.Future[Any]] = {}
-        self._seq = itertools.count()
-        self._dead: str | None = None  # why the core process is gone
-        self._stopping = False
-        self._streams = RequestStreams(self.tokenizer, config.max_model_len, self._send)
-        self._receiver = threading.Thread(target=self._receive, name="tt-engine-core-reader", daemon=True)
-        self._receiver.start()
+    except BaseException as exc:
+        conn.send(CoreFailed(f"{type(exc).__name__}: {exc}"))
+        return
+    send_lock = threading.Lock()
 
-    # ---- Engine contract ---------------------------------------------------------------------
-    @property
-    def block_size(self) -> int:
-        return self.config.block_size
+    def send(message: Any) -> None:
+        with send_lock:
+            conn.send(message)
 
-    @property
-    def max_model_len(self) -> int:
-        return self.config.max_model_len
+    def step_message(outputs: Sequence[OutboxMessage], kv_events: list[PrefixCacheChange]) -> CoreStep:
+        counters = (loop.num_busy_iterations, loop.host_busy_s)
+        return CoreStep(outputs_to_wire(outputs), loop.stats, loop.extra_stats, kv_events, *counters)
 
-    @property
-    def core_pid(self) -> int | None:
-        """The engine-core process's pid (for CPU accounting)."""
-        return self._process.pid
+    def publish(outputs: Sequence[OutboxMessage]) -> None:  # (the step loop's thread)
+        send(step_message(outputs, loop.take_kv_events()))
 
-    @property
-    def num_busy_iterations(self) -> int:
-        return self._view.num_busy_iterations
+    loop = StepLoop(parts.core, parts.grammars, parts.platform, publish)
+    send(CoreReady(parts.platform, parts.num_blocks_per_lane, torch.get_num_threads(), loop.stats, loop.extra_stats))
 
-    @property
-    def host_busy_s(self) -> float:
-        """The core's step-loop CPU seconds in iterations that ran a step (as of its last step)."""
-        return self._view.host_busy_s
+    def answer(query: CoreQuery) -> Any:
+        if query.what == "snapshot":
+            return lane_block_snapshot(parts.core)
+        return loop.health_problem(step_timeout_s, parts.device_probe)
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[OutputDelta]:
-        """As ``TTMeshEngine.generate``; the grammar of a structured-output request is compiled in
-        the core process (compiled grammars do not pickle), off its step loop."""
-        check_request(request, vocab_size=self.vocab_size, max_model_len=self.max_model_len, can_transfer_kv=False)
-        async for delta in self._streams.stream(request):
-            yield delta
-
-    async def abort(self, request_id: str) -> None:
-        self._send(AbortRequest(request_id))
-
-    async def embed(self, request: EmbedRequest) -> EmbeddingResult:
-        refuse_pooling(request)  # generative models only
-
-    def stats(self) -> EngineStats:
-        return self._view.stats
-
-    def extra_stats(self) -> TTEngineStats:
-        return self._view.extra_stats
-
-    def take_kv_events(self) -> list[PrefixCacheChange]:
-        return drain(self._view.kv_events)
-
-    def kv_block_snapshot(self) -> list[BlockHash]:
-        """``TTMeshEngine.kv_block_snapshot``, asked of the core process (blocks this thread for
-        at most ``step_timeout_s``)."""
-        hashes: list[BlockHash] = self._ask("snapshot").result(timeout=self.step_timeout_s)
-        return hashes
-
-    async def check_health(self) -> None:
-        """Unhealthy when the core process is gone, or its answer (the step loop's stall check and
-        the device probe, ``TTMeshEngine.check_health``) is a problem or does not come within
-        ``step_timeout_s``."""
-        if self._dead is not None or self._stopping:
-            raise EngineUnhealthy(self._dead or "the TT mesh engine is shut down")
-        try:
-            problem = await asyncio.wait_for(asyncio.wrap_future(self._ask("health")), self.step_timeout_s)
-        except asyncio.TimeoutError:
-            raise EngineUnhealthy(
-                f"the TT engine-core process has not answered a health check for {self.step_timeout_s:g} s"
-            ) from None
-        if problem is not None:
-            raise EngineUnhealthy(problem)
-
-    async def shutdown(self) -> None:
-        await asyncio.to_thread(self.close)
-
-    def close(self) -> None:
-        """Stop the step loop (what it still holds is aborted), then the process."""
-        if self._stopping:
-            return
-        self._stopping = True
-        self._streams.close("the TT mesh engine is shut down")
-        try:
-            self._send(CoreStop())
-        except (OSError, EngineUnhealthy):
-            pass
-        self._process.join(timeout=self.step_timeout_s)
-        if self._process.is_alive():
-            logger.error("TT engine-core process did not stop within %.0f s; killing it", self.step_timeout_s)
-            self._process.kill()
-            self._process.join(timeout=10)
-        self._receiver.join(timeout=10)
-
-    # ---- the pipe ------------------------------------------------------------------------------
-    def _send(self, message: InboxMessage | CoreQuery | CoreStop) -> None:
-        if self._dead is not None:
-            if isinstance(message, (FinishRequest, AbortRequest)):
-                return  # nothing left to free: the core process and its KV are gone
-            raise EngineUnhealthy(self._dead)
-        with self._send_lock:
-            self._conn.send(message)
-
-    def _ask(self, what: str) -> concurrent.futures.Future[Any]:
-        seq = next(self._seq)
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._replies[seq] = future
-        try:
-            self._send(CoreQuery(seq, what))
-        except Exception as exc:
-            self._replies.pop(seq, None)
-            future.set_exception(exc)
-        return future
-
-    def _receive(self) -> None:
-        """The receiver thread: apply each message of the core process in order."""
-        view = self._view
+    def receive() -> None:
         while True:
             try:
-                message = self._conn.recv()
-            except (EOFError, OSError):
+                message = conn.recv()
+            except (EOFError, OSError):  # the parent is gone
                 break
-            if isinstance(message, CoreStep):
-                view.stats, view.extra_stats = message.stats, message.extra_stats
-                view.num_busy_iterations, view.host_busy_s = message.num_busy_iterations, message.host_busy_s
-                view.kv_events.extend(message.kv_events)
-                if message.outputs:
-                    self._streams.deliver(outputs_from_wire(message.outputs))
-            elif isinstance(message, CoreReply):
-                future = self._replies.pop(message.seq, None)
-                if future is not None:
-                    future.set_result(message.value)
-        code = self._process.exitcode
-        self._dead = (
-            "the TT mesh engine is shut down"
-            if self._stopping
-            else (f"the TT engine-core process exited (code {code})")
-        )
-        if not self._stopping:
-            logger.error("%s; failing every open stream", self._dead)
-        error = EngineUnhealthy(self._dead)
-        self._streams.close(self._dead)
-        self._streams.fail_all(error)
-        for future in list(self._replies.values()):
-            future.set_exception(error)
-        self._replies.clear()
+            if isinstance(message, CoreStop):
+                break
+            if isinstance(message, CoreQuery):
+                send(CoreReply(message.seq, answer(message)))
+            elif isinstance(message, AddRequest) and message.request.sampling.structured_outputs is not None:
+                try:
+                    grammar = parts.grammars.compile_sync(message.request.sampling.structured_outputs)
+                except InvalidRequestError as exc:
+                    # (KV events stay with the loop's thread, which sends them in order.)
+                    send(step_message([RequestFailed(message.req_id, exc)], []))
+                    continue
+                loop.post(AddRequest(message.request, grammar))
+            else:
+                loop.post(message)
+        loop.stop()
+
+    threading.Thread(target=receive, name="tt-engine-core-inbox", daemon=True).start()
+    try:
+        loop.run()
+    finally:
+        parts.close()
+        try:
+            publish([])  # the last stats
+        except (OSError, ValueError):
+            pass
+        conn.close()

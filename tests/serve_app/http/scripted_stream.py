@@ -13,6 +13,7 @@ from starlette.requests import Request
 from accel.contract import FinishReason, GenerateRequest, OutputDelta
 from deployments.config.load import load_app_config
 from serve_app.http.openai_ingress import OpenAIIngress
+from serve_app.http.pipeline.endpoints import CHAT, RESPONSES
 
 
 def make_ingress(tiny_llama, **model_args: Any) -> OpenAIIngress:
@@ -74,7 +75,7 @@ async def call(ingress: OpenAIIngress, body: dict[str, Any], responses: bool = F
     """POST ``body`` to /v1/chat/completions (or /v1/responses); (status, JSON body or the
     stream's data payloads)."""
     path = "/v1/responses" if responses else "/v1/chat/completions"
-    response = await ingress._handle(_request(body, path), is_chat=True, is_responses=responses)
+    response = await ingress._run(_request(body, path), RESPONSES if responses else CHAT)
     if not body.get("stream"):
         return response.status_code, json.loads(response.body)
     chunks = []

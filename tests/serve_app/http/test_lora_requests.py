@@ -21,6 +21,7 @@ from accel.contract import FinishReason, GenerateRequest, OutputDelta
 from deployments.config.load import load_app_config
 from deployments.messages.routing import RouteRequest
 from serve_app.http.openai_ingress import OpenAIIngress
+from serve_app.http.pipeline.endpoints import CHAT
 
 CONFIG = Path(__file__).parents[3] / "configs" / "lora.yaml"
 LONG = "The quick brown fox jumps over the lazy dog. " * 12
@@ -63,7 +64,7 @@ def _request(path: str, body: dict[str, Any], headers: dict[str, str] | None = N
 
 def _chat(ingress: OpenAIIngress, model: str, headers: dict[str, str] | None = None) -> tuple[int, dict]:
     body = {"model": model, "messages": [{"role": "user", "content": LONG}], "max_tokens": 1}
-    response = asyncio.run(ingress._handle(_request("/v1/chat/completions", body, headers), is_chat=True))
+    response = asyncio.run(ingress._run(_request("/v1/chat/completions", body, headers), CHAT))
     return response.status_code, json.loads(response.body)
 
 
@@ -78,7 +79,8 @@ def test_an_adapter_request_carries_its_adapter_to_the_engine_and_the_router(mon
     )
     assert (route.model, route.lora) == ("tiny-llama", "tiny-llama-lora-b")
     root = salted_root(None, "tiny-llama-lora-b")
-    expected = tuple(hash_prompt_blocks(request.prompt_token_ids, ingress._block_sizes["tiny-llama"], root))
+    block_size = ingress._models["tiny-llama"].routing_block_size
+    expected = tuple(hash_prompt_blocks(request.prompt_token_ids, block_size, root))
     assert route.prompt_block_hashes == expected and len(expected) > 1
     status, body = _chat(ingress, "tiny-llama")  # the base model: no adapter, the plain root
     assert status == 200 and body["model"] == "tiny-llama"

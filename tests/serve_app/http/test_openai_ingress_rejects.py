@@ -9,6 +9,7 @@ from starlette.requests import Request
 
 from deployments.config.load import load_app_config
 from serve_app.http.openai_ingress import OpenAIIngress
+from serve_app.http.pipeline.endpoints import CHAT, COMPLETIONS
 
 
 class Gauge:
@@ -62,9 +63,9 @@ def test_rejects_are_labelled_with_the_served_model(tiny_llama):
     ingress, metrics = _ingress(tiny_llama)
 
     async def run():
-        unknown = await ingress._handle(_request({"model": "no-such-model", "prompt": "hi"}), is_chat=False)
-        too_long = await ingress._handle(_request({"model": "tiny-llama", "prompt": "hi " * 400}), is_chat=False)
-        bad = await ingress._handle(_request({"model": "tiny-llama", "prompt": "hi", "temperature": -1}), is_chat=False)
+        unknown = await ingress._run(_request({"model": "no-such-model", "prompt": "hi"}), COMPLETIONS)
+        too_long = await ingress._run(_request({"model": "tiny-llama", "prompt": "hi " * 400}), COMPLETIONS)
+        bad = await ingress._run(_request({"model": "tiny-llama", "prompt": "hi", "temperature": -1}), COMPLETIONS)
         return unknown.status_code, too_long.status_code, bad.status_code
 
     assert asyncio.run(run()) == (404, 400, 400)
@@ -75,13 +76,13 @@ def test_rejects_are_labelled_with_the_served_model(tiny_llama):
 def test_busy_rejects_before_parsing_use_the_only_model(tiny_llama):
     ingress, metrics = _ingress(tiny_llama, max_concurrent=1)
     ingress._bound.held = 1
-    response = asyncio.run(ingress._handle(_request({"prompt": "hi"}), is_chat=False))
+    response = asyncio.run(ingress._run(_request({"prompt": "hi"}), COMPLETIONS))
     assert response.status_code == 429 and response.headers["retry-after"]
     assert metrics.rejects == [("tiny-llama", 429)]
 
 
 def _run(ingress, body: dict, is_chat: bool = False):
-    response = asyncio.run(ingress._handle(_request(body), is_chat=is_chat))
+    response = asyncio.run(ingress._run(_request(body), CHAT if is_chat else COMPLETIONS))
     return response.status_code, json.loads(response.body)
 
 

@@ -47,7 +47,7 @@ def test_a_request_the_router_places_carries_its_prompts_block_hashes(tiny_llama
     status, _ = asyncio.run(call(ingress, body))
     assert status == 200
     [(request, route)] = seen
-    block_size = ingress._block_sizes["tiny-llama"]
+    block_size = ingress._models["tiny-llama"].routing_block_size
     expected = tuple(hash_prompt_blocks(request.prompt_token_ids, block_size, salted_root(salt)))
     assert len(expected) == len(request.prompt_token_ids) // block_size > 1
     assert route.prompt_block_hashes == expected

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from serve_app.http.pipeline.endpoints import COMPLETIONS
 from tests.serve_app.http.test_openai_ingress_rejects import _ingress, _request
 
 
@@ -27,7 +28,7 @@ from tests.serve_app.http.test_openai_ingress_rejects import _ingress, _request
 )
 def test_uncompilable_spec_is_a_400_naming_the_field(tiny_llama, body, param):
     ingress, metrics = _ingress(tiny_llama)
-    response = asyncio.run(ingress._handle(_request({"prompt": "hi", **body}), is_chat=False))
+    response = asyncio.run(ingress._run(_request({"prompt": "hi", **body}), COMPLETIONS))
     assert response.status_code == 400
     error = json.loads(response.body)["error"]
     assert error["param"] == param and error["type"] == "BadRequestError"

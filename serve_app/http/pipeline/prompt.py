@@ -1,0 +1,38 @@
+"""Stage 2, prompt: chat template, tokenization and the prompts' chained block hashes, off the
+event loop in one hop (a long prompt must not stall other requests)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from accel.block_hash import BlockHash, hash_prompt_blocks, salted_root
+from serve_app.http.pipeline.parse import Parsed
+from serve_app.http.protocol import conversion as conv
+from serve_app.http.workers import in_worker
+
+TokenIds = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Prompts:
+    token_ids: tuple[TokenIds, ...]  # one per prompt of the request
+    # Each distinct prompt's chained block hashes; () for all when no router places the request.
+    hashes: Mapping[TokenIds, tuple[BlockHash, ...]]
+
+
+async def prompt(parsed: Parsed, block_size: int | None) -> Prompts:
+    """``block_size``: the model's routing block size, None when the request goes straight to its
+    pool's only replica (no router to tell)."""
+    return await in_worker(_prompts_and_hashes, parsed, block_size)
+
+
+def _prompts_and_hashes(parsed: Parsed, block_size: int | None) -> Prompts:
+    req, target = parsed.request, parsed.target
+    ids = tuple(conv.request_prompts(req, target.tok, target.model.max_model_len, parsed.plan))
+    if block_size is None:
+        return Prompts(ids, dict.fromkeys(ids, ()))
+    # Every choice carries the request's cache_salt (and adapter): one chain root, so salted
+    # prompts (and an adapter's) share no hash with others.
+    root = salted_root(req.cache_salt, target.lora)
+    return Prompts(ids, {p: tuple(hash_prompt_blocks(p, block_size, root)) for p in set(ids)})
