@@ -38,7 +38,7 @@ Prints ONE JSON object:
   share of that time its thread was on a CPU (the rest is waiting for the GIL or a core), and
   the busy time per program.
 - ``process_vs_vllm_cpu`` / ``tt_torch_process_tok_s`` / ``tt_torch_process_host_ms_per_step``: the
-  same engine with its step loop in an engine-core process of its own (``TTMeshEngineProcess``,
+  same engine with its step loop in an engine process of its own (``TTMeshEngine.in_engine_process``,
   ``additional_config.tt.engine_core_process``), measured in the same alternating rounds.
 Every figure is the median of ``--repeats`` rounds (this machine is shared and noisy). Thread
 budget: ``OMP_NUM_THREADS=1`` unless set (vLLM's own serving rule, see below).
@@ -153,13 +153,11 @@ class OursTorch:
 
 class OursTorchProcess:
     """``OursTorch``'s engine with its step loop in an engine-core process of its own
-    (``TTMeshEngineProcess``, ``additional_config.tt.engine_core_process``): this process only
+    (``TTMeshEngine.in_engine_process``, ``additional_config.tt.engine_core_process``): this process only
     detokenizes and streams, as vLLM's ``AsyncLLM`` does beside its ``EngineCore``."""
 
     def __init__(self, ckpt: Path, n: int):
-        from accel.tt.engine_process import TTMeshEngineProcess
-
-        self.engine = TTMeshEngineProcess(_torch_config(ckpt, n), accelerator="cpu")
+        self.engine = TTMeshEngine.in_engine_process(_torch_config(ckpt, n), accelerator="cpu")
 
     async def output_tokens(self, reqs: list[GenerateRequest]) -> int:
         _, _, arrivals = await run_timed(self.engine, reqs)

@@ -14,7 +14,8 @@ from typing import Any
 
 from accel.contract import GenerateRequest, SamplingParams
 from accel.tt.config import TTEngineConfig
-from accel.tt.engine import TTMeshEngine, build_engine_parts
+from accel.tt.engine import TTMeshEngine
+from accel.tt.engine_parts import build_engine_parts
 from accel.tt.request_state import RequestState
 from accel.tt.scripted_model import ScriptedMeshModel
 
@@ -79,14 +80,12 @@ def _fixed_config(ckpt: Path, async_scheduling: bool) -> TTEngineConfig:
 
 def fixed_time_decode(ckpt: Path, async_scheduling: bool, max_tokens: int, repeats: int, process: bool = False) -> dict:
     """Median over ``repeats`` rounds of a full 128-row decode (same engine, fresh requests).
-    ``process``: the step loop in an engine-core process of its own (``TTMeshEngineProcess``, as
+    ``process``: the step loop in an engine process of its own (``TTMeshEngine.in_engine_process``, as
     ``configs/tt_cpu.yaml`` serves it), so it shares no GIL with this process's consumer; its
     host time then includes pickling each step's outputs to this process."""
     config = _fixed_config(ckpt, async_scheduling)
     if process:
-        from accel.tt.engine_process import TTMeshEngineProcess
-
-        engine: Any = TTMeshEngineProcess(config, model_class=FixedTimeMeshModel, accelerator="cpu")
+        engine: Any = TTMeshEngine.in_engine_process(config, model_class=FixedTimeMeshModel, accelerator="cpu")
     else:
         engine = TTMeshEngine(config, model_class=FixedTimeMeshModel)
     try:

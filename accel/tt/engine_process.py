@@ -1,18 +1,19 @@
-"""The TT engine-core process (``TTMeshEngineProcess``'s child) and the messages on its pipe.
+"""The TT engine process (``EngineProcessHost``'s child) and the messages on its pipe.
 
-``core_main`` builds the engine's parts (``build_engine_parts``: model, KV, ``EngineCore``), runs
-the same ``StepLoop`` as the in-process engine on its main thread, and a receiver thread feeds the
-loop's inbox and answers queries.
+``engine_process_main`` builds the engine's parts (``build_engine_parts``: model, KV,
+``EngineCore``), runs the same ``StepLoop`` as the in-process host on its main thread, and a
+receiver thread feeds the loop's inbox and answers queries.
 
 Wire (one ``multiprocessing`` pipe, pickled objects, a send lock per side):
-- to the core: the inbox messages (``AddRequest`` — its grammar compiled here, by the receiver
-  thread, off the step loop: compiled grammars do not pickle —, ``FinishRequest``,
-  ``AbortRequest``), ``CoreQuery`` (``snapshot``: the lanes' cached block hashes; ``health``: the
-  loop's stall check and the device probe) and ``CoreStop``;
-- from the core: ``CoreReady`` / ``CoreFailed`` once at start, then one ``CoreStep`` per loop
-  iteration that changed something (the step's ``NewTokens`` / ``RequestFailed`` with the stats,
-  step stats and KV events as of that iteration) and a ``CoreReply`` per query. A step's
-  ``NewTokens`` travel as plain tuples (``outputs_to_wire`` / ``outputs_from_wire``).
+- to the engine process: the inbox messages (``AddRequest`` — its grammar compiled here, by the
+  receiver thread, off the step loop: compiled grammars do not pickle —, ``FinishRequest``,
+  ``AbortRequest``), ``ProcessQuery`` (a ``Query``: ``SNAPSHOT``, the lanes' cached block hashes;
+  ``HEALTH``, the loop's stall check and the device probe) and ``ProcessStop``;
+- from the engine process: ``ProcessReady`` / ``ProcessFailed`` once at start, then one
+  ``ProcessStep`` per loop iteration that changed something (the step's ``NewTokens`` /
+  ``RequestFailed`` with the stats, step stats and KV events as of that iteration) and a
+  ``QueryReply`` per query. A step's ``NewTokens`` travel as plain tuples (``outputs_to_wire`` /
+  ``outputs_from_wire``).
 """
 
 from __future__ import annotations
@@ -21,15 +22,17 @@ import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
 
+from accel.block_hash import BlockHash
 from accel.contract import EngineStats, InvalidRequestError, PrefixCacheChange, TTEngineStats
 from accel.tt.config import TTEngineConfig
 from accel.tt.core_messages import AddRequest, NewTokens, OutboxMessage, RequestFailed
-from accel.tt.engine import build_engine_parts, lane_block_snapshot
+from accel.tt.engine_parts import build_engine_parts, lane_block_snapshot
 from accel.tt.mesh_model import MeshModel
 from accel.tt.step_loop import StepLoop
 
@@ -37,7 +40,7 @@ from accel.tt.step_loop import StepLoop
 
 
 @dataclass(frozen=True)
-class CoreReady:
+class ProcessReady:
     platform: str
     num_blocks_per_lane: int
     torch_threads: int
@@ -46,7 +49,7 @@ class CoreReady:
 
 
 @dataclass(frozen=True)
-class CoreFailed:
+class ProcessFailed:
     error: str
 
 
@@ -67,7 +70,7 @@ def outputs_from_wire(wire: Sequence[WireOutput]) -> list[OutboxMessage]:
 
 
 @dataclass(frozen=True)
-class CoreStep:
+class ProcessStep:
     outputs: list[WireOutput]  # outputs_to_wire(the iteration's outbox messages)
     stats: EngineStats
     extra_stats: TTEngineStats
@@ -76,28 +79,35 @@ class CoreStep:
     host_busy_s: float
 
 
-@dataclass(frozen=True)
-class CoreQuery:
-    seq: int
-    what: str  # "snapshot" | "health"
+class Query(Enum):
+    """What the front asks the engine process; the answer's type (``QueryReply.value``) after each."""
+
+    SNAPSHOT = "snapshot"  # -> list[BlockHash]: lane_block_snapshot, the lanes' cached block hashes
+    HEALTH = "health"  # -> str | None: StepLoop.health_problem (stall check, device probe)
 
 
 @dataclass(frozen=True)
-class CoreReply:
+class ProcessQuery:
+    seq: int  # matches the QueryReply
+    what: Query
+
+
+@dataclass(frozen=True)
+class QueryReply:
     seq: int
     value: Any
 
 
 @dataclass(frozen=True)
-class CoreStop:
+class ProcessStop:
     pass
 
 
-# -- the core process ----------------------------------------------------------------------------
+# -- the engine process ----------------------------------------------------------------------------
 
 
 def set_torch_threads_for_serving() -> None:
-    """One torch intra-op thread in the engine core unless ``OMP_NUM_THREADS`` says otherwise:
+    """One torch intra-op thread in the engine process unless ``OMP_NUM_THREADS`` says otherwise:
     vLLM's rule for its own engine core (``vllm.utils.torch_utils.set_torch_threads_for_runtime``:
     OMP workers spin-waiting after each parallel region steal the step's serial code's cycles),
     so the engine has vLLM's thread budget. On the torch mesh program here one thread was not
@@ -106,14 +116,14 @@ def set_torch_threads_for_serving() -> None:
         torch.set_num_threads(1)
 
 
-def core_main(
+def engine_process_main(
     conn: Connection,
     config: TTEngineConfig,
     model_class: type[MeshModel] | None,
     step_timeout_s: float,
     accelerator: str,
 ) -> None:
-    """The engine-core process: build, report ready, run the step loop on this (main) thread
+    """The engine process: build, report ready, run the step loop on this (main) thread
     while a receiver thread feeds its inbox and answers queries."""
     set_torch_threads_for_serving()
     try:
@@ -121,7 +131,7 @@ def core_main(
             config, model_class=model_class, step_timeout_s=step_timeout_s, accelerator=accelerator
         )
     except BaseException as exc:
-        conn.send(CoreFailed(f"{type(exc).__name__}: {exc}"))
+        conn.send(ProcessFailed(f"{type(exc).__name__}: {exc}"))
         return
     send_lock = threading.Lock()
 
@@ -129,18 +139,18 @@ def core_main(
         with send_lock:
             conn.send(message)
 
-    def step_message(outputs: Sequence[OutboxMessage], kv_events: list[PrefixCacheChange]) -> CoreStep:
+    def step_message(outputs: Sequence[OutboxMessage], kv_events: list[PrefixCacheChange]) -> ProcessStep:
         counters = (loop.num_busy_iterations, loop.host_busy_s)
-        return CoreStep(outputs_to_wire(outputs), loop.stats, loop.extra_stats, kv_events, *counters)
+        return ProcessStep(outputs_to_wire(outputs), loop.stats, loop.extra_stats, kv_events, *counters)
 
     def publish(outputs: Sequence[OutboxMessage]) -> None:  # (the step loop's thread)
         send(step_message(outputs, loop.take_kv_events()))
 
     loop = StepLoop(parts.core, parts.grammars, parts.platform, publish)
-    send(CoreReady(parts.platform, parts.num_blocks_per_lane, torch.get_num_threads(), loop.stats, loop.extra_stats))
+    send(ProcessReady(parts.platform, parts.num_blocks_per_lane, torch.get_num_threads(), loop.stats, loop.extra_stats))
 
-    def answer(query: CoreQuery) -> Any:
-        if query.what == "snapshot":
+    def answer(query: ProcessQuery) -> list[BlockHash] | str | None:
+        if query.what is Query.SNAPSHOT:
             return lane_block_snapshot(parts.core)
         return loop.health_problem(step_timeout_s, parts.device_probe)
 
@@ -150,10 +160,10 @@ def core_main(
                 message = conn.recv()
             except (EOFError, OSError):  # the parent is gone
                 break
-            if isinstance(message, CoreStop):
+            if isinstance(message, ProcessStop):
                 break
-            if isinstance(message, CoreQuery):
-                send(CoreReply(message.seq, answer(message)))
+            if isinstance(message, ProcessQuery):
+                send(QueryReply(message.seq, answer(message)))
             elif isinstance(message, AddRequest) and message.request.sampling.structured_outputs is not None:
                 try:
                     grammar = parts.grammars.compile_sync(message.request.sampling.structured_outputs)
@@ -166,7 +176,7 @@ def core_main(
                 loop.post(message)
         loop.stop()
 
-    threading.Thread(target=receive, name="tt-engine-core-inbox", daemon=True).start()
+    threading.Thread(target=receive, name="tt-engine-process-inbox", daemon=True).start()
     try:
         loop.run()
     finally:

@@ -3,9 +3,9 @@ the step loop's outputs (``deliver``, from any thread), read by the request's ``
 coroutine, which turns token ids into deltas with the shared ``OutputBuilder`` (detokenization,
 stop strings, eos, max_tokens, max_model_len) so that work stays off the step loop.
 
-Both engines use it: ``TTMeshEngine`` (step loop on a thread of this process) and
-``TTMeshEngineProcess`` (step loop in the engine-core process); ``post`` sends an inbox message
-to wherever the loop runs.
+``TTMeshEngine`` owns it whichever host runs the step loop (``StepThreadHost``: a thread of
+this process; ``EngineProcessHost``: the engine process); ``post`` sends an inbox message to
+wherever the loop runs.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``StepLoop``: the TT engine's step thread, wherever it runs — a thread of ``TTMeshEngine``'s
-process, or the main thread of the engine-core process (``engine_process.py``).
+process (``StepThreadHost``), or the main thread of the engine process (``engine_process.py``).
 
 It owns every piece of scheduling state (the ``EngineCore``); other threads only ``post``
 inbox messages and read the published snapshots (``stats``, ``extra_stats``, ``kv_events``,

@@ -14,7 +14,6 @@ from typing import Any
 from accel.contract import ConfigError, Engine
 from accel.tt.config import TTEngineConfig
 from accel.tt.engine import TTMeshEngine
-from accel.tt.engine_process import TTMeshEngineProcess
 from deployments.config.app import PoolConfig
 from deployments.pd.wiring import tt_kv_hooks
 from deployments.replicas.engine_replica import EngineFactory, EngineReplica
@@ -50,12 +49,14 @@ def mesh_chip_count(mesh_device: str) -> int:
 
 def make_tt_engine(pool: PoolConfig) -> Engine:
     """The pool's TT engine, built from the engine config the config loader parsed:
-    ``TTMeshEngineProcess`` with ``additional_config.tt.engine_core_process``, else
-    ``TTMeshEngine``."""
+    ``TTMeshEngine.in_engine_process`` with ``additional_config.tt.engine_core_process``, else
+    ``TTMeshEngine`` with its step loop on a thread here (and the pool's PD KV hooks)."""
     if not isinstance(pool.engine_config, TTEngineConfig):
         raise ConfigError(f"pool {pool.name!r}: a TT replica needs a TT engine config")
     if pool.engine_config.tt.engine_core_process:  # (the loader refuses it on PD pools)
-        return TTMeshEngineProcess(pool.engine_config, step_timeout_s=pool.step_timeout_s, accelerator=pool.accelerator)
+        return TTMeshEngine.in_engine_process(
+            pool.engine_config, step_timeout_s=pool.step_timeout_s, accelerator=pool.accelerator
+        )
     return TTMeshEngine(
         pool.engine_config,
         kv_hooks=tt_kv_hooks(pool),

@@ -95,7 +95,6 @@ ENGINE_METHODS = sorted(n for n, v in vars(Engine).items() if not n.startswith("
     "engine_class",
     [
         "accel.tt.engine:TTMeshEngine",
-        "accel.tt.engine_process:TTMeshEngineProcess",
         "accel.vllm.engine:VllmEngine",
         "tests.doubles.hf_replay_engine:HFReplayEngine",
     ],

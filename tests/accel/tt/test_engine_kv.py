@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from accel.contract import GenerateRequest, KVTransferParams
 from accel.tt.config import TTEngineConfig
-from accel.tt.engine import TTMeshEngine, build_engine_parts
+from accel.tt.engine import TTMeshEngine
+from accel.tt.engine_parts import build_engine_parts
 from accel.tt.request_state import RequestState
 from accel.tt.scripted_model import ScriptedMeshModel, expected_tokens
 from accel.tt.step_plan import StepMode

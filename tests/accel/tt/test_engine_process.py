@@ -1,4 +1,4 @@
-"""The engine-core pipe's step outputs: what the core sends is what the streams get."""
+"""The engine process's pipe: the step outputs it sends are what the streams get."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import multiprocessing
 
 from accel.contract import KVTransferParams, TokenLogprob
 from accel.tt.core_messages import NewTokens, RequestFailed
-from accel.tt.core_process import CoreStep, outputs_from_wire, outputs_to_wire
+from accel.tt.engine_process import ProcessStep, outputs_from_wire, outputs_to_wire
 
 
 def test_step_outputs_cross_a_real_pipe_unchanged_and_in_order():
@@ -22,7 +22,9 @@ def test_step_outputs_cross_a_real_pipe_unchanged_and_in_order():
 
     parent, child = multiprocessing.Pipe()
     try:
-        child.send(CoreStep(wire, stats=None, extra_stats=None, kv_events=[], num_busy_iterations=3, host_busy_s=0.5))  # type: ignore[arg-type]
+        child.send(
+            ProcessStep(wire, stats=None, extra_stats=None, kv_events=[], num_busy_iterations=3, host_busy_s=0.5)
+        )  # type: ignore[arg-type]
         received = parent.recv()
     finally:
         parent.close()

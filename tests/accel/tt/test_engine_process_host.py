@@ -1,6 +1,7 @@
-"""``TTMeshEngineProcess``: the real TT engine (torch mesh model on CPU) with its step loop in an
-engine-core process of its own — same outputs as HF, abort frees KV, KV events and snapshots cross
-the pipe, structured outputs compile in the core, a dead core fails its streams and health."""
+"""``TTMeshEngine.in_engine_process`` (``EngineProcessHost``): the real TT engine (torch mesh model
+on CPU) with its step loop in an engine process of its own — same outputs as HF, abort frees KV,
+KV events and snapshots cross the pipe, structured outputs compile in the engine process, a dead
+engine process fails its streams and health."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from accel.contract import FinishReason, GenerateRequest, InvalidRequestError, SamplingParams, StructuredOutputSpec
 from accel.tt.config import TTEngineConfig
-from accel.tt.engine_process import TTMeshEngineProcess
+from accel.tt.engine import TTMeshEngine
 from accel.tt.health import EngineUnhealthy
 from tests.hf_reference import hf_greedy
 
@@ -25,7 +26,7 @@ def _config(ckpt, **args) -> TTEngineConfig:
 
 @pytest.fixture(scope="module")
 def engine(tiny_llama):
-    engine = TTMeshEngineProcess(_config(tiny_llama), step_timeout_s=30)
+    engine = TTMeshEngine.in_engine_process(_config(tiny_llama), step_timeout_s=30)
     yield engine
     engine.close()
 
@@ -109,13 +110,13 @@ def test_structured_outputs_compile_in_the_core(engine):
 
 
 def test_a_dead_core_fails_open_streams_and_health(tiny_llama):
-    engine = TTMeshEngineProcess(_config(tiny_llama), step_timeout_s=30)
+    engine = TTMeshEngine.in_engine_process(_config(tiny_llama), step_timeout_s=30)
 
     async def run():
         await engine.check_health()
         stream = engine.generate(GenerateRequest("d1", (0, 5), _greedy(240)))
         await anext(stream)
-        os.kill(engine._process.pid, signal.SIGKILL)
+        os.kill(engine.host.process.pid, signal.SIGKILL)
         with pytest.raises(EngineUnhealthy, match="engine-core process exited"):
             async for _ in stream:
                 pass
@@ -129,9 +130,9 @@ def test_a_dead_core_fails_open_streams_and_health(tiny_llama):
 
 
 def test_shutdown_stops_the_core(tiny_llama):
-    engine = TTMeshEngineProcess(_config(tiny_llama), step_timeout_s=30)
+    engine = TTMeshEngine.in_engine_process(_config(tiny_llama), step_timeout_s=30)
     asyncio.run(engine.shutdown())
-    assert not engine._process.is_alive()
+    assert not engine.host.process.is_alive()
     with pytest.raises(EngineUnhealthy, match="shut down"):
         asyncio.run(engine.check_health())
 
@@ -147,4 +148,4 @@ def test_a_build_error_in_the_core_is_raised_by_the_constructor(tiny_llama):
     else:
         pytest.skip("a TT mesh opens on this machine")
     with pytest.raises(RuntimeError, match=expected):
-        TTMeshEngineProcess(_config(tiny_llama), step_timeout_s=30, accelerator="tt")
+        TTMeshEngine.in_engine_process(_config(tiny_llama), step_timeout_s=30, accelerator="tt")
