@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from accel.contract import ConfigError
 
-# The engine contract's own bound on n (serve_app.http.protocol.conversion.MAX_N, as vLLM's default).
+# The engine contract's own bound on n, as vLLM's default (conversion refuses n < 1, limits.check_n above max_n).
 MAX_N = 128
 # Characters one prompt token stands for at most, for the character cap before tokenizing: a text
 # longer than max_model_len x this cannot fit the context with any tokenizer we serve (a token of a

@@ -7,8 +7,9 @@ request: each violation is a 400 (or 429) naming the field, with a message that 
   tokenizing (``IngressConfig.prompt_char_cap``);
 - chat templates sent by the client are refused unless ``trust_request_chat_template`` (vLLM's
   message and rule);
-- n against ``max_n``; max_tokens against ``max_tokens_cap`` (which is also the default), read
-  from the parsed request by ``conversion.requested_max_tokens``, its one reading;
+- n against ``max_n`` (its upper bound's one place; ``conversion`` refuses n < 1); max_tokens
+  against ``max_tokens_cap`` (which is also the default), read from the parsed request by
+  ``conversion.requested_max_tokens``, its one reading;
 - fan-out: a request holds one slot of ``max_concurrent_requests`` per engine request (prompts x
   n), taken as a whole or not at all (``ConcurrencyBound``).
 """
@@ -93,8 +94,11 @@ def check_body(body: Mapping[str, Any], is_chat: bool, config: IngressConfig, ma
             "please reduce the length of the input.",
             field,
         )
-    n = body.get("n")
-    if isinstance(n, int) and not isinstance(n, bool) and n > config.max_n:
+
+
+def check_n(n: int, config: IngressConfig) -> None:
+    """The parsed request's ``n`` against ``max_n`` (at most the engine contract's ``MAX_N``)."""
+    if n > config.max_n:
         raise bad_request(f"n must be at most {config.max_n}, got {n}", "n")
 
 

@@ -67,6 +67,7 @@ async def parse(
     # The request's type, not the endpoint, says which body fields hold the prompt.
     is_chat = isinstance(req, ChatCompletionRequest)
     limits.check_body(parsed.body, is_chat, config, target.model.max_model_len)
+    limits.check_n(req.n, config)
     chat_tools = tools[target.model.name]
     plan = chat_tools.prepare(parsed.body) if is_chat and chat_tools.needs_plan(parsed.body) else None
     headers = http.headers

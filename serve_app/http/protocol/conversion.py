@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from accel.contract import GenerateRequest, InvalidRequestError, SamplingParams
 from accel.text.bad_words import bad_words_token_ids
 from accel.text.tokenizer import TextTokenizer
+from deployments.config.ingress import MAX_N
 from serve_app.http.protocol.chat import ChatCompletionRequest
 from serve_app.http.protocol.chat_roles import developer_as_system
 from serve_app.http.protocol.completions import CompletionRequest
@@ -29,7 +30,6 @@ from serve_app.http.protocol.tool_request import ToolPlan, tool_call_arguments_a
 from serve_app.http.protocol.truncation import truncation
 
 _INT64 = 2**63
-MAX_N = 128
 _GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it is greedy
 
 M = TypeVar("M", bound=BaseModel)
@@ -116,7 +116,7 @@ def request_prompts(
 def _check_common(req: SamplingFields) -> None:
     if req.use_beam_search:
         raise bad_request("beam search is not supported", "use_beam_search")
-    if not 1 <= req.n <= MAX_N:
+    if req.n < 1:  # the upper bound is the server's (ingress.max_n <= MAX_N): limits.check_n
         raise bad_request(f"n must be in [1, {MAX_N}], got {req.n}", "n")
     if req.n > 1 and req.temperature is not None and req.temperature < _GREEDY_EPS:
         raise bad_request(f"n must be 1 when using greedy sampling, got {req.n}.", "n")  # vLLM's rule

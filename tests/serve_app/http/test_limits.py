@@ -47,8 +47,8 @@ def test_character_cap_before_tokenizing():
 
 
 def test_n_cap():
-    assert _status(limits.check_body, {"prompt": "a", "n": 5}, False, IngressConfig(max_n=4), 100)[:2] == (400, "n")
-    limits.check_body({"prompt": "a", "n": 4}, False, IngressConfig(max_n=4), 100)
+    assert _status(limits.check_n, 5, IngressConfig(max_n=4))[:2] == (400, "n")
+    limits.check_n(4, IngressConfig(max_n=4))
 
 
 def test_max_tokens_cap_refuses_larger_and_is_the_default():
