@@ -237,7 +237,7 @@ def tt_mode(opts, env: dict[str, str], load: LoadWatch) -> dict[str, Any]:
         engine = make_tt_engine(pool)  # (an engine-core process inherits OMP_NUM_THREADS from here)
         stack.callback(lambda: loop.run_until_complete(engine.shutdown()))
 
-        core_pid = getattr(engine, "core_pid", None)  # a TT engine process of its own (None: none)
+        core_pid = getattr(engine, "engine_process_pid", None)  # a TT engine process of its own (None: none)
 
         def in_process(c: int, seed: int, warmup: bool = False) -> dict[str, Any]:
             own, core = time.process_time(), _cpu_s(core_pid)

@@ -123,7 +123,7 @@ class TTMeshEngine:
         return self.host.host_busy_s
 
     @property
-    def core_pid(self) -> int | None:
+    def engine_process_pid(self) -> int | None:
         """The engine process's pid (for CPU accounting); None when the loop runs here."""
         return self.host.pid
 
