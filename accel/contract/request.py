@@ -85,6 +85,11 @@ class GenerateRequest:
     # The LoRA adapter to run with (None: the base model). Engines that cannot run adapters refuse
     # a request carrying one, naming `model`.
     lora: LoraAdapter | None = None
+    # A failover continuation's output so far: the tokens an earlier attempt already emitted, which
+    # end ``prompt_token_ids``. An engine advances the request's logit constraint (structured-output
+    # grammar, bad-word history) over them before its first sample, so the grammar resumes where the
+    # stream stopped instead of restarting; an engine that cannot must refuse such a request.
+    resumed_output_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         require(isinstance(self.request_id, str) and bool(self.request_id), "request_id", "must be a non-empty string")
@@ -96,6 +101,13 @@ class GenerateRequest:
         ids = normalize_token_ids(self.prompt_token_ids, "prompt")
         require(len(ids) > 0, "prompt", "the prompt is empty")
         object.__setattr__(self, "prompt_token_ids", ids)
+        resumed = normalize_token_ids(self.resumed_output_token_ids, "prompt")
+        require(
+            len(resumed) < len(ids) and ids[len(ids) - len(resumed) :] == resumed,
+            "prompt",
+            "resumed output tokens must end the prompt, after at least one prompt token",
+        )
+        object.__setattr__(self, "resumed_output_token_ids", resumed)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -52,7 +52,12 @@ class EngineGrammars:
 
     def constraint(self, request: GenerateRequest, grammar: Any) -> LogitsConstraint:
         """A fresh per-request constraint (engine thread; building the matcher is cheap). The
-        grammar's stop tokens are vLLM's ``all_stop_token_ids``: eos and the stop token ids."""
+        grammar's stop tokens are vLLM's ``all_stop_token_ids``: eos and the stop token ids. A
+        failover continuation's constraint is advanced over the output its earlier attempt emitted
+        (``resumed_output_token_ids``), so its grammar resumes where the stream stopped."""
         sp = request.sampling
         stops = set(self._tokenizer.eos_token_ids) | set(sp.stop_token_ids)
-        return LogitsConstraint(sp, grammar, stops, self.vocab_size)
+        constraint = LogitsConstraint(sp, grammar, stops, self.vocab_size)
+        for token_id in request.resumed_output_token_ids:
+            constraint.accept(token_id)
+        return constraint

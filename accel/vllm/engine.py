@@ -237,6 +237,14 @@ class VllmEngine:
             raise InvalidRequestError(
                 "model", f"{request.lora.name!r} is a LoRA adapter; this pool runs without enable_lora"
             )
+        if request.resumed_output_token_ids and request.sampling.structured_outputs is not None:
+            # vLLM 0.32 advances a grammar only over the tokens its own scheduler samples
+            # (StructuredOutputManager.accept_tokens in update_from_output): AsyncLLM has no way to
+            # start one past given output tokens, and restarting it would break the output.
+            raise InvalidRequestError(
+                "structured_outputs",
+                "a failover continuation cannot resume its structured-output grammar on a vLLM replica",
+            )
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[OutputDelta]:
         """Stream ``request``'s deltas; the last one has ``finish_reason`` set. Closing the

@@ -18,7 +18,10 @@ Why the output is the one an uninterrupted run gives:
 The continuation's text is made here from its token ids (``_TextTail``), primed with the tokens
 sent, so text held back by the dead replica (an incomplete character, a possible stop-string
 prefix) still comes out, a stop string straddling the failover point ends the stream there, and
-the seam decodes in context. Not carried over (documented limit): presence/frequency penalties
+the seam decodes in context. The continuation names the tokens sent as its resumed output
+(``GenerateRequest.resumed_output_token_ids``): a structured-output grammar and the bad-word history
+resume over them (the TT engine); an engine that cannot resume a grammar refuses the continuation,
+which ends the stream with that error (vLLM). Not carried over (documented limit): presence/frequency penalties
 count only the continuation's own output tokens.
 """
 
@@ -130,6 +133,8 @@ class StreamProgress:
             self.request,
             request_id=f"{self.request.request_id}{FAILOVER_REQUEST_ID_SUFFIX}{attempt}",
             prompt_token_ids=self.request.prompt_token_ids + tuple(self.token_ids),
+            # the engine resumes the grammar over these instead of restarting it (never silently)
+            resumed_output_token_ids=self.request.resumed_output_token_ids + tuple(self.token_ids),
             sampling=sampling,
             kv_transfer=None,
         )

@@ -219,3 +219,21 @@ def test_vllm_refusal_is_an_invalid_request(loop, vllm_engine, tok):
     with pytest.raises(InvalidRequestError) as err:
         _run(loop, vllm_engine, _request("v-refused", tok, PROMPTS[0], structured_outputs=spec))
     assert err.value.field == "structured_outputs"
+
+
+def test_vllm_refuses_to_resume_a_grammar(loop, vllm_engine, tok):
+    """vLLM cannot start a grammar past given output tokens: a structured-output failover
+    continuation is refused naming the field, never run with a restarted grammar."""
+    from accel.contract import InvalidRequestError
+
+    prompt = tuple(tok.encode(PROMPTS[0]))
+    spec = CASES[0].spec
+    req = GenerateRequest(
+        "v-resume",
+        prompt + (123,),
+        SamplingParams(max_tokens=8, structured_outputs=spec),
+        resumed_output_token_ids=(123,),
+    )
+    with pytest.raises(InvalidRequestError) as info:
+        _run(loop, vllm_engine, req)
+    assert info.value.field == "structured_outputs"

@@ -19,6 +19,7 @@ def test_continuation_and_budget_end():
     cont = progress.continuation(1)
     assert cont.prompt_token_ids == (5, 6, 1) and cont.sampling.max_tokens == 1 and cont.sampling.seed == 7
     assert cont.kv_transfer is None and cont.request_id == "q#failover1"
+    assert cont.resumed_output_token_ids == (1,)  # the grammar resumes over the tokens sent
     progress.pass_on(OutputDelta("q#failover1", (2,), "b", 3, 1))
     assert progress.continuation(2) is None  # budget spent: the stream ends with length
     end = progress.length_end()
