@@ -31,7 +31,8 @@ class IngressPrometheus:
         )
         self.failovers = Counter(
             "meshserve:stream_failovers",
-            "Streams continued on another replica after theirs died mid-stream.",
+            "Streams continued on another replica after theirs died mid-stream, by model.",
+            ["model_name"],
             registry=self.registry,
         )
 

@@ -226,12 +226,15 @@ class IngressMetrics:
         )
         self.inflight = Gauge("meshserve_ingress_requests_inflight", "Requests held by this ingress replica.")
         self.failovers = Counter(
-            "meshserve_stream_failovers", "Streams continued on another replica after theirs died mid-stream."
+            "meshserve_stream_failovers",
+            "Streams continued on another replica after theirs died mid-stream, by model.",
+            ("model_name",),
         )
 
-    def failover(self) -> None:
-        self.failovers.inc(1)
-        self.prom.failovers.inc()
+    def failover(self, model: str) -> None:
+        """One failover of a stream of ``model`` (a request failing over twice counts twice)."""
+        self.failovers.inc(1, {"model_name": model})
+        self.prom.failovers.labels(model).inc()
 
     def fallback(self, reason: str) -> None:
         self.router_fallbacks.inc(1, {"reason": reason})

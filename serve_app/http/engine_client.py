@@ -248,12 +248,14 @@ class EngineClient:
                         return
                     attempt_request, suffix = continuation, f"{FAILOVER_REQUEST_ID_SUFFIX}{failovers}"
                     logger.warning(
-                        "replica of %s died after %d tokens; continuing on another replica",
+                        "replica of %s died after %d tokens; continuing on another replica (failover %d of %d)",
                         request.request_id,
                         len(progress.token_ids),
+                        failovers,
+                        self._max_failovers,
                     )
                     if self._metrics is not None:
-                        self._metrics.failover()
+                        self._metrics.failover(route.model)
             # Decide again without the dead replica (a new route id, so the first decision's release
             # cannot end the second); a continuation is routed by its own (longer) prompt, hashed
             # from the request's salted root as the ingress hashes every prompt.

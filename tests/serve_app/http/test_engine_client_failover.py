@@ -220,3 +220,36 @@ def test_a_salted_continuation_is_routed_by_its_salted_block_hashes():
         assert hashes != tuple(hash_prompt_blocks(continued, block_size))
 
     asyncio.run(run())
+
+
+class _FailoverCounts:
+    """The ingress metrics' failover counter, by model (``IngressMetrics.failover``)."""
+
+    def __init__(self) -> None:
+        self.failovers: list[str] = []
+
+    def failover(self, model: str) -> None:
+        self.failovers.append(model)
+
+    def fallback(self, reason: str) -> None:
+        raise AssertionError(f"unexpected router fallback: {reason}")
+
+
+def test_each_failover_is_counted_for_its_model():
+    async def run():
+        router = FakeRouterHandle([RouteDecision("tt", "t1", "a", "prefix"), RouteDecision("tt", "t2", "b", "load")])
+        attempts = []
+
+        def make(req):
+            attempts.append(req.request_id)
+            if len(attempts) == 1:
+                return FakeStream([delta(req.request_id, 1)], dead_actor_error())
+            return FakeStream([delta(req.request_id, 2, True)])
+
+        metrics = _FailoverCounts()
+        client, _ = make_client(router, pools={"tt": FakePoolHandle(make)}, metrics=metrics)
+        deltas = [d async for d in client.stream(REQ, RouteRequest("r", "m", 2))]
+        assert deltas[-1].finished and attempts == ["r", "r#failover1"]
+        assert metrics.failovers == ["m"]  # one failover, under the request's model
+
+    asyncio.run(run())

@@ -52,6 +52,7 @@ def test_sums_replicas_across_pools_and_counts_the_ones_that_failed():
     }
     ingress = IngressPrometheus()
     ingress.rejected.labels("tiny", "429").inc()
+    ingress.failovers.labels("tiny").inc()
 
     response = asyncio.run(metrics_route.metrics(pools, ingress, inflight=3, timeout_s=0.2))
     assert response.media_type.startswith("text/plain")
@@ -81,6 +82,7 @@ def test_sums_replicas_across_pools_and_counts_the_ones_that_failed():
     }
     assert samples[("meshserve:ingress_requests_inflight", ())] == 3
     assert samples[("meshserve:requests_rejected_total", (("model_name", "tiny"), ("status", "429")))] == 1
+    assert samples[("meshserve:stream_failovers_total", (("model_name", "tiny"),))] == 1
 
 
 def test_no_pools_still_answers_with_the_ingress_series():
