@@ -40,3 +40,18 @@ def wait_pool_size(app: str, deployment: str, n: int, timeout_s: float = 120) ->
     while HANDLES.call(size()) < n:
         assert time.monotonic() < deadline, f"{deployment} never got back to {n} replicas"
         time.sleep(0.5)
+
+
+def stream_failovers(app_url: str, model: str) -> float:
+    """``meshserve:stream_failovers_total`` of ``model`` on the app's ``GET /metrics``: the
+    failovers the (one) ingress replica made, read before and after a stream to count its own."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    body = httpx.get(f"{app_url}/metrics", timeout=30)
+    assert body.status_code == 200, body.text
+    for family in text_string_to_metric_families(body.text):
+        for sample in family.samples:
+            if sample.name == "meshserve:stream_failovers_total" and sample.labels.get("model_name") == model:
+                return sample.value
+    return 0.0  # no failover of the model yet: prometheus_client shows no labelled series

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from tests.doubles.app_args import app_args, tt_pool, vllm_pool
 from tests.doubles.deployed_app import deployed_app
-from tests.doubles.replica_kill import kill_busy_replica, wait_pool_size
+from tests.doubles.replica_kill import kill_busy_replica, stream_failovers, wait_pool_size
 from tests.hf_reference import greedy_divergence, hf_greedy
 
 pytestmark = pytest.mark.slow
@@ -80,6 +80,7 @@ def test_a_stream_survives_its_replica(serve_session, smollm2, prompt, engine):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
         tokens: list[int] = []
         killed = False
+        before = stream_failovers(url, MODEL)
         stream = _completion(client, prompt, max_tokens, stream=True, stream_options={"include_usage": True})
         usage = None
         for chunk in stream:
@@ -89,7 +90,8 @@ def test_a_stream_survives_its_replica(serve_session, smollm2, prompt, engine):
             if tokens and not killed:
                 kill_busy_replica(app, deployment)
                 killed = True
-        assert killed and len(tokens) == max_tokens
+        assert killed and stream_failovers(url, MODEL) == before + 1  # it did fail over, once
+        assert len(tokens) == max_tokens
         assert tokens == hf_greedy(smollm2, prompt, max_tokens), greedy_divergence(smollm2, prompt, tokens)
         assert usage.prompt_tokens == len(prompt) and usage.completion_tokens == max_tokens
         wait_pool_size(app, deployment, 2)  # Serve replaces the dead replica
