@@ -8,6 +8,7 @@ by (seed, position)). One app for the module: two TT-mesh replicas and two vLLM-
 
 from __future__ import annotations
 
+import json
 import time
 
 import openai
@@ -32,9 +33,14 @@ def _args(tiny_llama) -> dict:
 
 
 @pytest.fixture(scope="module")
-def client(serve_session, tiny_llama):
+def app_url(serve_session, tiny_llama):
     with deployed_app(serve_session, APP, _args(tiny_llama), engine_replicas=4, timeout_s=120) as url:
-        yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(app_url):
+    return openai.OpenAI(base_url=f"{app_url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def kill_busy_replica(pool: str) -> str:
@@ -74,20 +80,63 @@ def _stream_with_a_kill(client, pool: str, **sampling) -> tuple[list[int], str, 
 
 
 @pytest.mark.parametrize("pool", ["tt", "vllm"])
-def test_greedy_stream_survives_its_replica_token_exact(client, pool):
+def test_greedy_stream_survives_its_replica_token_exact(client, app_url, pool):
     reference = client.completions.create(temperature=0, **_kw(pool)).choices[0]
+    before = replica_kill.stream_failovers(app_url, "tiny-llama")
     tokens, text, usage = _stream_with_a_kill(client, pool, temperature=0)
+    assert replica_kill.stream_failovers(app_url, "tiny-llama") == before + 1  # it did fail over, once
     assert tokens == reference.model_extra["token_ids"] and len(tokens) == MAX_TOKENS
     assert text == reference.text
     assert usage.prompt_tokens == len(PROMPT_IDS) and usage.completion_tokens == MAX_TOKENS
     _wait_pool_size(pool, 2)  # Serve replaces the dead replica
 
 
-def test_seeded_stream_continues_exactly_on_tt(client):
+def test_seeded_stream_continues_exactly_on_tt(client, app_url):
     sampling = dict(temperature=1.0, seed=1234)
     reference = client.completions.create(**_kw("tt"), **sampling).choices[0].model_extra["token_ids"]
+    before = replica_kill.stream_failovers(app_url, "tiny-llama")
     tokens, _, usage = _stream_with_a_kill(client, "tt", **sampling)
+    assert replica_kill.stream_failovers(app_url, "tiny-llama") == before + 1
     assert tokens == reference and usage.completion_tokens == MAX_TOKENS
+    _wait_pool_size("tt", 2)
+
+
+# A schema whose one string is long, so the stream is still running when its replica is killed.
+LONG_JSON_SCHEMA = {
+    "type": "object",
+    "properties": {"note": {"type": "string", "minLength": 120, "maxLength": 120}},
+    "required": ["note"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_stream_resumes_its_grammar_on_tt(client, app_url):
+    """A structured-output stream that fails over continues its grammar where it stopped (the
+    continuation carries the tokens sent as resumed output): the text parses, validates and equals
+    the uninterrupted run."""
+    import jsonschema
+
+    response_format = {"type": "json_schema", "json_schema": {"name": "note", "schema": LONG_JSON_SCHEMA}}
+    kw = dict(
+        model="tiny-llama",
+        messages=[{"role": "user", "content": "Write a note."}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        response_format=response_format,
+        extra_headers={"x-meshserve-pool": "tt"},
+    )
+    reference = client.chat.completions.create(**kw).choices[0].message.content
+    before = replica_kill.stream_failovers(app_url, "tiny-llama")
+    text, killed = "", False
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+        if text and not killed:
+            kill_busy_replica("tt")
+            killed = True
+    assert killed and replica_kill.stream_failovers(app_url, "tiny-llama") == before + 1
+    assert text == reference
+    jsonschema.validate(json.loads(text), LONG_JSON_SCHEMA)
     _wait_pool_size("tt", 2)
 
 
