@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from accel import envs
+from accel.models.generation_config import save_token_ids
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -90,7 +91,6 @@ def write_checkpoint(out_dir: Path) -> Path:
 
     gguf = gguf_path()
     _require_gguf_support()
-    from transformers import GenerationConfig
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
@@ -103,13 +103,7 @@ def write_checkpoint(out_dir: Path) -> Path:
         model, tokenizer = load_dequantized(gguf)
         model.save_pretrained(str(staging), safe_serialization=True)
         tokenizer.save_pretrained(str(staging))
-        # Only the ids: no sampling defaults, so vLLM's `generation_config: auto` changes nothing
-        # (a real SmolLM2 download has none either).
-        GenerationConfig(  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        ).save_pretrained(str(staging))
+        save_token_ids(tokenizer, staging)
     except CheckpointBuildError:
         raise
     except Exception as exc:  # a conversion failure: one line naming the source and the cause

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from accel import envs
+from accel.models.generation_config import save_token_ids
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerFast
@@ -197,19 +198,12 @@ def build_hf_model(spec: TinySpec, tokenizer: PreTrainedTokenizerFast) -> PreTra
 
 
 def write_checkpoint(spec: TinySpec, out_dir: Path, tokenizer: PreTrainedTokenizerFast) -> Path:
-    from transformers import GenerationConfig
-
     path = out_dir / spec.name
     path.mkdir(parents=True, exist_ok=True)
     model = build_hf_model(spec, tokenizer)
     model.save_pretrained(str(path), safe_serialization=True)
     tokenizer.save_pretrained(str(path))
-    GenerationConfig(  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        do_sample=False,
-    ).save_pretrained(str(path))
+    save_token_ids(tokenizer, path, greedy_default=True)
     _canonicalize_json(path)
     return path
 
