@@ -12,7 +12,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from accel.contract import EngineStats, FinishReason, GenerateRequest, InvalidRequestError, OutputDelta, TokenLogprob
+from accel.contract import (
+    EmbeddingResult,
+    EmbedRequest,
+    EngineStats,
+    FinishReason,
+    GenerateRequest,
+    InvalidRequestError,
+    OutputDelta,
+    TokenLogprob,
+)
 from accel.text.output_builder import OutputBuilder
 from accel.text.tokenizer import load_tokenizer
 
@@ -96,6 +105,12 @@ class HFReplayEngine:
             num_kv_blocks_free=0,
             platform="hf-test-double",
         )
+
+    async def embed(self, request: EmbedRequest) -> EmbeddingResult:
+        """A generative double: it has no pooling runner, so it refuses as a generate-only
+        engine does (``model`` named)."""
+        del request
+        raise InvalidRequestError("model", "the HF replay engine runs no pooling (embeddings)")
 
     def extra_stats(self) -> None:
         return None
