@@ -38,7 +38,7 @@ from serve_app.http.lora_routes import load_adapter, runtime_updates_allowed, un
 from serve_app.http.metrics_route import metrics as metrics_body
 from serve_app.http.pipeline.admission import Admission
 from serve_app.http.pipeline.endpoint import Endpoint
-from serve_app.http.pipeline.endpoints import CHAT, COMPLETIONS, RESPONSES
+from serve_app.http.pipeline.endpoints import CHAT, COMPLETIONS, MESSAGES, MESSAGES_TOKEN_COUNT, RESPONSES
 from serve_app.http.pipeline.parse import ResolvedModel
 from serve_app.http.pipeline.run import GenerationPipeline
 from serve_app.http.protocol.chat import ChatCompletionRequest
@@ -223,6 +223,18 @@ class OpenAIIngress:
         """Stateless Responses API: runs as a chat request (serve_app.http.protocol.responses_api)."""
         return await self._run(request, RESPONSES)
 
+    @app.post("/v1/messages")
+    async def messages(self, request: Request) -> Response:
+        """Anthropic's Messages API as vLLM serves it: runs as a chat request
+        (serve_app.http.protocol.messages_api)."""
+        return await self._run(request, MESSAGES)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_message_tokens(self, request: Request) -> Response:
+        endpoint = MESSAGES_TOKEN_COUNT
+        work = lambda held: self._pipeline.count_tokens(request, endpoint, held)  # noqa: E731
+        return await self._admission.serve(work, endpoint.render_error)
+
     @app.post("/v1/embeddings", openapi_extra=openapi.json_body(EmbeddingRequest))
     async def embeddings(self, request: Request) -> Response:
         """Pools running vLLM's pooling runner (serve_app.http.embeddings_route)."""
@@ -254,7 +266,9 @@ class OpenAIIngress:
     async def _run(self, request: Request, endpoint: Endpoint) -> Response:
         """A generation endpoint's request through the shared stages (serve_app.http.pipeline),
         within the concurrency bound, its errors as statuses."""
-        return await self._admission.serve(lambda held: self._pipeline.run(request, endpoint, held))
+        return await self._admission.serve(
+            lambda held: self._pipeline.run(request, endpoint, held), endpoint.render_error
+        )
 
     async def _resolve_model(self, name: str | None) -> ResolvedModel:
         """The model ``name`` names (None: the only served one; 404 if none), or the LoRA adapter

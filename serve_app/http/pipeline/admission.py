@@ -55,18 +55,23 @@ class Admission:
         self._metrics_of = metrics_of  # read per call: tests swap the ingress's metrics
         self._default_label = default_label
 
-    async def serve(self, work: Callable[[Admitted], Awaitable[Response]]) -> Response:
-        """``work``'s response, within the bound; its errors as status codes."""
+    async def serve(
+        self,
+        work: Callable[[Admitted], Awaitable[Response]],
+        render_error: Callable[[APIError], Response] = error_response,
+    ) -> Response:
+        """``work``'s response, within the bound; its errors as status codes, answered by
+        ``render_error`` (the endpoint's error shape)."""
         if not self.bound.try_acquire(1):
             self.reject(self._default_label, 429)
-            return error_response(APIError(429, "Too many requests in flight; retry later.", None, self.retry_after_s))
+            return render_error(APIError(429, "Too many requests in flight; retry later.", None, self.retry_after_s))
         self.update_gauge()
         held, streaming = Admitted(self, self._default_label), False
         try:
             try:
                 response = await work(held)
             except Exception as exc:
-                response = self._error(held.label, exc)
+                response = render_error(self._error(held.label, exc))
             if isinstance(response, StreamingResponse):
                 streaming = True
                 response.body_iterator = self._leave_after(response.body_iterator, held.slots)
@@ -75,7 +80,7 @@ class Admission:
             if not streaming:  # a stream leaves when its body generator ends
                 self.leave(held.slots)
 
-    def _error(self, label: str, exc: Exception) -> Response:
+    def _error(self, label: str, exc: Exception) -> APIError:
         if isinstance(exc, APIError):
             err = exc
         elif isinstance(exc, InvalidRequestError):
@@ -85,7 +90,7 @@ class Admission:
             logger.error("request failed", exc_info=exc)
             err = APIError(500, "Internal server error; see the server log.")
         self.reject(label, err.status)
-        return error_response(err)
+        return err
 
     async def _leave_after(self, body: AsyncIterable[Any], slots: int) -> AsyncIterator[Any]:
         try:

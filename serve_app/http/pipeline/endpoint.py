@@ -20,9 +20,11 @@ from fastapi.responses import Response
 from accel.contract import OutputDelta
 from accel.text.tokenizer import TextTokenizer
 from serve_app.http import stream_render
+from serve_app.http.json_io import error_response
 from serve_app.http.protocol import responses as rsp
 from serve_app.http.protocol.chat import ChatCompletionRequest
 from serve_app.http.protocol.completions import CompletionRequest
+from serve_app.http.protocol.errors import APIError
 from serve_app.http.protocol.tool_output import ChoiceParser
 
 
@@ -58,6 +60,17 @@ class Endpoint(ABC):
     @abstractmethod
     def read(self, body: Any) -> EndpointRequest:
         """The parsed request; ``APIError`` / ``InvalidRequestError`` naming the field."""
+
+    def for_model(self, parsed: EndpointRequest, tok: TextTokenizer) -> EndpointRequest:
+        """The parsed request once its model is known (a conversion that depends on the model's
+        chat template redoes itself here); unchanged by default."""
+        del tok
+        return parsed
+
+    def render_error(self, err: APIError) -> Response:
+        """A refused or failed request's answer: OpenAI's error JSON unless the endpoint's API
+        has its own error shape."""
+        return error_response(err)
 
     @abstractmethod
     async def render_body(self, gen: Generation) -> Response:

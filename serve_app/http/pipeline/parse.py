@@ -62,8 +62,9 @@ async def parse(
     http: Request, endpoint: Endpoint, resolve: ModelResolver, tools: Mapping[str, ChatTools], config: IngressConfig
 ) -> Parsed:
     parsed = endpoint.read(await read_body(http))
+    target = await resolve(parsed.request.model)
+    parsed = endpoint.for_model(parsed, target.tok)
     req = parsed.request
-    target = await resolve(req.model)
     # The request's type, not the endpoint, says which body fields hold the prompt.
     is_chat = isinstance(req, ChatCompletionRequest)
     limits.check_body(parsed.body, is_chat, config, target.model.max_model_len)

@@ -11,11 +11,12 @@ import time
 from collections.abc import Mapping
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from accel.contract import OutputDelta, SamplingParams
 from deployments.config.app import AppConfig
-from serve_app.http.engine_client import EngineClient, merge_streams
+from deployments.messages.routing import PoolNeeds
+from serve_app.http.engine_client import EngineClient, Placement
 from serve_app.http.engine_support import check_engine_support
 from serve_app.http.pipeline.admission import Admitted
 from serve_app.http.pipeline.endpoint import Endpoint, Generation
@@ -25,8 +26,10 @@ from serve_app.http.pipeline.prompt import Prompts, prompt
 from serve_app.http.pipeline.sampling import sampling
 from serve_app.http.protocol import conversion as conv
 from serve_app.http.protocol import responses as rsp
+from serve_app.http.protocol.messages_api import token_count_body
 from serve_app.http.protocol.tool_output import ChoiceParser
 from serve_app.http.protocol.tool_request import ChatTools
+from serve_app.http.stream_merge import merge_streams
 
 
 class GenerationPipeline:
@@ -41,18 +44,27 @@ class GenerationPipeline:
         parsed = await parse(http, endpoint, self._resolve, self._tools, ingress)
         held.resolved(parsed.target.model.name)
         model = parsed.target.model
-        # Prefix hashes only for a request the router will place, not one going to its only replica.
-        routed = self._client.needs_prefix_hashes(model.name, parsed.pool)
-        prompts = await prompt(parsed, model.routing_block_size if routed else None)
+        # Asked once: prefix hashes only for a request the router will place, not one going
+        # straight to its pool's only replica.
+        placement = self._client.placement(PoolNeeds(model.name, parsed.pool, lora=parsed.target.lora))
+        prompts = await prompt(parsed, model.routing_block_size if placement.by_router else None)
         params = await sampling(parsed, prompts, self._tools, ingress)
         planned = engine_requests(parsed, endpoint.id_prefix, prompts, params)
         held.take_fan_out(len(planned.generate))
         self._client.check_routable(planned.routes[0])
         check_engine_support(planned.routes[0], self._config.pools, params[0])
-        gen = self._generation(parsed, endpoint, prompts, params, planned)
+        gen = self._generation(parsed, endpoint, prompts, params, planned, placement)
         if not parsed.request.stream:
             return await endpoint.render_body(gen)
         return await _stream(endpoint, gen)
+
+    async def count_tokens(self, http: Request, endpoint: Endpoint, held: Admitted) -> Response:
+        """The parse and prompt stages only: the prompt's token count (Anthropic's
+        ``count_tokens``, answered as vLLM 0.32 answers it)."""
+        parsed = await parse(http, endpoint, self._resolve, self._tools, self._config.ingress)
+        held.resolved(parsed.target.model.name)
+        count = len((await prompt(parsed, None)).token_ids[0])
+        return JSONResponse(token_count_body(count))
 
     def _generation(
         self,
@@ -61,9 +73,10 @@ class GenerationPipeline:
         prompts: Prompts,
         params: tuple[SamplingParams, ...],
         planned: EngineRequests,
+        placement: Placement,
     ) -> Generation:
         req, tok = parsed.request, parsed.target.tok
-        streams = self._client.stream_choices(list(planned.generate), list(planned.routes))
+        streams = self._client.stream_choices(list(planned.generate), list(planned.routes), placement)
         choices = [rsp.ChoiceState(index=i, prompt_index=i // req.n) for i in range(len(planned.generate))]
         tools = self._tools[parsed.target.model.name]
         # Output parsers only for a model with vLLM parsers (without one, every choice is plain content).
