@@ -13,7 +13,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 50
 NOT_YET_SPLIT = {
-    ("serve_app/http/engine_client.py", "EngineClient.stream"),
     ("serve_app/http/protocol/responses_api.py", "response_events"),
 }
 

@@ -19,6 +19,18 @@ from deployments.config.task import PoolTask
 
 
 @dataclass(frozen=True)
+class PoolNeeds:
+    """What a request needs of a pool (``eligible_pools``): its model, the pool the client pinned
+    (x-meshserve-pool; None: any), the task its engine must serve and the LoRA adapter it runs
+    with. Known before the prompt is tokenized, unlike the rest of a ``RouteRequest``."""
+
+    model: str
+    pool: str | None = None
+    task: PoolTask = "generate"
+    lora: str | None = None
+
+
+@dataclass(frozen=True)
 class RouteRequest:
     """One engine request to place (what ``RouterLogic.route`` takes). ``pool`` set = the client
     pinned a pool (x-meshserve-pool)."""
@@ -39,6 +51,10 @@ class RouteRequest:
     # only replicas of pools with enable_lora can run it, and its block hashes are rooted at the
     # adapter (accel.block_hash.salted_root).
     lora: str | None = None
+
+    @property
+    def needs(self) -> PoolNeeds:
+        return PoolNeeds(self.model, self.pool, self.task, self.lora)
 
     @property
     def affinity_key(self) -> str:
@@ -104,7 +120,7 @@ class RoutingError(Exception):
 WHOLE_REQUEST_ROLES = ("both", "decode")
 
 
-def eligible_pools(request: RouteRequest, pools: Sequence[PoolConfig]) -> list[PoolConfig]:
+def eligible_pools(request: RouteRequest | PoolNeeds, pools: Sequence[PoolConfig]) -> list[PoolConfig]:
     """Pools that may run the whole request: the pinned one, else every pool of the model whose
     role can (``both``, or ``decode``, which prefills locally when no PD plan is made), whose
     engine serves the request's task (``deployments.config.task``) and, for a request with a LoRA

@@ -14,8 +14,10 @@ forget: control messages that must not delay the request).
 No router round trip when it has nothing to choose: a request whose only eligible pool has one
 running replica (as Serve last told this process's pool handle; a pool whose engine runs in this
 process, ``placement: ingress``, always has one) and whose model has no prefill pool (no PD plan
-to make) goes straight to that replica (reason ``single_replica``, no ticket).
-Until the pool handle has heard from Serve, and for a retry, the router decides as usual.
+to make) goes straight to that replica (reason ``single_replica``, no ticket). That is asked once
+per API request, before its prompt is hashed (``placement``: a ``Placement`` the pipeline carries
+to ``stream_choices``). Until the pool handle has heard from Serve, and for a retry, the router
+decides as usual.
 
 A call to an engine replica that fails because the replica's actor died (``RayActorError``:
 died or unavailable; Serve's ``ReplicaUnavailableError``) is reported to the routers at once
@@ -33,44 +35,45 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from ray.exceptions import RayActorError, RayTaskError
-from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 from tokenizers import Tokenizer
 
 from accel.block_hash import hash_prompt_blocks, salted_root
-from accel.contract import EmbeddingResult, EmbedRequest, GenerateRequest, InvalidRequestError, OutputDelta
+from accel.contract import EmbeddingResult, EmbedRequest, GenerateRequest, OutputDelta
 from deployments.config.app import AppConfig
-from deployments.messages.routing import RouteDecision, RouteRequest, RoutingError, eligible_pools
+from deployments.messages.routing import PoolNeeds, RouteDecision, RouteRequest, RoutingError, eligible_pools
 from deployments.pd.orchestrator import Call, PDOrchestrator
 from deployments.replicas.client import EnginePoolClient, PoolClient
 from deployments.router.client import RouterClient
+from serve_app.http.engine_errors import ReplicaDied, as_api_error, dead_replica_actor, died_error
 from serve_app.http.failover import FAILOVER_REQUEST_ID_SUFFIX, StreamProgress
 from serve_app.http.protocol.errors import APIError
 
 logger = logging.getLogger(__name__)
 
 
-class _Done:
-    """A stream of ``merge_streams`` ended."""
-
-
-_DONE = _Done()
 RETRY_REQUEST_ID_SUFFIX = "#retry"
 
 
-def dead_replica_actor(exc: BaseException) -> tuple[bool, str | None]:
-    """(whether ``exc`` says the engine replica's actor is gone, that actor's id if known).
+@dataclass(frozen=True)
+class Placement:
+    """Who places one API request's engine requests (``EngineClient.placement``, asked once per
+    request, before its prompt is hashed). ``direct``: the decision for its pool's only replica,
+    where every choice goes straight (reason ``single_replica``, no ticket, no router round trip,
+    so no prefix hashes); None: the router places each choice, by prefix hashes, session and
+    load. A retry or failover never reuses ``direct``: it asks the router without the dead replica."""
 
-    Only the replica's own death counts: a ``RayTaskError`` raised inside a live replica (e.g.
-    an actor it depends on died) is that replica's answer, not its death."""
-    if isinstance(exc, RayTaskError):
-        return False, None
-    if isinstance(exc, RayActorError):
-        return True, getattr(exc, "actor_id", None)
-    return isinstance(exc, ReplicaUnavailableError), None
+    direct: RouteDecision | None = None
+
+    @property
+    def by_router(self) -> bool:
+        return self.direct is None
+
+
+BY_ROUTER = Placement()
 
 
 class EngineClient:
@@ -121,34 +124,30 @@ class EngineClient:
         if decision.ticket:
             self._router.release(decision, decision.ticket)
 
-    def single_replica_decision(self, route: RouteRequest) -> RouteDecision | None:
-        """The decision when there is only one replica to send ``route`` to, else None."""
-        if route.excluded_replicas or route.model in self._models_with_prefill:
-            return None
+    def placement(self, needs: PoolNeeds) -> Placement:
+        """Who places an API request that needs ``needs``, asked once per request before its prompt
+        is hashed: straight to the only replica when its only eligible pool has one running
+        replica (as Serve last told this process's pool handle) and its model has no prefill pool
+        (no PD plan to make); else the router (also until the handle has heard from Serve, and for
+        a pin the request will get its 400 for)."""
+        if needs.model in self._models_with_prefill:
+            return BY_ROUTER
         try:
-            pools = eligible_pools(route, self._pools)
+            pools = eligible_pools(needs, self._pools)
         except RoutingError:
-            return None
+            return BY_ROUTER
         if len(pools) != 1:
-            return None
+            return BY_ROUTER
         engine = self._engines.get(pools[0].name)
         running = engine.running_replicas() if engine is not None else None
         if running is None or len(running) != 1:
-            return None
-        return RouteDecision(pool=pools[0].name, replica_id=next(iter(running)), ticket="", reason="single_replica")
-
-    def needs_prefix_hashes(self, model: str, pool: str | None) -> bool:
-        """Whether a request for ``model`` (pinned to ``pool``) will be placed by the router, which
-        ranks replicas by the prompt's block hashes; False when it goes straight to the only
-        replica (``single_replica_decision``), so the ingress does not hash it. Should the pool
-        change before the decision (a replica joins, the only one dies), that request is routed
-        without prefix hashes: by session and load."""
-        return self.single_replica_decision(RouteRequest("", model, 0, pool)) is None
+            return BY_ROUTER
+        return Placement(
+            RouteDecision(pool=pools[0].name, replica_id=next(iter(running)), ticket="", reason="single_replica")
+        )
 
     async def decide(self, route: RouteRequest) -> RouteDecision:
-        single = self.single_replica_decision(route)
-        if single is not None:
-            return single
+        """The router's decision for ``route``, or the local fallback's when it does not answer."""
         try:
             return await self._router.choose(route, self._timeout_s)
         except asyncio.CancelledError:
@@ -175,13 +174,16 @@ class EngineClient:
             self._router.report_dead(replica_id, actor_id)
 
     def stream_choices(
-        self, requests: Sequence[GenerateRequest], routes: Sequence[RouteRequest]
+        self,
+        requests: Sequence[GenerateRequest],
+        routes: Sequence[RouteRequest],
+        placement: Placement = BY_ROUTER,
     ) -> list[AsyncGenerator[OutputDelta, None]]:
-        """The engine requests of one API request (n > 1, several prompts). When the client
-        pinned no pool and several could serve them, the first is placed as usual and the others
-        in the pool it went to: every choice runs on one engine kind (seeded sampling, logprobs
-        and speed are the engine's), as one vLLM server would run them. Not for a model with a
-        prefill pool, where the router plans each choice's prefill/decode pair."""
+        """The engine requests of one API request (n > 1, several prompts), placed as ``placement``
+        says. When the client pinned no pool and several could serve them, the first is placed as
+        usual and the others in the pool it went to: every choice runs on one engine kind (seeded
+        sampling, logprobs and speed are the engine's), as one vLLM server would run them. Not for
+        a model with a prefill pool, where the router plans each choice's prefill/decode pair."""
         free = (
             len(requests) > 1
             and routes[0].pool is None
@@ -189,7 +191,7 @@ class EngineClient:
             and len(eligible_pools(routes[0], self._pools)) > 1
         )
         if not free:
-            return [self.stream(r, route) for r, route in zip(requests, routes)]
+            return [self.stream(r, route, placement=placement) for r, route in zip(requests, routes)]
         placed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
         async def sibling(request: GenerateRequest, route: RouteRequest) -> AsyncGenerator[OutputDelta, None]:
@@ -202,7 +204,11 @@ class EngineClient:
         return [first, *(sibling(r, route) for r, route in zip(requests[1:], routes[1:]))]
 
     async def stream(
-        self, request: GenerateRequest, route: RouteRequest, placed: asyncio.Future[str] | None = None
+        self,
+        request: GenerateRequest,
+        route: RouteRequest,
+        placed: asyncio.Future[str] | None = None,
+        placement: Placement = BY_ROUTER,
     ) -> AsyncGenerator[OutputDelta, None]:
         """Deltas of one engine request. Closing or cancelling this generator early cancels the
         replica call, which aborts the engine request there. ``placed``: given the pool the
@@ -211,74 +217,101 @@ class EngineClient:
         A replica death before any token: decided again without it and retried once. After
         tokens were passed on: up to ``ingress.max_failovers`` times, the stream continues on
         another replica from prompt + the tokens sent (``failover.StreamProgress``)."""
-        try:
+        decision = await self._first_decision(route, placed, placement)
+        progress = StreamProgress(request, self._tokenizers.get(route.model))
+        attempt, tries = request, _Tries()
+        while True:
+            try:
+                # aclosing: a consumer that leaves early closes the attempt at once (cancel + release).
+                async with contextlib.aclosing(self._stream_once(attempt, decision)) as deltas:
+                    async for delta in deltas:
+                        yield progress.pass_on(delta)
+                        if progress.finished:  # the engine's finish, or a stop string seen across a failover
+                            break
+                return
+            except ReplicaDied as died:
+                self._report_dead(decision, died.actor_id)
+                following = self._next_attempt(died, request, route.model, progress, tries)
+            if following is None:  # the replica died after the last token
+                yield progress.length_end()
+                return
+            attempt, suffix = following
+            route = self._rerouted(route, decision, request, attempt, suffix)
             decision = await self.decide(route)
+
+    async def _first_decision(
+        self, route: RouteRequest, placed: asyncio.Future[str] | None, placement: Placement
+    ) -> RouteDecision:
+        """``placement``'s direct decision, else the router's; tells ``placed`` the pool (or
+        cancels it when no decision was made)."""
+        try:
+            decision = placement.direct or await self.decide(route)
         except BaseException:
             if placed is not None:
                 placed.cancel()
             raise
         if placed is not None and not placed.done():
             placed.set_result(decision.pool)
-        progress = StreamProgress(request, self._tokenizers.get(route.model))
-        attempt_request, retried, failovers = request, False, 0
-        while True:
-            try:
-                # aclosing: a consumer that leaves early closes the attempt at once (cancel + release).
-                async with contextlib.aclosing(self._stream_once(attempt_request, decision)) as deltas:
-                    async for delta in deltas:
-                        yield progress.pass_on(delta)
-                        if progress.finished:  # the engine's finish, or a stop string seen across a failover
-                            break
-                return
-            except _ReplicaDied as died:
-                self._report_dead(decision, died.actor_id)
-                if not progress.started:
-                    if retried:
-                        raise self._died_error() from died.error
-                    retried = True
-                    suffix = RETRY_REQUEST_ID_SUFFIX
-                    logger.warning("retrying %s after %s", request.request_id, type(died.error).__name__)
-                else:
-                    if failovers >= self._max_failovers:
-                        raise self._died_error() from died.error
-                    failovers += 1
-                    continuation = progress.continuation(failovers)
-                    if continuation is None:  # the replica died after the last token
-                        yield progress.length_end()
-                        return
-                    attempt_request, suffix = continuation, f"{FAILOVER_REQUEST_ID_SUFFIX}{failovers}"
-                    logger.warning(
-                        "replica of %s died after %d tokens; continuing on another replica (failover %d of %d)",
-                        request.request_id,
-                        len(progress.token_ids),
-                        failovers,
-                        self._max_failovers,
-                    )
-                    if self._metrics is not None:
-                        self._metrics.failover(route.model)
-            # Decide again without the dead replica (a new route id, so the first decision's release
-            # cannot end the second); a continuation is routed by its own (longer) prompt, hashed
-            # from the request's salted root as the ingress hashes every prompt.
-            excluded = route.excluded_replicas + ((decision.replica_id,) if decision.replica_id else ())
-            ids = attempt_request.prompt_token_ids
-            route = dataclasses.replace(
-                route,
-                request_id=route.request_id + suffix,
-                num_prompt_tokens=len(ids),
-                prompt_block_hashes=route.prompt_block_hashes
-                if attempt_request is request
-                else tuple(
-                    hash_prompt_blocks(ids, self._block_sizes[route.model], salted_root(request.cache_salt, route.lora))
-                ),
-                excluded_replicas=excluded,
-            )
-            decision = await self.decide(route)
+        return decision
+
+    def _next_attempt(
+        self, died: ReplicaDied, request: GenerateRequest, model: str, progress: StreamProgress, tries: _Tries
+    ) -> tuple[GenerateRequest, str] | None:
+        """After the replica died: (what to run next, its request-id suffix); None when it died
+        after the last token. Raises the 503 once the retry or the failovers are spent."""
+        if not progress.started:
+            if tries.retried:
+                raise died_error(self._retry_after_s) from died.error
+            tries.retried = True
+            logger.warning("retrying %s after %s", request.request_id, type(died.error).__name__)
+            return request, RETRY_REQUEST_ID_SUFFIX
+        if tries.failovers >= self._max_failovers:
+            raise died_error(self._retry_after_s) from died.error
+        tries.failovers += 1
+        continuation = progress.continuation(tries.failovers)
+        if continuation is None:
+            return None
+        logger.warning(
+            "replica of %s died after %d tokens; continuing on another replica (failover %d of %d)",
+            request.request_id,
+            len(progress.token_ids),
+            tries.failovers,
+            self._max_failovers,
+        )
+        if self._metrics is not None:
+            self._metrics.failover(model)
+        return continuation, f"{FAILOVER_REQUEST_ID_SUFFIX}{tries.failovers}"
+
+    def _rerouted(
+        self,
+        route: RouteRequest,
+        decision: RouteDecision,
+        request: GenerateRequest,
+        attempt: GenerateRequest,
+        suffix: str,
+    ) -> RouteRequest:
+        """``route`` for the next attempt: without the dead replica and under a new route id (so the
+        first decision's release cannot end the second); a continuation is routed by its own
+        (longer) prompt, hashed from the request's salted root as the ingress hashes every prompt."""
+        excluded = route.excluded_replicas + ((decision.replica_id,) if decision.replica_id else ())
+        ids = attempt.prompt_token_ids
+        hashes = route.prompt_block_hashes
+        if attempt is not request:
+            root = salted_root(request.cache_salt, route.lora)
+            hashes = tuple(hash_prompt_blocks(ids, self._block_sizes[route.model], root))
+        return dataclasses.replace(
+            route,
+            request_id=route.request_id + suffix,
+            num_prompt_tokens=len(ids),
+            prompt_block_hashes=hashes,
+            excluded_replicas=excluded,
+        )
 
     async def embed(self, request: EmbedRequest, route: RouteRequest) -> EmbeddingResult:
         """One pooling request (``route.task == "embed"``) on the replica the router picks; the
         ticket is released however it ends. A replica that dies answers 503 (no retry: nothing
         was streamed, the client retries the whole request)."""
-        decision = await self.decide(route)
+        decision = self.placement(route.needs).direct or await self.decide(route)
         self._local_inflight[decision.pool] += 1
         try:
             return await self._engines[decision.pool].embed(request, decision.replica_id)
@@ -288,19 +321,16 @@ class EngineClient:
             is_dead, actor_id = dead_replica_actor(exc)
             if is_dead:
                 self._report_dead(decision, actor_id)
-                raise self._died_error() from exc
-            raise _as_api_error(exc, self._retry_after_s) from exc
+                raise died_error(self._retry_after_s) from exc
+            raise as_api_error(exc, self._retry_after_s) from exc
         finally:
             self._local_inflight[decision.pool] -= 1
             self.release(decision)
 
-    def _died_error(self) -> APIError:
-        return APIError(503, "The engine replica serving this request died; retry.", None, self._retry_after_s)
-
     async def _stream_once(
         self, request: GenerateRequest, decision: RouteDecision
     ) -> AsyncGenerator[OutputDelta, None]:
-        """One attempt on ``decision``; a dead replica raises ``_ReplicaDied``, other failures
+        """One attempt on ``decision``; a dead replica raises ``ReplicaDied``, other failures
         their ``APIError``. Releases the decision's ticket however it ends."""
         self._local_inflight[decision.pool] += 1
         stream: AsyncGenerator[OutputDelta, None]
@@ -317,8 +347,8 @@ class EngineClient:
         except Exception as exc:
             is_dead, actor_id = dead_replica_actor(exc)
             if is_dead:
-                raise _ReplicaDied(exc, actor_id) from exc
-            raise _as_api_error(exc, self._retry_after_s) from exc
+                raise ReplicaDied(exc, actor_id) from exc
+            raise as_api_error(exc, self._retry_after_s) from exc
         finally:
             self._local_inflight[decision.pool] -= 1
             if decision.ticket:
@@ -357,61 +387,10 @@ class EngineClient:
                 gen.cancel()
 
 
-class _ReplicaDied(Exception):
-    """The engine replica serving an attempt is gone (``error``: what the call raised)."""
+@dataclass
+class _Tries:
+    """What one engine request has spent of its recovery: the retry before any token, and the
+    failovers after."""
 
-    def __init__(self, error: Exception, actor_id: str | None):
-        super().__init__(str(error))
-        self.error, self.actor_id = error, actor_id
-
-
-def _as_api_error(exc: Exception, retry_after_s: int) -> APIError:
-    cause = getattr(exc, "cause", None) or exc  # a RayTaskError's cause: what the replica raised
-    invalid = exc if isinstance(exc, InvalidRequestError) else cause
-    if isinstance(invalid, InvalidRequestError):
-        return APIError(400, invalid.message, invalid.field)
-    if isinstance(exc, BackPressureError):
-        status = int(getattr(exc, "args", (0, 0, 503))[2] or 503)
-        return APIError(status, "The engines are at capacity; retry later.", None, retry_after_s)
-    if isinstance(exc, DeploymentUnavailableError):
-        return APIError(503, "No engine replica is available; retry later.", None, retry_after_s)
-    # The details (type, message, traceback) go to the log only: clients never see internals.
-    logger.error("engine request failed: %s: %s", type(cause).__name__, cause, exc_info=exc)
-    return APIError(500, "The engine failed to serve this request; see the server log.")
-
-
-async def merge_streams(
-    streams: Sequence[AsyncIterator[OutputDelta]],
-) -> AsyncGenerator[tuple[int, OutputDelta], None]:
-    """Interleave several delta streams as they produce; (stream index, delta). An error in any
-    stream ends the merge with that error; leaving early cancels every stream."""
-    if len(streams) == 1:
-        async for delta in streams[0]:
-            yield 0, delta
-        return
-    queue: asyncio.Queue[tuple[int, OutputDelta | Exception | _Done]] = asyncio.Queue()
-
-    async def pump(i: int, s: AsyncIterator[OutputDelta]) -> None:
-        try:
-            async for d in s:
-                queue.put_nowait((i, d))
-        except Exception as exc:
-            queue.put_nowait((i, exc))
-        finally:
-            queue.put_nowait((i, _DONE))
-
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        remaining = len(tasks)
-        while remaining:
-            i, item = await queue.get()
-            if isinstance(item, _Done):
-                remaining -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    retried: bool = False
+    failovers: int = 0

@@ -12,6 +12,7 @@ from starlette.requests import Request
 
 from accel.contract import FinishReason, GenerateRequest, OutputDelta
 from deployments.config.load import load_app_config
+from serve_app.http.engine_client import BY_ROUTER, Placement
 from serve_app.http.openai_ingress import OpenAIIngress
 from serve_app.http.pipeline.endpoints import CHAT, RESPONSES
 
@@ -47,7 +48,10 @@ class ScriptedEngine:
         ingress._client.check_routable = lambda route: None  # type: ignore[method-assign]
         ingress._client.stream = self.stream  # type: ignore[method-assign]
 
-    async def stream(self, request: GenerateRequest, route: Any) -> AsyncGenerator[OutputDelta, None]:
+    async def stream(
+        self, request: GenerateRequest, route: Any, placed: Any = None, placement: Placement = BY_ROUTER
+    ) -> AsyncGenerator[OutputDelta, None]:
+        """``EngineClient.stream``'s signature."""
         self.requests.append(request)
         n = len(self.ids)
         for k, t in enumerate(self.ids):

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from accel.contract import FinishReason, GenerateRequest, OutputDelta, TokenLogprob
+from serve_app.http.engine_client import BY_ROUTER, Placement
 from tests.hf_reference import vllm_text
 from tests.serve_app.http.scripted_stream import ScriptedEngine, call, make_ingress
 
@@ -34,7 +35,9 @@ def test_a_token_with_empty_text_still_gets_its_chunk(ingress, tiny_llama, logpr
     engine = ScriptedEngine(ingress, "x")
     ids = _split_character_ids(engine.tok)
 
-    async def stream(request: GenerateRequest, route: Any) -> AsyncGenerator[OutputDelta, None]:
+    async def stream(
+        request: GenerateRequest, route: Any, placed: Any = None, placement: Placement = BY_ROUTER
+    ) -> AsyncGenerator[OutputDelta, None]:
         sent = ""
         for k, t in enumerate(ids):
             text = vllm_text(tiny_llama, request.prompt_token_ids, ids[: k + 1])  # held while a character is split

@@ -1,6 +1,6 @@
 """The ingress's engine client: router decision (or local fallback), direct streaming with a
-replica hint, cancel + release when the consumer leaves early, error mapping, stream merging, the
-single-replica shortcut. Replica deaths (retry, failover): test_engine_client_failover.py."""
+replica hint, cancel + release when the consumer leaves early, error mapping, the single-replica
+shortcut (``placement``). Replica deaths (retry, failover): test_engine_client_failover.py."""
 
 from __future__ import annotations
 
@@ -9,15 +9,17 @@ import asyncio
 import pytest
 
 from accel.contract import InvalidRequestError
-from deployments.messages.routing import RouteDecision, RouteRequest
-from serve_app.http.engine_client import EngineClient, merge_streams
+from deployments.messages.routing import PoolNeeds, RouteDecision, RouteRequest
+from serve_app.http.engine_client import EngineClient
 from serve_app.http.protocol.errors import APIError
+from serve_app.http.stream_merge import merge_streams
 from tests.doubles.app_configs import app_config, pool_config
 from tests.serve_app.http.engine_doubles import (
     REQ,
     FakePoolHandle,
     FakeRouterHandle,
     FakeStream,
+    dead_actor_error,
     delta,
     make_client,
 )
@@ -102,28 +104,6 @@ def test_bad_pin_is_a_400_without_rpc():
     assert err.value.param == "x-meshserve-pool"
 
 
-def test_merge_interleaves_and_cancels_on_exit():
-    async def gen(tag, n, delay):
-        try:
-            for i in range(n):
-                await asyncio.sleep(delay)
-                yield delta(tag, i)
-        finally:
-            closed.append(tag)
-
-    closed = []
-
-    async def run():
-        got = [(i, d.request_id) async for i, d in merge_streams([gen("a", 3, 0.001), gen("b", 2, 0.0015)])]
-        assert sorted(got) == [(0, "a")] * 3 + [(1, "b")] * 2
-        merged = merge_streams([gen("c", 100, 0.001), gen("d", 100, 0.001)])
-        await merged.__anext__()
-        await merged.aclose()
-        assert {"c", "d"} <= set(closed)
-
-    asyncio.run(run())
-
-
 def _membership_pools(app):
     """Pool handles that name their deployment, as Serve's handles do."""
     pools = {
@@ -146,32 +126,45 @@ def test_single_running_replica_is_used_without_a_router_round_trip():
         assert [d.finished for d in [d async for d in client.stream(REQ, route)]] == [False, True]
         assert len(router.routes) == 1 and router.released == ["t1"]
         replica_membership.publish("single-app", "Replica-vllm", frozenset({"only"}))
-        deltas = [d async for d in client.stream(REQ, route)]
+        deltas = [d async for d in client.stream(REQ, route, placement=client.placement(route.needs))]
         assert [t for d in deltas for t in d.new_token_ids] == [1, 2] and deltas[-1].finished
         assert len(router.routes) == 1 and router.released == ["t1"]  # no choose, no ticket to release
         assert pools["vllm"].calls[-1] == ("r", "only")
         # Unpinned, the model has two eligible pools: the router decides between them.
-        [d async for d in client.stream(REQ, RouteRequest("r", "m", 2))]
+        unpinned = RouteRequest("r", "m", 2)
+        [d async for d in client.stream(REQ, unpinned, placement=client.placement(unpinned.needs))]
         assert len(router.routes) == 2
         # A second replica joined: the router decides again.
         replica_membership.publish("single-app", "Replica-vllm", frozenset({"only", "second"}))
-        [d async for d in client.stream(REQ, route)]
+        [d async for d in client.stream(REQ, route, placement=client.placement(route.needs))]
         assert len(router.routes) == 3
 
     asyncio.run(run())
 
 
-def test_no_shortcut_for_a_retry_or_a_model_with_a_prefill_pool():
+def test_no_shortcut_for_a_model_with_a_prefill_pool_or_a_retry():
     from deployments.handle_routing import replica_membership
 
     replica_membership.publish("pd-app", "Replica-vllm", frozenset({"only"}))
     pd_pools = (pool_config("vllm", engine="vllm", role="decode"), pool_config("tt", role="prefill"))
     client = EngineClient(app_config(pd_pools), FakeRouterHandle(), _membership_pools("pd-app"))
-    assert client.single_replica_decision(RouteRequest("r", "m", 2, pool="vllm")) is None  # PD may apply
-    client, _ = make_client(FakeRouterHandle(), _membership_pools("pd-app"))
-    assert client.single_replica_decision(RouteRequest("r", "m", 2, pool="vllm")).replica_id == "only"
-    retry = RouteRequest("r#retry", "m", 2, pool="vllm", excluded_replicas=("gone",))
-    assert client.single_replica_decision(retry) is None
+    assert client.placement(PoolNeeds("m", "vllm")).by_router  # PD may apply
+    router = FakeRouterHandle(RouteDecision("vllm", "second", "t2", "least_loaded"))
+    dead = FakePoolHandle(lambda r: FakeStream([], dead_actor_error()))
+    dead.app_name, dead.deployment_name = "pd-app", "Replica-vllm"
+    client, _ = make_client(router, {**_membership_pools("pd-app"), "vllm": dead})
+    placement = client.placement(PoolNeeds("m", "vllm"))
+    assert placement.direct is not None and placement.direct.replica_id == "only"
+
+    async def run():
+        # The only replica dies before any token: the retry asks the router, without it.
+        with pytest.raises(APIError):
+            [d async for d in client.stream(REQ, RouteRequest("r", "m", 2, pool="vllm"), placement=placement)]
+        [retry] = router.routes
+        assert retry.excluded_replicas == ("only",) and retry.request_id == "r#retry"
+        assert [c[1] for c in dead.calls] == ["only", "second"]
+
+    asyncio.run(run())
 
 
 def test_a_requests_choices_run_in_the_pool_its_first_was_placed_in():
@@ -216,14 +209,14 @@ def test_prefix_hashes_are_needed_only_when_the_router_decides():
     from deployments.handle_routing import replica_membership
 
     client, _ = make_client(FakeRouterHandle(), _membership_pools("hash-app"))
-    assert client.needs_prefix_hashes("m", "vllm")  # nothing heard from Serve yet: the router decides
+    assert client.placement(PoolNeeds("m", "vllm")).by_router  # nothing heard from Serve yet: the router decides
     replica_membership.publish("hash-app", "Replica-vllm", frozenset({"only"}))
-    assert not client.needs_prefix_hashes("m", "vllm")  # the only replica, no router round trip
-    assert client.needs_prefix_hashes("m", None)  # two eligible pools: the router chooses
-    assert client.needs_prefix_hashes("m", "no-such-pool")  # (the request gets its 400 later)
+    assert not client.placement(PoolNeeds("m", "vllm")).by_router  # the only replica, no router round trip
+    assert client.placement(PoolNeeds("m")).by_router  # two eligible pools: the router chooses
+    assert client.placement(PoolNeeds("m", "no-such-pool")).by_router  # (the request gets its 400 later)
     replica_membership.publish("hash-app", "Replica-vllm", frozenset({"only", "second"}))
-    assert client.needs_prefix_hashes("m", "vllm")
+    assert client.placement(PoolNeeds("m", "vllm")).by_router
     replica_membership.publish("hash-pd", "Replica-vllm", frozenset({"only"}))
     pd_pools = (pool_config("vllm", engine="vllm", role="decode"), pool_config("tt", role="prefill"))
     pd = EngineClient(app_config(pd_pools), FakeRouterHandle(), _membership_pools("hash-pd"))
-    assert pd.needs_prefix_hashes("m", "vllm")  # a prefill pool: the router plans PD by prefix
+    assert pd.placement(PoolNeeds("m", "vllm")).by_router  # a prefill pool: the router plans PD by prefix

@@ -20,6 +20,7 @@ from accel.block_hash import hash_prompt_blocks, salted_root
 from accel.contract import FinishReason, GenerateRequest, OutputDelta
 from deployments.config.load import load_app_config
 from deployments.messages.routing import RouteRequest
+from serve_app.http.engine_client import BY_ROUTER, Placement
 from serve_app.http.openai_ingress import OpenAIIngress
 from serve_app.http.pipeline.endpoints import CHAT
 
@@ -35,7 +36,9 @@ def _ingress(
     ingress = OpenAIIngress(load_app_config(args), router_handle=None, pool_handles={})
     seen: list[tuple[GenerateRequest, RouteRequest]] = []
 
-    async def stream(request: GenerateRequest, route: RouteRequest) -> AsyncGenerator[OutputDelta, None]:
+    async def stream(
+        request: GenerateRequest, route: RouteRequest, placed: Any = None, placement: Placement = BY_ROUTER
+    ) -> AsyncGenerator[OutputDelta, None]:
         seen.append((request, route))
         yield OutputDelta(
             request.request_id, (5,), "x", request.num_prompt_tokens, 1, finish_reason=FinishReason.LENGTH
