@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -265,77 +265,101 @@ async def response_events(
 ) -> AsyncIterator[str]:
     """The Responses event stream of a streamed chat answer (its SSE lines, one choice, with a
     final usage chunk), in vLLM's ``event: <type>\\ndata: <json>`` form."""
-    from openai.types.responses import ResponseErrorEvent
-    from vllm.entrypoints.generate.base.protocol import DeltaMessage
     from vllm.entrypoints.openai.responses.protocol import (
         ResponseCompletedEvent,
         ResponseCreatedEvent,
         ResponseInProgressEvent,
     )
-    from vllm.entrypoints.openai.responses.streaming_events import (
-        SimpleStreamingEventProcessor,
-        _StateType,
-        split_delta,
-    )
+    from vllm.entrypoints.openai.responses.streaming_events import SimpleStreamingEventProcessor
 
-    sequence = 0
-
-    def event(ev: Any) -> str:
-        nonlocal sequence
-        ev.sequence_number = sequence
-        sequence += 1
-        return f"event: {ev.type}\ndata: {ev.model_dump_json(indent=None, by_alias=True)}\n\n"
-
+    events = _EventLines()
     initial = _response(call, model, [], "in_progress", None, max_tokens).model_dump(mode="json", by_alias=True)
-    yield event(ResponseCreatedEvent(type="response.created", sequence_number=-1, response=initial))
-    yield event(ResponseInProgressEvent(type="response.in_progress", sequence_number=-1, response=initial))
+    yield events.line(ResponseCreatedEvent(type="response.created", sequence_number=-1, response=initial))
+    yield events.line(ResponseInProgressEvent(type="response.in_progress", sequence_number=-1, response=initial))
     processor = SimpleStreamingEventProcessor(tools=call.request.tools)
     finish, usage = None, None
     async for line in chat_sse:
-        data = line[len("data: ") :].strip() if line.startswith("data: ") else ""
-        if not data or data == "[DONE]":
+        chunk = _chat_chunk(line)
+        if chunk is None:
             continue
-        chunk = json.loads(data)
-        if "error" in chunk:
-            err = chunk["error"]
-            yield event(
-                ResponseErrorEvent(
-                    type="error",
-                    sequence_number=-1,
-                    code=str(err.get("code")),
-                    message=str(err.get("message")),
-                    param=err.get("param"),
-                )
-            )
+        if "error" in chunk:  # the chat stream's last chunk: the error event ends the stream
+            yield events.line(_error_event(chunk["error"]))
             return
-        if chunk.get("usage"):
-            usage = chunk["usage"]
+        usage = chunk.get("usage") or usage
         for choice in chunk.get("choices", []):
             finish = choice.get("finish_reason") or finish
-            delta = choice.get("delta") or {}
-            delta.pop("reasoning_content", None)
-            message = DeltaMessage.model_validate({k: v for k, v in delta.items() if k != "role"})
-            for dm in split_delta(message):
-                target, tool_call = processor.resolve_target_state(dm)
-                if target == _StateType.NONE:
-                    continue
-                if processor.needs_transition(target, tool_call):
-                    for ev in processor.close_current():
-                        yield event(ev)
-                    for ev in processor.open(target, tool_call):
-                        yield event(ev)
-                for ev in processor.emit_delta(dm, None, None):  # type: ignore[arg-type]
-                    yield event(ev)
+            for ev in _delta_events(processor, choice.get("delta") or {}):
+                yield events.line(ev)
     for ev in processor.close_current():
-        yield event(ev)
+        yield events.line(ev)
+    final = _final_response(call, model, processor.output_items, finish, usage, max_tokens)
+    yield events.line(ResponseCompletedEvent(type="response.completed", sequence_number=-1, response=final))
+
+
+class _EventLines:
+    """Events as SSE lines (``event: <type>`` + ``data: <json>``), numbered in the order sent
+    (``sequence_number`` from 0)."""
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def line(self, ev: Any) -> str:
+        ev.sequence_number = self._next
+        self._next += 1
+        return f"event: {ev.type}\ndata: {ev.model_dump_json(indent=None, by_alias=True)}\n\n"
+
+
+def _chat_chunk(line: str) -> dict[str, Any] | None:
+    """The JSON chunk of one chat SSE line; None for anything else (blank, ``[DONE]``)."""
+    data = line[len("data: ") :].strip() if line.startswith("data: ") else ""
+    if not data or data == "[DONE]":
+        return None
+    chunk: dict[str, Any] = json.loads(data)
+    return chunk
+
+
+def _error_event(err: Mapping[str, Any]) -> Any:
+    from openai.types.responses import ResponseErrorEvent
+
+    return ResponseErrorEvent(
+        type="error",
+        sequence_number=-1,
+        code=str(err.get("code")),
+        message=str(err.get("message")),
+        param=err.get("param"),
+    )
+
+
+def _delta_events(processor: Any, delta: dict[str, Any]) -> Iterator[Any]:
+    """The events of one chat choice delta, through vLLM's ``SimpleStreamingEventProcessor``
+    (which opens and closes the output items as the delta moves between text, reasoning and
+    tool calls)."""
+    from vllm.entrypoints.generate.base.protocol import DeltaMessage
+    from vllm.entrypoints.openai.responses.streaming_events import _StateType, split_delta
+
+    delta.pop("reasoning_content", None)
+    message = DeltaMessage.model_validate({k: v for k, v in delta.items() if k != "role"})
+    for dm in split_delta(message):
+        target, tool_call = processor.resolve_target_state(dm)
+        if target == _StateType.NONE:
+            continue
+        if processor.needs_transition(target, tool_call):
+            yield from processor.close_current()
+            yield from processor.open(target, tool_call)
+        yield from processor.emit_delta(dm, None, None)
+
+
+def _final_response(
+    call: ResponsesCall,
+    model: str,
+    output: list[Any],
+    finish: str | None,
+    usage: Mapping[str, Any] | None,
+    max_tokens: int | None,
+) -> Any:
+    """The ``response.completed`` event's Responses object (``incomplete`` when cut by length)."""
     usage = usage or {}
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    final = _response(
-        call,
-        model,
-        processor.output_items,
-        "incomplete" if finish == "length" else "completed",
-        _usage(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), cached),
-        max_tokens,
-    )
-    yield event(ResponseCompletedEvent(type="response.completed", sequence_number=-1, response=final))
+    status = "incomplete" if finish == "length" else "completed"
+    counts = _usage(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), cached)
+    return _response(call, model, output, status, counts, max_tokens)
