@@ -1,9 +1,10 @@
 """RouterLogic: the router's state and decisions, as pure logic (no Ray, no torch).
 
 Composes a prefix index (``prefix_index``), a session table (``sessions``), a load tracker
-(``load``) and a routing policy chosen by name (``policies``) over per-model replica pools. Its
-settings are the app config's: ``deployments.config.router.RouterConfig`` and, per served model,
-``ModelRouting`` (routing block size, PD threshold), derived once from the model's pools.
+(``load``) and a routing policy chosen by name (``policies``) over each model's replicas by role
+(``role_groups``). Its settings are the app config's: ``deployments.config.router.RouterConfig``
+and, per served model, ``ModelRouting`` (routing block size, PD threshold), derived once from the
+model's pools.
 
 How the Router deployment drives it
 -----------------------------------
@@ -62,6 +63,7 @@ from .load import LoadTracker, ReplicaLoad
 from .policies import make_policy
 from .policy import RoutingContext
 from .prefix_index import PrefixIndex
+from .role_groups import RoleGroups
 from .sessions import SessionTable
 
 
@@ -117,8 +119,7 @@ class RouterLogic:
         self._adapters = AdapterTable()  # LoRA slots and affinity (``adapters``)
         self._replicas: dict[str, ReplicaInfo] = {}
         self._replica_hashes: dict[str, int] = {}
-        self._pools: dict[tuple[str, Role], tuple[str, ...]] = {}  # (model, role) -> sorted replica ids
-        self._pool_sets: dict[tuple[str, Role], frozenset[str]] = {}
+        self._groups = RoleGroups()
         self._plans: dict[str, tuple[_Pick, ...]] = {}  # decided, awaiting dispatch
         self._session_keys_of_request: dict[str, tuple[str, ...]] = {}
 
@@ -129,22 +130,21 @@ class RouterLogic:
         if info.model not in self._models:
             raise KeyError(f"replica {info.replica_id!r} serves unknown model {info.model!r}")
         if info.replica_id in self._replicas:
-            self._drop_from_pools(info.replica_id)
+            self._drop_from_groups(info.replica_id)
         self._replicas[info.replica_id] = info
         self._replica_hashes[info.replica_id] = stable_hash64(info.replica_id)
         self._index.add_replica(info.replica_id, info.num_kv_blocks)
         self._index.set_event_driven(info.replica_id, info.publishes_kv_events)
         self._load.add_replica(info.replica_id)
         self._adapters.add_replica(info.replica_id, info.max_loras)
-        key = (info.model, info.role)
-        self._set_pool(key, self._pools.get(key, ()) + (info.replica_id,))
+        self._groups.add((info.model, info.role), info.replica_id)
 
     def remove_replica(self, replica_id: str) -> None:
         """The replica is dead or drained: no more routing to it; its cached blocks, session
         bindings and in-flight counts are dropped at once. Idempotent."""
         if replica_id not in self._replicas:
             return
-        self._drop_from_pools(replica_id)
+        self._drop_from_groups(replica_id)
         del self._replicas[replica_id]
         del self._replica_hashes[replica_id]
         self._index.remove_replica(replica_id)
@@ -155,18 +155,9 @@ class RouterLogic:
     def replicas(self) -> tuple[ReplicaInfo, ...]:
         return tuple(self._replicas[r] for r in sorted(self._replicas))
 
-    def _set_pool(self, pool_key: tuple[str, Role], members: Iterable[str]) -> None:
-        ordered = tuple(sorted(members))
-        if ordered:
-            self._pools[pool_key], self._pool_sets[pool_key] = ordered, frozenset(ordered)
-        else:
-            self._pools.pop(pool_key, None)
-            self._pool_sets.pop(pool_key, None)
-
-    def _drop_from_pools(self, replica_id: str) -> None:
+    def _drop_from_groups(self, replica_id: str) -> None:
         info = self._replicas[replica_id]
-        key = (info.model, info.role)
-        self._set_pool(key, (r for r in self._pools.get(key, ()) if r != replica_id))
+        self._groups.discard((info.model, info.role), replica_id)
 
     # ----- decisions ------------------------------------------------------------------------
     def route(self, request: RouteRequest) -> RouteDecision:
@@ -187,7 +178,7 @@ class RouterLogic:
         hashes = request.prompt_block_hashes
         threshold = routing.pd_threshold_tokens
         allowed = self._allowed(request)
-        prefill_pool, decode_pool, both_pool = self._role_replicas(model, allowed)
+        prefill_pool, decode_pool, both_pool = self._groups.by_role(model, allowed)
         session = request.session_id
         decode = None
         # Shorter prompts may go PD too while their decode replica is busy — only where they would
@@ -220,18 +211,6 @@ class RouterLogic:
             decode = self._choose_in(pool, (model, role), hashes, session, allowed, request.lora)
         self._plans[request.request_id] = (decode,)
         return self._decision(request, decode, None)
-
-    def _role_replicas(
-        self, model: str, allowed: frozenset[str] | None
-    ) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None, tuple[str, ...] | None]:
-        """The replicas of ``model`` by role: (prefill, decode, both); None = no such role. With
-        ``allowed`` (a pinned pool or a retry): no disaggregation, only those replicas."""
-        prefill = self._pools.get((model, "prefill"))
-        decode = self._pools.get((model, "decode"))
-        both = self._pools.get((model, "both"))
-        if allowed is None:
-            return prefill, decode, both
-        return None, tuple(r for r in decode or () if r in allowed), tuple(r for r in both or () if r in allowed)
 
     def _short_prompt_prefill_pool(
         self, prefill_pool: tuple[str, ...], decode: _Pick, num_uncached: int, busy: int | None
@@ -299,7 +278,7 @@ class RouterLogic:
         allowed: frozenset[str] | None = None,
         lora: str | None = None,
     ) -> _Pick:
-        pool_set = self._pool_sets[pool_key] if allowed is None else self._pool_sets[pool_key] & allowed
+        pool_set = self._groups.member_set(pool_key, allowed)
         matched = self._index.match(hashes, pool_set)
         credited = matched if lora is None else self._adapters.credit(lora, matched, pool_set)
         bound = self._sessions.bound_replica(session_key) if session_key else None
