@@ -22,10 +22,12 @@ from accel.contract import GenerateRequest, KVTransferParams, TokenLogprob
 class AddRequest:
     """A new request for the engine (validated; its consumer's queue already exists).
     ``grammar``: its structured-output spec compiled (an ``xgrammar.CompiledGrammar``, compiled
-    off the step loop), None without one."""
+    off the step loop), None without one. ``images``: its images processed on the host
+    (``accel.tt.multimodal.ImageInput``), () for a text-only request."""
 
     request: GenerateRequest
     grammar: Any = None
+    images: tuple[Any, ...] = ()
     verb: ClassVar[str] = "add"
 
     @property

@@ -32,8 +32,9 @@ from accel.tt.engine_parts import EngineParts, build_engine_parts
 from accel.tt.engine_process_host import EngineProcessHost
 from accel.tt.health import DEFAULT_STEP_TIMEOUT_S, EngineUnhealthy
 from accel.tt.mesh_model import MeshModel
+from accel.tt.multimodal import ImageInput
 from accel.tt.pooling import refuse_pooling
-from accel.tt.request_checks import check_request
+from accel.tt.request_checks import check_images, check_request
 from accel.tt.request_streams import RequestStreams
 from accel.tt.step_loop_host import StepLoopHost
 from accel.tt.step_thread_host import StepThreadHost
@@ -132,19 +133,23 @@ class TTMeshEngine:
         """Torch intra-op threads where the model runs (``set_torch_threads_for_serving``)."""
         return self.host.torch_threads
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[OutputDelta]:
+    async def generate(
+        self, request: GenerateRequest, images: tuple[ImageInput, ...] = ()
+    ) -> AsyncIterator[OutputDelta]:
         """Stream ``request``'s deltas (``RequestStreams.stream``); the last one has
         ``finish_reason`` set. Leaving the iteration early (client gone) aborts the request and
         frees its blocks. Structured-output grammars compile and KV imports prefetch off the step
-        loop (``StepLoopHost.admit``)."""
+        loop (``StepLoopHost.admit``). ``images``: the request's images processed on the host,
+        their placeholder tokens already in the prompt (for a multimodal class only)."""
         check_request(
             request,
             vocab_size=self.vocab_size,
             max_model_len=self.max_model_len,
             can_transfer_kv=self.host.can_transfer_kv,
         )
+        check_images(images, self.host.vision, self.config.model)
         grammar = await self.host.admit(request)
-        async for delta in self._streams.stream(request, grammar):
+        async for delta in self._streams.stream(request, grammar, images):
             yield delta
 
     async def abort(self, request_id: str) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accel.block_hash import BlockHash
+from accel.contract import ConfigError
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
 from accel.tt.async_decode import AsyncDecodeQueue
 from accel.tt.block_allocator import BlockAllocator
@@ -33,7 +34,9 @@ from accel.tt.model_setup import (
     num_blocks_per_lane,
     open_default_backend,
     platform_name,
+    text_config,
 )
+from accel.tt.multimodal import VisionTraits, vision_traits
 from accel.tt.runner import MeshRunner
 from accel.tt.sampling_policy import SamplingPolicy, device_logprobs_limit
 from accel.tt.scheduler import LaneScheduler
@@ -51,6 +54,7 @@ class EngineParts:
     grammars: EngineGrammars
     platform: str
     vocab_size: int
+    vision: VisionTraits  # the class's image support and gates
     num_blocks_per_lane: int
     enable_chunked_prefill: bool
     enable_prefix_caching: bool
@@ -94,12 +98,18 @@ def build_engine_parts(
         if config.enable_prefix_caching is None
         else config.enable_prefix_caching
     )
+    vision = vision_traits(model_cls)
+    if enable_prefix_caching and vision.is_multimodal:
+        # Block hashes are of token ids only: two prompts with different images would share the
+        # blocks of their placeholder tokens (upstream vision classes do not declare it either).
+        raise ConfigError(f"enable_prefix_caching: not supported for the multimodal class {model_cls.__name__}")
     model = build_mesh_model(model_cls, hf_config, backend, config)
-    vocab_size = int(hf_config.vocab_size)
+    text = text_config(hf_config)
+    vocab_size = int(text.vocab_size)
     blocks_per_lane = num_blocks_per_lane(model_cls, config, mesh_num_devices(backend))
-    kv_shape = kv_block_shape(hf_config, config, blocks_per_lane, devices_per_lane(backend, config.num_lanes))
+    kv_shape = kv_block_shape(text, config, blocks_per_lane, devices_per_lane(backend, config.num_lanes))
     kv_cache = allocate_kv_cache(
-        model, kv_shape, kv_dtype(model, hf_config, config.kv_cache_dtype), int(hf_config.num_hidden_layers)
+        model, kv_shape, kv_dtype(model, hf_config, config.kv_cache_dtype), int(text.num_hidden_layers)
     )
     policy = SamplingPolicy(
         config.tt.sample_on_device_mode,
@@ -107,7 +117,7 @@ def build_engine_parts(
         dict(capabilities),
         device_logprobs_limit(mesh_num_devices(backend), str(getattr(hf_config, "model_type", ""))),
     )
-    runner = MeshRunner(model, kv_cache, config, policy, tokenizer.eos_token_ids, vocab_size)
+    runner = MeshRunner(model, kv_cache, config, policy, tokenizer.eos_token_ids, vocab_size, vision)
     if config.tt.enable_model_warmup:
         runner.warmup()
     is_async = (
@@ -123,6 +133,7 @@ def build_engine_parts(
             prefill_budget,
             config.max_model_len,
             enable_chunked_prefill=enable_chunked_prefill,
+            mixes_image_rows=vision.mixes_text_and_image_rows,
         )
         for i in range(config.num_lanes)
     ]
@@ -145,6 +156,7 @@ def build_engine_parts(
         grammars=EngineGrammars(tokenizer, vocab_size),
         platform=platform_name(backend, model),
         vocab_size=vocab_size,
+        vision=vision,
         num_blocks_per_lane=blocks_per_lane,
         enable_chunked_prefill=enable_chunked_prefill,
         enable_prefix_caching=enable_prefix_caching,

@@ -18,6 +18,7 @@ Wire (one ``multiprocessing`` pipe, pickled objects, a send lock per side):
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Sequence
@@ -34,6 +35,7 @@ from accel.tt.config import TTEngineConfig
 from accel.tt.core_messages import AddRequest, NewTokens, OutboxMessage, RequestFailed
 from accel.tt.engine_parts import build_engine_parts, lane_block_snapshot
 from accel.tt.mesh_model import MeshModel
+from accel.tt.multimodal import VisionTraits
 from accel.tt.step_loop import StepLoop
 
 # -- the wire ----------------------------------------------------------------------------------
@@ -43,6 +45,7 @@ from accel.tt.step_loop import StepLoop
 class ProcessReady:
     platform: str
     num_blocks_per_lane: int
+    vision: VisionTraits
     torch_threads: int
     stats: EngineStats
     extra_stats: TTEngineStats
@@ -147,7 +150,16 @@ def engine_process_main(
         send(step_message(outputs, loop.take_kv_events()))
 
     loop = StepLoop(parts.core, parts.grammars, parts.platform, publish)
-    send(ProcessReady(parts.platform, parts.num_blocks_per_lane, torch.get_num_threads(), loop.stats, loop.extra_stats))
+    send(
+        ProcessReady(
+            parts.platform,
+            parts.num_blocks_per_lane,
+            parts.vision,
+            torch.get_num_threads(),
+            loop.stats,
+            loop.extra_stats,
+        )
+    )
 
     def answer(query: ProcessQuery) -> list[BlockHash] | str | None:
         if query.what is Query.SNAPSHOT:
@@ -171,7 +183,7 @@ def engine_process_main(
                     # (KV events stay with the loop's thread, which sends them in order.)
                     send(step_message([RequestFailed(message.req_id, exc)], []))
                     continue
-                loop.post(AddRequest(message.request, grammar))
+                loop.post(dataclasses.replace(message, grammar=grammar))
             else:
                 loop.post(message)
         loop.stop()

@@ -44,7 +44,7 @@ from accel.tt.engine_process import (
 )
 from accel.tt.health import EngineUnhealthy
 from accel.tt.mesh_model import MeshModel
-from accel.tt.model_setup import load_hf_config
+from accel.tt.model_setup import load_hf_config, text_config
 from accel.tt.request_streams import RequestStreams
 from accel.tt.step_loop import drain
 
@@ -79,7 +79,7 @@ class EngineProcessHost:
     ):
         self.step_timeout_s = step_timeout_s
         self.tokenizer = load_tokenizer(config.tokenizer_path)
-        self.vocab_size = int(load_hf_config(config.model).vocab_size)
+        self.vocab_size = int(text_config(load_hf_config(config.model)).vocab_size)
         context = multiprocessing.get_context("spawn")  # (fork would copy threads and locks)
         self._conn, child_conn = context.Pipe()
         self._process = context.Process(
@@ -93,6 +93,7 @@ class EngineProcessHost:
         ready = self._wait_ready()
         self.platform = ready.platform
         self.num_blocks_per_lane = ready.num_blocks_per_lane
+        self.vision = ready.vision
         self._torch_threads = ready.torch_threads  # (set_torch_threads_for_serving)
         self._view = _ProcessView(ready.stats, ready.extra_stats)
         self._send_lock = threading.Lock()

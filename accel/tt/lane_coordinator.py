@@ -16,6 +16,8 @@
   prompts are chunked in. Lanes without work for the mode contribute nothing.
 - A PREFILL pass that schedules zero tokens (KV pressure) while some lane can decode is redone
   as DECODE, keeping the preemptions of the discarded pass.
+- A model class that cannot mix text-only and image rows in one prefill (the vision classes
+  upstream) gets prefill steps of one kind; while both kinds wait they take turns.
 - Slots: ``row = lane * per_lane + local``; lowest free local slot first; taken on admission,
   released on finish and (immediately) on preemption.
 
@@ -43,6 +45,7 @@ class LaneCoordinator:
         self.weights = weights or AffinityWeights()
         self._step_id = 0
         self._last_mode = StepMode.EMPTY
+        self._next_prefill_images = False  # the kind a non-mixing class's next prefill tries first
         self._finished_since_plan: set[str] = set()
         self._session_lane: OrderedDict[str, int] = OrderedDict()  # LRU, oldest first
 
@@ -113,7 +116,7 @@ class LaneCoordinator:
         is_retry = False
         preempted: list[str] = []
         if mode is StepMode.PREFILL:
-            parts = [lane.schedule_prefill() for lane in self.lanes]
+            parts = self._schedule_prefill()
             if sum(p.num_tokens for p in parts) == 0:
                 preempted = [rid for p in parts for rid in p.preempted_req_ids]
                 if any(lane.has_decode_work() for lane in self.lanes):
@@ -142,6 +145,18 @@ class LaneCoordinator:
             preempted_req_ids=frozenset(preempted),
             is_decode_retry=is_retry,
         )
+
+    def _schedule_prefill(self) -> list[LanePart]:
+        if self.lanes[0].mixes_image_rows:
+            return [lane.schedule_prefill() for lane in self.lanes]
+        # The class cannot take text-only and image rows in one prefill: one kind per step, the
+        # kinds taking turns while both wait (neither starves the other).
+        for images_only in (self._next_prefill_images, not self._next_prefill_images):
+            parts = [lane.schedule_prefill(images_only) for lane in self.lanes]
+            if sum(p.num_tokens for p in parts):
+                self._next_prefill_images = not images_only
+                break
+        return parts
 
     def _choose_mode(self) -> StepMode:
         wants_prefill = any(lane.has_prefill_intent() for lane in self.lanes)

@@ -23,6 +23,13 @@ def load_hf_config(model: str) -> Any:
     return AutoConfig.from_pretrained(model, local_files_only=True)
 
 
+def text_config(hf_config: Any) -> Any:
+    """The language model's config: a vision-language checkpoint nests it (``text_config``, with
+    the vocabulary, layers and heads); a text checkpoint is its own."""
+    get = getattr(hf_config, "get_text_config", None)
+    return hf_config if get is None else get()
+
+
 def open_default_backend(config: TTEngineConfig, accelerator: str = "cpu") -> Any:
     """``accelerator`` "tt": the ttnn mesh (opened with ``additional_config.tt``'s device
     options) or ``NoTenstorrentDevice`` naming what is missing (ttnn not importable, no chips,

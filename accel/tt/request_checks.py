@@ -3,12 +3,17 @@ an ``InvalidRequestError`` naming the field, so the request fails alone and the 
 
 Prompts that leave no room for a token or hold ids outside the vocabulary; fields the engine
 cannot honour (``prompt_logprobs``, a grammar's ``whitespace_pattern`` under xgrammar, KV
-export/import without KV transfer hooks); out-of-vocabulary ``allowed_token_ids``.
+export/import without KV transfer hooks); out-of-vocabulary ``allowed_token_ids``; images for
+a class that takes none, or more than the class takes per request (``check_images``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from accel.contract import GenerateRequest, InvalidRequestError
+from accel.tt.multimodal import VisionTraits
 
 
 def check_request(request: GenerateRequest, *, vocab_size: int, max_model_len: int, can_transfer_kv: bool) -> None:
@@ -37,3 +42,20 @@ def check_request(request: GenerateRequest, *, vocab_size: int, max_model_len: i
     kv = request.kv_transfer
     if kv is not None and (kv.do_remote_decode or kv.do_remote_prefill) and not can_transfer_kv:
         raise InvalidRequestError("kv_transfer_params", "KV export/import is not supported by the TT mesh engine yet")
+
+
+# The request field an image comes in (chat content parts), named in the 400 as vLLM 0.32 does
+# for a prompt over ``limit_mm_per_prompt``.
+IMAGE_FIELD = "messages"
+
+
+def check_images(images: Sequence[Any], vision: VisionTraits, model_name: str) -> None:
+    if not images:
+        return
+    if not vision.is_multimodal:
+        raise InvalidRequestError(IMAGE_FIELD, f"{model_name} is not a multimodal model: it takes no images")
+    limit = vision.max_images_per_request
+    if limit is not None and len(images) > limit:
+        raise InvalidRequestError(
+            IMAGE_FIELD, f"at most {limit} image(s) may be provided in one request to {model_name}, got {len(images)}"
+        )

@@ -24,6 +24,7 @@ from accel.contract import GenerateRequest, SamplingParams
 
 if TYPE_CHECKING:
     from accel.structured.constraint import LogitsConstraint
+    from accel.tt.multimodal import ImageInput
 
 
 class RequestStatus(enum.Enum):
@@ -56,6 +57,10 @@ class RequestState:
     # Logit masks (structured outputs, allowed_token_ids, bad_words), advanced per output token;
     # None for unconstrained requests.
     constraint: LogitsConstraint | None = None
+    # Its images, processed on the host (``accel.tt.multimodal.ImageInput``); () = text only.
+    # Their placeholder tokens are in the prompt, so every prefill of it (a preemption's resume
+    # too) passes them again.
+    images: tuple[ImageInput, ...] = ()
     # Plain copies of request fields read on the per-step hot path (128 rows a step: a property
     # call per row per read adds up).
     req_id: str = field(init=False)
@@ -70,8 +75,8 @@ class RequestState:
         self.has_penalties = self.sampling.has_penalties
 
     @classmethod
-    def new(cls, request: GenerateRequest, lane: int = -1) -> RequestState:
-        return cls(request=request, lane=lane, token_ids=list(request.prompt_token_ids))
+    def new(cls, request: GenerateRequest, lane: int = -1, images: tuple[ImageInput, ...] = ()) -> RequestState:
+        return cls(request=request, lane=lane, token_ids=list(request.prompt_token_ids), images=images)
 
     @property
     def num_tokens(self) -> int:

@@ -47,7 +47,9 @@ class RequestStreams:
         with self._lock:
             self._closed = reason
 
-    async def stream(self, request: GenerateRequest, grammar: Any = None) -> AsyncIterator[OutputDelta]:
+    async def stream(
+        self, request: GenerateRequest, grammar: Any = None, images: tuple[Any, ...] = ()
+    ) -> AsyncIterator[OutputDelta]:
         """Post ``request`` (validated) and stream its deltas; the last one has ``finish_reason``
         set. Leaving the iteration early (client gone) aborts the request, which frees its blocks.
         A stop the builder sees is posted back (``FinishRequest``)."""
@@ -60,7 +62,7 @@ class RequestStreams:
                 raise InvalidRequestError("request_id", f"{req_id!r} is already running")
             self._sinks[req_id] = (asyncio.get_running_loop(), queue)
         builder = OutputBuilder(request, self._tokenizer.fast, self._tokenizer.eos_token_ids, self._max_model_len)
-        self._post(AddRequest(request, grammar))
+        self._post(AddRequest(request, grammar, images))
         try:
             while not builder.finished:
                 news = take_pending(await queue.get(), queue)  # raises the error of a RequestFailed

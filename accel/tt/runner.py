@@ -32,6 +32,7 @@ from accel.tt.host_arrays import host_array
 from accel.tt.host_sampler import sample_on_host
 from accel.tt.mesh_model import MeshModel, TTSamplingParams
 from accel.tt.model_output import HostOutput, device_logprobs, finalize_decode, unpack_output
+from accel.tt.multimodal import TEXT_ONLY, VisionTraits, prefill_image_kwargs, split_prefill_output
 from accel.tt.sampling_policy import SamplingPolicy
 from accel.tt.step_plan import PENDING_TOKEN, RowPlan, StepMode, StepPlan
 
@@ -109,8 +110,13 @@ class MeshRunner:
         policy: SamplingPolicy,
         eos_token_ids: frozenset[int],
         vocab_size: int,
+        vision: VisionTraits = TEXT_ONLY,
     ):
         self.model = model
+        self.vision = vision
+        # req id -> its mrope position delta, from the prefill that computed its prompt (the
+        # plugin's ``mrope_position_delta``); the engine core drops it when the request ends.
+        self.rope_deltas: dict[str, int] = {}
         self.kv_cache = kv_cache
         self.config = config
         self.policy = policy
@@ -217,6 +223,8 @@ class MeshRunner:
                 layout_changed=reset_batch, on_device=use_device, page_table_changed=table_changed
             )
         )
+        if self.vision.uses_mrope:
+            kwargs["rope_deltas_all_users"] = self._rope_deltas_by_slot(layout, capacity) if reset_batch else None
         tokens_host = np.array(tokens, dtype=np.int64).reshape(capacity, 1)
         return PreparedStep(
             plan,
@@ -226,6 +234,15 @@ class MeshRunner:
             np.array(pending_rows, dtype=np.int64) if pending_rows else None,
             host_input_rows,
         )
+
+    def _rope_deltas_by_slot(self, layout: tuple[tuple[int, str], ...], capacity: int) -> list[int]:
+        """One delta per decode row (slot; 0 where empty): sent when the batch changed, as the
+        plugin sends its rows' deltas when a request joined (None otherwise: the model keeps
+        the ones it has)."""
+        deltas = [0] * capacity
+        for row, req_id in layout:
+            deltas[row] = self.rope_deltas.get(req_id, 0)
+        return deltas
 
     def _host_input_rows(self, layout: tuple[tuple[int, str], ...], is_switch_to_device: bool) -> tuple[int, ...]:
         """Rows of a changed decode batch whose slots' device-side state says nothing about their
@@ -310,6 +327,8 @@ class MeshRunner:
             sampling = device_sampling_params(rows, n, self.vocab_size, by_slot=False)
             kwargs["sampling_params"] = sampling
             wants_logprobs = any(sampling.enable_log_probs)
+        if self.vision.is_multimodal:
+            kwargs.update(prefill_image_kwargs(rows))
         out = self.model.prefill_forward(
             tokens=tokens,
             page_table=page_table,
@@ -321,6 +340,9 @@ class MeshRunner:
             **kwargs,
         )
         self.contract.note_prefill()
+        if self.vision.uses_mrope:
+            out, deltas = split_prefill_output(out)
+            self.rope_deltas.update((r.req_id, d) for r, d in zip(rows, deltas))
         host = unpack_output(out, is_tokens=use_device, wants_logprobs=wants_logprobs, num_rows=n)
         result = self._result(rows, list(range(n)), host)
         return PendingStep(plan, lambda: host, lambda _: result, use_device)

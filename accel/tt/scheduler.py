@@ -52,8 +52,12 @@ class LaneScheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         enable_chunked_prefill: bool = True,
+        mixes_image_rows: bool = True,
     ):
         self.lane = lane
+        # False: the model class cannot take text-only and image rows in one prefill (the vision
+        # classes upstream); the coordinator then asks for one kind per prefill step.
+        self.mixes_image_rows = mixes_image_rows
         # Off: a prompt is admitted only when its whole uncomputed part fits this step's budget
         # (the engine then makes the budget at least max_model_len), for model classes whose
         # prefill cannot resume mid-prompt.
@@ -129,13 +133,17 @@ class LaneScheduler:
         self.running.append(r)
 
     # ---- prefill -------------------------------------------------------------------------
-    def schedule_prefill(self) -> LanePart:
+    def schedule_prefill(self, images_only: bool | None = None) -> LanePart:
+        """``images_only``: True = only requests with images, False = only text-only requests,
+        None = both. A waiting head of the other kind stops admission (FIFO)."""
         part = LanePart()
         budget = self.max_num_batched_tokens
         for r in list(self.running):
             if budget == 0:
                 break
             if r.status is not RequestStatus.RUNNING or not r.is_prefilling:
+                continue
+            if images_only is not None and bool(r.images) is not images_only:
                 continue
             chunk = min(r.num_uncomputed, budget)
             if not self._reserve(r, r.num_computed + chunk, part):
@@ -145,6 +153,8 @@ class LaneScheduler:
         while budget > 0 and self.waiting and self._free_slots:
             r = self.waiting[0]
             if r.num_pending:  # its last token is still in flight; admit it next step
+                break
+            if images_only is not None and bool(r.images) is not images_only:
                 break
             if r.is_kv_preloaded and self._try_admit_preloaded(r):
                 continue  # no prefill row: it decodes from the next decode step on
@@ -216,6 +226,7 @@ class LaneScheduler:
             sampling=r.sampling,
             num_output_tokens=r.num_output_tokens,
             history_token_ids=_history(r),
+            images=r.images or None,
         )
         r.num_computed = end
         if samples:

@@ -142,7 +142,7 @@ class StepLoop:
 
     def _apply(self, message: InboxMessage) -> list[OutboxMessage]:
         if isinstance(message, AddRequest):
-            r = RequestState.new(message.request)
+            r = RequestState.new(message.request, images=message.images)
             if message.request.sampling.has_logit_constraints:
                 r.constraint = self._grammars.constraint(message.request, message.grammar)
             self.core.add_request(r)

@@ -15,6 +15,7 @@ from accel.block_hash import BlockHash
 from accel.contract import EngineStats, GenerateRequest, PrefixCacheChange, TTEngineStats
 from accel.text.tokenizer import TextTokenizer
 from accel.tt.core_messages import InboxMessage
+from accel.tt.multimodal import VisionTraits
 from accel.tt.request_streams import RequestStreams
 
 
@@ -26,6 +27,7 @@ class StepLoopHost(Protocol):
 
     tokenizer: TextTokenizer
     vocab_size: int
+    vision: VisionTraits
     platform: str
     num_blocks_per_lane: int
 

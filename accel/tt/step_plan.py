@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from functools import cached_property
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from accel.contract import SamplingParams
 
@@ -44,6 +44,9 @@ class RowPlan(NamedTuple):
     num_output_tokens: int  # outputs before this step's token (for min_tokens)
     # prompt + outputs, only when the row needs penalties on the host (PENDING_TOKEN-padded).
     history_token_ids: tuple[int, ...] | None = None
+    # prefill rows of a request with images: its images (``accel.tt.multimodal.ImageInput``),
+    # whose placeholder tokens are in ``input_token_ids``; None for text rows and decode rows.
+    images: tuple[Any, ...] | None = None
 
     @property
     def num_scheduled_tokens(self) -> int:

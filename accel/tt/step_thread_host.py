@@ -29,6 +29,7 @@ class StepThreadHost:
         self.step_timeout_s = step_timeout_s
         self.tokenizer = parts.tokenizer
         self.vocab_size = parts.vocab_size
+        self.vision = parts.vision
         self.platform = parts.platform
         self.num_blocks_per_lane = parts.num_blocks_per_lane
         self._loop: StepLoop | None = None

@@ -13,7 +13,7 @@ EXTRA_MODELS_DIR = STUBS_DIR / "extra_models"
 CONTRACT_MODELS_DIR = STUBS_DIR.parent / "tt_metal_contract"
 # The decode-contract version-1 generator (Llama only), its own EXTRA_MODELS_DIR.
 CONTRACT_V1_MODELS_DIR = CONTRACT_MODELS_DIR / "v1"
-_STUB_MODULES = ("ttnn", "fake_tt_model", "hf_contract_generator", "hf_contract_generator_v1")
+_STUB_MODULES = ("ttnn", "fake_tt_model", "hf_contract_generator", "hf_contract_generator_v1", "hf_qwen25_vl_generator")
 
 
 def _drop_stub_modules() -> None:

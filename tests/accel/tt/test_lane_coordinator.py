@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from accel.contract import GenerateRequest, SamplingParams
 from accel.tt.block_allocator import BlockAllocator
@@ -156,3 +157,50 @@ def test_random_load_no_deadlock_no_starvation_static_lanes_pool_back_to_full():
     assert any(p.preempted_req_ids for p in d.plans), "scenario should preempt"
     for lane in coord.lanes:
         assert lane.allocator.num_free_blocks == 12 and lane.num_free_slots == 3
+
+
+# An image as the scheduler sees it: the scheduler only asks whether a request has any.
+IMAGE: Any = object()
+
+
+def make_image_req(rid, prompt_len, max_tokens=4):
+    r = make_req(rid, prompt_len, max_tokens)
+    r.images = (IMAGE,)
+    return r
+
+
+def make_vision_coord(num_lanes=2, per_lane=4):
+    """Lanes of a class that cannot take text-only and image rows in one prefill."""
+    return LaneCoordinator(
+        [
+            LaneScheduler(i, per_lane, BlockAllocator(64, 4, False, lane=i), 64, 64, mixes_image_rows=False)
+            for i in range(num_lanes)
+        ]
+    )
+
+
+def test_text_and_image_rows_go_to_separate_prefill_steps_taking_turns():
+    d = Driver(make_vision_coord())
+    for i in range(3):
+        d.add(make_req(f"t{i}", 6))
+        d.add(make_image_req(f"i{i}", 6))
+    while d.requests:
+        d.step()
+    prefills = [p for p in d.plans if p.mode is StepMode.PREFILL]
+    kinds = [{row.images is not None for row in p.rows} for p in prefills]
+    assert all(len(k) == 1 for k in kinds), kinds  # never mixed
+    firsts = [next(iter(k)) for k in kinds]
+    assert firsts[:2] in ([False, True], [True, False])  # both kinds prefill before either repeats
+    image_rows = [row for p in prefills for row in p.rows if row.images is not None]
+    assert {row.req_id for row in image_rows} == {"i0", "i1", "i2"}
+    assert all(row.images == (IMAGE,) for row in image_rows)  # the images ride with the row
+
+
+def test_a_class_that_mixes_rows_prefills_them_together():
+    coord = make_coord(num_lanes=1, per_lane=4)
+    d = Driver(coord)
+    d.add(make_req("t", 6))
+    d.add(make_image_req("i", 6))
+    plan = d.step()
+    assert plan.mode is StepMode.PREFILL
+    assert [row.images is not None for row in plan.rows] == [False, True]

@@ -41,3 +41,17 @@ def test_refusals_name_their_field(request_, field):
 def test_kv_transfer_passes_with_hooks():
     request = GenerateRequest("kv", (1,), kv_transfer=KVTransferParams(do_remote_decode=True))
     assert _field(request, can_transfer_kv=True) is None
+
+
+def test_images_are_refused_by_a_text_class_and_over_the_class_limit():
+    from accel.tt.multimodal import TEXT_ONLY, VisionTraits
+    from accel.tt.request_checks import check_images
+
+    one_image = VisionTraits(is_multimodal=True, uses_mrope=True, max_images_per_request=1)
+    check_images((), TEXT_ONLY, "m")  # text requests: nothing to check
+    check_images(("img",), one_image, "m")
+    with pytest.raises(InvalidRequestError, match="not a multimodal model") as err:
+        check_images(("img",), TEXT_ONLY, "m")
+    assert err.value.field == "messages"
+    with pytest.raises(InvalidRequestError, match="at most 1 image"):
+        check_images(("a", "b"), one_image, "m")
