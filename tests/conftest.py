@@ -67,6 +67,12 @@ def tiny_qwen3(checkpoint_dir: Path) -> Path:
     return checkpoint_dir / "tiny-qwen3"
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen25_vl(checkpoint_dir: Path) -> Path:
+    """The tiny Qwen2.5-VL (accel/models/tiny_vl.py)."""
+    return checkpoint_dir / "tiny-qwen25-vl"
+
+
 @pytest.fixture(scope="module")
 def loop():
     """One event loop per test module, for engines bound to the loop they were started in."""

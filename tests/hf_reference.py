@@ -148,3 +148,45 @@ def merge_lora(model_dir: str | Path, adapter_dir: str | Path, out_dir: Path) ->
         if (Path(model_dir) / f).exists():
             (out_dir / f).write_bytes((Path(model_dir) / f).read_bytes())
     return out_dir
+
+
+def qwen25_vl_inputs(model_dir: str | Path, messages: list[dict], images: Sequence) -> dict:
+    """HF's inputs for a Qwen2.5-VL chat: ``input_ids`` (each ``<|image_pad|>`` expanded to one per
+    merged patch, as ``Qwen2_5_VLProcessor`` does), ``pixel_values``, ``image_grid_thw``.
+    The pixels come from the checkpoint's own image processor; the expansion is written here
+    because transformers 5.19 builds no ``Qwen2_5_VLProcessor`` without torchvision."""
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    out: dict = {}
+    if images:
+        image_processor = AutoImageProcessor.from_pretrained(str(model_dir))
+        out = dict(image_processor(images=list(images), return_tensors="pt"))
+        merge = image_processor.merge_size**2
+        pieces = text.split("<|image_pad|>")
+        assert len(pieces) == len(images) + 1, "one <|image_pad|> per image"
+        pads = ["<|image_pad|>" * (int(thw.prod()) // merge) for thw in out["image_grid_thw"]]
+        text = pieces[0] + "".join(pad + rest for pad, rest in zip(pads, pieces[1:], strict=True))
+    out["input_ids"] = tok(text, return_tensors="pt", add_special_tokens=False).input_ids
+    return out
+
+
+def hf_vl_greedy(model_dir: str | Path, messages: list[dict], images: Sequence, max_new_tokens: int) -> list[int]:
+    """Greedy tokens of HF's ``Qwen2_5_VLForConditionalGeneration`` for a chat with ``images``
+    (PIL images, in the order of the messages' image parts); eos ignored."""
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    inputs = qwen25_vl_inputs(model_dir, messages, images)
+    ids = inputs["input_ids"]
+    with torch.no_grad():
+        out = model.generate(
+            **inputs,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            do_sample=False,
+        )
+    return out[0, ids.shape[1] :].tolist()

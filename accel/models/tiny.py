@@ -3,7 +3,9 @@
 Writes ``OUT_DIR/tiny-llama`` (LlamaForCausalLM, GQA 8:2, head_dim 32, llama3 RoPE scaling) and
 ``OUT_DIR/tiny-qwen3`` (Qwen3ForCausalLM, q/k norm, tied embeddings), each with config.json,
 model.safetensors, generation_config.json and a byte-level BPE tokenizer trained with the
-``tokenizers`` library on source text that ships with Python. No hub access.
+``tokenizers`` library on source text that ships with Python (``bpe_training.py``), and
+``OUT_DIR/tiny-qwen25-vl`` (Qwen2_5_VLForConditionalGeneration with its HF processor:
+``tiny_vl.py``). No hub access.
 
 Everything is seeded and serialized in a fixed order, so two runs give byte-identical files.
 Weights are drawn with a larger spread than a real model's init so that logits are peaked: greedy
@@ -14,8 +16,6 @@ than decided by float noise between near-tied logits.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from accel import envs
+from accel.models.bpe_training import canonicalize_json, train_byte_level_bpe
 from accel.models.generation_config import save_token_ids
+from accel.models.tiny_vl import TINY_QWEN25_VL, build_vl_checkpoint
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerFast
@@ -78,9 +80,6 @@ _CHAT_TEMPLATE_LINES = r"""
 """
 CHAT_TEMPLATE = "".join(line.strip() for line in _CHAT_TEMPLATE_LINES.splitlines())
 
-# Modules whose source is the tokenizer's training text (ships with every CPython 3.11).
-_CORPUS_MODULES = ("textwrap", "string", "difflib", "heapq", "bisect", "fractions", "shlex", "this")
-
 
 @dataclass(frozen=True)
 class TinySpec:
@@ -103,31 +102,11 @@ TINY_QWEN3 = TinySpec("tiny-qwen3", "Qwen3ForCausalLM", tie_word_embeddings=True
 TINY_SPECS = (TINY_LLAMA, TINY_QWEN3)
 
 
-def training_text() -> list[str]:
-    lines: list[str] = []
-    for module in _CORPUS_MODULES:
-        spec = importlib.util.find_spec(module)
-        assert spec is not None and spec.origin is not None, module
-        lines.extend(Path(spec.origin).read_text(encoding="utf-8").splitlines())
-    # A few non-ASCII lines so multi-byte characters appear in the merges.
-    lines += ["café naïve résumé — “quotes” ½ ∑ π ≈ 3.14159", "日本語のテキスト 中文 한국어 😀 🚀"]
-    return lines
-
-
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(training_text(), trainer=trainer)
+    tok = train_byte_level_bpe(SPECIAL_TOKENS, VOCAB_SIZE)
     bos_id = tok.token_to_id(BOS)
     # Completions get bos prepended (what Llama tokenizers do); chat templates carry bos themselves.
     tok.post_processor = processors.TemplateProcessing(
@@ -204,20 +183,14 @@ def write_checkpoint(spec: TinySpec, out_dir: Path, tokenizer: PreTrainedTokeniz
     model.save_pretrained(str(path), safe_serialization=True)
     tokenizer.save_pretrained(str(path))
     save_token_ids(tokenizer, path, greedy_default=True)
-    _canonicalize_json(path)
+    canonicalize_json(path)
     return path
-
-
-def _canonicalize_json(path: Path) -> None:
-    """Rewrite JSON files with sorted keys so reruns are byte-identical."""
-    for f in sorted(path.glob("*.json")):
-        data = json.loads(f.read_text(encoding="utf-8"))
-        f.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def build_all(out_dir: Path) -> list[Path]:
     tokenizer = build_tokenizer()
-    return [write_checkpoint(spec, out_dir, tokenizer) for spec in TINY_SPECS]
+    text = [write_checkpoint(spec, out_dir, tokenizer) for spec in TINY_SPECS]
+    return [*text, build_vl_checkpoint(TINY_QWEN25_VL, out_dir)]
 
 
 def ensure_checkpoints(out_dir: Path) -> list[Path]:
@@ -226,7 +199,10 @@ def ensure_checkpoints(out_dir: Path) -> list[Path]:
     if all((p / "model.safetensors").exists() and (p / "tokenizer.json").exists() for p in paths):
         for p in paths:
             _refresh_chat_template(p)
-        return paths
+        vl = out_dir / TINY_QWEN25_VL.name
+        # (the VL checkpoint came later: built alone where the text ones already exist)
+        has_vl = (vl / "model.safetensors").exists() and (vl / "preprocessor_config.json").exists()
+        return [*paths, vl if has_vl else build_vl_checkpoint(TINY_QWEN25_VL, out_dir)]
     return build_all(out_dir)
 
 
