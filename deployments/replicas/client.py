@@ -12,7 +12,7 @@ from deployments.handle_routing import replica_membership
 from deployments.messages.kv_events import KVCursor
 from deployments.messages.replica_snapshot import ReplicaSnapshot
 from deployments.replicas.engine_replica import EngineReplica
-from deployments.telemetry.snapshot import MetricsSnapshot
+from deployments.telemetry.snapshot import MetricsSnapshot, broadcast_snapshots
 
 
 class ReplicaStream(Protocol):
@@ -90,14 +90,5 @@ class EnginePoolClient:
         return answers
 
     async def metrics_snapshots(self, timeout_s: float) -> list[MetricsSnapshot | BaseException]:
-        """``EngineReplica.metrics_snapshot()`` of every live replica of the pool (for ``GET
-        /metrics``); a replica whose call failed answers with its exception, and past
-        ``timeout_s`` the pool answers with the ``TimeoutError`` alone."""
-        response = self._handle.broadcast(EngineReplica.metrics_snapshot.__name__)
-        try:
-            answers: list[MetricsSnapshot | BaseException] = await response.results_async(
-                timeout_s=timeout_s, return_exceptions=True
-            )
-        except TimeoutError as exc:
-            return [exc]
-        return answers
+        """``EngineReplica.metrics_snapshot()`` of every live replica of the pool (``GET /metrics``)."""
+        return await broadcast_snapshots(self._handle, EngineReplica.metrics_snapshot.__name__, timeout_s)

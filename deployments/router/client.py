@@ -17,7 +17,7 @@ from typing import Any
 
 from deployments.messages.routing import RouteDecision, RouteRequest
 from deployments.router.deployment import RouterDeployment
-from deployments.telemetry.snapshot import MetricsSnapshot
+from deployments.telemetry.snapshot import MetricsSnapshot, broadcast_snapshots
 
 logger = logging.getLogger(__name__)
 
@@ -64,17 +64,8 @@ class RouterClient:
         return answer
 
     async def metrics_snapshots(self, timeout_s: float) -> list[MetricsSnapshot | BaseException]:
-        """``RouterDeployment.metrics_snapshot()`` of every router replica (for ``GET /metrics``);
-        a replica whose call failed answers with its exception, and past ``timeout_s`` the
-        routers answer with the ``TimeoutError`` alone."""
-        response = self._handle.broadcast(RouterDeployment.metrics_snapshot.__name__)
-        try:
-            answers: list[MetricsSnapshot | BaseException] = await response.results_async(
-                timeout_s=timeout_s, return_exceptions=True
-            )
-        except TimeoutError as exc:
-            return [exc]
-        return answers
+        """``RouterDeployment.metrics_snapshot()`` of every router replica (``GET /metrics``)."""
+        return await broadcast_snapshots(self._handle, RouterDeployment.metrics_snapshot.__name__, timeout_s)
 
     def _broadcast(self, method: Callable[..., Any], *args: Any) -> None:
         """Call ``method`` on every router replica without waiting for it."""

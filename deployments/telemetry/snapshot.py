@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
@@ -126,3 +126,18 @@ def bucket_bounds(series: Iterable[Series]) -> tuple[float, ...]:
     bounds = {b for s in series for b, _ in s.buckets}
     bounds.add(math.inf)
     return tuple(sorted(bounds))
+
+
+async def broadcast_snapshots(handle: Any, method_name: str, timeout_s: float) -> list[MetricsSnapshot | BaseException]:
+    """``method_name`` (a replica method answering a ``MetricsSnapshot``) on every replica of a
+    Serve deployment (``DeploymentHandle.broadcast``). A replica whose call failed answers with its
+    exception; past ``timeout_s`` the deployment answers with the ``TimeoutError`` alone (one slow
+    replica must not hold ``GET /metrics``)."""
+    response = handle.broadcast(method_name)
+    try:
+        answers: list[MetricsSnapshot | BaseException] = await response.results_async(
+            timeout_s=timeout_s, return_exceptions=True
+        )
+    except TimeoutError as exc:
+        return [exc]
+    return answers
