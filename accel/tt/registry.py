@@ -2,7 +2,7 @@
 
 Every ``hf_config.architectures[i]`` is looked up with a ``TT`` prefix. An entry names the
 tt-metal generator class (``"module:Class"``, loaded only on the TTNN path, where tt-metal's
-``models`` package is importable) and, for Llama and Qwen3 only, the torch implementation that runs
+``models`` package is importable) and, for Llama, Qwen3 and Qwen2.5-VL only, the torch implementation that runs
 without a mesh. Sources, in registration order (the first registration of a name wins):
 
 1. ``EXTRA_MODELS_DIR``: each subfolder with a ``vllm_metadata.json`` ``{"arch": "<HF arch>",
@@ -35,6 +35,7 @@ BACKEND_TORCH = "torch"
 BACKEND_TTNN = "ttnn"
 BACKENDS = (BACKEND_TORCH, BACKEND_TTNN)
 TORCH_MESH_MODEL = "accel.tt.torch_model:TorchMeshModel"
+TORCH_QWEN25_VL_MODEL = "accel.tt.torch_model.vl_model:TorchQwen25VLMeshModel"
 METADATA_FILE = "vllm_metadata.json"
 
 _TT_TRANSFORMERS = "models.tt_transformers.tt.generator_vllm"
@@ -93,6 +94,7 @@ def builtin_models() -> tuple[ModelEntry, ...]:
         ModelEntry(
             "TTQwen2_5_VLForConditionalGeneration",
             "models.demos.qwen25_vl.tt.generator_vllm:Qwen2_5_VLForConditionalGeneration",
+            TORCH_QWEN25_VL_MODEL,
         ),
         ModelEntry(
             "TTQwen3VLForConditionalGeneration",
@@ -166,7 +168,7 @@ class ModelRegistry:
         if path is None:
             raise ConfigError(
                 f"{entry.tt_arch} needs a Tenstorrent mesh (ttnn): it has no torch "
-                "implementation; only Llama and Qwen3 run without TT hardware"
+                "implementation; only Llama, Qwen3 and Qwen2.5-VL run without TT hardware"
             )
         return load_class(path)
 

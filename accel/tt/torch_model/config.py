@@ -11,7 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Architectures this torch implementation computes exactly like HF transformers.
-TORCH_ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM")
+TORCH_ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen2_5_VLForConditionalGeneration")
+# Vision-language architectures: the decoder is the nested text model. Checkpoints keep its
+# tensors under ``model.`` (the published Qwen2.5-VL ones, and transformers 5's save) or
+# ``model.language_model.`` (transformers' module names).
+LANGUAGE_MODEL_PREFIXES = {"Qwen2_5_VLForConditionalGeneration": ("model.", "model.language_model.")}
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,11 @@ class DecoderConfig:
         return self.num_heads // self.num_kv_heads
 
     @property
+    def weight_prefixes(self) -> tuple[str, ...]:
+        """Where the decoder's tensors may sit in the checkpoint (``model.layers.0...`` for a text model)."""
+        return LANGUAGE_MODEL_PREFIXES.get(self.architecture, ("model.",))
+
+    @property
     def rope_theta(self) -> float:
         return float(self.rope_parameters.get("rope_theta", 10000.0))
 
@@ -45,6 +54,8 @@ class DecoderConfig:
         arch = next((a for a in archs if a in TORCH_ARCHITECTURES), None)
         if arch is None:
             raise ValueError(f"torch mesh model supports {TORCH_ARCHITECTURES}, got architectures={archs}")
+        if arch in LANGUAGE_MODEL_PREFIXES:
+            hf_config = hf_config.get_text_config()
         num_heads = int(hf_config.num_attention_heads)
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
         num_layers = int(hf_config.num_hidden_layers)

@@ -38,11 +38,16 @@ def decoder_forward(
     last_index: torch.Tensor,
     num_ctx_tokens: int | None = None,
     mirror: tuple[DecodeMirror, MirrorStep] | None = None,
+    embeds: torch.Tensor | None = None,
+    cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``tokens``/``positions``/``is_written`` ``[n, L]`` -> logits ``[n, vocab]`` at ``last_index``;
     attention reads ``num_ctx_tokens`` keys per row (default: every gathered block's). ``mirror``
     (decode of every slot, ``n == B_wire``): attention reads each slot's contiguous context there
-    instead of gathering pages (``decode_mirror``)."""
+    instead of gathering pages (``decode_mirror``). A multimodal program passes ``embeds`` (the
+    input embeddings ``[n * L, hidden]``, image features in place) and ``cos_sin`` (rotary
+    tables ``[n * L, 1, D]`` as ``RotaryTables.at_rolled`` gives them, for its own positions); the
+    KV positions stay ``positions``."""
     dev = device
     tokens, positions, is_written = tokens.to(dev), positions.to(dev), is_written.to(dev)
     n, length = tokens.shape
@@ -58,9 +63,10 @@ def decoder_forward(
         dtype=store.keys[0].dtype,
         num_ctx_tokens=num_ctx_tokens,
     )
-    cos_sin = rope.at_rolled(positions.reshape(-1))
+    if cos_sin is None:
+        cos_sin = rope.at_rolled(positions.reshape(-1))
     scale = cfg.head_dim**-0.5
-    h = w.embed[tokens.reshape(-1)]  # [n * L, hidden]
+    h = w.embed[tokens.reshape(-1)] if embeds is None else embeds.to(dev)  # [n * L, hidden]
     kv_dtype = store.keys[0].dtype
     is_cast = kv_dtype != h.dtype  # casts only where KV and model dtypes differ (fewer ops per layer)
     # Prefill: only each row's last token leaves the program, and the last layer's K/V come from

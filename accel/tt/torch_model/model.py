@@ -93,6 +93,8 @@ class TorchMeshModel:
         self._queue = DeviceQueue()
         self._decode_sampling = DecodeSamplingCache(config.vocab_size, device)
         self._mirror: DecodeMirror | None = None  # CPU: each slot's decode context (decode_mirror)
+        # mrope programs: int64 [B_wire], each slot's rotary position offset (``rope_deltas_all_users``)
+        self._rope_deltas: torch.Tensor | None = None
 
     # ---- construction (the tt-metal classmethods) ----
 
@@ -290,11 +292,16 @@ class TorchMeshModel:
             else None
         )
         mirror = None if self._mirror is None else (self._mirror, self._mirror.plan(start_host, table_host))
+        if kwargs.get("rope_deltas_all_users") is not None:  # None: keep the ones given before
+            self._rope_deltas = torch.tensor(list(kwargs["rope_deltas_all_users"]), dtype=torch.int64)
+        rope_deltas = self._rope_deltas
 
         def program() -> Any:
             tokens, start, page_table = (torch.from_numpy(a) for a in (tokens_host, start_host, table_host))
             is_written = (start >= 0)[:, None]
             positions = start.clamp_min(0)[:, None]
+            # mrope: a slot's next token sits at its position + its request's delta
+            cos_sin = None if rope_deltas is None else self.rope.at_rolled((positions[:, 0] + rope_deltas).clamp_min(0))
             logits = decoder_forward(
                 self.config,
                 self.weights,
@@ -310,6 +317,7 @@ class TorchMeshModel:
                 torch.zeros(self.max_batch_size, dtype=torch.int64),
                 num_ctx_tokens,
                 mirror,
+                cos_sin=cos_sin,
             )
             if prep is None:
                 return logits[:, None, :].float().cpu()

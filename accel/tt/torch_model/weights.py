@@ -66,9 +66,10 @@ def load_weights(
     def maybe(name: str) -> torch.Tensor | None:
         return get(name) if name in raw else None
 
+    prefix = next((p for p in config.weight_prefixes if p + "embed_tokens.weight" in raw), "model.")
     layers = []
     for i in range(config.num_layers):
-        p = f"model.layers.{i}."
+        p = f"{prefix}layers.{i}."
         biases = [maybe(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
         qkv = torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"], dim=0)
         gate_up = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
@@ -84,12 +85,12 @@ def load_weights(
                 down=Linear.build(get(p + "mlp.down_proj.weight"), pack=pack),
             )
         )
-    embed = get("model.embed_tokens.weight")
+    embed = get(prefix + "embed_tokens.weight")
     is_tied = config.tie_word_embeddings or "lm_head.weight" not in raw
     return ModelWeights(
         embed=embed,
         layers=tuple(layers),
-        final_norm=get("model.norm.weight"),
+        final_norm=get(prefix + "norm.weight"),
         lm_head=_lm_head(embed if is_tied else get("lm_head.weight"), is_tied, pack),
     )
 

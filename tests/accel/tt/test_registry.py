@@ -33,7 +33,11 @@ def test_builtins_cover_the_tt_metal_families():
     ):
         assert arch in names
     assert all(e.ttnn_class and ":" in e.ttnn_class and e.ttnn_class.startswith("models.") for e in BUILTIN_MODELS)
-    assert {e.tt_arch for e in BUILTIN_MODELS if e.torch_class} == {"TTLlamaForCausalLM", "TTQwen3ForCausalLM"}
+    assert {e.tt_arch for e in BUILTIN_MODELS if e.torch_class} == {
+        "TTLlamaForCausalLM",
+        "TTQwen3ForCausalLM",
+        "TTQwen2_5_VLForConditionalGeneration",
+    }
 
 
 def test_torch_backend_resolves_llama_and_qwen3():

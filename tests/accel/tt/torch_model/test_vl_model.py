@@ -1,0 +1,85 @@
+"""The torch mesh program for Qwen2.5-VL (``TorchQwen25VLMeshModel``) through the engine: image
+requests and a text request in one batch, greedy token for token equal to HF's own generation;
+its multimodal rotary tables equal HF's."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from accel.contract import GenerateRequest
+from accel.envs import ENVS
+from accel.tt.config import TTEngineConfig
+from accel.tt.engine import TTMeshEngine
+from accel.tt.torch_model.layers import RotaryTables
+from accel.tt.torch_model.vl_model import TorchQwen25VLMeshModel, mrope_tables
+
+from ..engine_harness import greedy, tokens_of
+from ..vl_checkpoint import build_tiny_vl, hf_greedy_vl, image, image_prompt
+
+NUM_NEW = 8
+
+
+@pytest.fixture(scope="module")
+def tiny_vl(tmp_path_factory):
+    return build_tiny_vl(tmp_path_factory.mktemp("ckpt") / "tiny-qwen25-vl", ENVS.checkpoint_dir / "tiny-qwen3")
+
+
+def test_mrope_tables_equal_hf_rotary_embedding(tiny_vl):
+    from transformers import AutoConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRotaryEmbedding
+
+    from accel.tt.torch_model.config import DecoderConfig
+
+    hf_config = AutoConfig.from_pretrained(tiny_vl)
+    text = hf_config.get_text_config()
+    rope = RotaryTables.build(DecoderConfig.from_hf(hf_config), 64, torch.device("cpu"), torch.float32)
+    positions = torch.stack([torch.arange(10), torch.arange(10) // 3, torch.arange(10) % 4])  # [3, L]
+    cos, signed_sin = mrope_tables(rope, positions, text.rope_parameters["mrope_section"])
+    hf_cos, hf_sin = Qwen2_5_VLRotaryEmbedding(text)(torch.zeros(1), positions[:, None, :])
+    half = cos.shape[-1] // 2
+    torch.testing.assert_close(cos[:, 0], hf_cos[0], rtol=0, atol=0)
+    torch.testing.assert_close(signed_sin[:, 0, half:], hf_sin[0, :, half:], rtol=0, atol=0)
+    torch.testing.assert_close(-signed_sin[:, 0, :half], hf_sin[0, :, :half], rtol=0, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_image_and_text_requests_equal_hf_greedy(tiny_vl, async_scheduling):
+    a, b = image(11), image(12, (1, 8, 4))
+    prompts = {
+        "img-a": (image_prompt([5, 6, 7], a, [8, 9, 10]), a),
+        "text": ((11, 12, 13, 14, 15, 16), None),
+        "img-b": (image_prompt([17, 18], b, [19]), b),
+    }
+    config = TTEngineConfig.from_engine_args(
+        dict(
+            model=str(tiny_vl),
+            max_num_seqs=4,
+            block_size=16,
+            max_model_len=128,
+            max_num_batched_tokens=128,
+            async_scheduling=async_scheduling,
+            additional_config={"tt": {"sample_on_device_mode": None}},
+        )
+    )
+    engine = TTMeshEngine(config, keep_step_log=True)
+    try:
+        assert isinstance(engine.model, TorchQwen25VLMeshModel)
+
+        async def main():
+            async def one(i, req_id):
+                await asyncio.sleep(0.01 * i)
+                prompt, img = prompts[req_id]
+                request = GenerateRequest(req_id, prompt, greedy(NUM_NEW))
+                return [d async for d in engine.generate(request, () if img is None else (img,))]
+
+            return dict(zip(prompts, await asyncio.gather(*[one(i, k) for i, k in enumerate(prompts)])))
+
+        out = asyncio.run(main())
+        for req_id, (prompt, img) in prompts.items():
+            assert tokens_of(out[req_id]) == hf_greedy_vl(tiny_vl, prompt, img, NUM_NEW), req_id
+    finally:
+        engine.close()
