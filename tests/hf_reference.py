@@ -169,6 +169,9 @@ def qwen25_vl_inputs(model_dir: str | Path, messages: list[dict], images: Sequen
         pads = ["<|image_pad|>" * (int(thw.prod()) // merge) for thw in out["image_grid_thw"]]
         text = pieces[0] + "".join(pad + rest for pad, rest in zip(pads, pieces[1:], strict=True))
     out["input_ids"] = tok(text, return_tensors="pt", add_special_tokens=False).input_ids
+    # Qwen2_5_VLProcessor returns these by default (return_mm_token_type_ids, 1 = image token);
+    # without them HF's model cannot build the multimodal rotary positions and falls back to 1-D ones.
+    out["mm_token_type_ids"] = (out["input_ids"] == tok.convert_tokens_to_ids("<|image_pad|>")).int()
     return out
 
 
