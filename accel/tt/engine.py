@@ -147,7 +147,7 @@ class TTMeshEngine:
             max_model_len=self.max_model_len,
             can_transfer_kv=self.host.can_transfer_kv,
         )
-        check_images(images, self.host.vision, self.config.model)
+        check_images(request, images, self.host.vision, self.config.model)
         grammar = await self.host.admit(request)
         async for delta in self._streams.stream(request, grammar, images):
             yield delta

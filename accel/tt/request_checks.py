@@ -49,9 +49,14 @@ def check_request(request: GenerateRequest, *, vocab_size: int, max_model_len: i
 IMAGE_FIELD = "messages"
 
 
-def check_images(images: Sequence[Any], vision: VisionTraits, model_name: str) -> None:
+def check_images(request: GenerateRequest, images: Sequence[Any], vision: VisionTraits, model_name: str) -> None:
     if not images:
         return
+    kv = request.kv_transfer
+    if kv is not None and (kv.do_remote_decode or kv.do_remote_prefill):
+        # The decode side would need the images' rope deltas (and the prompt's image features are
+        # only in the exported KV): keep image requests colocated.
+        raise InvalidRequestError("kv_transfer_params", "KV export/import of a request with images is not supported")
     if not vision.is_multimodal:
         raise InvalidRequestError(IMAGE_FIELD, f"{model_name} is not a multimodal model: it takes no images")
     limit = vision.max_images_per_request

@@ -48,10 +48,15 @@ def test_images_are_refused_by_a_text_class_and_over_the_class_limit():
     from accel.tt.request_checks import check_images
 
     one_image = VisionTraits(is_multimodal=True, uses_mrope=True, max_images_per_request=1)
-    check_images((), TEXT_ONLY, "m")  # text requests: nothing to check
-    check_images(("img",), one_image, "m")
+    request = GenerateRequest("r", (1, 2, 3))
+    check_images(request, (), TEXT_ONLY, "m")  # text requests: nothing to check
+    check_images(request, ("img",), one_image, "m")
     with pytest.raises(InvalidRequestError, match="not a multimodal model") as err:
-        check_images(("img",), TEXT_ONLY, "m")
+        check_images(request, ("img",), TEXT_ONLY, "m")
     assert err.value.field == "messages"
     with pytest.raises(InvalidRequestError, match="at most 1 image"):
-        check_images(("a", "b"), one_image, "m")
+        check_images(request, ("a", "b"), one_image, "m")
+    exporting = GenerateRequest("r", (1, 2, 3), kv_transfer=KVTransferParams(do_remote_decode=True))
+    with pytest.raises(InvalidRequestError) as err:
+        check_images(exporting, ("img",), one_image, "m")
+    assert err.value.field == "kv_transfer_params"

@@ -83,3 +83,23 @@ def test_image_and_text_requests_equal_hf_greedy(tiny_vl, async_scheduling):
             assert tokens_of(out[req_id]) == hf_greedy_vl(tiny_vl, prompt, img, NUM_NEW), req_id
     finally:
         engine.close()
+
+
+@pytest.mark.slow
+def test_an_image_request_through_the_engine_process(tiny_vl):
+    """The images cross to the engine process with the request; the class's traits come back."""
+    img = image(13)
+    prompt = image_prompt([5, 6], img, [7, 8])
+    config = TTEngineConfig.from_engine_args(
+        dict(model=str(tiny_vl), max_num_seqs=2, block_size=16, max_model_len=128, max_num_batched_tokens=128)
+    )
+    engine = TTMeshEngine.in_engine_process(config)
+    try:
+        assert engine.host.vision.uses_mrope
+
+        async def main():
+            return [d async for d in engine.generate(GenerateRequest("r", prompt, greedy(NUM_NEW)), (img,))]
+
+        assert tokens_of(asyncio.run(main())) == hf_greedy_vl(tiny_vl, prompt, img, NUM_NEW)
+    finally:
+        engine.close()
