@@ -12,7 +12,6 @@ import asyncio
 import pytest
 
 from accel.contract import ConfigError, GenerateRequest, InvalidRequestError
-from accel.envs import ENVS
 from accel.tt.backend import open_backend
 from accel.tt.config import TTEngineConfig
 from accel.tt.engine import TTMeshEngine
@@ -22,17 +21,11 @@ from accel.tt.registry import build_registry
 
 from .conftest import CONTRACT_MODELS_DIR
 from .engine_harness import greedy, tokens_of
-from .vl_checkpoint import build_tiny_vl, hf_greedy_vl, image, image_prompt
+from .vl_checkpoint import hf_greedy_vl, image, image_prompt
 
 pytestmark = pytest.mark.slow
 
 NUM_NEW = 6
-
-
-@pytest.fixture(scope="module")
-def tiny_vl(tmp_path_factory):
-    # (the tiny Qwen3's tokenizer files, read from the checkpoint folder without building the rest)
-    return build_tiny_vl(tmp_path_factory.mktemp("ckpt") / "tiny-qwen25-vl", ENVS.checkpoint_dir / "tiny-qwen3")
 
 
 def vl_engine(ttnn, ckpt, **engine_args):
@@ -64,14 +57,14 @@ def run(engine, items, stagger_s=0.02):
     return asyncio.run(main())
 
 
-def test_image_requests_equal_hf_greedy_with_text_rows_in_their_own_prefills(ttnn_stub, tiny_vl):
+def test_image_requests_equal_hf_greedy_with_text_rows_in_their_own_prefills(ttnn_stub, tiny_qwen25_vl):
     a, b = image(1), image(2, (1, 4, 8))
     prompts = {
-        "img-a": (image_prompt([5, 6, 7], a, [8, 9, 10]), a),
-        "text": ((11, 12, 13, 14, 15, 16), None),
-        "img-b": (image_prompt([17], b, [18, 19]), b),
+        "img-a": (image_prompt(tiny_qwen25_vl, [40, 41, 42], a, [43, 44, 45]), a),
+        "text": ((50, 51, 52, 53, 54, 55), None),
+        "img-b": (image_prompt(tiny_qwen25_vl, [60], b, [61, 62]), b),
     }
-    engine = vl_engine(ttnn_stub, tiny_vl)
+    engine = vl_engine(ttnn_stub, tiny_qwen25_vl)
     try:
         model = engine.model._model
         assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
@@ -81,7 +74,7 @@ def test_image_requests_equal_hf_greedy_with_text_rows_in_their_own_prefills(ttn
         ]
         out = run(engine, items)
         for req_id, (prompt, img) in prompts.items():
-            assert tokens_of(out[req_id]) == hf_greedy_vl(tiny_vl, prompt, img, NUM_NEW), req_id
+            assert tokens_of(out[req_id]) == hf_greedy_vl(tiny_qwen25_vl, prompt, img, NUM_NEW), req_id
         prefills = [kw["has_images"] for name, kw in model.calls if name == "prefill"]
         assert all(len(set(rows)) == 1 for rows in prefills)  # never mixed (the double asserts it too)
         assert {rows[0] for rows in prefills} == {True, False}
@@ -94,10 +87,10 @@ def test_image_requests_equal_hf_greedy_with_text_rows_in_their_own_prefills(ttn
         engine.close()
 
 
-def test_a_vision_class_gets_no_prefix_hits(ttnn_stub, tiny_vl):
+def test_a_vision_class_gets_no_prefix_hits(ttnn_stub, tiny_qwen25_vl):
     img = image(3)
-    prompt = image_prompt(list(range(20, 60)), img, [61, 62])
-    engine = vl_engine(ttnn_stub, tiny_vl)
+    prompt = image_prompt(tiny_qwen25_vl, list(range(20, 60)), img, [61, 62])
+    engine = vl_engine(ttnn_stub, tiny_qwen25_vl)
     try:
         first = run(engine, [(GenerateRequest("one", prompt, greedy(3)), (img,))])["one"]
         again = run(engine, [(GenerateRequest("two", prompt, greedy(3)), (img,))])["two"]
@@ -108,13 +101,13 @@ def test_a_vision_class_gets_no_prefix_hits(ttnn_stub, tiny_vl):
     finally:
         engine.close()
     with pytest.raises(ConfigError, match="enable_prefix_caching"):
-        vl_engine(ttnn_stub, tiny_vl, enable_prefix_caching=True)
+        vl_engine(ttnn_stub, tiny_qwen25_vl, enable_prefix_caching=True)
 
 
-def test_more_images_than_the_class_takes_is_refused_naming_the_field(ttnn_stub, tiny_vl):
+def test_more_images_than_the_class_takes_is_refused_naming_the_field(ttnn_stub, tiny_qwen25_vl):
     a, b = image(4), image(5)
-    prompt = (*image_prompt([5], a, [6]), *image_prompt([], b, [7]))
-    engine = vl_engine(ttnn_stub, tiny_vl)
+    prompt = (*image_prompt(tiny_qwen25_vl, [40], a, [41]), *image_prompt(tiny_qwen25_vl, [], b, [42]))
+    engine = vl_engine(ttnn_stub, tiny_qwen25_vl)
     try:
         with pytest.raises(InvalidRequestError) as err:
             run(engine, [(GenerateRequest("two-images", prompt, greedy(2)), (a, b))])

@@ -10,30 +10,24 @@ import pytest
 import torch
 
 from accel.contract import GenerateRequest
-from accel.envs import ENVS
 from accel.tt.config import TTEngineConfig
 from accel.tt.engine import TTMeshEngine
 from accel.tt.torch_model.layers import RotaryTables
 from accel.tt.torch_model.vl_model import TorchQwen25VLMeshModel, mrope_tables
 
 from ..engine_harness import greedy, tokens_of
-from ..vl_checkpoint import build_tiny_vl, hf_greedy_vl, image, image_prompt
+from ..vl_checkpoint import hf_greedy_vl, image, image_prompt
 
 NUM_NEW = 8
 
 
-@pytest.fixture(scope="module")
-def tiny_vl(tmp_path_factory):
-    return build_tiny_vl(tmp_path_factory.mktemp("ckpt") / "tiny-qwen25-vl", ENVS.checkpoint_dir / "tiny-qwen3")
-
-
-def test_mrope_tables_equal_hf_rotary_embedding(tiny_vl):
+def test_mrope_tables_equal_hf_rotary_embedding(tiny_qwen25_vl):
     from transformers import AutoConfig
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRotaryEmbedding
 
     from accel.tt.torch_model.config import DecoderConfig
 
-    hf_config = AutoConfig.from_pretrained(tiny_vl)
+    hf_config = AutoConfig.from_pretrained(tiny_qwen25_vl)
     text = hf_config.get_text_config()
     rope = RotaryTables.build(DecoderConfig.from_hf(hf_config), 64, torch.device("cpu"), torch.float32)
     positions = torch.stack([torch.arange(10), torch.arange(10) // 3, torch.arange(10) % 4])  # [3, L]
@@ -47,16 +41,16 @@ def test_mrope_tables_equal_hf_rotary_embedding(tiny_vl):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("async_scheduling", [True, False])
-def test_image_and_text_requests_equal_hf_greedy(tiny_vl, async_scheduling):
+def test_image_and_text_requests_equal_hf_greedy(tiny_qwen25_vl, async_scheduling):
     a, b = image(11), image(12, (1, 8, 4))
     prompts = {
-        "img-a": (image_prompt([5, 6, 7], a, [8, 9, 10]), a),
-        "text": ((11, 12, 13, 14, 15, 16), None),
-        "img-b": (image_prompt([17, 18], b, [19]), b),
+        "img-a": (image_prompt(tiny_qwen25_vl, [40, 41, 42], a, [43, 44, 45]), a),
+        "text": ((50, 51, 52, 53, 54, 55), None),
+        "img-b": (image_prompt(tiny_qwen25_vl, [60, 61], b, [62]), b),
     }
     config = TTEngineConfig.from_engine_args(
         dict(
-            model=str(tiny_vl),
+            model=str(tiny_qwen25_vl),
             max_num_seqs=4,
             block_size=16,
             max_model_len=128,
@@ -80,18 +74,18 @@ def test_image_and_text_requests_equal_hf_greedy(tiny_vl, async_scheduling):
 
         out = asyncio.run(main())
         for req_id, (prompt, img) in prompts.items():
-            assert tokens_of(out[req_id]) == hf_greedy_vl(tiny_vl, prompt, img, NUM_NEW), req_id
+            assert tokens_of(out[req_id]) == hf_greedy_vl(tiny_qwen25_vl, prompt, img, NUM_NEW), req_id
     finally:
         engine.close()
 
 
 @pytest.mark.slow
-def test_an_image_request_through_the_engine_process(tiny_vl):
+def test_an_image_request_through_the_engine_process(tiny_qwen25_vl):
     """The images cross to the engine process with the request; the class's traits come back."""
     img = image(13)
-    prompt = image_prompt([5, 6], img, [7, 8])
+    prompt = image_prompt(tiny_qwen25_vl, [40, 41], img, [42, 43])
     config = TTEngineConfig.from_engine_args(
-        dict(model=str(tiny_vl), max_num_seqs=2, block_size=16, max_model_len=128, max_num_batched_tokens=128)
+        dict(model=str(tiny_qwen25_vl), max_num_seqs=2, block_size=16, max_model_len=128, max_num_batched_tokens=128)
     )
     engine = TTMeshEngine.in_engine_process(config)
     try:
@@ -100,6 +94,6 @@ def test_an_image_request_through_the_engine_process(tiny_vl):
         async def main():
             return [d async for d in engine.generate(GenerateRequest("r", prompt, greedy(NUM_NEW)), (img,))]
 
-        assert tokens_of(asyncio.run(main())) == hf_greedy_vl(tiny_vl, prompt, img, NUM_NEW)
+        assert tokens_of(asyncio.run(main())) == hf_greedy_vl(tiny_qwen25_vl, prompt, img, NUM_NEW)
     finally:
         engine.close()
