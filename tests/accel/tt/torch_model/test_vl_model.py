@@ -97,3 +97,42 @@ def test_an_image_request_through_the_engine_process(tiny_qwen25_vl):
         assert tokens_of(asyncio.run(main())) == hf_greedy_vl(tiny_qwen25_vl, prompt, img, NUM_NEW)
     finally:
         engine.close()
+
+
+@pytest.mark.slow
+def test_a_preempted_image_request_resumes_with_its_image(tiny_qwen25_vl):
+    """KV for two requests' worth only: the youngest image request is preempted and recomputed
+    (prompt + outputs, its image passed again, its rope delta recomputed), still HF's tokens."""
+    num_new = 40
+    prompts = {
+        f"img-{i}": (image_prompt(tiny_qwen25_vl, [40 + i, 41], img, [42, 43 + i]), img)
+        for i, img in enumerate([image(21), image(22, (1, 4, 8)), image(23)])
+    }
+    config = TTEngineConfig.from_engine_args(
+        dict(
+            model=str(tiny_qwen25_vl),
+            max_num_seqs=4,
+            block_size=16,
+            max_model_len=128,
+            max_num_batched_tokens=128,
+            num_gpu_blocks_override=8,
+            additional_config={"tt": {"enable_model_warmup": False}},
+        )
+    )
+    engine = TTMeshEngine(config, keep_step_log=True)
+    try:
+
+        async def main():
+            async def one(req_id):
+                prompt, img = prompts[req_id]
+                request = GenerateRequest(req_id, prompt, greedy(num_new))
+                return [d async for d in engine.generate(request, (img,))]
+
+            return dict(zip(prompts, await asyncio.gather(*[one(k) for k in prompts])))
+
+        out = asyncio.run(main())
+        assert any(rec.preempted_req_ids for rec in engine.step_log), "nothing was preempted"
+        for req_id, (prompt, img) in prompts.items():
+            assert tokens_of(out[req_id]) == hf_greedy_vl(tiny_qwen25_vl, prompt, img, num_new), req_id
+    finally:
+        engine.close()
