@@ -36,7 +36,7 @@ from accel.tt.model_setup import (
     platform_name,
     text_config,
 )
-from accel.tt.multimodal import VisionTraits, vision_traits
+from accel.tt.multimodal import VisionTraits, check_supported, vision_traits
 from accel.tt.runner import MeshRunner
 from accel.tt.sampling_policy import SamplingPolicy, device_logprobs_limit
 from accel.tt.scheduler import LaneScheduler
@@ -98,6 +98,7 @@ def build_engine_parts(
         if config.enable_prefix_caching is None
         else config.enable_prefix_caching
     )
+    check_supported(model_cls)
     vision = vision_traits(model_cls)
     if enable_prefix_caching and vision.is_multimodal:
         # Block hashes are of token ids only: two prompts with different images would share the

@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from accel.contract import ConfigError
+
 # Our own ``model_capabilities`` keys (tt-metal has none for these facts).
 IS_MULTIMODAL = "is_multimodal"  # bool: prefill takes pixel_values / image_grid_thw
 USES_MROPE = "uses_mrope"  # bool: prefill returns (logits, rope_deltas)
@@ -70,6 +72,24 @@ UPSTREAM_VISION_TRAITS: Mapping[str, VisionTraits] = {
     "Qwen2_5_VLForConditionalGeneration": _QWEN_VL,
     "Qwen3VLForConditionalGeneration": _QWEN_VL,
 }
+
+
+# Vision classes the engine cannot drive, by tt-metal class name, with why (a ConfigError at build).
+UNSUPPORTED_VISION_CLASSES: Mapping[str, str] = {
+    # tt-metal models/tt_transformers/tt/generator_vllm.py at 4d4a062913c5f5273ce33ce93fc7f2bb6543166c:
+    # an encoder-decoder class on vLLM V0's INPUT_REGISTRY, prefill_forward(tokens, images,
+    # page_table, kv_cache, prompt_lens, cross_page_table); vllm-tt-plugin e3fc849 refuses
+    # encoder-decoder models ("Encoder-decoder models aren't yet supported for TT").
+    "MllamaForConditionalGeneration": "Llama 3.2 Vision's tt-metal class is encoder-decoder (V0 only: "
+    "cross-attention page tables, PIL images to prefill_forward); vllm-tt-plugin does not serve it either",
+}
+
+
+def check_supported(model_cls: Any) -> None:
+    """Raise ``ConfigError`` naming a class in ``UNSUPPORTED_VISION_CLASSES``."""
+    reason = UNSUPPORTED_VISION_CLASSES.get(getattr(model_cls, "__name__", ""))
+    if reason is not None:
+        raise ConfigError(f"model: {model_cls.__name__} is not supported on the TT mesh engine: {reason}")
 
 
 def vision_traits(model_cls: Any) -> VisionTraits:

@@ -72,3 +72,13 @@ def test_an_mrope_prefill_returns_logits_and_one_delta_per_row():
     assert out is logits and deltas == [-3, 0]
     with pytest.raises(TypeError, match="logits, rope_deltas"):
         split_prefill_output(logits)
+
+
+def test_llama_3_2_vision_is_refused_by_name():
+    from accel.contract import ConfigError
+    from accel.tt.multimodal import check_supported
+
+    mllama = type("MllamaForConditionalGeneration", (), {})
+    with pytest.raises(ConfigError, match="MllamaForConditionalGeneration.*encoder-decoder"):
+        check_supported(mllama)
+    check_supported(Qwen2_5_VLForConditionalGeneration)  # the others pass
