@@ -13,6 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import ray
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.deployment import Application
@@ -73,16 +74,24 @@ def engine_deployment_options(pool: PoolConfig) -> dict[str, Any]:
     return opts
 
 
-def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | None = None) -> Application:
+def build_from_config(
+    config: AppConfig,
+    engine_factories: Mapping[str, Any] | None = None,
+    app_runtime_env: Mapping[str, Any] | None = None,
+) -> Application:
     """The application graph of a validated config. ``engine_factories`` (engine kind ->
-    ``callable(PoolConfig) -> Engine``) replaces the real engines, for tests."""
+    ``callable(PoolConfig) -> Engine``) replaces the real engines, for tests.
+    ``app_runtime_env``: the application's ``runtime_env`` (default: the one this build runs
+    under, ``current_app_runtime_env()``), which every deployment setting its own inherits."""
     factories = dict(engine_factories or {})
+    app_env = app_runtime_env if app_runtime_env is not None else current_app_runtime_env()
     pool_apps: dict[str, Application] = {}
     for i, pool in enumerate(config.pools):
         if pool.placement == "ingress":
             continue  # built inside each ingress replica (ingress_deployment_options)
         cls = TTMeshReplica if pool.engine == "tt" else VllmReplica
         options = _pool_options(config, i, pool)
+        inherit_runtime_env(options["ray_actor_options"], app_env)
         pool_apps[pool.name] = serve.deployment(**options)(cls).bind(
             pool, factories.get(pool.engine), kv_event_log_size=config.router.kv_event_log_size
         )
@@ -94,10 +103,34 @@ def build_from_config(config: AppConfig, engine_factories: Mapping[str, Any] | N
         logging_config={"enable_access_log": False},
         request_router_config=_request_router(RENDEZVOUS_REQUEST_ROUTER, stats_period_s=10),
     )(RouterDeployment).bind(config, pool_apps)
-    ingress = serve.deployment(**ingress_deployment_options(config))(make_ingress_class()).bind(
-        config, router, pool_apps, factories
-    )
+    ingress_options = ingress_deployment_options(config)
+    inherit_runtime_env(ingress_options["ray_actor_options"], app_env)
+    ingress = serve.deployment(**ingress_options)(make_ingress_class()).bind(config, router, pool_apps, factories)
     return ingress
+
+
+def current_app_runtime_env() -> dict[str, Any]:
+    """The ``runtime_env`` this build runs under: Serve runs an application's build task in the
+    application's ``runtime_env`` (its Serve config entry); empty outside Ray."""
+    if not ray.is_initialized():
+        return {}
+    return dict(ray.get_runtime_context().runtime_env)
+
+
+def inherit_runtime_env(actor_options: dict[str, Any], app_env: Mapping[str, Any]) -> None:
+    """A deployment that sets its own ``runtime_env`` (a TT pool's ``MESH_DEVICE``, an ingress
+    holding one) gets the application's under it: its own fields win, ``env_vars`` merge per key.
+    Serve 2.60 hands the application's ``runtime_env`` only to deployments that set none
+    (``ray/serve/_private/build_app.py``, ``_set_default_runtime_env``): without this the
+    application's ``EXTRA_MODELS_DIR`` or tt-metal ``PYTHONPATH`` never reached a TT replica."""
+    own = actor_options.get("runtime_env")
+    if own is None or not app_env:
+        return
+    merged = {**app_env, **own}
+    env_vars = {**app_env.get("env_vars", {}), **own.get("env_vars", {})}
+    if env_vars:
+        merged["env_vars"] = env_vars
+    actor_options["runtime_env"] = merged
 
 
 def ingress_deployment_options(config: AppConfig) -> dict[str, Any]:

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from accel.contract import ConfigError
-from serve_app.app import INGRESS_NAME, PINNED_REQUEST_ROUTER, ROUTER_NAME, build_app
+from deployments.config.load import load_app_config
+from serve_app.app import INGRESS_NAME, PINNED_REQUEST_ROUTER, ROUTER_NAME, build_app, build_from_config
 
 CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
 
@@ -149,3 +150,28 @@ def test_a_pool_placed_in_the_ingress_has_no_deployment_and_the_ingress_reserves
     assert opts["num_cpus"] == 0.5 + pool.get("resources", {}).get("num_cpus", 1.0)
     assert ingress.num_replicas == 2
     assert ingress._deployment_config.graceful_shutdown_timeout_s == 45
+
+
+# The application's runtime_env as a Serve config gives it (serve run builds the app under it).
+APP_ENV = {"env_vars": {"EXTRA_MODELS_DIR": "/opt/my_models", "MESH_DEVICE": "N150"}, "working_dir": "gcs://_app.zip"}
+
+
+def test_a_tt_pool_keeps_the_applications_runtime_env_under_its_mesh_device():
+    # Serve gives the app's runtime_env only to deployments that set none; a TT pool sets
+    # MESH_DEVICE, so before this its replicas lost the app's EXTRA_MODELS_DIR (issue 39).
+    config = load_app_config(_args(Path(CONFIGS[0]).parent / "tt_t3k.yaml"))
+    graph = _graph(build_from_config(config, app_runtime_env=APP_ENV))
+    env = graph["TTMeshReplica-t3k"].ray_actor_options["runtime_env"]
+    assert env["env_vars"] == {"EXTRA_MODELS_DIR": "/opt/my_models", "MESH_DEVICE": "T3K"}  # the pool's wins
+    assert env["working_dir"] == "gcs://_app.zip"
+    # deployments setting no runtime_env of their own are left to Serve's default
+    assert "runtime_env" not in graph[ROUTER_NAME].ray_actor_options
+
+
+def test_an_ingress_holding_a_tt_pool_keeps_the_applications_runtime_env():
+    args = _args(Path(CONFIGS[0]).parent / "tt_t3k.yaml")
+    args["pools"] = [dict(p, placement="ingress", replicas=1) for p in args["pools"] if p["name"] == "t3k"]
+    args["ingress"] = dict(args.get("ingress", {}), replicas=1)
+    graph = _graph(build_from_config(load_app_config(args), app_runtime_env=APP_ENV))
+    env = graph[INGRESS_NAME].ray_actor_options["runtime_env"]
+    assert env["env_vars"] == {"EXTRA_MODELS_DIR": "/opt/my_models", "MESH_DEVICE": "T3K"}
