@@ -5,12 +5,14 @@ Like the real wheel without hardware, every device function raises ``RuntimeErro
 No chips detected in the cluster"). Names and parameter names follow the real signatures
 (``tests/accel/tt/test_ttnn_signatures.py`` compares them). Tests may simulate a machine with
 ``_stub_simulate(num_chips, cluster_type)``; every device call is then recorded in ``_stub_calls``
-as ``(name, args, kwargs)``.
+as ``(name, args, kwargs)``. A process a test cannot call into (a ``serve run`` replica) starts
+simulating from its environment: ``TTNN_STUB_SIMULATE=<num_chips>:<ClusterType name>`` (``8:T3K``).
 """
 
 from __future__ import annotations
 
 import enum
+import os
 from typing import Any
 
 from ttnn import cluster
@@ -222,3 +224,8 @@ def execute_trace(mesh_device: MeshDevice, trace_id: int, *, cq_id: int | None =
 
 def release_trace(mesh_device: MeshDevice, trace_id: int) -> None:
     _device_call("release_trace", mesh_device, trace_id)
+
+
+if os.environ.get("TTNN_STUB_SIMULATE"):
+    _chips, _, _type = os.environ["TTNN_STUB_SIMULATE"].partition(":")
+    _stub_simulate(int(_chips), cluster.ClusterType[_type] if _type else None)

@@ -22,7 +22,9 @@ holds it: prefill and decode write each token they process into the cell its pag
 (the token id in K, a written-marker in V, layer 0) and read the row's earlier tokens back from
 the cells its page table names (a cell never written is an error). So an engine driving this
 class correctly, prefix-cache hits and imported KV included, produces exactly HF's greedy tokens.
-``instances`` and the ``calls`` log let tests look at what the engine sent.
+``instances`` and the ``calls`` log let tests look at what the engine sent; a process the test
+cannot look into (a ``serve run`` replica) also appends each prefill, decode and warmup as one JSON
+line to the file ``$MESHSERVE_TEST_TT_CALL_LOG`` names (``_log``).
 
 Device-resident decode inputs, as tt-metal's ``Generator`` keeps them in its decode trace's
 input buffers: after a traced decode that sampled on device, the buffers hold the sampled tokens
@@ -42,12 +44,16 @@ folder for Llama; ``../tt_qwen3`` registers the same class for Qwen3).
 
 from __future__ import annotations
 
+import json
+import os
 import random
 from dataclasses import fields
 from typing import Any, ClassVar
 
 import torch
 import ttnn
+
+CALL_LOG_ENV = "MESHSERVE_TEST_TT_CALL_LOG"
 
 
 class _DeviceTensor:
@@ -137,6 +143,7 @@ class HFContractGenerator:
 
     # ---- prefill (Generator.prefill_forward_text) ----
     def prefill_forward(self, *args, **kwargs):
+        self._log("prefill", empty_slots=kwargs.get("empty_slots"), start_pos=kwargs.get("start_pos"))
         return self.prefill_forward_text(*args, **kwargs)
 
     def prefill_forward_text(
@@ -177,6 +184,7 @@ class HFContractGenerator:
 
     # ---- decode (Generator.decode_forward_text) ----
     def decode_forward(self, *args, **kwargs):
+        self._log_decode(kwargs)
         return self.decode_forward_text(*args, **kwargs)
 
     def decode_forward_text(
@@ -273,6 +281,7 @@ class HFContractGenerator:
 
     def warmup_model_decode(self, kv_cache, enable_trace, max_batch_size, num_blocks, can_sample_on_device):
         self.calls.append(("warmup_decode", dict(enable_trace=enable_trace, max_batch_size=max_batch_size)))
+        self._log("warmup_decode")
         tokens = torch.zeros(max_batch_size, 1, dtype=torch.int32)
         start_pos = torch.full((max_batch_size,), -1, dtype=torch.int32)
         page_table = torch.zeros(max_batch_size, num_blocks, dtype=torch.int32)
@@ -284,6 +293,32 @@ class HFContractGenerator:
             enable_trace=enable_trace,
             read_from_device=True,
             sampling_params=None,
+        )
+
+    # ---- the call log a serve-run test reads ----
+    def _log(self, event: str, **values: Any) -> None:
+        """One JSON line per call to ``$MESHSERVE_TEST_TT_CALL_LOG`` (nothing when unset)."""
+        path = os.environ.get(CALL_LOG_ENV)
+        if not path:
+            return
+        record = {"class": type(self).__name__, "pid": os.getpid(), "instance": id(self), "event": event}
+        record.update({k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in values.items()})
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def _log_decode(self, kwargs: dict[str, Any]) -> None:
+        """A decode as sent: the keyword names, whether it samples on the device, the host's
+        positions and page table, and the contract's keywords (``reset_batch``, the four
+        commands, ``slot_remap``) where present."""
+        contract = ("reset_batch", "reload_inputs", "reload_page_table", "reload_sampling_params")
+        contract += ("reset_sampling_state", "slot_remap")
+        self._log(
+            "decode",
+            keywords=sorted(kwargs),
+            on_device=kwargs.get("sampling_params") is not None,
+            start_pos=kwargs.get("start_pos"),
+            page_table=kwargs.get("page_table"),
+            **{k: _plain(kwargs[k]) for k in contract if k in kwargs},
         )
 
     # ---- internals ----
@@ -351,6 +386,13 @@ class HFContractGenerator:
             return tokens
         logprobs = logits.log_softmax(-1).gather(1, tokens[:, None]).squeeze(1)
         return tokens, logprobs
+
+
+def _plain(value: Any) -> Any:
+    """A keyword's value as JSON: a remap (list or tensor) as a list of ints."""
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 def _apply_penalties(x: torch.Tensor, prompt: list[int], output: list[int], rep: float, freq: float, pres: float):

@@ -89,6 +89,23 @@ class HFContractGeneratorV1(HFContractGenerator):
         output_tokens=None,
         **kwargs,
     ):
+        self._log_decode(
+            dict(
+                kwargs,
+                tokens=tokens,
+                start_pos=start_pos,
+                page_table=page_table,
+                kv_cache=kv_cache,
+                enable_trace=enable_trace,
+                read_from_device=read_from_device,
+                reload_inputs=reload_inputs,
+                reload_page_table=reload_page_table,
+                reload_sampling_params=reload_sampling_params,
+                reset_sampling_state=reset_sampling_state,
+                slot_remap=slot_remap,
+                sampling_params=sampling_params,
+            )
+        )
         if "reset_batch" in kwargs:
             raise ValueError("reset_batch is not part of the decode input-update contract")
         commands = dict(
@@ -174,6 +191,7 @@ class HFContractGeneratorV1(HFContractGenerator):
     # ---- warmup (current WarmupForwardMixin) ----
     def warmup_model_decode(self, kv_cache, enable_trace, max_batch_size, num_blocks, can_sample_on_device):
         self.calls.append(("warmup_decode", dict(enable_trace=enable_trace, max_batch_size=max_batch_size)))
+        self._log("warmup_decode")
         self.decode_forward(
             tokens=torch.zeros(max_batch_size, 1, dtype=torch.int32),
             start_pos=torch.full((max_batch_size,), -1, dtype=torch.int32),
