@@ -28,6 +28,7 @@ from typing import Any, cast
 from accel import envs
 from accel.contract import ConfigError
 from accel.tt.mesh_model import SUPPORTS_DATA_PARALLEL_LANES, MeshModel
+from accel.tt.multimodal import TEXT_ONLY, UPSTREAM_VISION_TRAITS, VisionTraits, vision_traits
 
 logger = logging.getLogger(__name__)
 
@@ -244,6 +245,25 @@ def build_registry(extra_models_dir: str | Path | None = None, include_builtins:
         for entry in builtin_models():
             registry.register(entry)
     return registry
+
+
+def checkpoint_vision_traits(hf_config: Any, backend: str, registry: ModelRegistry | None = None) -> VisionTraits:
+    """What the class serving ``hf_config`` on ``backend`` takes in images, without building it
+    (for whoever decides whether a TT pool accepts images): a torch class or an
+    ``EXTRA_MODELS_DIR`` bundle is imported and read (``vision_traits``); a tt-metal generator is
+    known by its class name only (importing it needs tt-metal, ttnn and vLLM). Text-only when
+    nothing serves the architecture on ``backend``."""
+    registry = registry or build_registry()
+    try:
+        entry = registry.resolve_entry(hf_config)
+    except ConfigError:
+        return TEXT_ONLY
+    path = entry.class_path(backend)
+    if path is None:
+        return TEXT_ONLY
+    if backend == BACKEND_TORCH or entry.source != "builtin":
+        return vision_traits(load_class(path))
+    return UPSTREAM_VISION_TRAITS.get(path.partition(":")[2], TEXT_ONLY)
 
 
 def resolve_model_class(hf_config: Any, backend: str, registry: ModelRegistry | None = None) -> type[MeshModel]:

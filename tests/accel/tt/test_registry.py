@@ -158,3 +158,17 @@ def test_defaults_come_from_envs(monkeypatch):
     )
     assert build_registry().names() == []
     assert ModelRegistry().names() == []
+
+
+def test_checkpoint_vision_traits_without_building_the_model(tiny_qwen25_vl, tiny_llama):
+    from accel.tt.model_setup import load_hf_config
+    from accel.tt.multimodal import TEXT_ONLY
+    from accel.tt.registry import BACKEND_TORCH, BACKEND_TTNN, checkpoint_vision_traits
+
+    registry = build_registry(extra_models_dir="", include_builtins=True)
+    vl = load_hf_config(str(tiny_qwen25_vl))
+    on_torch = checkpoint_vision_traits(vl, BACKEND_TORCH, registry)
+    assert on_torch.is_multimodal and on_torch.uses_mrope and on_torch.mixes_text_and_image_rows
+    on_ttnn = checkpoint_vision_traits(vl, BACKEND_TTNN, registry)  # tt-metal's class, by name
+    assert on_ttnn.max_images_per_request == 1 and not on_ttnn.mixes_text_and_image_rows
+    assert checkpoint_vision_traits(load_hf_config(str(tiny_llama)), BACKEND_TORCH, registry) == TEXT_ONLY
