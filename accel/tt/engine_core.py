@@ -197,7 +197,7 @@ class EngineCore:
     def _finish(self, r: RequestState) -> None:
         if r.constraint is not None:
             self.queue.runner.constraints.pop(r.req_id, None)
-        self.queue.runner.rope_deltas.pop(r.req_id, None)
+        self.queue.runner.rope_deltas.drop(r.req_id)
         self.coordinator.finish_request(r)
         del self.requests[r.req_id]
         r.status = RequestStatus.FINISHED

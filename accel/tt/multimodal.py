@@ -127,3 +127,30 @@ def split_prefill_output(out: Any) -> tuple[Any, list[int]]:
         raise TypeError(f"an mrope model's prefill must return (logits, rope_deltas), got {type(out).__name__}")
     output, deltas = out
     return output, [int(torch.as_tensor(d).reshape(-1)[0]) for d in deltas]
+
+
+class RopeDeltas:
+    """Each request's mrope position delta, from the prefill that computed its prompt (the
+    plugin's ``mrope_position_delta``), and the per-slot list a decode sends."""
+
+    def __init__(self) -> None:
+        self._by_request: dict[str, int] = {}
+
+    def store(self, rows: Sequence[Any], deltas: Sequence[int]) -> None:
+        """``deltas[i]`` of prefill row ``rows[i]`` (``RowPlan``s)."""
+        self._by_request.update((r.req_id, d) for r, d in zip(rows, deltas))
+
+    def drop(self, req_id: str) -> None:
+        self._by_request.pop(req_id, None)
+
+    def get(self, req_id: str) -> int | None:
+        return self._by_request.get(req_id)
+
+    def by_slot(self, layout: Sequence[tuple[int, str]], capacity: int) -> list[int]:
+        """One delta per decode row (``layout``: ``(row, req_id)``; 0 where a slot is empty),
+        sent when the batch changed, as the plugin sends its rows' deltas when a request joined
+        (None otherwise: the model keeps the ones it has)."""
+        deltas = [0] * capacity
+        for row, req_id in layout:
+            deltas[row] = self._by_request.get(req_id, 0)
+        return deltas

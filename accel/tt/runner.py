@@ -32,7 +32,7 @@ from accel.tt.host_arrays import host_array
 from accel.tt.host_sampler import sample_on_host
 from accel.tt.mesh_model import MeshModel, TTSamplingParams
 from accel.tt.model_output import HostOutput, device_logprobs, finalize_decode, unpack_output
-from accel.tt.multimodal import TEXT_ONLY, VisionTraits, prefill_image_kwargs, split_prefill_output
+from accel.tt.multimodal import TEXT_ONLY, RopeDeltas, VisionTraits, prefill_image_kwargs, split_prefill_output
 from accel.tt.sampling_policy import SamplingPolicy
 from accel.tt.step_plan import PENDING_TOKEN, RowPlan, StepMode, StepPlan
 
@@ -114,9 +114,8 @@ class MeshRunner:
     ):
         self.model = model
         self.vision = vision
-        # req id -> its mrope position delta, from the prefill that computed its prompt (the
-        # plugin's ``mrope_position_delta``); the engine core drops it when the request ends.
-        self.rope_deltas: dict[str, int] = {}
+        # mrope classes: each request's rotary delta (the engine core drops it when it ends)
+        self.rope_deltas = RopeDeltas()
         self.kv_cache = kv_cache
         self.config = config
         self.policy = policy
@@ -224,7 +223,7 @@ class MeshRunner:
             )
         )
         if self.vision.uses_mrope:
-            kwargs["rope_deltas_all_users"] = self._rope_deltas_by_slot(layout, capacity) if reset_batch else None
+            kwargs["rope_deltas_all_users"] = self.rope_deltas.by_slot(layout, capacity) if reset_batch else None
         tokens_host = np.array(tokens, dtype=np.int64).reshape(capacity, 1)
         return PreparedStep(
             plan,
@@ -234,15 +233,6 @@ class MeshRunner:
             np.array(pending_rows, dtype=np.int64) if pending_rows else None,
             host_input_rows,
         )
-
-    def _rope_deltas_by_slot(self, layout: tuple[tuple[int, str], ...], capacity: int) -> list[int]:
-        """One delta per decode row (slot; 0 where empty): sent when the batch changed, as the
-        plugin sends its rows' deltas when a request joined (None otherwise: the model keeps
-        the ones it has)."""
-        deltas = [0] * capacity
-        for row, req_id in layout:
-            deltas[row] = self.rope_deltas.get(req_id, 0)
-        return deltas
 
     def _host_input_rows(self, layout: tuple[tuple[int, str], ...], is_switch_to_device: bool) -> tuple[int, ...]:
         """Rows of a changed decode batch whose slots' device-side state says nothing about their
@@ -342,7 +332,7 @@ class MeshRunner:
         self.contract.note_prefill()
         if self.vision.uses_mrope:
             out, deltas = split_prefill_output(out)
-            self.rope_deltas.update((r.req_id, d) for r, d in zip(rows, deltas))
+            self.rope_deltas.store(rows, deltas)
         host = unpack_output(out, is_tokens=use_device, wants_logprobs=wants_logprobs, num_rows=n)
         result = self._result(rows, list(range(n)), host)
         return PendingStep(plan, lambda: host, lambda _: result, use_device)

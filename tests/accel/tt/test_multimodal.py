@@ -82,3 +82,13 @@ def test_llama_3_2_vision_is_refused_by_name():
     with pytest.raises(ConfigError, match="MllamaForConditionalGeneration.*encoder-decoder"):
         check_supported(mllama)
     check_supported(Qwen2_5_VLForConditionalGeneration)  # the others pass
+
+
+def test_rope_deltas_are_kept_per_request_and_sent_per_slot():
+    from accel.tt.multimodal import RopeDeltas
+
+    deltas = RopeDeltas()
+    deltas.store([_row("a", None), _row("b", None)], [-5, 0])
+    assert deltas.by_slot([(3, "a"), (1, "b")], 4) == [0, 0, 0, -5]
+    deltas.drop("a")
+    assert deltas.get("a") is None and deltas.by_slot([(3, "a")], 4) == [0, 0, 0, 0]
