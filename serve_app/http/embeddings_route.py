@@ -1,7 +1,8 @@
 """The pooling endpoints: ``POST /v1/embeddings``, ``/pooling`` (the same vectors in vLLM's
 pooling shape), ``/score`` and ``/rerank`` (cosine similarity of the texts' embeddings, as vLLM
-scores with an embedding model). Each parses its body into a ``PooledCall`` (the protocol layer:
-``protocol.embeddings``, ``protocol.pooling``, ``protocol.scoring``); then alike: resolve the
+scores with an embedding model) and Cohere's ``/v2/embed``. Each parses its body into a
+``PooledCall`` (the protocol layer: ``protocol.embeddings``, ``protocol.pooling``,
+``protocol.scoring``, ``protocol.cohere_embed``); then alike: resolve the
 model (404), tokenize its prompts, place every prompt on a pool whose engine serves embeddings
 (vLLM's pooling runner: ``RouteRequest.task == "embed"``; a model with none: 404, as vLLM's server
 has no such route for a generative model; a pinned pool that cannot: 400 naming ``model``),
@@ -30,33 +31,56 @@ from deployments.messages.routing import RouteRequest
 from serve_app.http import limits
 from serve_app.http.engine_client import EngineClient
 from serve_app.http.json_io import error_response, read_body
+from serve_app.http.protocol.cohere_embed import parse_cohere_request
 from serve_app.http.protocol.embeddings import parse_embedding_request
 from serve_app.http.protocol.errors import APIError
 from serve_app.http.protocol.pooling import parse_pooling_request
+from serve_app.http.protocol.pooling_encoding import BinaryBody
 from serve_app.http.protocol.scoring import parse_rerank_request, parse_score_request
 from serve_app.http.tokenize_routes import ModelLookup
 from serve_app.http.workers import in_worker
 
 POOL_HEADER = "x-meshserve-pool"
-# The body fields that carry text to tokenize, across the pooling endpoints.
-TEXT_FIELDS = ("input", "query", "queries", "documents", "items", "data_1", "data_2", "text_1", "text_2")
+# The body fields that carry text to tokenize, across the pooling endpoints (and Cohere's).
+TEXT_FIELDS = (
+    "input",
+    "messages",
+    "query",
+    "queries",
+    "documents",
+    "items",
+    "data_1",
+    "data_2",
+    "text_1",
+    "text_2",
+    "texts",
+    "inputs",
+)
 
 logger = logging.getLogger(__name__)
+# A call's answer: a body model, vLLM's binary body, or a JSON body already dumped (Cohere's
+# leaves out its None fields).
+Rendered = BaseModel | BinaryBody | dict[str, Any]
 
 
 class PooledCall(Protocol):
     """A parsed pooling request: its prompts, its engine options, and its render."""
 
-    model: str | None
-    request_id: str | None
-    use_activation: bool | None
+    @property
+    def model(self) -> str | None: ...
+
+    @property
+    def request_id(self) -> str | None: ...
+
+    @property
+    def use_activation(self) -> bool | None: ...
 
     @property
     def dimensions(self) -> int | None: ...
 
     def prompts(self, tok: TextTokenizer, max_model_len: int) -> list[tuple[int, ...]]: ...
 
-    def render(self, response_id: str, created: int, model: str, results: Sequence[EmbeddingResult]) -> BaseModel: ...
+    def render(self, response_id: str, created: int, model: str, results: Sequence[EmbeddingResult]) -> Rendered: ...
 
 
 @dataclass(frozen=True)
@@ -71,6 +95,7 @@ EMBEDDINGS = PoolingApi(parse_embedding_request, "embd")
 POOLING = PoolingApi(parse_pooling_request, "pooling")
 SCORE = PoolingApi(parse_score_request, "score")
 RERANK = PoolingApi(parse_rerank_request, "score")
+COHERE_EMBED = PoolingApi(parse_cohere_request, "embd")
 
 
 async def pooled(
@@ -87,6 +112,7 @@ async def pooled(
     try:
         body = await read_body(request)
         limits.check_unicode(body)
+        limits.check_chat_template(body, config)
         call = api.parse(body)
         model, tok = lookup(call.model)
         label = model.name
@@ -100,7 +126,7 @@ async def pooled(
         response_id = f"{api.id_prefix}-{base_id}"
         engine_id = f"{api.id_prefix}-{uuid.uuid4().hex}"  # unique even when clients reuse ids
         results = await _embed_all(client, model.name, prompts, call, engine_id, request.headers.get(POOL_HEADER))
-        return JSONResponse(call.render(response_id, int(time.time()), model.name, results).model_dump())
+        return _response(call.render(response_id, int(time.time()), model.name, results))
     except APIError as err:
         on_reject(label, err.status)
         return error_response(err)
@@ -116,11 +142,17 @@ async def pooled(
             bound.release(held)
 
 
+def _response(rendered: Rendered) -> Response:
+    if isinstance(rendered, BinaryBody):  # vLLM's bytes / bytes_only answer
+        return Response(rendered.content, headers=rendered.headers, media_type=rendered.media_type)
+    return JSONResponse(rendered if isinstance(rendered, dict) else rendered.model_dump())
+
+
 def _check_text_size(body: Mapping[str, Any], cap: int) -> None:
-    """400 past the ingress's character cap (``max_prompt_chars``), before anything is tokenized."""
+    """400 past the ingress's character cap (``max_prompt_chars``), before anything is tokenized
+    (every string of the field: a conversation's too)."""
     for field in TEXT_FIELDS:
-        value = body.get(field)
-        chars = sum(len(v) for v in (value if isinstance(value, list) else [value]) if isinstance(v, str))
+        chars = limits.prompt_chars({"prompt": body.get(field)}, is_chat=False)
         if chars > cap:
             raise APIError(
                 400, f"{field} has {chars} characters, more than the limit of {cap}; please reduce the input.", field

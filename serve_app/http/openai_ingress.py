@@ -27,7 +27,7 @@ from accel.text.tokenizer import TextTokenizer, load_tokenizer
 from deployments.config.app import AppConfig, ModelConfig
 from deployments.replicas.local import LocalPoolClient, make_replica
 from deployments.telemetry.metrics import IngressMetrics
-from serve_app.http import embeddings_route, health, limits, openapi, tokenize_routes
+from serve_app.http import embeddings_route, health, invocations, limits, openapi, tokenize_routes
 from serve_app.http.auth import ApiKeyMiddleware, key_digests
 from serve_app.http.body_limit import BodyLimitMiddleware
 from serve_app.http.engine_client import EngineClient
@@ -256,6 +256,32 @@ class OpenAIIngress:
     @app.post("/v2/rerank")
     async def rerank(self, request: Request) -> Response:
         return await self._pooled(embeddings_route.RERANK, request)
+
+    @app.post("/v2/embed")
+    async def cohere_embed(self, request: Request) -> Response:
+        """Cohere's embed API as vLLM serves it for an embedding model (protocol.cohere_embed)."""
+        return await self._pooled(embeddings_route.COHERE_EMBED, request)
+
+    @app.post("/invocations")
+    async def invocations(self, request: Request) -> Response:
+        """SageMaker's entry point as vLLM routes it: the first endpoint the body fits (invocations)."""
+        handlers = {
+            "chat": self.chat_completions,
+            "completions": self.completions,
+            "embeddings": self.embeddings,
+            "rerank": self.rerank,
+            "score": self.score,
+            "pooling": self.pooling,
+        }
+        return await invocations.invoke(request, self._tasks_of, handlers, self._reject)
+
+    def _tasks_of(self, model: str | None) -> frozenset[str]:
+        """What ``model``'s pools serve (one we do not serve, or None with several: every task)."""
+        pools = self._config.pools
+        if model is None and len(self._models) == 1:
+            model = next(iter(self._models))
+        served = [p for p in pools if p.model == model] or list(pools)
+        return frozenset(task for p in served for task in p.tasks)
 
     async def _pooled(self, api: embeddings_route.PoolingApi, request: Request) -> Response:
         client, ingress = self._client, self._config.ingress

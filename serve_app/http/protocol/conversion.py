@@ -232,9 +232,11 @@ def render_chat(
     add_special_tokens: bool,
     plan: ToolPlan | None = None,
     max_length: int | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[int, ...]:
-    """The conversation's prompt ids (chat completions and ``/tokenize`` alike); ``plan``: the
-    request's tools and template kwargs."""
+    """The conversation's prompt ids (chat completions, ``/tokenize`` and the embeddings' chat
+    form alike); ``plan``: a chat request's tools and template kwargs; ``chat_template_kwargs``:
+    the template kwargs of a request without a plan (the embeddings' chat form)."""
     if not raw_messages:
         raise bad_request("messages must not be empty", "messages")
     for m in raw_messages:
@@ -259,7 +261,7 @@ def render_chat(
         add_generation_prompt=add_generation_prompt,
         chat_template=chat_template,
         tools=plan.tool_dicts if plan is not None else None,
-        chat_template_kwargs=plan.chat_template_kwargs if plan is not None else None,
+        chat_template_kwargs=plan.chat_template_kwargs if plan is not None else chat_template_kwargs,
         continue_final_message=continue_final_message,
         add_special_tokens=add_special_tokens,
         max_length=max_length,

@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 from starlette.requests import Request
 
@@ -69,6 +70,8 @@ def _setup(tiny_llama, error=None, max_concurrent=8):
                 api, Request(scope, receive), client, lookup, bound, config.ingress, lambda m, s: rejects.append((m, s))
             )
         )
+        if response.media_type == "application/octet-stream":
+            return response.status_code, response
         return response.status_code, json.loads(response.body)
 
     return call, router, handle, rejects, tok, bound
@@ -107,7 +110,7 @@ def test_refusals_have_vllms_statuses(tiny_llama):
     assert call({"model": "nope", "input": "x"})[0] == 404
     status, body = call({"model": "e", "input": "x"}, [(b"x-meshserve-pool", b"gen")])
     assert (status, body["error"]["param"]) == (400, "x-meshserve-pool")  # a pool of another model
-    assert call({"model": "e", "input": "x", "encoding_format": "bytes"})[0] == 400
+    assert call({"model": "e", "input": "x", "embed_dtype": "float64"})[0] == 400
     assert handle.calls == [] and router.routes == []
     # (labelled with the served model once resolved; a body refused before that: "unknown")
     assert rejects == [("g", 404), ("unknown", 404), ("e", 400), ("unknown", 400)]
@@ -172,3 +175,28 @@ def test_invalid_unicode_and_oversized_text_are_400_before_tokenizing(tiny_llama
     status, body = call({"model": "e", "query": "q", "documents": ["y" * (2048 * 32 + 1)]}, api=RERANK)
     assert (status, body["error"]["param"]) == (400, "documents")
     assert handle.calls == []
+
+
+def test_bytes_are_vllms_binary_body(tiny_llama):
+    call, router, handle, rejects, tok, bound = _setup(tiny_llama)
+    status, response = call({"model": "e", "input": [[5, 6], [7, 8, 9]], "encoding_format": "bytes", "request_id": "b"})
+    assert status == 200
+    meta = json.loads(response.headers["metadata"])
+    assert meta["id"] == "embd-b" and meta["model"] == "e" and meta["usage"] == {"prompt_tokens": 5, "total_tokens": 5}
+    assert [(d["index"], d["start"], d["end"], d["shape"]) for d in meta["data"]] == [(0, 0, 8, [2]), (1, 8, 16, [2])]
+    assert response.body == np.asarray([5, 6, 7, 8], dtype=np.float32).tobytes()
+    status, response = call({"model": "e", "input": [5, 6], "encoding_format": "bytes_only"}, api=POOLING)
+    assert status == 200 and "metadata" not in response.headers and len(response.body) == 8
+
+
+def test_the_chat_form_is_rendered_then_embedded(tiny_llama):
+    call, router, handle, rejects, tok, bound = _setup(tiny_llama)
+    conversation = [{"role": "user", "content": "hello"}]
+    expected = tuple(tok.apply_chat_template(conversation, add_generation_prompt=False))
+    status, body = call({"model": "e", "messages": [conversation, conversation]})
+    assert status == 200, body
+    assert [c[1] for c in handle.calls] == [expected, expected] and len(body["data"]) == 2
+    status, body = call({"model": "e", "messages": conversation, "task": "embed"}, api=POOLING)
+    assert status == 200 and body["data"][0]["object"] == "pooling" and handle.calls[-1][1] == expected
+    status, body = call({"model": "e", "messages": conversation, "chat_template": "{{ 'x' }}"})
+    assert (status, body["error"]["param"]) == (400, "chat_template")  # untrusted, as vLLM's default

@@ -30,11 +30,19 @@ def _refused(body) -> str | None:
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        ({"input": "x", "messages": [{"role": "user", "content": "x"}]}, "messages"),
-        ({"input": [{"role": "user", "content": "x"}]}, "input"),
-        ({"input": "x", "encoding_format": "bytes"}, "encoding_format"),
+        ({"messages": [{"content": "x"}]}, "messages"),
+        (
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "add_generation_prompt": True,
+                "continue_final_message": True,
+            },
+            "messages",
+        ),
+        ({"input": [{"content": "x"}]}, "input"),
+        ({"messages": [{"role": "user", "content": "x"}], "media_io_kwargs": {}}, "media_io_kwargs"),
         ({"input": "x", "encoding_format": "utf8"}, "encoding_format"),
-        ({"input": "x", "embed_dtype": "bfloat16"}, "embed_dtype"),
+        ({"input": "x", "embed_dtype": "float64"}, "embed_dtype"),
         ({"input": "x", "normalize": True}, "normalize"),
         ({"input": "x", "padding": "max_length"}, "padding"),
         ({"input": "x", "priority": 1}, "priority"),
@@ -80,7 +88,7 @@ def test_too_long_or_empty_inputs_are_400(tok):
     assert err.value.param == "input"
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"])
 @pytest.mark.parametrize("endianness", ["native", "little", "big"])
 def test_base64_equals_vllms_encoder(dtype, endianness):
     import torch
@@ -120,12 +128,96 @@ def test_every_field_of_vllms_request_is_honoured_or_refused():
     from vllm.entrypoints.pooling.embed.protocol import EmbeddingChatRequest, EmbeddingCompletionRequest
 
     from serve_app.http.protocol.embeddings import REFUSED_FIELDS, EmbeddingRequest
+    from serve_app.http.protocol.embeddings import EmbeddingChatRequest as OurChat
 
-    ours = set(EmbeddingRequest.model_fields) | set(REFUSED_FIELDS)
+    ours = set(EmbeddingRequest.model_fields) | set(REFUSED_FIELDS) | {"normalize"}
     assert set(EmbeddingCompletionRequest.model_fields) <= ours
-    assert "messages" in REFUSED_FIELDS and set(EmbeddingChatRequest.model_fields) - ours <= {
-        "add_generation_prompt",
-        "continue_final_message",
-        "chat_template_kwargs",
-        "media_io_kwargs",
-    }  # (the chat form's options: it is refused as a whole, by `messages`)
+    # (the conversation is ours as `conversations`: one or a batch, from `messages` or `input`)
+    assert set(EmbeddingChatRequest.model_fields) - set(OurChat.model_fields) - set(REFUSED_FIELDS) == {"messages"}
+
+
+CONVERSATION = [
+    {"role": "system", "content": "You embed."},
+    {"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "world"}]},
+]
+
+
+def _template_ids(vllm_tok, conversation, **kwargs) -> tuple[int, ...]:
+    """What vLLM's HF renderer makes of a pooling chat request: the template with vLLM's
+    defaults for it (no generation prompt), encoded without adding special tokens."""
+    messages = [
+        {**m, "content": "\n".join(p["text"] for p in m["content"])} if isinstance(m["content"], list) else m
+        for m in conversation
+    ]
+    text = vllm_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=False, **kwargs)
+    return tuple(vllm_tok.encode(text, add_special_tokens=False))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": CONVERSATION},
+        {"input": CONVERSATION, "messages": CONVERSATION},
+        {"input": CONVERSATION},
+    ],
+)
+def test_the_chat_form_renders_the_template_as_vllm(body, tok, vllm_tok):
+    from serve_app.http.protocol.embeddings import EmbeddingChatRequest
+
+    req = parse_embedding_request(body)
+    assert isinstance(req, EmbeddingChatRequest) and not req.add_special_tokens
+    assert req.prompts(tok, 512) == [_template_ids(vllm_tok, CONVERSATION)]
+
+
+def test_a_batch_of_conversations_is_one_prompt_each(tok, vllm_tok):
+    second = [{"role": "user", "content": "x"}]
+    for field in ("messages", "input"):
+        req = parse_embedding_request({field: [CONVERSATION, second]})
+        assert req.prompts(tok, 512) == [_template_ids(vllm_tok, CONVERSATION), _template_ids(vllm_tok, second)]
+
+
+def test_chat_options_reach_the_template(tok, vllm_tok):
+    req = parse_embedding_request({"messages": CONVERSATION, "add_generation_prompt": True})
+    expected = vllm_tok.apply_chat_template(
+        CONVERSATION[:1] + [{"role": "user", "content": "hello\nworld"}], tokenize=False, add_generation_prompt=True
+    )
+    assert req.prompts(tok, 512) == [tuple(vllm_tok.encode(expected, add_special_tokens=False))]
+    cut = parse_embedding_request({"messages": CONVERSATION, "truncate_prompt_tokens": 4})
+    assert cut.prompts(tok, 512) == [_template_ids(vllm_tok, CONVERSATION)[:4]]
+    with pytest.raises(APIError) as err:
+        parse_embedding_request({"messages": CONVERSATION}).prompts(tok, 4)
+    assert err.value.param == "messages" and "maximum context length is 4" in err.value.message
+
+
+def test_bytes_bodies_are_vllms():
+    """``bytes``: the vectors back to back and vLLM's metadata header; ``bytes_only``: no header.
+    Decoded with vLLM's own ``decode_pooling_output``."""
+    import json
+
+    import torch
+    from vllm.entrypoints.pooling.utils import MetadataItem, decode_pooling_output
+
+    from serve_app.http.protocol.pooling_encoding import BinaryBody
+
+    results = [EmbeddingResult("r-0", VALUES, 3), EmbeddingResult("r-1", VALUES[::-1], 4)]
+    for dtype, endianness in [("float32", "native"), ("float16", "big"), ("bfloat16", "little")]:
+        req = parse_embedding_request(
+            {"input": ["a", "b"], "encoding_format": "bytes", "embed_dtype": dtype, "endianness": endianness}
+        )
+        body = embedding_response("embd-1", 7, "m", results, req)
+        assert isinstance(body, BinaryBody) and body.media_type == "application/octet-stream"
+        meta = json.loads(body.headers["metadata"])
+        assert {k: meta[k] for k in ("id", "created", "model", "usage")} == {
+            "id": "embd-1",
+            "created": 7,
+            "model": "m",
+            "usage": {"prompt_tokens": 7, "total_tokens": 7},
+        }
+        items = [MetadataItem(**{**d, "shape": tuple(d["shape"])}) for d in meta["data"]]
+        decoded = decode_pooling_output(items, body.content)
+        for tensor, result in zip(decoded, results, strict=True):
+            expected = torch.tensor(result.embedding, dtype=torch.float32).to(tensor.dtype)
+            assert torch.equal(tensor, expected)
+    req = parse_embedding_request({"input": "a", "encoding_format": "bytes_only"})
+    only = embedding_response("embd-1", 7, "m", results[:1], req)
+    assert only.headers is None and only.content == np.asarray(VALUES, dtype=np.float32).tobytes()
