@@ -10,6 +10,7 @@ patch, as ``Qwen2_5_VLProcessor`` expands ``<|image_pad|>`` (it is not built her
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,3 +52,15 @@ class ImageProcessing:
             start = slot + 1
         ids.extend(prompt_token_ids[start:])
         return tuple(ids), tuple(inputs)
+
+
+def decode_image(data: bytes, field_name: str = "images") -> Any:
+    """An encoded image file's bytes (PNG, JPEG, ...) as an RGB PIL image, what the HF image
+    processor takes (vLLM converts to RGB too); bytes PIL cannot read are a 400 naming the field."""
+    from PIL import Image, UnidentifiedImageError  # deferred: only multimodal models need PIL
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            return img.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise InvalidRequestError(field_name, f"cannot decode the image: {exc}") from None

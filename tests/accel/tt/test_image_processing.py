@@ -80,3 +80,17 @@ def test_a_chat_with_an_image_equals_hf_greedy_through_the_engine(tiny_qwen25_vl
         assert out["red"] != out["blue"]  # different images, different answers
     finally:
         engine.close()
+
+
+def test_encoded_images_decode_to_rgb_and_garbage_is_refused_by_name():
+    import io
+
+    from accel.tt.image_processing import decode_image
+
+    buf = io.BytesIO()
+    picture((1, 2, 3)).convert("L").save(buf, format="PNG")
+    img = decode_image(buf.getvalue())
+    assert img.mode == "RGB" and img.size == (64, 48)
+    with pytest.raises(InvalidRequestError) as err:
+        decode_image(b"not an image")
+    assert err.value.field == "images"
