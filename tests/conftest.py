@@ -73,6 +73,12 @@ def tiny_qwen25_vl(checkpoint_dir: Path) -> Path:
     return checkpoint_dir / "tiny-qwen25-vl"
 
 
+@pytest.fixture(scope="session")
+def tiny_idefics3(checkpoint_dir: Path) -> Path:
+    """The tiny Idefics3, the VLM vLLM-CPU pools serve (accel/models/tiny_idefics3.py)."""
+    return checkpoint_dir / "tiny-idefics3"
+
+
 @pytest.fixture(scope="module")
 def loop():
     """One event loop per test module, for engines bound to the loop they were started in."""

@@ -193,3 +193,22 @@ def hf_vl_greedy(model_dir: str | Path, messages: list[dict], images: Sequence, 
             do_sample=False,
         )
     return out[0, ids.shape[1] :].tolist()
+
+
+def hf_processor_greedy(
+    model_dir: str | Path, messages: list[dict], images: Sequence, max_new_tokens: int
+) -> list[int]:
+    """Greedy tokens of HF's image-text-to-text model for a chat with ``images`` (PIL images, in
+    the order of the messages' image parts), through the checkpoint's own HF processor (what vLLM
+    runs too); eos ignored. For checkpoints whose processor builds here (tiny-idefics3)."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(str(model_dir))
+    model = AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    inputs = processor(images=list(images) or None, text=text, return_tensors="pt", add_special_tokens=False)
+    ids = inputs["input_ids"]
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, ids.shape[1] :].tolist()

