@@ -9,13 +9,14 @@ Every type here is a frozen dataclass validated on construction: an invalid valu
 
 One module per concept: ``errors``, ``sampling`` (``SamplingParams``), ``request``
 (``GenerateRequest``, ``KVTransferParams``), ``output`` (``OutputDelta`` and its parts),
-``pooling`` (``EmbedRequest``, ``EmbeddingResult``), ``stats`` (``EngineStats``,
-``TTEngineStats``), ``structured_output`` (``StructuredOutputSpec``), ``engine`` (the ``Engine``
-protocol, ``PrefixCacheChange``). Import them from here.
+``pooling`` (``EmbedRequest``, ``EmbeddingResult``), ``media`` (``EncodedImage``), ``stats``
+(``EngineStats``, ``TTEngineStats``), ``structured_output`` (``StructuredOutputSpec``), ``engine``
+(the ``Engine`` protocol, ``PrefixCacheChange``). Import them from here.
 """
 
 from accel.contract.engine import Engine, PrefixCacheChange
 from accel.contract.errors import ConfigError, InvalidRequestError
+from accel.contract.media import EncodedImage
 from accel.contract.output import FinishReason, OutputDelta, TokenLogprob, join_token_ids
 from accel.contract.pooling import EmbeddingResult, EmbedRequest
 from accel.contract.request import GenerateRequest, KVTransferParams, LoraAdapter
@@ -27,6 +28,7 @@ __all__ = [
     "ConfigError",
     "EmbedRequest",
     "EmbeddingResult",
+    "EncodedImage",
     "Engine",
     "EngineStats",
     "FinishReason",

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accel.contract.errors import InvalidRequestError, normalize_token_ids, require
+from accel.contract.media import EncodedImage
 from accel.contract.sampling import SamplingParams
 
 
@@ -90,9 +91,19 @@ class GenerateRequest:
     # grammar, bad-word history) over them before its first sample, so the grammar resumes where the
     # stream stopped instead of restarting; an engine that cannot must refuse such a request.
     resumed_output_token_ids: tuple[int, ...] = ()
+    # The request's images, in the order of their placeholders in the prompt (one image
+    # placeholder token each, as the model's chat template renders an image part, before the
+    # model's processor expands it). An engine whose model takes no images refuses them, naming
+    # `images`.
+    images: tuple[EncodedImage, ...] = ()
 
     def __post_init__(self) -> None:
         require(isinstance(self.request_id, str) and bool(self.request_id), "request_id", "must be a non-empty string")
+        require(
+            isinstance(self.images, tuple) and all(isinstance(i, EncodedImage) for i in self.images),
+            "images",
+            "must be a tuple of EncodedImage",
+        )
         require(
             self.cache_salt is None or (isinstance(self.cache_salt, str) and bool(self.cache_salt)),
             "cache_salt",
