@@ -35,6 +35,7 @@ from accel.tt.mesh_model import MeshModel
 from accel.tt.multimodal import ImageInput
 from accel.tt.pooling import refuse_pooling
 from accel.tt.request_checks import check_images, check_request
+from accel.tt.request_images import RequestImages
 from accel.tt.request_streams import RequestStreams
 from accel.tt.step_loop_host import StepLoopHost
 from accel.tt.step_thread_host import StepThreadHost
@@ -86,6 +87,7 @@ class TTMeshEngine:
         self.platform = host.platform
         self.num_blocks_per_lane = host.num_blocks_per_lane
         self._streams = RequestStreams(self.tokenizer, config.max_model_len, host.post)
+        self._request_images = RequestImages(config.model, host.vision)
         self._close_lock = threading.Lock()
         self._is_closed = False
         host.start(self._streams)
@@ -139,8 +141,13 @@ class TTMeshEngine:
         """Stream ``request``'s deltas (``RequestStreams.stream``); the last one has
         ``finish_reason`` set. Leaving the iteration early (client gone) aborts the request and
         frees its blocks. Structured-output grammars compile and KV imports prefetch off the step
-        loop (``StepLoopHost.admit``). ``images``: the request's images processed on the host,
-        their placeholder tokens already in the prompt (for a multimodal class only)."""
+        loop (``StepLoopHost.admit``). ``request.images`` (encoded files) go through the
+        checkpoint's HF image processor here (``RequestImages``); ``images``: images already
+        processed, their placeholder tokens expanded in the prompt (tests, benchmarks)."""
+        if request.images:
+            if images:
+                raise ValueError("a request carries encoded images or processed ones, not both")
+            request, images = await self._request_images.prepare(request)
         check_request(
             request,
             vocab_size=self.vocab_size,

@@ -44,9 +44,9 @@ def check_request(request: GenerateRequest, *, vocab_size: int, max_model_len: i
         raise InvalidRequestError("kv_transfer_params", "KV export/import is not supported by the TT mesh engine yet")
 
 
-# The request field an image comes in (chat content parts), named in the 400 as vLLM 0.32 does
-# for a prompt over ``limit_mm_per_prompt``.
-IMAGE_FIELD = "messages"
+# The request field images come in (``GenerateRequest.images``, from chat image parts), named in
+# the 400.
+IMAGE_FIELD = "images"
 
 
 def check_images(request: GenerateRequest, images: Sequence[Any], vision: VisionTraits, model_name: str) -> None:

@@ -5,18 +5,19 @@ greedy equal to HF's Qwen2_5_VLForConditionalGeneration on the processor's own i
 from __future__ import annotations
 
 import asyncio
+import io
 
 import pytest
 from PIL import Image
 
-from accel.contract import GenerateRequest, InvalidRequestError
+from accel.contract import EncodedImage, GenerateRequest, InvalidRequestError
 from accel.tt.config import TTEngineConfig
 from accel.tt.engine import TTMeshEngine
 from accel.tt.image_processing import ImageProcessing
 from accel.tt.model_setup import load_hf_config
 from tests.hf_reference import hf_vl_greedy, qwen25_vl_inputs
 
-from .engine_harness import greedy, tokens_of
+from .engine_harness import greedy, make_engine, tokens_of
 
 NUM_NEW = 6
 
@@ -53,13 +54,21 @@ def test_placeholders_expand_to_the_processors_patches(tiny_qwen25_vl):
         processing.process(prompt, [img, img])
 
 
+def encoded(img: Image.Image) -> EncodedImage:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return EncodedImage(buf.getvalue(), "image/png")
+
+
 @pytest.mark.slow
 def test_a_chat_with_an_image_equals_hf_greedy_through_the_engine(tiny_qwen25_vl):
+    """What the ingress sends (the rendered chat, one placeholder per image, the PNG bytes in
+    ``GenerateRequest.images``) through the engine's host-side processing and the torch
+    Qwen2.5-VL program: HF's greedy tokens, different for different images."""
     config = TTEngineConfig.from_engine_args(
         dict(model=str(tiny_qwen25_vl), max_num_seqs=2, block_size=16, max_model_len=256, max_num_batched_tokens=256)
     )
     engine = TTMeshEngine(config)
-    processing = ImageProcessing(str(tiny_qwen25_vl), load_hf_config(str(tiny_qwen25_vl)))
     chats = {
         "red": (chat("describe"), picture((220, 10, 10))),
         "blue": (chat("describe"), picture((10, 10, 220), (96, 64))),
@@ -68,8 +77,10 @@ def test_a_chat_with_an_image_equals_hf_greedy_through_the_engine(tiny_qwen25_vl
 
         async def one(req_id: str) -> list[int]:
             messages, img = chats[req_id]
-            ids, images = processing.process(chat_prompt(tiny_qwen25_vl, messages), [img])
-            return tokens_of([d async for d in engine.generate(GenerateRequest(req_id, ids, greedy(NUM_NEW)), images)])
+            request = GenerateRequest(
+                req_id, chat_prompt(tiny_qwen25_vl, messages), greedy(NUM_NEW), images=(encoded(img),)
+            )
+            return tokens_of([d async for d in engine.generate(request)])
 
         async def main() -> dict[str, list[int]]:
             return dict(zip(chats, await asyncio.gather(*[one(k) for k in chats])))
@@ -78,13 +89,39 @@ def test_a_chat_with_an_image_equals_hf_greedy_through_the_engine(tiny_qwen25_vl
         for req_id, (messages, img) in chats.items():
             assert out[req_id] == hf_vl_greedy(tiny_qwen25_vl, messages, [img], NUM_NEW), req_id
         assert out["red"] != out["blue"]  # different images, different answers
+
+        async def refused(request: GenerateRequest) -> None:
+            async for _ in engine.generate(request):
+                pass
+
+        prompt = chat_prompt(tiny_qwen25_vl, chat("describe"))
+        with pytest.raises(InvalidRequestError, match="cannot decode") as err:
+            asyncio.run(refused(GenerateRequest("bad", prompt, greedy(2), images=(EncodedImage(b"xx", "image/png"),))))
+        assert err.value.field == "images"
+        two = (encoded(picture((1, 1, 1))), encoded(picture((2, 2, 2))))
+        with pytest.raises(InvalidRequestError, match="2 images") as err:
+            asyncio.run(refused(GenerateRequest("two", prompt, greedy(2), images=two)))
+    finally:
+        engine.close()
+
+
+def test_a_text_model_refuses_images_naming_the_field(tiny_llama):
+    engine = make_engine(tiny_llama, data_parallel_size=1)
+    try:
+
+        async def run() -> None:
+            request = GenerateRequest("r", (5, 6, 7), greedy(2), images=(encoded(picture((9, 9, 9))),))
+            async for _ in engine.generate(request):
+                pass
+
+        with pytest.raises(InvalidRequestError, match="not a multimodal model") as err:
+            asyncio.run(run())
+        assert err.value.field == "images"
     finally:
         engine.close()
 
 
 def test_encoded_images_decode_to_rgb_and_garbage_is_refused_by_name():
-    import io
-
     from accel.tt.image_processing import decode_image
 
     buf = io.BytesIO()

@@ -53,7 +53,7 @@ def test_images_are_refused_by_a_text_class_and_over_the_class_limit():
     check_images(request, ("img",), one_image, "m")
     with pytest.raises(InvalidRequestError, match="not a multimodal model") as err:
         check_images(request, ("img",), TEXT_ONLY, "m")
-    assert err.value.field == "messages"
+    assert err.value.field == "images"
     with pytest.raises(InvalidRequestError, match="at most 1 image"):
         check_images(request, ("a", "b"), one_image, "m")
     exporting = GenerateRequest("r", (1, 2, 3), kv_transfer=KVTransferParams(do_remote_decode=True))

@@ -111,6 +111,6 @@ def test_more_images_than_the_class_takes_is_refused_naming_the_field(ttnn_stub,
     try:
         with pytest.raises(InvalidRequestError) as err:
             run(engine, [(GenerateRequest("two-images", prompt, greedy(2)), (a, b))])
-        assert err.value.field == "messages" and "at most 1 image" in str(err.value)
+        assert err.value.field == "images" and "at most 1 image" in str(err.value)
     finally:
         engine.close()
