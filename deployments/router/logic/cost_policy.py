@@ -4,8 +4,13 @@ Per decision, over one pool:
 1. Load view: each candidate's load score (in-flight, plus engine queue and KV usage when fresh)
    and the acceptable window ``score <= min_score + max(window_abs, window_rel * min_score)``.
 2. Session: a bound replica inside the window, with the session under its in-flight cap, wins.
-   Outside the window the session spills and moves (``rebind_session``); at the cap the request
-   spills to another replica and the binding stays.
+   Outside the window the session spills and moves (``rebind_session``). At the cap the request
+   goes by the cost rule (3) with the bound replica among the candidates, and the binding stays:
+   it leaves only where that is cheaper. A burst of siblings (an agent's fan-out: sub-requests
+   over the session's whole history, sent together) is the common case: the bound replica holds
+   that history (or, in precise mode, the first sibling's speculative entries), and a copy on
+   another replica recomputes all of it and evicts other sessions' blocks there under KV
+   pressure (issue 42's ``agentic`` trace); with little prefix at stake the load term moves it.
 3. Cost (Dynamo-like; ``accel.cache_affinity.cheapest``), over the candidates inside the window only:
    ``cost = w_prefill * uncached_prompt_blocks + w_load_blocks * load_score``.
    The window is the imbalance fallback that keeps affinity: an overloaded replica is never
@@ -44,27 +49,23 @@ class PrefixSessionLoadPolicy(RoutingPolicy):
             is_overloaded = not view.is_acceptable(bound)
             if ctx.can_stick and not is_overloaded:
                 return Choice(bound, "session")
-        # A spill (session at its cap) must leave the bound replica unless it is the only one.
-        excluded = bound if bound is not None and len(ctx.candidates) > 1 else None
+        # At the cap the bound replica stays a candidate (the docstring's step 2); when it is
+        # overloaded the window excludes it anyway.
 
         # The shared rule (``accel.cache_affinity``): the TT lanes of the chosen replica apply it
         # again over their own caches, so the replica's best lane is where the request lands.
         matched_get, scores, limit = ctx.matched_blocks.get, view.scores, view.limit
-        acceptable = ctx.candidates if excluded is None else tuple(r for r in ctx.candidates if r != excluded)
         expected = None
         if ctx.new_session and weights.w_session and ctx.active_sessions and self._kv_has_room(ctx):
             active_get, w_session = ctx.active_sessions.get, weights.w_session
             expected = lambda r: scores[r] + w_session * active_get(r, 0)  # noqa: E731
-        tied = cheapest(acceptable, scores.__getitem__, lambda r: matched_get(r, 0), limit, weights, expected)
-        best_id = None
-        if tied:
-            hashes, key = ctx.replica_hashes, ctx.tie_key
-            best_id = tied[0] if len(tied) == 1 else min(tied, key=lambda r: tie_rank(key, hashes[r]))
-        if best_id is None:  # only the excluded replica was acceptable
-            best_id = self.least_loaded(ctx, view, tuple(r for r in ctx.candidates if r != excluded))
+        tied = cheapest(ctx.candidates, scores.__getitem__, lambda r: matched_get(r, 0), limit, weights, expected)
+        # (Never empty: the least-loaded candidate is always inside the window.)
+        hashes, key = ctx.replica_hashes, ctx.tie_key
+        best_id = tied[0] if len(tied) == 1 else min(tied, key=lambda r: tie_rank(key, hashes[r]))
 
         if bound is not None:
-            reason = "overloaded" if is_overloaded else "spill"
+            reason = "overloaded" if is_overloaded else "sibling" if best_id == bound else "spill"
         else:
             reason = "prefix" if matched_get(best_id, 0) > 0 else "load"
         return Choice(best_id, reason, rebind_session=is_overloaded)

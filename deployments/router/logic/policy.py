@@ -62,7 +62,9 @@ class RoutingContext:
 @dataclass(frozen=True)
 class Choice:
     replica_id: str
-    reason: str  # "session", "prefix", "load", "round_robin", "spill", "overloaded"
+    # "session", "prefix", "load", "round_robin", "spill", "overloaded", "sibling" (at the
+    # session's cap, yet the bound replica was the cheapest)
+    reason: str
     rebind_session: bool = False  # the session's replica was overloaded: bind it here now
 
 

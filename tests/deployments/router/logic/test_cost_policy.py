@@ -37,10 +37,22 @@ def test_cold_miss_goes_by_load_and_spreads_ties():
 
 def test_session_sticks_spills_at_cap_and_moves_when_overloaded():
     assert choose({"a": 3, "b": 0}, {"b": 90}, session="a").reason == "session"
-    choice = choose({"a": 1, "b": 0, "c": 0}, {"a": 90, "b": 40}, session="a", can_stick=False)
+    # At the cap with little of the prompt on the bound replica: the load term moves the request.
+    choice = choose({"a": 3, "b": 0, "c": 0}, {"a": 10, "b": 8}, session="a", can_stick=False)
     assert (choice.replica_id, choice.reason, choice.rebind_session) == ("b", "spill", False)
     choice = choose({"a": 30, "b": 0, "c": 1}, {"a": 90, "c": 40}, session="a")
     assert (choice.replica_id, choice.reason, choice.rebind_session) == ("c", "overloaded", True)
+
+
+def test_a_sibling_at_the_session_cap_stays_where_the_shared_history_is():
+    # An agent's fan-out: three sub-requests over the session's 90-block history, the session at
+    # its cap on "a" (two siblings in flight). Leaving saves 4 * 2 in load but recomputes 90
+    # blocks on "b" (cost a = 4*2 - 90 < b = 0 - 0): the sibling stays, the binding too.
+    choice = choose({"a": 2, "b": 0}, {"a": 90}, session="a", can_stick=False)
+    assert (choice.replica_id, choice.reason, choice.rebind_session) == ("a", "sibling", False)
+    # The window still rules: a bound replica overloaded (in flight 10 > 0 + 8) is left.
+    choice = choose({"a": 10, "b": 0}, {"a": 90}, session="a", can_stick=False)
+    assert (choice.replica_id, choice.reason, choice.rebind_session) == ("b", "overloaded", True)
 
 
 def test_fresh_engine_queue_counts_as_load():
