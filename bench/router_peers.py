@@ -30,8 +30,12 @@ tokenizer); ``max_over_mean_load`` of the per-worker time-averaged requests in t
 in-flight count per replica), sampled every 0.25 s; TTFT p50/p99 (first chunk with text);
 ``load_average`` (1-minute) at the run's start and end. One JSON object on stdout; logs (servers,
 our router's snapshot after each run) under ``--log-dir``. ``--quick``: two traces at a quarter of
-their size (a smoke run, ~9 min, mostly server start-up). Run benchmarks under
-``flock /tmp/meshserve-bench.lock``.
+their size (a smoke run, ~9 min, mostly server start-up). ``--agentic``: issue 42's setup, the
+``agentic`` trace alone on engines of 128 KV blocks (4,096 tokens) each (``--agentic --quick``: at
+a quarter size, the reduced run for a small host). Also per router: ``e2e_p99_s``, ``tail_p50_s``
+(first text chunk to the stream's end: short next to a long TTFT when a stack holds tokens and
+releases them together) and ``req_per_s`` (completed requests over the wall time). Run benchmarks
+under ``flock /tmp/meshserve-heavy.lock``.
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ class RequestRecord:
     prompt: str
     sent_s: float
     ttft_s: float = math.nan
+    e2e_s: float = math.nan  # send -> end of the stream
     prompt_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
@@ -115,6 +120,7 @@ async def _send(http: httpx.AsyncClient, url: str, model: str, prompt: str, max_
                     rec.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     except httpx.HTTPError as exc:
         rec.error = repr(exc)
+    rec.e2e_s = time.perf_counter() - start
     if rec.prompt_tokens == 0 and rec.error is None:
         rec.error = "no usage in the stream" + (f" (bad SSE lines: {rec.bad_lines[0]!r})" if rec.bad_lines else "")
     return rec
@@ -173,6 +179,7 @@ def figures(records: Sequence[RequestRecord], samples, wall_s: float, tokenize, 
     oracle_rate = oracle / local_prompt if local_prompt else 0.0
     loads = time_averaged_loads(samples)
     ttfts = [r.ttft_s for r in ok if not math.isnan(r.ttft_s)]
+    tails = [r.e2e_s - r.ttft_s for r in ok if not math.isnan(r.ttft_s)]
     mom = max_over_mean(loads)
     return {
         "num_requests": len(records),
@@ -191,7 +198,12 @@ def figures(records: Sequence[RequestRecord], samples, wall_s: float, tokenize, 
         "max_over_mean_load": round(mom, 4) if mom is not None else None,
         "ttft_p50_s": round(percentile(ttfts, 0.5), 4),
         "ttft_p99_s": round(percentile(ttfts, 0.99), 4),
+        "e2e_p99_s": round(percentile([r.e2e_s for r in ok], 0.99), 4),
+        # first text chunk -> end: a stack that holds tokens and releases them together shows a
+        # short tail next to a long TTFT
+        "tail_p50_s": round(percentile(tails, 0.5), 4),
         "wall_s": round(wall_s, 1),
+        "req_per_s": round(len(ok) / wall_s, 2) if wall_s > 0 else None,
     }
 
 
@@ -255,6 +267,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print the JSON object compactly")
     p.add_argument("--quick", action="store_true", help="smoke run: two traces at a quarter size")
+    p.add_argument(
+        "--agentic",
+        action="store_true",
+        help="issue 42's setup: the agentic trace alone on engines of 128 KV blocks (4,096 tokens) each; "
+        "with --quick at a quarter size (the reduced run for a small host)",
+    )
     p.add_argument("--seed", type=int, default=0, help="trace shapes")
     p.add_argument("--traces", default=",".join(FAMILIES))
     p.add_argument("--routers", default=",".join(ROUTERS))
@@ -271,10 +289,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--log-dir", type=Path, default=Path("/tmp/meshserve-bench/router_peers"))
     args = p.parse_args(argv)
+    if args.agentic:
+        args.traces, args.kv_blocks = "agentic", 128
     families = [f for f in args.traces.split(",") if f]
     routers = [r for r in args.routers.split(",") if r]
     if args.quick:
-        families, args.scale = [f for f in families if f in ("multi_turn", "kv_pressure")] or families[:1], 0.25
+        quick = ("agentic",) if args.agentic else ("multi_turn", "kv_pressure")
+        families, args.scale = [f for f in families if f in quick] or families[:1], 0.25
     for name in families:
         if name not in FAMILIES:
             p.error(f"unknown trace {name!r}; known: {list(FAMILIES)}")

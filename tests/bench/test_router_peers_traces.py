@@ -106,8 +106,8 @@ def test_figures_from_records():
 
     shared = "x" * 70
     records = [
-        router_peers.RequestRecord(shared + "a", 0.0, ttft_s=0.2, prompt_tokens=72, cached_tokens=0),
-        router_peers.RequestRecord(shared + "b", 1.0, ttft_s=0.1, prompt_tokens=72, cached_tokens=64),
+        router_peers.RequestRecord(shared + "a", 0.0, ttft_s=0.2, e2e_s=0.5, prompt_tokens=72, cached_tokens=0),
+        router_peers.RequestRecord(shared + "b", 1.0, ttft_s=0.1, e2e_s=0.15, prompt_tokens=72, cached_tokens=64),
         router_peers.RequestRecord("zz", 2.0, error="HTTP 500"),
     ]
     samples = [(0.0, [1, 0]), (1.0, [1, 1]), (2.0, [0, 0])]
@@ -118,6 +118,9 @@ def test_figures_from_records():
     assert out["tokenizer_agrees"] is True
     assert out["load_per_worker"] == [1.0, 0.5] and out["max_over_mean_load"] == round(1.0 / 0.75, 4)
     assert out["ttft_p50_s"] == 0.1 and out["ttft_p99_s"] == 0.2
+    # e2e and the tail (first text -> end) over the completed requests; req/s = completed / wall
+    assert out["e2e_p99_s"] == 0.5 and out["tail_p50_s"] == 0.05
+    assert out["wall_s"] == 2.0 and out["req_per_s"] == 1.0
 
 
 def test_goal_compares_ours_with_the_best_cache_aware_peer_on_hard_traces():
