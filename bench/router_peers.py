@@ -34,7 +34,10 @@ their size (a smoke run, ~9 min, mostly server start-up). ``--agentic``: issue 4
 ``agentic`` trace alone on engines of 128 KV blocks (4,096 tokens) each (``--agentic --quick``: at
 a quarter size, the reduced run for a small host). Also per router: ``e2e_p99_s``, ``tail_p50_s``
 (first text chunk to the stream's end: short next to a long TTFT when a stack holds tokens and
-releases them together) and ``req_per_s`` (completed requests over the wall time). Run benchmarks
+releases them together), ``req_per_s`` (completed requests over the wall time), and
+``engine_ttft_mean_s``, the engines' own mean TTFT over the run (``vllm:time_to_first_token_seconds``
+from the workers' or our stack's ``/metrics``) beside the client's ``ttft_mean_s``: the
+difference is what the router and the stack add around the engine. Run benchmarks
 under ``flock /tmp/meshserve-heavy.lock``.
 """
 
@@ -57,7 +60,16 @@ import httpx
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from router_peers_servers import PEERS, EngineSpec, OurStack, ProcessSet, start_peer, start_workers, worker_load  # noqa: E402
+from router_peers_servers import (  # noqa: E402
+    PEERS,
+    EngineSpec,
+    OurStack,
+    ProcessSet,
+    engine_ttft_totals,
+    start_peer,
+    start_workers,
+    worker_load,
+)
 from router_peers_traces import (  # noqa: E402
     FAMILIES,
     HARD_FAMILIES,
@@ -198,6 +210,7 @@ def figures(records: Sequence[RequestRecord], samples, wall_s: float, tokenize, 
         "max_over_mean_load": round(mom, 4) if mom is not None else None,
         "ttft_p50_s": round(percentile(ttfts, 0.5), 4),
         "ttft_p99_s": round(percentile(ttfts, 0.99), 4),
+        "ttft_mean_s": round(sum(ttfts) / len(ttfts), 4) if ttfts else None,
         "e2e_p99_s": round(percentile([r.e2e_s for r in ok], 0.99), 4),
         # first text chunk -> end: a stack that holds tokens and releases them together shows a
         # short tail next to a long TTFT
@@ -248,6 +261,20 @@ def goal(traces: dict) -> dict:
             and mom <= GOAL_MAX_OVER_MEAN,
         }
     return out
+
+
+async def _engine_ttft(metrics_urls: Sequence[str]) -> tuple[float, float]:
+    async with httpx.AsyncClient(timeout=10) as http:
+        texts = await asyncio.gather(*(http.get(u) for u in metrics_urls))
+    return engine_ttft_totals([t.text for t in texts])
+
+
+def _engine_ttft_mean(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    """The engines' mean TTFT over one run (the histogram's sum and count deltas): next to the
+    client's ``ttft_mean_s`` it splits a system's TTFT into engine time and what is added around
+    the engine (router, stack, HTTP)."""
+    count = after[1] - before[1]
+    return round((after[0] - before[0]) / count, 4) if count > 0 else None
 
 
 def _load_avg() -> float:
@@ -352,8 +379,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                             return list(await asyncio.gather(*(worker_load(http, w.url) for w in ws)))
 
                 limit = SESSION_CONCURRENCY.get(family)
+                metrics_urls = [url + "/metrics"] if name == "ours" else [w.url + "/metrics" for w in workers]
+                ttft_before = asyncio.run(_engine_ttft(metrics_urls))
                 records, samples, wall_s = asyncio.run(replay(url, spec.served_name, sessions, loads, limit))
                 result = figures(records, samples, wall_s, tokenize, spec.block_size)
+                result["engine_ttft_mean_s"] = _engine_ttft_mean(ttft_before, asyncio.run(_engine_ttft(metrics_urls)))
                 result["load_average"] = [load_start, _load_avg()]
                 entry["routers"][ours_name if name == "ours" else name] = result
                 if proc is not None:

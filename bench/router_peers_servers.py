@@ -258,6 +258,20 @@ def start_peer(
     return url, proc
 
 
+_TTFT = re.compile(r"^vllm:time_to_first_token_seconds_(sum|count)(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.MULTILINE)
+
+
+def engine_ttft_totals(metrics_texts: Sequence[str]) -> tuple[float, float]:
+    """(sum of seconds, count) of ``vllm:time_to_first_token_seconds`` over every label set of
+    every text: the engines' own TTFT (a request's arrival in the engine's front to its first
+    token), which leaves out whatever a router or stack adds before and after."""
+    total = {"sum": 0.0, "count": 0.0}
+    for text in metrics_texts:
+        for kind, value in _TTFT.findall(text):
+            total[kind] += float(value)
+    return total["sum"], total["count"]
+
+
 _GAUGE = re.compile(r"^vllm:num_requests_(running|waiting)\{[^}]*\}\s+([0-9.eE+-]+)$", re.MULTILINE)
 
 

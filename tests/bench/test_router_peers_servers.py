@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import prometheus_client
 
-from bench.router_peers_servers import ENGINE_ENV, EngineSpec, engine_env, worker_kv_blocks
+from bench.router_peers_servers import ENGINE_ENV, EngineSpec, engine_env, engine_ttft_totals, worker_kv_blocks
 
 
 def _metrics_text(num_gpu_blocks: int | None) -> str:
@@ -42,3 +42,19 @@ def test_the_engines_never_see_vllm_cpu_kvcache_space() -> None:
     assert env["PATH"] == "/bin"
     assert env["OMP_NUM_THREADS"] == "1"
     assert EngineSpec(model_path="m").kv_cache_memory_bytes == 384 * 32 * 2048
+
+
+def test_engine_ttft_totals_sum_every_label_set_of_every_text() -> None:
+    # The histogram as prometheus_client renders it (what vLLM's /metrics and ours serve).
+    texts = []
+    for engine, values in (("0", (0.1, 0.3)), ("1", (0.2,))):
+        registry = prometheus_client.CollectorRegistry()
+        ttft = prometheus_client.Histogram(
+            "vllm:time_to_first_token_seconds", "TTFT", labelnames=["engine"], registry=registry
+        )
+        for v in values:
+            ttft.labels(engine=engine).observe(v)
+        texts.append(prometheus_client.generate_latest(registry).decode())
+    total, count = engine_ttft_totals(texts)
+    assert count == 3 and abs(total - 0.6) < 1e-9
+    assert engine_ttft_totals(["# nothing here\n"]) == (0.0, 0.0)
