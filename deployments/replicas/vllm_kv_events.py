@@ -15,21 +15,34 @@ a device-resident one. A block is held while any medium holds it: ``BlockStored`
 the first medium stores it, ``BlockRemoved`` when the last one drops it.
 
 Blocks we cannot key faithfully are left out and counted in ``num_skipped_blocks``: a parent we
-never saw (we subscribed late: the engine's snapshot repairs that), a different block size,
-multimodal extra keys (our hash covers tokens only), a LoRA id without its name, another KV-cache
-group, or an offload event for a block never seen on the device that carries no tokens to hash.
-A ``cache_salt`` (the first block's only extra key) starts the chain at ``salted_root(salt)``,
-as the ingress hashes it; a LoRA adapter's blocks (``lora_name``, published as every block's
-first extra key) start it at ``salted_root(salt, lora_name)``, as the ingress hashes the
-adapter's requests.
+never saw (we subscribed late: the engine's snapshot repairs that), a different block size, a key
+our hash cannot stand for (a prompt embedding's digest), a LoRA id without its name, another
+KV-cache group, or an offload event for a block never seen on the device that carries no tokens
+to hash. An event is keyed block by block, so its leading blocks are kept up to the first such.
+A ``cache_salt`` (published untagged on a chain's first block) starts the chain at
+``salted_root(salt)``, as the ingress hashes it; a LoRA adapter's blocks (``lora_name``, published
+as every block's first extra key) start it at ``salted_root(salt, lora_name)``, as the ingress
+hashes the adapter's requests.
+
+Images: vLLM keys every block an image's (expanded) tokens touch by ``(image id, offset of the
+image's start in the block)``, and our vLLM engine passes each image's content hash as its
+``multi_modal_uuids`` entry, so the id is ``EncodedImage.content_hash`` (unless the pool sets
+``mm_processor_kwargs`` or ``media_io_kwargs``: vLLM then hashes the id with them, and the anchor
+below matches no ingress hash, which only costs routing credit). The text blocks before a chain's first image are keyed
+as ever; the block where it starts becomes ``accel.block_hash.hash_image_anchor`` (its tokens
+before the image, the image's id), the hash the ingress gives that block; the blocks past it are
+skipped: their expanded tokens have no counterpart in the ingress's ids (see ``accel.block_hash``).
+So two prompts with different images share only their text prefix in the index, and the same
+image shares one block more.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from accel.block_hash import BlockHash, hash_block, salted_root
+from accel.block_hash import BlockHash, hash_block, hash_image_anchor, salted_root
 from accel.contract import ConfigError
 from deployments.messages.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
@@ -49,6 +62,7 @@ class VLLMEventTranslator:
         self.block_size = block_size
         self._ours: dict[Any, BlockHash] = {}  # vLLM block hash -> accel.block_hash hash
         self._held: dict[Any, set[str]] = {}  # vLLM block hash -> media holding it (non-empty)
+        self._anchors: set[Any] = set()  # the vLLM hashes in _ours that are image anchors
         self.num_skipped_blocks = 0
 
     def translate(self, events: Iterable[Any]) -> list[KVEvent]:
@@ -66,6 +80,7 @@ class VLLMEventTranslator:
             elif kind == "AllBlocksCleared":
                 self._ours.clear()
                 self._held.clear()
+                self._anchors.clear()
                 out.append(AllBlocksCleared())
             else:
                 raise TypeError(f"not a vLLM KV event: {event!r}")
@@ -76,15 +91,9 @@ class VLLMEventTranslator:
         num_blocks = len(event.block_hashes)
         medium = _medium(event)
         lora_name = getattr(event, "lora_name", None)
-        extra_keys = _without_lora(getattr(event, "extra_keys", None), lora_name)
-        salt = _cache_salt(event, extra_keys) if extra_keys is not False else None
+        block_keys = _block_keys(event, lora_name)
         unnamed_lora = getattr(event, "lora_id", None) is not None and lora_name is None
-        if (
-            not _is_group0(event)
-            or unnamed_lora
-            or extra_keys is False
-            or (extra_keys and any(extra_keys) and salt is None)
-        ):
+        if not _is_group0(event) or unnamed_lora or not block_keys:
             self.num_skipped_blocks += num_blocks
             return ()
         if medium == _GPU and event.block_size != self.block_size:
@@ -92,23 +101,45 @@ class VLLMEventTranslator:
                 f"router.block_size: {self.block_size} but the vLLM engine publishes "
                 f"blocks of {event.block_size} tokens; they must be equal"
             )
-        if all(h in self._ours for h in event.block_hashes):
-            return self._hold(event.block_hashes, medium)  # copies (another medium) of blocks we keyed
-        if event.block_size != self.block_size:  # (an offload placeholder: no tokens, block size 0)
-            self.num_skipped_blocks += num_blocks
-            return ()
-        if event.parent_block_hash is None:
-            parent = salted_root(salt, lora_name)
-        elif event.parent_block_hash in self._ours:
-            parent = self._ours[event.parent_block_hash]
-        else:
-            self.num_skipped_blocks += num_blocks
-            return ()
+        keyed = self._key(event, block_keys)
+        self.num_skipped_blocks += num_blocks - len(keyed)
+        return self._hold(keyed, medium)
+
+    def _key(self, event: Any, block_keys: list[_BlockKeys]) -> list[Any]:
+        """The event's leading vLLM hashes we can key, the new ones entered in ``_ours``: blocks
+        keyed before (copies on another medium), text blocks chained on a keyed parent, and the
+        block where the chain's first image starts (its anchor); nothing past an anchor."""
+        parent = self._first_parent(event, block_keys[0])
         bs, tokens = self.block_size, event.token_ids
-        for i, vllm_hash in enumerate(event.block_hashes):
-            parent = hash_block(parent, tokens[i * bs : (i + 1) * bs])
-            self._ours[vllm_hash] = parent
-        return self._hold(event.block_hashes, medium)
+        keyed: list[Any] = []
+        for i, (vllm_hash, keys) in enumerate(zip(event.block_hashes, block_keys, strict=True)):
+            if vllm_hash in self._ours:
+                parent = self._ours[vllm_hash]
+            elif parent is None or not keys.is_keyable or event.block_size != bs:
+                break  # (an offload placeholder carries no tokens: block size 0)
+            elif keys.images:
+                image_id, offset = keys.images[0]  # (the image's content hash: the engine names it so)
+                if offset < 0:  # the image started in a block we do not hold
+                    break
+                parent = hash_image_anchor(parent, tokens[i * bs : i * bs + offset], image_id)
+                self._ours[vllm_hash] = parent
+                self._anchors.add(vllm_hash)
+            else:
+                parent = hash_block(parent, tokens[i * bs : (i + 1) * bs])
+                self._ours[vllm_hash] = parent
+            keyed.append(vllm_hash)
+            if vllm_hash in self._anchors:
+                break
+        return keyed
+
+    def _first_parent(self, event: Any, first: _BlockKeys) -> BlockHash | None:
+        """Our hash of the event's first block's parent; None when we cannot key it."""
+        vllm_parent = event.parent_block_hash
+        if vllm_parent is None:
+            return salted_root(first.salt, getattr(event, "lora_name", None))
+        if vllm_parent in self._anchors:
+            return None
+        return self._ours.get(vllm_parent)
 
     def _hold(self, vllm_hashes: Iterable[Any], medium: str) -> tuple[BlockHash, ...]:
         newly = []
@@ -130,6 +161,7 @@ class VLLMEventTranslator:
             if not media:
                 del self._held[h]
                 gone.append(self._ours.pop(h))
+                self._anchors.discard(h)
         return tuple(gone)
 
 
@@ -148,16 +180,41 @@ def _without_lora(extra_keys: Any, lora_name: str | None) -> Any:
     return rest
 
 
-def _cache_salt(event: Any, extra_keys: Any) -> str | None:
-    """The request's cache_salt when it is a chain's first block's only extra key (vLLM
-    publishes it untagged, as ``(salt,)``, on the first block alone): that chain then starts at
-    ``salted_root(salt)``, as the ingress hashes the request. None otherwise."""
-    if not extra_keys or event.parent_block_hash is not None or any(extra_keys[1:]):
+@dataclass(frozen=True)
+class _BlockKeys:
+    """One block's extra keys past the adapter's name, as vLLM publishes them untagged."""
+
+    images: tuple[tuple[str, int], ...] = ()  # (image id, its start's offset in the block; < 0: earlier)
+    salt: str | None = None  # the request's cache_salt (a chain's first block only)
+    is_keyable: bool = True  # False: a key our hash cannot stand for (a prompt embedding's digest)
+
+
+def _block_keys(event: Any, lora_name: str | None) -> list[_BlockKeys] | None:
+    """Each block's keys; None when the event cannot be keyed at all (an adapter's block without
+    its name). A string is the cache_salt, valid on a chain's first block; an ``(id, offset)``
+    pair an image."""
+    rest = _without_lora(getattr(event, "extra_keys", None), lora_name)
+    num_blocks = len(event.block_hashes)
+    if rest is False:
         return None
-    first = extra_keys[0]
-    if isinstance(first, (tuple, list)) and len(first) == 1 and isinstance(first[0], str):
-        return first[0]
-    return None
+    if not rest:
+        return [_BlockKeys()] * num_blocks
+    out = []
+    for i, keys in enumerate((list(rest) + [None] * num_blocks)[:num_blocks]):
+        images, salt, is_keyable = [], None, True
+        for key in keys or ():
+            if isinstance(key, str) and i == 0 and event.parent_block_hash is None and salt is None:
+                salt = key
+            elif _is_image_key(key):
+                images.append((key[0], key[1]))
+            else:
+                is_keyable = False
+        out.append(_BlockKeys(tuple(images), salt, is_keyable))
+    return out
+
+
+def _is_image_key(key: Any) -> bool:
+    return isinstance(key, (tuple, list)) and len(key) == 2 and isinstance(key[0], str) and isinstance(key[1], int)
 
 
 def _is_group0(event: Any) -> bool:

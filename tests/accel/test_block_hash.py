@@ -62,3 +62,44 @@ def test_adapter_root_is_stable_across_processes():
     env = dict(os.environ, PYTHONHASHSEED="7")
     out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout
     assert out.strip() == str(salted_root("s", "tiny-llama-lora-a"))
+
+
+def test_images_key_every_block_from_the_first_images_block_on():
+    from accel.block_hash import ImageSlot, hash_image_anchor
+
+    ids = list(range(100, 164))  # 4 blocks of 16; the image's placeholder at 20 (block 1)
+    a, b = (
+        hash_prompt_blocks(ids, 16, images=[ImageSlot(20, "a")]),
+        hash_prompt_blocks(ids, 16, images=[ImageSlot(20, "b")]),
+    )
+    text = hash_prompt_blocks(ids, 16)
+    assert len(a) == len(b) == len(text) == 4
+    assert a[0] == b[0] == text[0]  # the text before the image's block is shared with every prompt
+    assert not set(a[1:]) & set(b[1:]) and not set(a[1:]) & set(text)
+    assert a == hash_prompt_blocks(ids, 16, images=[ImageSlot(20, "a")])  # the same image shares all
+    assert a[1] == hash_image_anchor(a[0], ids[16:20], "a")
+    # The anchor depends only on what precedes the image: the rest of its block may differ.
+    later = hash_prompt_blocks(ids[:21] + [7] * 43, 16, images=[ImageSlot(20, "a")])
+    assert later[:2] == a[:2] and later[2] != a[2]
+    # An image at the start: no text block, the anchor on the root; ids ending inside the image's
+    # block still get the anchor (the engine's expansion fills that block).
+    assert hash_prompt_blocks([1, 2], 16, images=[ImageSlot(0, "a")]) == [hash_image_anchor(ROOT_HASH, [], "a")]
+
+
+def test_image_hashes_are_stable_across_processes():
+    code = (
+        "from accel.block_hash import ImageSlot, hash_prompt_blocks; "
+        "print(hash_prompt_blocks(list(range(64)), 16, 5, [ImageSlot(20, 'x'), ImageSlot(40, 'y')]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, PYTHONHASHSEED="7"),
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    from accel.block_hash import ImageSlot
+
+    assert out.stdout.strip() == str(
+        hash_prompt_blocks(list(range(64)), 16, 5, [ImageSlot(20, "x"), ImageSlot(40, "y")])
+    )
