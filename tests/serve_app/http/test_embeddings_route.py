@@ -93,6 +93,7 @@ def test_each_input_is_one_engine_request_and_tickets_are_released(tiny_llama):
         "total_tokens": n,
         "completion_tokens": 0,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
     assert rejects == []
 

@@ -121,6 +121,7 @@ def test_response_body_and_usage():
         "total_tokens": 7,
         "completion_tokens": 0,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
 
 
@@ -221,3 +222,13 @@ def test_bytes_bodies_are_vllms():
     req = parse_embedding_request({"input": "a", "encoding_format": "bytes_only"})
     only = embedding_response("embd-1", 7, "m", results[:1], req)
     assert only.headers is None and only.content == np.asarray(VALUES, dtype=np.float32).tobytes()
+
+
+def test_usage_has_vllms_fields():
+    """The usage body carries every field vLLM's ``UsageInfo`` has (a client comparing bodies sees
+    the same keys: ``completion_tokens_details`` null as there)."""
+    from vllm.entrypoints.serve.engine.protocol import UsageInfo as VllmUsageInfo
+
+    from serve_app.http.protocol.common import UsageInfo
+
+    assert UsageInfo().model_dump() == VllmUsageInfo().model_dump()
