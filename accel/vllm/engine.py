@@ -47,6 +47,7 @@ from accel.vllm.conversion import (
     to_vllm_kv_params,
     to_vllm_sampling_params,
 )
+from accel.vllm.images import check_images, decode_image, max_images_per_prompt
 from accel.vllm.orphan_guard import OrphanGuard, descendant_pids, new_descendants
 from accel.vllm.platform import PlatformChoice, choose_platform, effective_tensor_parallel_size, require_backend
 from accel.vllm.stats import SchedulerStatsSink, sink_stat_logger_factory
@@ -185,6 +186,9 @@ class VllmEngine:
         self.vocab_size: int = vllm_config.model_config.get_vocab_size()
         # "generate" or "pooling" (runner: pooling, e.g. convert: embed): which of generate / embed it serves.
         self.runner_type: str = vllm_config.model_config.runner_type
+        # Images a prompt may carry: 0 for a text-only model, else the pool's limit_mm_per_prompt
+        # (vLLM's default, 999, when the config names none).
+        self.max_images_per_prompt: int = max_images_per_prompt(vllm_config.model_config)
         self._is_shut_down = False
         # The engine core and workers AsyncLLM just started, stopped even if this process is killed.
         self._orphan_guard = OrphanGuard(new_descendants(before))
@@ -237,6 +241,7 @@ class VllmEngine:
             raise InvalidRequestError(
                 "model", f"{request.lora.name!r} is a LoRA adapter; this pool runs without enable_lora"
             )
+        check_images(request, self.max_images_per_prompt)
         if request.resumed_output_token_ids and request.sampling.structured_outputs is not None:
             # vLLM 0.32 advances a grammar only over the tokens its own scheduler samples
             # (StructuredOutputManager.accept_tokens in update_from_output): AsyncLLM has no way to
@@ -255,6 +260,7 @@ class VllmEngine:
         num_top = request.sampling.logprobs
         prompt_lps = None  # vLLM's prompt logprobs, handed out with the first delta
         prompt_sent = False
+        is_expanded = False  # the builder counts vLLM's prompt (images expanded)
         sampling_params = to_vllm_sampling_params(request.sampling)
         if request.kv_transfer is not None:  # read by the engine's KV connector (scheduler side)
             sampling_params.extra_args = {"kv_transfer_params": to_vllm_kv_params(request.kv_transfer)}
@@ -263,6 +269,9 @@ class VllmEngine:
         prompt: TokensPrompt = {"prompt_token_ids": list(request.prompt_token_ids)}  # type: ignore[typeddict-item]
         if request.cache_salt is not None:
             prompt["cache_salt"] = request.cache_salt  # vLLM mixes it into its first block's hash
+        if request.images:
+            # vLLM's own multimodal processor expands each image placeholder and processes the pixels.
+            prompt["multi_modal_data"] = {"image": [decode_image(image) for image in request.images]}
         # A constraint with no reasoning end marker applies from the first output token: vLLM's
         # ``reasoning_ended=True`` (else vLLM's reasoning parser, if the engine has one, decides).
         spec = request.sampling.structured_outputs
@@ -283,6 +292,14 @@ class VllmEngine:
             async for out in stream:
                 if rid in self._abort_requested and not out.finished:
                     await self._llm.abort(rid)  # abort() raced the request's arrival in vLLM
+                if request.images and not is_expanded and out.prompt_token_ids:
+                    # vLLM's processor expanded each image placeholder: the usage and the length
+                    # limit count the prompt vLLM runs (the first output: no token built yet).
+                    expanded = dataclasses.replace(request, prompt_token_ids=tuple(out.prompt_token_ids))
+                    builder = OutputBuilder(
+                        expanded, self._tokenizer.fast, self._tokenizer.eos_token_ids, self.max_model_len
+                    )
+                    is_expanded = True
                 builder.num_cached_tokens = out.num_cached_tokens or 0
                 if prompt_lps is None and request.sampling.prompt_logprobs is not None:
                     prompt_lps = to_prompt_logprobs(
