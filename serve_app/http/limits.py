@@ -23,6 +23,7 @@ from typing import Any
 from accel.contract import SamplingParams
 from deployments.config.ingress import IngressConfig
 from serve_app.http.protocol.chat import ChatCompletionRequest
+from serve_app.http.protocol.chat_images import without_media
 from serve_app.http.protocol.completions import CompletionRequest
 from serve_app.http.protocol.conversion import requested_max_tokens
 from serve_app.http.protocol.errors import APIError, bad_request
@@ -76,8 +77,9 @@ def check_chat_template(body: Mapping[str, Any], config: IngressConfig) -> None:
 
 
 def prompt_chars(body: Mapping[str, Any], is_chat: bool) -> int:
-    """Characters of prompt text: every string inside ``messages`` (chat) or ``prompt``."""
-    value = body.get("messages" if is_chat else "prompt")
+    """Characters of prompt text: every string inside ``messages`` (chat; media parts, an image's
+    URL or data, are not text) or ``prompt``."""
+    value = without_media(body.get("messages")) if is_chat else body.get("prompt")
     return sum(len(s) for s in _strings(value))
 
 

@@ -7,8 +7,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from accel.block_hash import BlockHash, hash_prompt_blocks, salted_root
+from accel.contract import EncodedImage
 from serve_app.http.pipeline.parse import Parsed
 from serve_app.http.protocol import conversion as conv
+from serve_app.http.protocol.chat import ChatCompletionRequest
+from serve_app.http.protocol.chat_images import fetch_images, media_settings, split_images
 from serve_app.http.workers import in_worker
 
 TokenIds = tuple[int, ...]
@@ -19,6 +22,9 @@ class Prompts:
     token_ids: tuple[TokenIds, ...]  # one per prompt of the request
     # Each distinct prompt's chained block hashes; () for all when no router places the request.
     hashes: Mapping[TokenIds, tuple[BlockHash, ...]]
+    # A chat's images, in the order of their placeholders in its one prompt (accel.contract.media).
+    # The block hashes above are of token ids only: images do not enter them yet.
+    images: tuple[EncodedImage, ...] = ()
 
 
 async def prompt(parsed: Parsed, block_size: int | None) -> Prompts:
@@ -29,10 +35,16 @@ async def prompt(parsed: Parsed, block_size: int | None) -> Prompts:
 
 def _prompts_and_hashes(parsed: Parsed, block_size: int | None) -> Prompts:
     req, target = parsed.request, parsed.target
+    images: tuple[EncodedImage, ...] = ()
+    if isinstance(req, ChatCompletionRequest):
+        messages, urls = split_images(req.messages)
+        if urls:
+            images = fetch_images(urls, media_settings(target.model))
+            req = req.model_copy(update={"messages": messages})
     ids = tuple(conv.request_prompts(req, target.tok, target.model.max_model_len, parsed.plan))
     if block_size is None:
-        return Prompts(ids, dict.fromkeys(ids, ()))
+        return Prompts(ids, dict.fromkeys(ids, ()), images)
     # Every choice carries the request's cache_salt (and adapter): one chain root, so salted
     # prompts (and an adapter's) share no hash with others.
     root = salted_root(req.cache_salt, target.lora)
-    return Prompts(ids, {p: tuple(hash_prompt_blocks(p, block_size, root)) for p in set(ids)})
+    return Prompts(ids, {p: tuple(hash_prompt_blocks(p, block_size, root)) for p in set(ids)}, images)

@@ -189,9 +189,13 @@ def _message_text(message: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(content, list):
         texts = []
         for part in content:
-            if not isinstance(part, Mapping) or part.get("type") != "text":
-                raise bad_request("only text content parts are supported", "messages")
+            if not isinstance(part, Mapping) or part.get("type") not in ("text", "image"):
+                raise bad_request("only text and image content parts are supported", "messages")
             texts.append(str(part.get("text", "")))
+        if any(part.get("type") == "image" for part in content):
+            # Images (chat_images.split_images left {"type": "image"} where each was): the parts go
+            # to the template as a list, as vLLM hands an "openai"-format template its content.
+            return {**message, "content": [dict(part) for part in content]}
         content = "\n".join(texts)
     elif content is None:
         content = ""

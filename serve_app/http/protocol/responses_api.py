@@ -180,7 +180,8 @@ def _chat_body(request: Any, body: Mapping[str, Any]) -> dict[str, Any]:
 
 def _chat_message(message: Any) -> dict[str, Any]:
     """A message of ``construct_input_messages`` as a chat message: Responses content parts
-    (``input_text`` / ``output_text``) as chat text parts, tool calls as plain dicts."""
+    (``input_text`` / ``output_text``) as chat text parts, ``input_image`` with an ``image_url`` as
+    a chat ``image_url`` part (a ``file_id`` one is refused naming input), tool calls as plain dicts."""
     m = dict(message)
     content = m.get("content")
     if isinstance(content, list):
@@ -189,6 +190,8 @@ def _chat_message(message: Any) -> dict[str, Any]:
             p = dict(part) if isinstance(part, Mapping) else part.model_dump()
             if p.get("type") in ("input_text", "output_text", "text"):
                 parts.append({"type": "text", "text": p.get("text", "")})
+            elif p.get("type") == "input_image" and isinstance(p.get("image_url"), str):
+                parts.append({"type": "image_url", "image_url": {"url": p["image_url"]}})  # (chat_images reads it)
             else:
                 raise bad_request(f"only text input parts are supported, got {p.get('type')!r}", "input")
         m["content"] = parts
