@@ -7,7 +7,11 @@ at each ``--concurrency`` sends ``--num-requests`` streamed ``/v1/completions`` 
 greedy, ``ignore_eos``, ``--max-tokens``) and records the arrival time of every SSE chunk that
 carries text. Per server and concurrency: TTFT p50/p99 (first text chunk), e2e p50, the tail
 (e2e - TTFT) p50, text chunks per request (``max_tokens`` = one per token; fewer = tokens held and
-sent together), the first inter-chunk gap p50 and output tokens/s. One JSON object on stdout,
+sent together), the first inter-chunk gap p50 and output tokens/s; and where the first token's
+time went: ``engine_ttft_mean_ms``, the engines' own TTFT over that load (``vllm:time_to_first_token_seconds``
+from the server's ``/metrics``: a request's arrival in the engine's front to its first token;
+our ingress serves its replicas' series), and ``outside_engine_ttft_mean_ms``, the client's mean
+TTFT minus it: what the HTTP front, the stack and the way back add. One JSON object on stdout,
 ``load_average`` at each server's start and end. Run under the shared lock:
 ``flock /tmp/meshserve-heavy.lock .venv/bin/python bench/chunk_timing.py``.
 """
@@ -29,6 +33,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.router_peers_servers import engine_ttft_totals  # noqa: E402
 from bench.serving_servers import (  # noqa: E402
     MAKE_SERVE_ENV,
     REPO,
@@ -65,7 +70,9 @@ async def one_request(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -
     return times
 
 
-async def run_load(url: str, model: str, concurrency: int, num: int, max_tokens: int, words: int, seed: int):
+async def run_load(
+    url: str, model: str, concurrency: int, num: int, max_tokens: int, words: int, seed: int
+) -> tuple[list[list[float]], float]:
     rng = random.Random(seed)
     vocab = ["".join(rng.choice("abcdefghijklmnop") for _ in range(rng.randint(3, 8))) for _ in range(500)]
     slots = asyncio.Semaphore(concurrency)
@@ -83,6 +90,26 @@ async def run_load(url: str, model: str, concurrency: int, num: int, max_tokens:
         await asyncio.gather(*(send(i) for i in range(num)))
         wall = time.perf_counter() - t0
     return out, wall
+
+
+async def engine_ttft(url: str) -> tuple[float, float]:
+    """(sum of seconds, count) of the server's engines' ``vllm:time_to_first_token_seconds``."""
+    async with httpx.AsyncClient(timeout=30) as http:
+        return engine_ttft_totals([(await http.get(url + "/metrics")).text])
+
+
+def engine_split(ttft_s: list[float], before: tuple[float, float], after: tuple[float, float]) -> dict[str, Any]:
+    """The engines' mean TTFT over one load and what the rest of the path added to the client's."""
+    count = after[1] - before[1]
+    client_ms = 1000 * sum(ttft_s) / len(ttft_s) if ttft_s else math.nan
+    if count <= 0 or not ttft_s:  # a server whose /metrics has no engine TTFT series
+        return {"ttft_mean_ms": round(client_ms, 1), "engine_ttft_mean_ms": None, "outside_engine_ttft_mean_ms": None}
+    engine_ms = 1000 * (after[0] - before[0]) / count
+    return {
+        "ttft_mean_ms": round(client_ms, 1),
+        "engine_ttft_mean_ms": round(engine_ms, 1),
+        "outside_engine_ttft_mean_ms": round(client_ms - engine_ms, 1),
+    }
 
 
 def summary(runs: list[list[float]], wall: float, max_tokens: int) -> dict[str, Any]:
@@ -128,10 +155,12 @@ def main() -> None:
         with started(name, cmd, server_env(env), port, opts.log_dir, model=model) as server:
             asyncio.run(run_load(server.url, model, 4, 8, 4, opts.prompt_words, 999))  # warm-up
             for c in (int(x) for x in opts.concurrency.split(",")):
+                before = asyncio.run(engine_ttft(server.url))
                 runs, wall = asyncio.run(
                     run_load(server.url, model, c, opts.num_requests, opts.max_tokens, opts.prompt_words, c)
                 )
-                entry[f"c{c}"] = summary(runs, wall, opts.max_tokens)
+                split = engine_split([r[0] for r in runs if r], before, asyncio.run(engine_ttft(server.url)))
+                entry[f"c{c}"] = {**summary(runs, wall, opts.max_tokens), **split}
                 print(f"[chunk_timing] {name} c{c}: {json.dumps(entry[f'c{c}'])}", file=sys.stderr, flush=True)
         entry["load_average_end"] = round(os.getloadavg()[0], 2)
         result["servers"][name] = entry
