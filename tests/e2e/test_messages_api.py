@@ -6,7 +6,7 @@ engine and tool-parser args.
 Equal, on each pool: a non-streamed Message (content blocks, stop_reason, stop_sequence, usage)
 with a system prompt; the streamed event sequence (event types, block types, the text and
 input-JSON deltas, the final stop_reason and usage); a stop sequence taken from the answer; a
-forced tool call (tool_use block: name and input) and the answer after its tool_result;
+forced tool call, and the answer to a tool_use turn with its tool_result;
 count_tokens; and the status and Anthropic error type of an unknown model and of a body without
 ``max_tokens``. Ids and thinking signatures are random per server and are left out.
 """
@@ -58,8 +58,8 @@ def _client(url: str, pool: str | None) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120, default_headers=headers)
 
 
-def _message(client: anthropic.Anthropic, **kwargs: Any) -> dict:
-    message = client.messages.create(model=MODEL, max_tokens=12, extra_body={"temperature": 0}, **kwargs)
+def _message(client: anthropic.Anthropic, max_tokens: int = 12, **kwargs: Any) -> dict:
+    message = client.messages.create(model=MODEL, max_tokens=max_tokens, extra_body={"temperature": 0}, **kwargs)
     dumped = message.model_dump(exclude_none=True)
     dumped.pop("id")
     dumped["usage"] = _usage(dumped["usage"])
@@ -101,26 +101,28 @@ def _events(client: anthropic.Anthropic, **kwargs: Any) -> list[tuple]:
 
 
 def _tool_round_trip(client: anthropic.Anthropic) -> dict:
+    """A forced tool call, and a turn answering a tool_use with its tool_result. The tiny random
+    model rarely closes a forced call within the budget, so the second turn's tool_use is the
+    client's own (as an agent replays its history), not the one the model wrote."""
     tools = [TOOL]
     ask = [{"role": "user", "content": "Weather in Paris?"}]
+    out: dict = {}
     try:
-        call = _message(client, tools=tools, tool_choice={"type": "tool", "name": "get_weather"}, messages=ask)
+        choice = {"type": "tool", "name": "get_weather"}
+        out["call"] = _message(client, 24, tools=tools, tool_choice=choice, messages=ask)
     except anthropic.APIStatusError as err:  # both servers are compared, whatever they answer
-        return {"call_status": err.status_code}
-    uses = [b for b in call["content"] if b["type"] == "tool_use"]
-    for block in uses:
-        block.pop("id")
-    out: dict = {"call": call}
-    if uses:
-        turn = [
-            *ask,
-            {
-                "role": "assistant",
-                "content": [{"type": "tool_use", "id": "toolu_1", "name": uses[0]["name"], "input": uses[0]["input"]}],
-            },
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny, 21 C"}]},
-        ]
-        out["after_result"] = _message(client, tools=tools, messages=turn)
+        out["call_status"] = err.status_code
+    for block in out.get("call", {}).get("content", []):
+        block.pop("id", None)
+    turn = [
+        *ask,
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny, 21 C"}]},
+    ]
+    out["after_result"] = _message(client, tools=tools, messages=turn)
     return out
 
 
@@ -181,6 +183,7 @@ def test_messages_api_answers_as_bare_vllm(ours, reference, pool):
         assert mine[key] == reference[key], (pool, key)
     assert reference["errors"]["unknown"] == (404, "error", "NotFoundError")
     assert reference["errors"]["no_max_tokens"] == 400
-    # The forced call is a tool_use block, and its tool_result turn is answered.
-    assert reference["tools"]["call"]["stop_reason"] == "tool_use", reference["tools"]
-    assert reference["tools"]["after_result"]["content"][0]["type"] == "text"
+    # The forced call is answered (the tiny model may not close it: equal to bare is the check),
+    # and a tool_result turn is answered with text.
+    assert reference["tools"]["call"]["stop_reason"] in ("tool_use", "max_tokens"), reference["tools"]
+    assert reference["tools"]["after_result"]["content"][0]["type"] == "text", reference["tools"]
