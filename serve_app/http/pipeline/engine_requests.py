@@ -32,7 +32,7 @@ def engine_requests(
     pool = parsed.pool
     if prompts.images:  # (a chat: one prompt, every choice sees its images)
         greqs = [dataclasses.replace(g, images=prompts.images) for g in greqs]
-        pool = image_pool(target.model, parsed.pool)
+        pool = image_pool(target.model, parsed.pool).name
     if target.adapter is not None:  # the adapter whole, so any replica of a LoRA pool can run it
         greqs = [dataclasses.replace(g, lora=target.adapter.adapter) for g in greqs]
     routes = tuple(

@@ -11,7 +11,7 @@ from accel.contract import EncodedImage
 from serve_app.http.pipeline.parse import Parsed
 from serve_app.http.protocol import conversion as conv
 from serve_app.http.protocol.chat import ChatCompletionRequest
-from serve_app.http.protocol.chat_images import fetch_images, media_settings, split_images
+from serve_app.http.protocol.chat_images import fetch_images, image_pool, media_settings, split_images
 from serve_app.http.workers import in_worker
 
 TokenIds = tuple[int, ...]
@@ -39,7 +39,7 @@ def _prompts_and_hashes(parsed: Parsed, block_size: int | None) -> Prompts:
     if isinstance(req, ChatCompletionRequest):
         messages, urls = split_images(req.messages)
         if urls:
-            images = fetch_images(urls, media_settings(target.model))
+            images = fetch_images(urls, media_settings(image_pool(target.model, parsed.pool)))
             req = req.model_copy(update={"messages": messages})
     ids = tuple(conv.request_prompts(req, target.tok, target.model.max_model_len, parsed.plan))
     if block_size is None:

@@ -82,11 +82,10 @@ def test_local_files_only_under_allowed_local_media_path(tmp_path):
         assert err.value.status == 400 and err.value.param == "messages"
 
 
-def test_undecodable_image_and_no_vllm_pool_are_400s():
-    for urls, settings in (([data_url(b"not an image")], MediaSettings()), ([data_url(png_bytes(1))], None)):
-        with pytest.raises(APIError) as err:
-            fetch_images(urls, settings)
-        assert err.value.status == 400 and err.value.param == "messages"
+def test_undecodable_image_is_a_400():
+    with pytest.raises(APIError) as err:
+        fetch_images([data_url(b"not an image")], MediaSettings())
+    assert err.value.status == 400 and err.value.param == "messages"
 
 
 def test_template_renders_image_parts(tiny_idefics3):
@@ -125,24 +124,48 @@ def test_responses_input_image_becomes_a_chat_image_part():
     assert err.value.param == "input"
 
 
-def test_image_requests_go_to_a_vllm_pool(tiny_llama, tmp_path):
+def _pool(name: str, engine: str, model: str, **engine_args) -> dict:
+    args = {"max_model_len": 128, **engine_args}
+    return {"name": name, "engine": engine, "accelerator": "cpu", "model": model, "replicas": 1, "engine_args": args}
+
+
+def test_image_requests_go_to_a_pool_whose_engine_takes_them(tiny_llama, tiny_qwen25_vl, tmp_path):
     from deployments.config.load import load_app_config
     from serve_app.http.protocol.chat_images import image_pool, media_settings
 
-    def pool(name: str, engine: str, **engine_args) -> dict:
-        args = {"max_model_len": 128, **engine_args}
-        return {"name": name, "engine": engine, "accelerator": "cpu", "model": "m", "replicas": 1, "engine_args": args}
-
     media = {"allowed_local_media_path": str(tmp_path)}
     config = load_app_config(
-        {"models": [{"name": "m", "path": str(tiny_llama)}], "pools": [pool("tt", "tt"), pool("v", "vllm", **media)]}
+        {
+            "models": [
+                {"name": "text", "path": str(tiny_llama)},
+                {"name": "vl", "path": str(tiny_qwen25_vl)},
+                {"name": "text-tt", "path": str(tiny_llama)},
+                {"name": "no-images", "path": str(tiny_qwen25_vl)},
+            ],
+            "pools": [
+                _pool("tt", "tt", "text"),
+                _pool("v", "vllm", "text", **media),
+                _pool("tt-vl", "tt", "vl"),
+                _pool("tt-text", "tt", "text-tt"),
+                _pool("v-none", "vllm", "no-images", limit_mm_per_prompt={"image": 0}),
+            ],
+        }
     )
-    model = config.models[0]
-    assert image_pool(model, None) == image_pool(model, "v") == "v"
-    assert media_settings(model) == MediaSettings(allowed_local_media_path=str(tmp_path))
-    with pytest.raises(APIError) as err:
-        image_pool(model, "tt")
-    assert err.value.status == 400 and err.value.param == "messages"
+    text, vl, text_tt, no_images = config.models
+    # tiny-llama's TT class is text-only: the vLLM pool (whose engine refuses a text checkpoint itself)
+    assert image_pool(text, None).name == image_pool(text, "v").name == "v"
+    assert media_settings(image_pool(text, None)) == MediaSettings(allowed_local_media_path=str(tmp_path))
+    # the tiny Qwen2.5-VL on a TT pool: TorchQwen25VLMeshModel takes images; data: and http only
+    assert image_pool(vl, None).name == "tt-vl"
+    assert media_settings(image_pool(vl, None)) == MediaSettings()
+    for model, pinned, why in (
+        (text, "tt", "text-only"),
+        (text_tt, None, "text-only"),
+        (no_images, None, "limit_mm_per_prompt"),
+    ):
+        with pytest.raises(APIError, match=why) as err:
+            image_pool(model, pinned)
+        assert err.value.status == 400 and err.value.param == "messages"
 
 
 def test_image_data_is_not_prompt_text():
