@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from accel.block_hash import BlockHash, hash_prompt_blocks, salted_root
 from accel.contract import EncodedImage
+from serve_app.http.pipeline.image_slots import image_placeholder_id, image_slots
 from serve_app.http.pipeline.parse import Parsed
 from serve_app.http.protocol import conversion as conv
 from serve_app.http.protocol.chat import ChatCompletionRequest
@@ -23,7 +24,8 @@ class Prompts:
     # Each distinct prompt's chained block hashes; () for all when no router places the request.
     hashes: Mapping[TokenIds, tuple[BlockHash, ...]]
     # A chat's images, in the order of their placeholders in its one prompt (accel.contract.media).
-    # The block hashes above are of token ids only: images do not enter them yet.
+    # Its block hashes key every block from the first image's on by the images' content hashes
+    # (image_slots; accel.block_hash): different images share no block, the same image does.
     images: tuple[EncodedImage, ...] = ()
 
 
@@ -47,4 +49,6 @@ def _prompts_and_hashes(parsed: Parsed, block_size: int | None) -> Prompts:
     # Every choice carries the request's cache_salt (and adapter): one chain root, so salted
     # prompts (and an adapter's) share no hash with others.
     root = salted_root(req.cache_salt, target.lora)
-    return Prompts(ids, {p: tuple(hash_prompt_blocks(p, block_size, root)) for p in set(ids)}, images)
+    placeholder = image_placeholder_id(target.model.path) if images else None
+    hashes = {p: tuple(hash_prompt_blocks(p, block_size, root, image_slots(p, images, placeholder))) for p in set(ids)}
+    return Prompts(ids, hashes, images)
