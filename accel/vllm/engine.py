@@ -272,6 +272,9 @@ class VllmEngine:
         if request.images:
             # vLLM's own multimodal processor expands each image placeholder and processes the pixels.
             prompt["multi_modal_data"] = {"image": [decode_image(image) for image in request.images]}
+            # Each image named by its content hash: vLLM keys the blocks it touches (and their KV
+            # events) by this id, which the router's index matches (deployments/replicas/vllm_kv_events.py).
+            prompt["multi_modal_uuids"] = {"image": [image.content_hash for image in request.images]}
         # A constraint with no reasoning end marker applies from the first output token: vLLM's
         # ``reasoning_ended=True`` (else vLLM's reasoning parser, if the engine has one, decides).
         spec = request.sampling.structured_outputs
