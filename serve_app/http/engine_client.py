@@ -292,11 +292,13 @@ class EngineClient:
     ) -> RouteRequest:
         """``route`` for the next attempt: without the dead replica and under a new route id (so the
         first decision's release cannot end the second); a continuation is routed by its own
-        (longer) prompt, hashed from the request's salted root as the ingress hashes every prompt."""
+        (longer) prompt, hashed from the request's salted root as the ingress hashes every prompt;
+        one with images keeps the first attempt's hashes (keyed by its images where the ingress
+        found them: a prefix of the continuation's own chain)."""
         excluded = route.excluded_replicas + ((decision.replica_id,) if decision.replica_id else ())
         ids = attempt.prompt_token_ids
         hashes = route.prompt_block_hashes
-        if attempt is not request:
+        if attempt is not request and not request.images:
             root = salted_root(request.cache_salt, route.lora)
             hashes = tuple(hash_prompt_blocks(ids, self._block_sizes[route.model], root))
         return dataclasses.replace(

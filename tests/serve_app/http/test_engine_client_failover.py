@@ -222,6 +222,35 @@ def test_a_salted_continuation_is_routed_by_its_salted_block_hashes():
     asyncio.run(run())
 
 
+def test_a_continuation_with_images_keeps_its_image_keyed_hashes():
+    """A token-only rehash would drop the images from the continuation's hashes (two images'
+    continuations would then share blocks in the router's index): it keeps the first route's."""
+    from accel.contract import EncodedImage, SamplingParams
+
+    prompt = tuple(range(1, 40))
+    image = EncodedImage(b"png-bytes", "image/png")
+    request = GenerateRequest("r", prompt, SamplingParams(max_tokens=4, temperature=0), images=(image,))
+
+    async def run():
+        router = FakeRouterHandle([RouteDecision("tt", "t1", "a", "prefix"), RouteDecision("tt", "t2", "b", "load")])
+        seen = []
+
+        def make(req):
+            seen.append(req)
+            if len(seen) == 1:
+                return FakeStream([OutputDelta("r", (7,), "x", len(prompt), 1)], dead_actor_error())
+            return FakeStream(
+                [OutputDelta(req.request_id, (9,), "z", len(prompt) + 1, 1, finish_reason=FinishReason.LENGTH)]
+            )
+
+        client, _ = make_client(router, pools={"tt": FakePoolHandle(make)})
+        first = RouteRequest("r", "m", len(prompt), prompt_block_hashes=(11, 22))
+        [d async for d in client.stream(request, first)]
+        assert seen[1].images == (image,) and router.routes[1].prompt_block_hashes == (11, 22)
+
+    asyncio.run(run())
+
+
 class _FailoverCounts:
     """The ingress metrics' failover counter, by model (``IngressMetrics.failover``)."""
 
