@@ -4,7 +4,9 @@ on the same checkpoint with the same engine args.
 
 Equal: the greedy token ids (``return_token_ids``) and prompt token counts for one image (two
 different images: different answers), two images, text only on the VLM, streamed and not, and the
-Responses API's ``input_image``; the statuses of the refusals (more images than
+Responses API's ``input_image``; the cached prompt tokens of a long system prompt and an image
+(the same image again: cached past the image; another image: only the text blocks before it);
+the statuses of the refusals (more images than
 ``limit_mm_per_prompt``, an undecodable image, an audio part); a local file without
 ``allowed_local_media_path``: a 400 here, vLLM 0.32's 500 there. Ours only (bare vLLM has no TT pool): images to
 the model only a TT pool serves are a 400 naming ``messages``.
@@ -69,6 +71,23 @@ REFUSALS = [
 ]
 
 
+SYSTEM = "You describe pictures carefully, naming every colour and every shape that you can see. "
+QUESTION = "What is this? Describe it in three short sentences: its colours, its shapes and its mood."
+
+
+def _cached_tokens(client: openai.OpenAI, model: str) -> list[int]:
+    """Cached prompt tokens of one chat sent with image 5, again, then with image 6 (the image
+    sits in block 1 of 32 tokens, the expanded prompt fills 3 blocks)."""
+    counts = []
+    for seed in (5, 5, 6):
+        user = {"role": "user", "content": [_image(_data_url(seed)), {"type": "text", "text": QUESTION}]}
+        r = client.chat.completions.create(
+            model=model, messages=[{"role": "system", "content": SYSTEM}, user], **GREEDY
+        )
+        counts.append(r.usage.prompt_tokens_details.cached_tokens)
+    return counts
+
+
 def _answers(base_url: str, model: str) -> dict:
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120)
     tokens = []
@@ -89,13 +108,21 @@ def _answers(base_url: str, model: str) -> dict:
         ).status_code
         for m in REFUSALS
     ]
-    return {"tokens": tokens, "streamed": streamed, "responses_text": response.output_text, "statuses": statuses}
+    cached = _cached_tokens(client, model)
+    return {
+        "tokens": tokens,
+        "streamed": streamed,
+        "responses_text": response.output_text,
+        "statuses": statuses,
+        "cached": cached,
+    }
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_idefics3, tmp_path_factory) -> dict:
     logs = tmp_path_factory.mktemp("bare")
     cli_args = {**VL_ARGS, "limit_mm_per_prompt": json.dumps(VL_ARGS["limit_mm_per_prompt"])}
+    cli_args["enable_prompt_tokens_details"] = True  # (meshserve always reports cached tokens)
     with bare_vllm_server(tiny_idefics3, "tiny-vl", cli_args, logs / "vl.log") as url:
         return _answers(url, "tiny-vl")
 
