@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from accel import envs
 from accel.models.bpe_training import canonicalize_json, train_byte_level_bpe
 from accel.models.generation_config import save_token_ids
+from accel.models.seeded_init import seeded_reinit
 from accel.models.tiny_idefics3 import TINY_IDEFICS3, build_idefics3_checkpoint
 from accel.models.tiny_vl import TINY_QWEN25_VL, build_vl_checkpoint
 
@@ -166,16 +167,7 @@ def build_hf_model(spec: TinySpec, tokenizer: PreTrainedTokenizerFast) -> PreTra
     config = build_config(spec, tokenizer)
     torch.manual_seed(spec.seed)
     model: PreTrainedModel = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
-    with torch.no_grad():
-        # Seeded, fixed-order re-init: independent of transformers' own init code paths.
-        gen = torch.Generator().manual_seed(spec.seed)
-        for name, param in sorted(model.named_parameters()):
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.copy_(torch.randn(param.shape, generator=gen) * spec.weight_std)
-    model.eval()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
-    return model
+    return seeded_reinit(model, spec.seed, spec.weight_std, lambda name: name.endswith("norm.weight"))
 
 
 def write_checkpoint(spec: TinySpec, out_dir: Path, tokenizer: PreTrainedTokenizerFast) -> Path:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from accel.models.bpe_training import canonicalize_json, train_byte_level_bpe
 from accel.models.generation_config import save_token_ids
+from accel.models.seeded_init import seeded_reinit
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerFast
@@ -133,16 +134,8 @@ def build_idefics3_model(spec: TinyIdefics3Spec, tokenizer: PreTrainedTokenizerF
 
     config = build_idefics3_config(spec, tokenizer)
     model: PreTrainedModel = Idefics3ForConditionalGeneration._from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
-    with torch.no_grad():
-        # Seeded, fixed-order re-init; every norm's scale is 1 (biases drawn like the rest).
-        gen = torch.Generator().manual_seed(spec.seed)
-        for name, param in sorted(model.named_parameters()):
-            if name.endswith(".weight") and "norm" in name:
-                param.fill_(1.0)
-            else:
-                param.copy_(torch.randn(param.shape, generator=gen) * spec.weight_std)
-    model.eval()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
-    return model
+    # Every norm's scale is 1 (biases drawn like the rest).
+    return seeded_reinit(model, spec.seed, spec.weight_std, lambda name: name.endswith(".weight") and "norm" in name)
 
 
 def build_idefics3_processor(tokenizer: PreTrainedTokenizerFast) -> Any:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from accel.models.bpe_training import canonicalize_json, train_byte_level_bpe
 from accel.models.generation_config import save_token_ids
+from accel.models.seeded_init import seeded_reinit
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerFast
@@ -147,18 +148,12 @@ def build_vl_model(spec: TinyVLSpec, tokenizer: PreTrainedTokenizerFast) -> PreT
     config = build_vl_config(spec, tokenizer)
     torch.manual_seed(spec.seed)
     model: PreTrainedModel = Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
-    with torch.no_grad():
-        # Seeded, fixed-order re-init: independent of transformers' own init code paths. Every
-        # norm's scale is 1 (RMSNorm / LayerNorm weights; their biases are drawn like the rest).
-        gen = torch.Generator().manual_seed(spec.seed)
-        for name, param in sorted(model.named_parameters()):
-            is_norm_scale = name.endswith(".weight") and ("norm" in name or ".ln_q." in name)
-            if is_norm_scale:
-                param.fill_(1.0)
-            else:
-                param.copy_(torch.randn(param.shape, generator=gen) * spec.weight_std)
-    model.eval()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
-    return model
+    return seeded_reinit(model, spec.seed, spec.weight_std, _is_norm_scale)
+
+
+def _is_norm_scale(name: str) -> bool:
+    """RMSNorm / LayerNorm weights (the merger's ``ln_q`` too); their biases are drawn like the rest."""
+    return name.endswith(".weight") and ("norm" in name or ".ln_q." in name)
 
 
 def build_vl_image_processor() -> Any:
