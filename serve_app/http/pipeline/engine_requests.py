@@ -11,7 +11,6 @@ from deployments.messages.routing import RouteRequest
 from serve_app.http.pipeline.parse import Parsed
 from serve_app.http.pipeline.prompt import Prompts
 from serve_app.http.protocol import conversion as conv
-from serve_app.http.protocol.chat_images import image_pool
 from serve_app.http.protocol.common import random_id
 
 
@@ -29,10 +28,9 @@ def engine_requests(
     greqs = conv.generate_requests(
         random_id(id_prefix), list(prompts.token_ids), list(sampling), req.n, parsed.session, req.cache_salt
     )
-    pool = parsed.pool
     if prompts.images:  # (a chat: one prompt, every choice sees its images)
         greqs = [dataclasses.replace(g, images=prompts.images) for g in greqs]
-        pool = image_pool(target.model, parsed.pool).name
+    pool = prompts.images_pool or parsed.pool
     if target.adapter is not None:  # the adapter whole, so any replica of a LoRA pool can run it
         greqs = [dataclasses.replace(g, lora=target.adapter.adapter) for g in greqs]
     routes = tuple(

@@ -27,6 +27,9 @@ class Prompts:
     # Its block hashes key every block from the first image's on by the images' content hashes
     # (image_slots; accel.block_hash): different images share no block, the same image does.
     images: tuple[EncodedImage, ...] = ()
+    # The pool those images pin the request to (chat_images.image_pool, asked once here: the
+    # images were fetched with its media settings); None without images.
+    images_pool: str | None = None
 
 
 async def prompt(parsed: Parsed, block_size: int | None) -> Prompts:
@@ -38,17 +41,19 @@ async def prompt(parsed: Parsed, block_size: int | None) -> Prompts:
 def _prompts_and_hashes(parsed: Parsed, block_size: int | None) -> Prompts:
     req, target = parsed.request, parsed.target
     images: tuple[EncodedImage, ...] = ()
+    images_pool = None
     if isinstance(req, ChatCompletionRequest):
         messages, urls = split_images(req.messages)
         if urls:
-            images = fetch_images(urls, media_settings(image_pool(target.model, parsed.pool)))
+            pool = image_pool(target.model, parsed.pool)
+            images, images_pool = fetch_images(urls, media_settings(pool)), pool.name
             req = req.model_copy(update={"messages": messages})
     ids = tuple(conv.request_prompts(req, target.tok, target.model.max_model_len, parsed.plan))
     if block_size is None:
-        return Prompts(ids, dict.fromkeys(ids, ()), images)
+        return Prompts(ids, dict.fromkeys(ids, ()), images, images_pool)
     # Every choice carries the request's cache_salt (and adapter): one chain root, so salted
     # prompts (and an adapter's) share no hash with others.
     root = salted_root(req.cache_salt, target.lora)
     placeholder = image_placeholder_id(target.model.path) if images else None
     hashes = {p: tuple(hash_prompt_blocks(p, block_size, root, image_slots(p, images, placeholder))) for p in set(ids)}
-    return Prompts(ids, hashes, images)
+    return Prompts(ids, hashes, images, images_pool)

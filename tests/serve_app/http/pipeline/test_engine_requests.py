@@ -3,7 +3,7 @@ its prompt's hashes (an adapter request: tests/serve_app/http/test_lora_requests
 
 from __future__ import annotations
 
-from accel.contract import SamplingParams
+from accel.contract import EncodedImage, SamplingParams
 from accel.text.tokenizer import load_tokenizer
 from deployments.config.load import load_app_config
 from serve_app.http.pipeline.endpoints import COMPLETIONS
@@ -41,3 +41,14 @@ def test_one_engine_request_per_prompt_and_sample_each_with_its_route(tiny_llama
     routed = {(r.model, r.pool, r.session_id, r.lora) for r in planned.routes}
     assert routed == {("tiny-llama", "tt", "session-1", None)}
     assert all(g.lora is None and g.session_id == "session-1" for g in planned.generate)
+
+
+def test_a_chats_images_go_on_every_choice_and_pin_its_routes_to_the_images_pool(tiny_llama):
+    target = _target(tiny_llama)
+    image = EncodedImage(b"\x89PNG...", "image/png")
+    prompts = Prompts(((1, 2, 3),), {(1, 2, 3): (11,)}, (image,), "vl-pool")
+    read = COMPLETIONS.read({"model": "m", "prompt": "a", "n": 2})
+    parsed = Parsed(read, target, None, None, "session-1", None)  # (no pool pinned by the client)
+    planned = engine_requests(parsed, "chatcmpl", prompts, (SamplingParams(max_tokens=4),))
+    assert [g.images for g in planned.generate] == [(image,), (image,)]
+    assert {r.pool for r in planned.routes} == {"vl-pool"}
