@@ -47,7 +47,7 @@ from accel.vllm.conversion import (
     to_vllm_kv_params,
     to_vllm_sampling_params,
 )
-from accel.vllm.images import check_images, decode_image, max_images_per_prompt
+from accel.vllm.images import check_images, image_prompt_fields, max_images_per_prompt
 from accel.vllm.orphan_guard import OrphanGuard, descendant_pids, new_descendants
 from accel.vllm.platform import PlatformChoice, choose_platform, effective_tensor_parallel_size, require_backend
 from accel.vllm.stats import SchedulerStatsSink, sink_stat_logger_factory
@@ -270,11 +270,7 @@ class VllmEngine:
         if request.cache_salt is not None:
             prompt["cache_salt"] = request.cache_salt  # vLLM mixes it into its first block's hash
         if request.images:
-            # vLLM's own multimodal processor expands each image placeholder and processes the pixels.
-            prompt["multi_modal_data"] = {"image": [decode_image(image) for image in request.images]}
-            # Each image named by its content hash: vLLM keys the blocks it touches (and their KV
-            # events) by this id, which the router's index matches (deployments/replicas/vllm_kv_events.py).
-            prompt["multi_modal_uuids"] = {"image": [image.content_hash for image in request.images]}
+            prompt.update(image_prompt_fields(request.images))  # type: ignore[typeddict-item]
         # A constraint with no reasoning end marker applies from the first output token: vLLM's
         # ``reasoning_ended=True`` (else vLLM's reasoning parser, if the engine has one, decides).
         spec = request.sampling.structured_outputs

@@ -7,6 +7,7 @@ the placeholders and makes the pixels, as on a bare vLLM server.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from accel.contract import EncodedImage, GenerateRequest, InvalidRequestError
@@ -38,3 +39,14 @@ def decode_image(image: EncodedImage) -> Any:
         return ImageMediaIO().load_bytes(image.data)
     except Exception as exc:  # PIL raises several types for a bad file
         raise InvalidRequestError("images", f"cannot decode the {image.mime} image: {exc}") from None
+
+
+def image_prompt_fields(images: Sequence[EncodedImage]) -> dict[str, Any]:
+    """The fields of vLLM's prompt dict that carry ``images``: the decoded images, which vLLM's own
+    multimodal processor expands (each placeholder) and turns into pixels, and each image's name,
+    its content hash: vLLM keys the blocks it touches (and their KV events) by that id, which the
+    router's index matches (deployments/replicas/vllm_kv_events.py)."""
+    return {
+        "multi_modal_data": {"image": [decode_image(image) for image in images]},
+        "multi_modal_uuids": {"image": [image.content_hash for image in images]},
+    }
