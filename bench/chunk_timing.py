@@ -33,7 +33,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.router_peers_servers import engine_ttft_totals  # noqa: E402
+from bench.router_peers_servers import engine_ttft_mean_s, read_engine_ttft  # noqa: E402
 from bench.serving_servers import (  # noqa: E402
     MAKE_SERVE_ENV,
     REPO,
@@ -92,19 +92,13 @@ async def run_load(
     return out, wall
 
 
-async def engine_ttft(url: str) -> tuple[float, float]:
-    """(sum of seconds, count) of the server's engines' ``vllm:time_to_first_token_seconds``."""
-    async with httpx.AsyncClient(timeout=30) as http:
-        return engine_ttft_totals([(await http.get(url + "/metrics")).text])
-
-
 def engine_split(ttft_s: list[float], before: tuple[float, float], after: tuple[float, float]) -> dict[str, Any]:
     """The engines' mean TTFT over one load and what the rest of the path added to the client's."""
-    count = after[1] - before[1]
     client_ms = 1000 * sum(ttft_s) / len(ttft_s) if ttft_s else math.nan
-    if count <= 0 or not ttft_s:  # a server whose /metrics has no engine TTFT series
+    engine_s = engine_ttft_mean_s(before, after)
+    if engine_s is None or not ttft_s:  # a server whose /metrics has no engine TTFT series
         return {"ttft_mean_ms": round(client_ms, 1), "engine_ttft_mean_ms": None, "outside_engine_ttft_mean_ms": None}
-    engine_ms = 1000 * (after[0] - before[0]) / count
+    engine_ms = 1000 * engine_s
     return {
         "ttft_mean_ms": round(client_ms, 1),
         "engine_ttft_mean_ms": round(engine_ms, 1),
@@ -155,11 +149,12 @@ def main() -> None:
         with started(name, cmd, server_env(env), port, opts.log_dir, model=model) as server:
             asyncio.run(run_load(server.url, model, 4, 8, 4, opts.prompt_words, 999))  # warm-up
             for c in (int(x) for x in opts.concurrency.split(",")):
-                before = asyncio.run(engine_ttft(server.url))
+                metrics = [server.url + "/metrics"]
+                before = asyncio.run(read_engine_ttft(metrics))
                 runs, wall = asyncio.run(
                     run_load(server.url, model, c, opts.num_requests, opts.max_tokens, opts.prompt_words, c)
                 )
-                split = engine_split([r[0] for r in runs if r], before, asyncio.run(engine_ttft(server.url)))
+                split = engine_split([r[0] for r in runs if r], before, asyncio.run(read_engine_ttft(metrics)))
                 entry[f"c{c}"] = {**summary(runs, wall, opts.max_tokens), **split}
                 print(f"[chunk_timing] {name} c{c}: {json.dumps(entry[f'c{c}'])}", file=sys.stderr, flush=True)
         entry["load_average_end"] = round(os.getloadavg()[0], 2)

@@ -65,7 +65,8 @@ from router_peers_servers import (  # noqa: E402
     EngineSpec,
     OurStack,
     ProcessSet,
-    engine_ttft_totals,
+    engine_ttft_mean_s,
+    read_engine_ttft,
     start_peer,
     start_workers,
     worker_load,
@@ -263,20 +264,6 @@ def goal(traces: dict) -> dict:
     return out
 
 
-async def _engine_ttft(metrics_urls: Sequence[str]) -> tuple[float, float]:
-    async with httpx.AsyncClient(timeout=10) as http:
-        texts = await asyncio.gather(*(http.get(u) for u in metrics_urls))
-    return engine_ttft_totals([t.text for t in texts])
-
-
-def _engine_ttft_mean(before: tuple[float, float], after: tuple[float, float]) -> float | None:
-    """The engines' mean TTFT over one run (the histogram's sum and count deltas): next to the
-    client's ``ttft_mean_s`` it splits a system's TTFT into engine time and what is added around
-    the engine (router, stack, HTTP)."""
-    count = after[1] - before[1]
-    return round((after[0] - before[0]) / count, 4) if count > 0 else None
-
-
 def _load_avg() -> float:
     return round(os.getloadavg()[0], 2)
 
@@ -380,10 +367,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 limit = SESSION_CONCURRENCY.get(family)
                 metrics_urls = [url + "/metrics"] if name == "ours" else [w.url + "/metrics" for w in workers]
-                ttft_before = asyncio.run(_engine_ttft(metrics_urls))
+                ttft_before = asyncio.run(read_engine_ttft(metrics_urls))
                 records, samples, wall_s = asyncio.run(replay(url, spec.served_name, sessions, loads, limit))
                 result = figures(records, samples, wall_s, tokenize, spec.block_size)
-                result["engine_ttft_mean_s"] = _engine_ttft_mean(ttft_before, asyncio.run(_engine_ttft(metrics_urls)))
+                engine_mean = engine_ttft_mean_s(ttft_before, asyncio.run(read_engine_ttft(metrics_urls)))
+                result["engine_ttft_mean_s"] = round(engine_mean, 4) if engine_mean is not None else None
                 result["load_average"] = [load_start, _load_avg()]
                 entry["routers"][ours_name if name == "ours" else name] = result
                 if proc is not None:

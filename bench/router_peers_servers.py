@@ -272,6 +272,20 @@ def engine_ttft_totals(metrics_texts: Sequence[str]) -> tuple[float, float]:
     return total["sum"], total["count"]
 
 
+async def read_engine_ttft(metrics_urls: Sequence[str]) -> tuple[float, float]:
+    """``engine_ttft_totals`` over every ``/metrics`` URL of one system (its engines, or our stack)."""
+    async with httpx.AsyncClient(timeout=30) as http:
+        texts = await asyncio.gather(*(http.get(u) for u in metrics_urls))
+    return engine_ttft_totals([t.text for t in texts])
+
+
+def engine_ttft_mean_s(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    """The engines' mean TTFT between two ``read_engine_ttft`` scrapes (the histogram's sum and
+    count deltas); None when no engine TTFT was observed between them."""
+    count = after[1] - before[1]
+    return (after[0] - before[0]) / count if count > 0 else None
+
+
 _GAUGE = re.compile(r"^vllm:num_requests_(running|waiting)\{[^}]*\}\s+([0-9.eE+-]+)$", re.MULTILINE)
 
 
