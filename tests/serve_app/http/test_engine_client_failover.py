@@ -195,31 +195,14 @@ def test_a_salted_continuation_is_routed_by_its_salted_block_hashes():
     prompt = tuple(range(1, 2 * block_size))  # one token short of two blocks: the continuation fills it
     request = GenerateRequest("r", prompt, SamplingParams(max_tokens=4, temperature=0), cache_salt="tenant-a")
 
-    async def run():
-        router = FakeRouterHandle([RouteDecision("tt", "t1", "a", "prefix"), RouteDecision("tt", "t2", "b", "load")])
-        seen = []
-
-        def make(req):
-            seen.append(req)
-            if len(seen) == 1:
-                return FakeStream([OutputDelta("r", (7,), "x", len(prompt), 1)], dead_actor_error())
-            return FakeStream(
-                [OutputDelta(req.request_id, (9,), "z", len(prompt) + 1, 1, finish_reason=FinishReason.LENGTH)]
-            )
-
-        client, _ = make_client(router, pools={"tt": FakePoolHandle(make)})
-        root = salted_root("tenant-a")
-        first = RouteRequest(
-            "r", "m", len(prompt), prompt_block_hashes=tuple(hash_prompt_blocks(prompt, block_size, root))
-        )
-        [d async for d in client.stream(request, first)]
-        continued = seen[1].prompt_token_ids
-        assert len(continued) == 2 * block_size
-        hashes = router.routes[1].prompt_block_hashes
-        assert hashes == tuple(hash_prompt_blocks(continued, block_size, root)) and len(hashes) == 2
-        assert hashes != tuple(hash_prompt_blocks(continued, block_size))
-
-    asyncio.run(run())
+    root = salted_root("tenant-a")
+    first = RouteRequest("r", "m", len(prompt), prompt_block_hashes=tuple(hash_prompt_blocks(prompt, block_size, root)))
+    seen, routes = _fail_over_once(request, first)
+    continued = seen[1].prompt_token_ids
+    assert len(continued) == 2 * block_size
+    hashes = routes[1].prompt_block_hashes
+    assert hashes == tuple(hash_prompt_blocks(continued, block_size, root)) and len(hashes) == 2
+    assert hashes != tuple(hash_prompt_blocks(continued, block_size))
 
 
 def test_a_continuation_with_images_keeps_its_image_keyed_hashes():
@@ -231,24 +214,8 @@ def test_a_continuation_with_images_keeps_its_image_keyed_hashes():
     image = EncodedImage(b"png-bytes", "image/png")
     request = GenerateRequest("r", prompt, SamplingParams(max_tokens=4, temperature=0), images=(image,))
 
-    async def run():
-        router = FakeRouterHandle([RouteDecision("tt", "t1", "a", "prefix"), RouteDecision("tt", "t2", "b", "load")])
-        seen = []
-
-        def make(req):
-            seen.append(req)
-            if len(seen) == 1:
-                return FakeStream([OutputDelta("r", (7,), "x", len(prompt), 1)], dead_actor_error())
-            return FakeStream(
-                [OutputDelta(req.request_id, (9,), "z", len(prompt) + 1, 1, finish_reason=FinishReason.LENGTH)]
-            )
-
-        client, _ = make_client(router, pools={"tt": FakePoolHandle(make)})
-        first = RouteRequest("r", "m", len(prompt), prompt_block_hashes=(11, 22))
-        [d async for d in client.stream(request, first)]
-        assert seen[1].images == (image,) and router.routes[1].prompt_block_hashes == (11, 22)
-
-    asyncio.run(run())
+    seen, routes = _fail_over_once(request, RouteRequest("r", "m", len(prompt), prompt_block_hashes=(11, 22)))
+    assert seen[1].images == (image,) and routes[1].prompt_block_hashes == (11, 22)
 
 
 class _FailoverCounts:
@@ -282,3 +249,27 @@ def test_each_failover_is_counted_for_its_model():
         assert metrics.failovers == ["m"]  # one failover, under the request's model
 
     asyncio.run(run())
+
+
+def _fail_over_once(request: GenerateRequest, first: RouteRequest) -> tuple[list, list]:
+    """Stream ``request``: its first replica dies after one token, the second finishes it. The
+    engine requests the pools saw and the routes the router was asked for."""
+    prompt = request.prompt_token_ids
+
+    async def run():
+        router = FakeRouterHandle([RouteDecision("tt", "t1", "a", "prefix"), RouteDecision("tt", "t2", "b", "load")])
+        seen = []
+
+        def make(req):
+            seen.append(req)
+            if len(seen) == 1:
+                return FakeStream([OutputDelta("r", (7,), "x", len(prompt), 1)], dead_actor_error())
+            return FakeStream(
+                [OutputDelta(req.request_id, (9,), "z", len(prompt) + 1, 1, finish_reason=FinishReason.LENGTH)]
+            )
+
+        client, _ = make_client(router, pools={"tt": FakePoolHandle(make)})
+        [d async for d in client.stream(request, first)]
+        return seen, router.routes
+
+    return asyncio.run(run())
