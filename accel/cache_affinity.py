@@ -55,7 +55,7 @@ def load_limit(min_score: float, weights: AffinityWeights) -> float:
 def cheapest(
     candidates: Sequence[K],
     scores: Callable[[K], float],
-    matched_blocks: Callable[[K], int],
+    matched_blocks: Callable[[K], float],
     limit: float,
     weights: AffinityWeights,
     expected_scores: Callable[[K], float] | None = None,

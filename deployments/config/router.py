@@ -34,15 +34,25 @@ class CostWeights(AffinityWeights):
     adds ``w_session`` to that replica's load score in the cost (not in the window), unless the
     pool's mean KV usage is at least ``session_max_kv_usage`` (``cost_policy`` says why).
     Chosen on ``bench/router_sim.py``'s light-load chat family (``router_sim_validate``).
+
+    Tiers: a prompt block the replica's engine holds only on its host (or storage) tier counts
+    ``host_tier_credit`` (``storage_tier_credit``) of a device block in ``uncached_prompt_blocks``:
+    it is loaded back, not recomputed, which still costs a transfer (vllm-router's
+    ``--kv-penalty-host`` / ``--kv-penalty-disk`` defaults, 0.8 and 0.3).
     """
 
     w_session: float = 2.0
     session_max_kv_usage: float = 0.9
+    host_tier_credit: float = 0.8
+    storage_tier_credit: float = 0.3
 
     def __post_init__(self) -> None:
         for f in fields(self):
             if getattr(self, f.name) < 0:
                 raise ConfigError(f"router.weights.{f.name}: must be >= 0, got {getattr(self, f.name)}")
+        for name in ("host_tier_credit", "storage_tier_credit"):
+            if getattr(self, name) > 1:
+                raise ConfigError(f"router.weights.{name}: must be <= 1 (a device hit is 1), got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)

@@ -11,18 +11,27 @@ in one replica's event log (``deployments.replicas.kv_event_log``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from accel.block_hash import BlockHash
+
+# Where an engine holds a block, fastest first: its device KV cache, host DRAM (vLLM's
+# ``OffloadingConnector`` medium "CPU"), or slower storage (disk, a remote store). A block on a
+# slower tier is loaded back instead of recomputed, which still costs a transfer.
+Tier = Literal["device", "host", "storage"]
 
 
 @dataclass(frozen=True)
 class BlockStored:
     """Full blocks the engine now holds, in chain order (block i's parent is block i-1).
     ``lane``: the engine's cache domain that stored them (a TT lane; like vLLM's
-    ``KVEventBatch.data_parallel_rank``); 0 for an engine with one cache."""
+    ``KVEventBatch.data_parallel_rank``); 0 for an engine with one cache. ``tier``: the fastest
+    tier now holding them; a held block is reported again when that changes (copied to a faster
+    tier, or left only on a slower one after the device evicted it)."""
 
     block_hashes: tuple[BlockHash, ...]
     lane: int = 0
+    tier: Tier = "device"
 
 
 @dataclass(frozen=True)

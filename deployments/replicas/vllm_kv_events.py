@@ -10,9 +10,12 @@ this module does not import vLLM.
 Offloaded blocks count: an engine with a host-DRAM (or storage) KV tier, whose connector
 publishes its events (vLLM's ``OffloadingConnector`` and subclasses such as torchtpu's
 ``TPURaidenOffloadingConnector``: ``medium`` "CPU" / "STORAGE", the same block hashes as the
-device tier), loads such a prefix back instead of recomputing it, so the router credits it like
-a device-resident one. A block is held while any medium holds it: ``BlockStored`` is emitted when
-the first medium stores it, ``BlockRemoved`` when the last one drops it.
+device tier), loads such a prefix back instead of recomputing it, so the router credits it,
+below a device-resident one (``router.weights.host_tier_credit``). A block is held while any
+medium holds it: ``BlockStored`` carries the fastest tier holding it (``Tier``: GPU -> device,
+CPU -> host, any other medium -> storage) and is emitted again when that tier changes (the
+device evicts a block the host still holds: it is demoted; the host's copy is loaded back: it is
+promoted); ``BlockRemoved`` when the last medium drops it.
 
 Blocks we cannot key faithfully are left out and counted in ``num_skipped_blocks``: a parent we
 never saw (we subscribed late: the engine's snapshot repairs that), a different block size, a key
@@ -44,7 +47,7 @@ from typing import Any
 
 from accel.block_hash import BlockHash, hash_block, hash_image_anchor, salted_root
 from accel.contract import ConfigError
-from deployments.messages.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from deployments.messages.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, Tier
 
 _GPU_MEDIA = (None, "GPU", "gpu")
 _GPU = "GPU"
@@ -53,6 +56,24 @@ _GPU = "GPU"
 def _medium(event: Any) -> str:
     medium = getattr(event, "medium", None)
     return _GPU if medium in _GPU_MEDIA else str(medium)
+
+
+def _best_tier(media: set[str]) -> Tier:
+    """The fastest tier among the media holding a block (non-empty)."""
+    if _GPU in media:
+        return "device"
+    return "host" if any(m.upper() == "CPU" for m in media) else "storage"
+
+
+def _runs(changes: list[tuple[BlockHash, Tier]]) -> list[BlockStored]:
+    """One ``BlockStored`` per run of consecutive blocks with the same tier, in chain order."""
+    out: list[BlockStored] = []
+    start = 0
+    for i in range(1, len(changes) + 1):
+        if i == len(changes) or changes[i][1] != changes[start][1]:
+            out.append(BlockStored(tuple(h for h, _ in changes[start:i]), tier=changes[start][1]))
+            start = i
+    return out
 
 
 class VLLMEventTranslator:
@@ -70,13 +91,14 @@ class VLLMEventTranslator:
         for event in events:
             kind = type(event).__name__
             if kind == "BlockStored":
-                stored = self._stored(event)
-                if stored:
-                    out.append(BlockStored(stored))
-            elif kind == "BlockRemoved":
-                removed = self._removed(event) if _is_group0(event) else ()
+                out.extend(_runs(self._stored(event)))
+            elif kind == "BlockRemoved" and _is_group0(event):
+                removed, demoted = self._removed(event)
                 if removed:
                     out.append(BlockRemoved(removed))
+                out.extend(_runs(demoted))
+            elif kind == "BlockRemoved":
+                pass  # another KV-cache group: never keyed
             elif kind == "AllBlocksCleared":
                 self._ours.clear()
                 self._held.clear()
@@ -86,8 +108,8 @@ class VLLMEventTranslator:
                 raise TypeError(f"not a vLLM KV event: {event!r}")
         return out
 
-    def _stored(self, event: Any) -> tuple[BlockHash, ...]:
-        """Our hashes of the blocks this event makes held (not those already held elsewhere)."""
+    def _stored(self, event: Any) -> list[tuple[BlockHash, Tier]]:
+        """Our hashes of the blocks this event makes held or moves to a faster tier, with that tier."""
         num_blocks = len(event.block_hashes)
         medium = _medium(event)
         lora_name = getattr(event, "lora_name", None)
@@ -95,7 +117,7 @@ class VLLMEventTranslator:
         unnamed_lora = getattr(event, "lora_id", None) is not None and lora_name is None
         if not _is_group0(event) or unnamed_lora or not block_keys:
             self.num_skipped_blocks += num_blocks
-            return ()
+            return []
         if medium == _GPU and event.block_size != self.block_size:
             raise ConfigError(
                 f"router.block_size: {self.block_size} but the vLLM engine publishes "
@@ -141,28 +163,33 @@ class VLLMEventTranslator:
             return None
         return self._ours.get(vllm_parent)
 
-    def _hold(self, vllm_hashes: Iterable[Any], medium: str) -> tuple[BlockHash, ...]:
-        newly = []
+    def _hold(self, vllm_hashes: Iterable[Any], medium: str) -> list[tuple[BlockHash, Tier]]:
+        changed: list[tuple[BlockHash, Tier]] = []
         for h in vllm_hashes:
             media = self._held.setdefault(h, set())
-            if not media:
-                newly.append(self._ours[h])
+            before = _best_tier(media) if media else None
             media.add(medium)
-        return tuple(newly)
+            if (tier := _best_tier(media)) != before:
+                changed.append((self._ours[h], tier))
+        return changed
 
-    def _removed(self, event: Any) -> tuple[BlockHash, ...]:
-        """Our hashes of the blocks no medium holds any more after this event."""
-        medium, gone = _medium(event), []
+    def _removed(self, event: Any) -> tuple[tuple[BlockHash, ...], list[tuple[BlockHash, Tier]]]:
+        """Our hashes of the blocks no medium holds any more after this event, and of those left
+        only on a slower tier (with it)."""
+        medium, gone, demoted = _medium(event), [], []
         for h in event.block_hashes:
             media = self._held.get(h)
             if media is None:
                 continue
+            before = _best_tier(media)
             media.discard(medium)
             if not media:
                 del self._held[h]
                 gone.append(self._ours.pop(h))
                 self._anchors.discard(h)
-        return tuple(gone)
+            elif (tier := _best_tier(media)) != before:
+                demoted.append((self._ours[h], tier))
+        return tuple(gone), demoted
 
 
 def _without_lora(extra_keys: Any, lora_name: str | None) -> Any:

@@ -58,7 +58,7 @@ class AdapterTable:
         free = [r for r in capable if self._has_slot_for(r, adapter)]
         return frozenset(free or capable)
 
-    def credit(self, adapter: str, matched_blocks: Mapping[str, int], candidates: Iterable[str]) -> dict[str, int]:
+    def credit(self, adapter: str, matched_blocks: Mapping[str, float], candidates: Iterable[str]) -> dict[str, float]:
         """``matched_blocks`` plus ``ADAPTER_HIT_BLOCKS`` on each candidate holding ``adapter``."""
         credited = dict(matched_blocks)
         for replica_id in candidates:

@@ -44,7 +44,9 @@ class RoutingContext:
 
     candidates: tuple[str, ...]  # replica ids of the pool, sorted, non-empty
     num_prompt_blocks: int  # full blocks of the prompt
-    matched_blocks: Mapping[str, int]  # replica -> leading prompt blocks cached; absent = 0
+    # replica -> leading prompt blocks cached, in device blocks (a block held only on a slower
+    # tier counts its tier's credit; an adapter already loaded adds some); absent = 0
+    matched_blocks: Mapping[str, float]
     in_flight: Mapping[str, int]  # replica -> requests in flight
     fresh_stats: Mapping[str, tuple[int, float]]  # replica -> (num_waiting, kv_usage), fresh only
     replica_hashes: Mapping[str, int]  # replica -> stable 64-bit hash (tie-breaks)

@@ -1,14 +1,16 @@
 """``PrecisePrefixIndex``: the prefix index that follows the engines' KV events (``precise`` mode),
-with speculative entries for what was just routed (see ``prefix_index`` for the shared layout)."""
+with speculative entries for what was just routed (see ``prefix_index`` for the shared layout),
+and the tier each block is held on (``BlockStored.tier``: device, or only a slower host/storage
+tier the engine loads it back from), which ``credit`` weighs."""
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 
 from accel.block_hash import BlockHash
-from deployments.messages.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from deployments.messages.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, Tier
 
 from .prefix_index import PrefixIndex
 
@@ -22,7 +24,8 @@ class PrecisePrefixIndex(PrefixIndex):
     with its expiry (and, until then, any the LRU bound dropped meanwhile); ``_expiries`` lists
     every (expiry, replica, hashes) recorded, in expiry order (one TTL, a monotonic clock); an
     entry is dropped at its expiry only if that is still its own (a later dispatch refreshes it).
-    The LRU bound counts confirmed entries: guesses ride on top of the engine's capacity."""
+    The LRU bound counts confirmed device entries: guesses and blocks held only on a slower tier
+    (``_tiers[r]``, every key in ``_lru[r]``) ride on top of the engine's device capacity."""
 
     mode = "precise"
 
@@ -33,10 +36,31 @@ class PrecisePrefixIndex(PrefixIndex):
         self._ttl_s = speculative_ttl_s
         self._speculative: dict[str, dict[BlockHash, float]] = {}  # replica -> hash -> expiry
         self._expiries: deque[tuple[float, str, tuple[BlockHash, ...]]] = deque()
+        self._tiers: dict[str, dict[BlockHash, Tier]] = {}  # replica -> blocks not on its device
 
     def match(self, block_hashes: Sequence[BlockHash], candidates: Set[str]) -> dict[str, int]:
         self._expire()
         return super().match(block_hashes, candidates)
+
+    def credit(
+        self, block_hashes: Sequence[BlockHash], matched: Mapping[str, int], tier_credit: Mapping[Tier, float]
+    ) -> dict[str, float]:
+        credited: dict[str, float] = {}
+        for replica_id, n in matched.items():
+            tiers = self._tiers.get(replica_id)
+            if not tiers:
+                credited[replica_id] = float(n)
+                continue
+            credited[replica_id] = sum(
+                tier_credit[tier] if (tier := tiers.get(h)) is not None else 1.0 for h in block_hashes[:n]
+            )
+        return credited
+
+    def tier_of(self, replica_id: str, block_hash: BlockHash) -> Tier | None:
+        """The fastest tier ``replica_id`` holds ``block_hash`` on (None: not held)."""
+        if block_hash not in self._lru[replica_id]:
+            return None
+        return self._tiers.get(replica_id, {}).get(block_hash, "device")
 
     def num_speculative(self, replica_id: str) -> int:
         """Entries of ``replica_id`` recorded at dispatch and not yet confirmed by its events."""
@@ -54,6 +78,7 @@ class PrecisePrefixIndex(PrefixIndex):
         super().remove_replica(replica_id)
         self._learned.discard(replica_id)
         self._speculative.pop(replica_id, None)
+        self._tiers.pop(replica_id, None)
 
     def apply_snapshot(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
         self._speculative.pop(replica_id, None)  # the snapshot is the engine's whole truth
@@ -88,6 +113,7 @@ class PrecisePrefixIndex(PrefixIndex):
                     if confirmed:
                         self._remove(replica_id, confirmed)
                 self._store(replica_id, event.block_hashes, event.lane)
+                self._set_tier(replica_id, event.block_hashes, event.tier)
             elif isinstance(event, BlockRemoved):
                 if spec:
                     for block_hash in event.block_hashes:
@@ -100,11 +126,31 @@ class PrecisePrefixIndex(PrefixIndex):
             else:
                 raise TypeError(f"unknown KV event {event!r}")
 
+    def _set_tier(self, replica_id: str, block_hashes: Sequence[BlockHash], tier: Tier) -> None:
+        tiers = self._tiers.setdefault(replica_id, {})
+        if tier == "device":
+            for block_hash in block_hashes:
+                tiers.pop(block_hash, None)
+        else:
+            lru = self._lru[replica_id]
+            for block_hash in block_hashes:
+                if block_hash in lru:  # (the bound may just have dropped it)
+                    tiers[block_hash] = tier
+
     def _evict_to(self, replica_id: str, lru: OrderedDict[BlockHash, None], capacity: int) -> None:
-        # The bound is on what the engine reported: guesses ride on top of it, so recording one
-        # never pushes out a confirmed block the engine still holds (it would not report it again).
+        # The bound is on what the engine reported on its device: guesses ride on top of it, so
+        # recording one never pushes out a confirmed block the engine still holds (it would not
+        # report it again), and so do blocks it holds only on a slower tier (whose size it does
+        # not report).
         spec = self._speculative.get(replica_id)
-        super()._evict_to(replica_id, lru, capacity + (len(spec) if spec else 0))
+        tiers = self._tiers.get(replica_id)
+        super()._evict_to(replica_id, lru, capacity + (len(spec) if spec else 0) + (len(tiers) if tiers else 0))
+
+    def _disown(self, block_hash: BlockHash, replica_id: str) -> None:
+        super()._disown(block_hash, replica_id)
+        tiers = self._tiers.get(replica_id)
+        if tiers:
+            tiers.pop(block_hash, None)
 
     def _expire(self) -> None:
         """Drop the speculative entries whose time is up (and that nothing refreshed or confirmed)."""

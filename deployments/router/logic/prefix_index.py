@@ -42,11 +42,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence, Set
+from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import ClassVar
 
 from accel.block_hash import BlockHash
-from deployments.messages.kv_events import KVEvent
+from deployments.messages.kv_events import KVEvent, Tier
 
 
 class PrefixIndex(ABC):
@@ -136,6 +136,14 @@ class PrefixIndex(ABC):
         for replica_id in active:
             matched[replica_id] = i
         return self._narrow_to_one_lane(block_hashes, matched)
+
+    def credit(
+        self, block_hashes: Sequence[BlockHash], matched: Mapping[str, int], tier_credit: Mapping[Tier, float]
+    ) -> dict[str, float]:
+        """Each matched replica's prefix in device-block equivalents: a leading block held only on
+        a slower tier counts ``tier_credit[tier]`` (loading it back costs a transfer). Only the
+        precise index knows tiers; here every held block is a device block."""
+        return {replica_id: float(n) for replica_id, n in matched.items()}
 
     def _narrow_to_one_lane(self, block_hashes: Sequence[BlockHash], matched: dict[str, int]) -> dict[str, int]:
         """Cut each multi-lane replica's match to the longest prefix a single lane holds

@@ -54,7 +54,7 @@ from accel.contract import EngineStats
 from deployments.config.app import Role
 from deployments.config.router import ModelRouting, RouterConfig
 from deployments.config.task import PoolTask
-from deployments.messages.kv_events import KVEvent
+from deployments.messages.kv_events import KVEvent, Tier
 from deployments.messages.routing import RouteDecision, RouteRequest, prefill_ticket_of, stable_hash64
 
 from .adapters import AdapterTable
@@ -117,6 +117,13 @@ class RouterLogic:
         self._sessions = SessionTable(self.config.sessions, clock)
         self._load = LoadTracker(self.config.load, clock)
         self._adapters = AdapterTable()  # LoRA slots and affinity (``adapters``)
+        weights = self.config.weights
+        # What a held block is worth per tier, in device blocks (``CostWeights``' docstring).
+        self._tier_credit: dict[Tier, float] = {
+            "device": 1.0,
+            "host": weights.host_tier_credit,
+            "storage": weights.storage_tier_credit,
+        }
         self._replicas: dict[str, ReplicaInfo] = {}
         self._replica_hashes: dict[str, int] = {}
         self._groups = RoleGroups()
@@ -280,7 +287,9 @@ class RouterLogic:
     ) -> _Pick:
         pool_set = self._groups.member_set(pool_key, allowed)
         matched = self._index.match(hashes, pool_set)
-        credited = matched if lora is None else self._adapters.credit(lora, matched, pool_set)
+        credited = self._index.credit(hashes, matched, self._tier_credit)
+        if lora is not None:
+            credited = self._adapters.credit(lora, credited, pool_set)
         bound = self._sessions.bound_replica(session_key) if session_key else None
         new_session = bool(session_key) and bound is None
         if bound is not None and bound not in pool_set:

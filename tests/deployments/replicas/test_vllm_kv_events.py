@@ -58,28 +58,50 @@ def offload_of(hashes, medium):
     )
 
 
-def test_offloaded_blocks_stay_credited_until_no_medium_holds_them():
+def test_offloaded_blocks_stay_held_on_the_host_tier_until_no_medium_holds_them():
     """vLLM's offloading connectors publish the host tier's stores and evictions (medium "CPU")
     under the device blocks' own hashes: a prefix evicted from the device but kept in host DRAM
-    is still held (the engine loads it back), and leaves the index only when the host drops it."""
+    is still held (the engine loads it back), now on the host tier, and leaves the index only
+    when the host drops it."""
     ours = hash_prompt_blocks(TOKENS, BS)
     tr = VLLMEventTranslator(BS)
     assert tr.translate([stored([b"v0", b"v1", b"v2"], None, TOKENS[:12])]) == [BlockStored(tuple(ours[:3]))]
-    # Offloaded copies (vLLM's placeholder form: no tokens, block size 0) change nothing yet.
+    # Offloaded copies (vLLM's placeholder form: no tokens, block size 0) change nothing yet:
+    # the device is still the fastest tier holding them.
     assert tr.translate([offload_of([b"v1", b"v2"], "CPU")]) == []
-    # Device evicts v1, v2: v2 and v1 stay held in host DRAM; v0 (never offloaded) goes.
+    # Device evicts v0, v1, v2: v0 (never offloaded) goes; v1 and v2 are demoted to the host tier.
     gpu_evict = vllm_events.BlockRemoved(block_hashes=[b"v0", b"v1", b"v2"], medium="GPU")
-    assert tr.translate([gpu_evict]) == [BlockRemoved((ours[0],))]
-    # The host tier drops v2: now it is gone; v1 loaded back to the device is not news.
+    assert tr.translate([gpu_evict]) == [BlockRemoved((ours[0],)), BlockStored(tuple(ours[1:3]), tier="host")]
+    # The host tier drops v2: now it is gone. v1 loaded back to the device is promoted.
     assert tr.translate([vllm_events.BlockRemoved(block_hashes=[b"v2"], medium="CPU")]) == [BlockRemoved((ours[2],))]
-    assert tr.translate([stored([b"v1"], b"v0", TOKENS[4:8])]) == []
+    assert tr.translate([stored([b"v1"], b"v0", TOKENS[4:8])]) == [BlockStored((ours[1],))]
     assert tr.translate([vllm_events.BlockRemoved(block_hashes=[b"v1"], medium="CPU")]) == []  # still on device
+
+
+def test_each_run_of_blocks_is_reported_with_its_own_tier():
+    """One vLLM event may move some blocks to a faster tier and find others already there: the
+    translation is one ``BlockStored`` per run of equal tier, in chain order; other media than
+    GPU and CPU (disk, a remote store) are the storage tier."""
+    ours = hash_prompt_blocks(TOKENS, BS)
+    tr = VLLMEventTranslator(BS)
+    assert tr.translate([stored([b"v0", b"v1"], None, TOKENS[:8], medium="DISK")]) == [
+        BlockStored(tuple(ours[:2]), tier="storage")
+    ]
+    assert tr.translate([offload_of([b"v1"], "CPU")]) == [BlockStored((ours[1],), tier="host")]
+    # The device stores v0..v2: v0 and v1 are promoted, v2 is new; all three now on the device.
+    assert tr.translate([stored([b"v0", b"v1", b"v2"], None, TOKENS[:12])]) == [BlockStored(tuple(ours[:3]))]
+    evict = vllm_events.BlockRemoved(block_hashes=[b"v0", b"v1", b"v2"], medium="GPU")
+    assert tr.translate([evict]) == [
+        BlockRemoved((ours[2],)),
+        BlockStored((ours[0],), tier="storage"),
+        BlockStored((ours[1],), tier="host"),
+    ]
 
 
 def test_offload_event_with_tokens_keys_a_block_never_on_the_device():
     ours = hash_prompt_blocks(TOKENS, BS)
     tr = VLLMEventTranslator(BS)
-    assert tr.translate([stored([b"h0"], None, TOKENS[:4], medium="CPU")]) == [BlockStored((ours[0],))]
+    assert tr.translate([stored([b"h0"], None, TOKENS[:4], medium="CPU")]) == [BlockStored((ours[0],), tier="host")]
     assert tr.translate([offload_of([b"x"], "CPU")]) == [] and tr.num_skipped_blocks == 1
 
 

@@ -1,6 +1,8 @@
 """The precise index's speculative entries: a routed prompt counts as held until the engine's
 events confirm it, a removal drops it or its TTL ends it."""
 
+import pytest
+
 from deployments.messages.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from deployments.router.logic.index_modes import make_prefix_index
 from deployments.router.logic.precise_index import PrecisePrefixIndex
@@ -102,3 +104,42 @@ def test_speculative_entries_never_push_out_a_block_the_engine_reported():
     clock.now_s += 3
     assert idx.match(h, {"a"}) == {"a": 6} and idx.match(other, {"a"}) == {}
     assert idx.num_blocks("a") == 6
+
+
+TIER_CREDIT = {"device": 1.0, "host": 0.8, "storage": 0.3}
+
+
+def test_blocks_on_a_slower_tier_are_held_and_credited_below_device_blocks():
+    """A prefix the device evicted but the host tier keeps still matches (the engine loads it
+    back), credited at the host's rate; loaded back it is a device hit again; dropped by the last
+    tier it is gone."""
+    idx, _ = speculative_index(ttl_s=0.0)
+    h = blocks(SYSTEM, USER_A)  # 6 blocks
+    idx.apply_events("a", [BlockStored(tuple(h))])
+    idx.apply_events("b", [BlockStored(tuple(h[:4]))])
+    idx.apply_events("a", [BlockStored(tuple(h[2:]), tier="host")])  # device evicted blocks 2..5
+    assert idx.match(h, ALL) == {"a": 6, "b": 4}
+    assert idx.credit(h, idx.match(h, ALL), TIER_CREDIT) == {"a": pytest.approx(2 + 4 * 0.8), "b": 4.0}
+    assert idx.tier_of("a", h[1]) == "device" and idx.tier_of("a", h[5]) == "host" and idx.tier_of("c", h[0]) is None
+    idx.apply_events("a", [BlockStored(tuple(h[4:]), tier="storage")])
+    assert idx.credit(h, idx.match(h, ALL), TIER_CREDIT)["a"] == pytest.approx(2 + 2 * 0.8 + 2 * 0.3)
+    idx.apply_events("a", [BlockStored(tuple(h[2:4]))])  # loaded back onto the device
+    assert idx.credit(h, idx.match(h, ALL), TIER_CREDIT)["a"] == pytest.approx(4 + 2 * 0.3)
+    idx.apply_events("a", [BlockRemoved(tuple(h[4:]))])
+    assert idx.match(h, ALL)["a"] == 4 and idx._tiers["a"] == {}
+    # A clear forgets the tiers with the blocks.
+    idx.apply_events("b", [BlockStored(tuple(h[:4]), tier="host"), AllBlocksCleared()])
+    assert "b" not in idx.match(h, ALL) and idx._tiers["b"] == {}
+
+
+def test_blocks_held_only_on_a_slower_tier_ride_on_top_of_the_device_bound():
+    """The LRU bound is the engine's device capacity: host-tier blocks (whose count the engine
+    does not report) never push out a device block it still holds."""
+    idx = PrecisePrefixIndex()
+    idx.add_replica("a", 4)
+    device = blocks(SYSTEM)  # 4 blocks: the device is full
+    offloaded = blocks(USER_A, USER_B)  # 4 more, only on the host
+    idx.apply_events("a", [BlockStored(tuple(offloaded)), BlockStored(tuple(offloaded), tier="host")])
+    idx.apply_events("a", [BlockStored(tuple(device))])
+    assert idx.match(device, {"a"}) == {"a": 4} and idx.match(offloaded, {"a"}) == {"a": 4}
+    assert idx.num_blocks("a") == 8

@@ -113,6 +113,28 @@ def test_precise_mode_follows_engine_events_through_the_core():
     assert core.index.match(hashes, frozenset({"r0", "r1", "r3"})) == {}
 
 
+def test_a_prefix_on_the_host_tier_is_credited_below_a_device_hit():
+    """A replica whose engine evicted a prompt from its device but keeps it in host DRAM still
+    draws the request (it loads the prefix back instead of recomputing it), credited at
+    ``host_tier_credit`` (0.8) per block: 16 host blocks (12.8) beat 12 device blocks and lose to
+    14 (and equal load, so only the credit decides)."""
+    hashes = tuple(hash_prompt_blocks(SYSTEM, BS))
+    prompt = SYSTEM + (1,) * 4
+    for device_blocks, winner in ((0, "r0"), (12, "r0"), (14, "r1")):
+        core = core_with(2, index_mode="precise")
+        core.apply_kv_events("r0", [BlockStored(hashes), BlockStored(hashes, tier="host")])
+        core.apply_kv_events("r1", [BlockStored(hashes[:device_blocks])] if device_blocks else [])
+        decision = core.route(req("q", prompt))
+        assert decision.replica_id == winner, device_blocks
+    # With the host tier credited as a device hit (1.0), the longest prefix wins again.
+    core = core_with(2, index_mode="precise", weights=CostWeights(host_tier_credit=1.0))
+    core.apply_kv_events("r0", [BlockStored(hashes), BlockStored(hashes, tier="host")])
+    core.apply_kv_events("r1", [BlockStored(hashes[:14])])
+    assert core.route(req("q", prompt)).replica_id == "r0"
+    with pytest.raises(ConfigError, match="host_tier_credit"):
+        CostWeights(host_tier_credit=1.5)
+
+
 def test_restarted_router_rebuilds_from_snapshots_and_agrees():
     before = core_with()
     prompts = [SYSTEM + tuple(range(1000 * k, 1000 * k + 16)) for k in range(6)]
