@@ -33,7 +33,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.router_peers_servers import engine_ttft_mean_s, read_engine_ttft  # noqa: E402
+from bench.router_peers_metrics import engine_ttft_mean_s, read_engine_ttft  # noqa: E402
 from bench.serving_servers import (  # noqa: E402
     MAKE_SERVE_ENV,
     REPO,

@@ -30,7 +30,11 @@ def process_label(cmdline: Sequence[str], name: str) -> str:
         ("raylet", "raylet"),
         ("gcs_server", "gcs"),
         ("serving_servers.py", "driver"),
+        ("router_peers.py", "driver"),
         ("api_server", "api_server"),
+        ("vllm-router", "peer_router"),
+        ("sglang-router", "peer_router"),
+        ("sglang_router", "peer_router"),
     ):
         if tag in line:
             return label
@@ -67,3 +71,24 @@ class CpuSampler:
             used = cpu_s - self._start.get(pid, (label, 0.0))[1]
             per_label[label] = per_label.get(label, 0.0) + used
         return {k: round(1e6 * v / max(1, num_tokens), 1) for k, v in sorted(per_label.items()) if v > 0}
+
+
+def machine_cpu_s() -> dict[int, tuple[str, float]]:
+    """Every process of the machine: pid -> (label, CPU seconds so far)."""
+    import psutil
+
+    out = {}
+    for p in psutil.process_iter():
+        with contextlib.suppress(Exception):
+            t = p.cpu_times()
+            out[p.pid] = (process_label(p.cmdline(), p.name()), t.user + t.system)
+    return out
+
+
+def cpu_s_by_label(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds used between two ``machine_cpu_s`` samples, per label (the largest first)."""
+    per_label: dict[str, float] = {}
+    for pid, (label, cpu_s) in after.items():
+        used = cpu_s - before.get(pid, (label, 0.0))[1]
+        per_label[label] = per_label.get(label, 0.0) + used
+    return {k: round(v, 1) for k, v in sorted(per_label.items(), key=lambda kv: -kv[1]) if v >= 0.05}

@@ -37,7 +37,9 @@ a quarter size, the reduced run for a small host). Also per router: ``e2e_p99_s`
 releases them together), ``req_per_s`` (completed requests over the wall time), and
 ``engine_ttft_mean_s``, the engines' own mean TTFT over the run (``vllm:time_to_first_token_seconds``
 from the workers' or our stack's ``/metrics``) beside the client's ``ttft_mean_s``: the
-difference is what the router and the stack add around the engine. Run benchmarks
+difference is what the router and the stack add around the engine; ``cpu_s_by_process``: CPU
+seconds per process role on the whole machine over the replay (``process_cpu.process_label``:
+engines, routers, Ray Serve's actors, the driver). Run benchmarks
 under ``flock /tmp/meshserve-heavy.lock``.
 """
 
@@ -60,22 +62,14 @@ import httpx
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from router_peers_servers import (  # noqa: E402
-    PEERS,
-    EngineSpec,
-    OurStack,
-    ProcessSet,
-    engine_ttft_mean_s,
-    read_engine_ttft,
-    start_peer,
-    start_workers,
-    worker_load,
-)
+from process_cpu import cpu_s_by_label, machine_cpu_s  # noqa: E402
+from router_peers_metrics import engine_ttft_mean_s, read_decisions, read_engine_ttft, worker_load  # noqa: E402
+from router_peers_servers import PEERS, EngineSpec, OurStack, ProcessSet, start_peer, start_workers  # noqa: E402
 from router_peers_traces import (  # noqa: E402
     FAMILIES,
-    HARD_FAMILIES,
     SESSION_CONCURRENCY,
     Session,
+    goal,
     max_over_mean,
     oracle_hit_tokens,
     percentile,
@@ -84,7 +78,6 @@ from router_peers_traces import (  # noqa: E402
 
 ROUTERS = (*PEERS, "ours")
 SAMPLE_PERIOD_S = 0.25
-GOAL_MAX_OVER_MEAN = 1.25
 
 
 @dataclasses.dataclass
@@ -241,29 +234,6 @@ def trace_info(sessions: Sequence[Session], tokenize, block_size: int, kv_tokens
     }
 
 
-def goal(traces: dict) -> dict:
-    """Per hard trace: ours' hit rate >= the best peer's at max/mean load <= 1.25."""
-    out = {}
-    for family, entry in traces.items():
-        routers = entry["routers"]
-        if family not in HARD_FAMILIES or "ours" not in routers:
-            continue
-        peers = {n: r for n, r in routers.items() if n != "ours" and n != "round_robin"}
-        best = max(peers, key=lambda n: peers[n]["hit_rate"]) if peers else None
-        ours = routers["ours"]
-        mom = ours["max_over_mean_load"]
-        out[family] = {
-            "best_peer": best,
-            "best_peer_hit_rate": peers[best]["hit_rate"] if best else None,
-            "ours_hit_rate": ours["hit_rate"],
-            "ours_max_over_mean_load": mom,
-            "met": bool(best is None or ours["hit_rate"] >= peers[best]["hit_rate"])
-            and mom is not None
-            and mom <= GOAL_MAX_OVER_MEAN,
-        }
-    return out
-
-
 def _load_avg() -> float:
     return round(os.getloadavg()[0], 2)
 
@@ -302,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "entry is then named ours[<overrides>], not ours",
     )
     p.add_argument("--log-dir", type=Path, default=Path("/tmp/meshserve-bench/router_peers"))
+    p.add_argument("--out", type=Path, help="also write the JSON object here (Ray may print to stdout at shutdown)")
     args = p.parse_args(argv)
     if args.agentic:
         args.traces, args.kv_blocks = "agentic", 128
@@ -325,7 +296,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     def tokenize(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=True).ids
 
-    spec = EngineSpec(model_path=args.model, num_kv_blocks=args.kv_blocks)
+    # vLLM keeps one block as its null block, so a prompt may use at most ``num_kv_blocks - 1``.
+    max_len = min(EngineSpec.max_model_len, (args.kv_blocks - 1) * EngineSpec.block_size)
+    spec = EngineSpec(model_path=args.model, num_kv_blocks=args.kv_blocks, max_model_len=max_len)
     kv_total = 2 * spec.num_kv_blocks * spec.block_size
 
     def _stop(signum, frame):  # SIGTERM (timeout, kill) ends like Ctrl-C: the finally cleans up
@@ -368,8 +341,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 limit = SESSION_CONCURRENCY.get(family)
                 metrics_urls = [url + "/metrics"] if name == "ours" else [w.url + "/metrics" for w in workers]
                 ttft_before = asyncio.run(read_engine_ttft(metrics_urls))
+                decisions_before = asyncio.run(read_decisions(url)) if name == "ours" else {}
+                cpu_before = machine_cpu_s()
                 records, samples, wall_s = asyncio.run(replay(url, spec.served_name, sessions, loads, limit))
                 result = figures(records, samples, wall_s, tokenize, spec.block_size)
+                result["cpu_s_by_process"] = cpu_s_by_label(cpu_before, machine_cpu_s())
+                if name == "ours":  # how our router decided (the policy's ``Choice.reason``)
+                    after = asyncio.run(read_decisions(url))
+                    result["decisions"] = {k: int(v - decisions_before.get(k, 0)) for k, v in after.items()}
                 engine_mean = engine_ttft_mean_s(ttft_before, asyncio.run(read_engine_ttft(metrics_urls)))
                 result["engine_ttft_mean_s"] = round(engine_mean, 4) if engine_mean is not None else None
                 result["load_average"] = [load_start, _load_avg()]
@@ -389,7 +368,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     out["goal"] = goal(traces)
     out["load_average_end"] = _load_avg()
     out["runtime_s"] = round(time.perf_counter() - started, 1)
-    print(json.dumps(out, indent=None if args.json else 2))
+    text = json.dumps(out, indent=None if args.json else 2)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+    print(text)
     return 0
 
 

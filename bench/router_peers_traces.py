@@ -202,9 +202,11 @@ def agentic(seed: int, content_seed: int, scale: float = 1.0, max_tokens: int = 
                 if k > 0 and rng.random() < 0.35
                 else ()
             )
-            turns.append(Turn(prompt, max_tokens, 0.0 if k == 0 else rng.uniform(0.2, 1.5), fanout))
+            turns.append(Turn(prompt, max_tokens, 0.0 if k == 0 else rng.uniform(0.05, 0.5), fanout))
             history += "assistant: " + src.text(rng.randint(24, 48))
-        sessions.append(Session(f"s{content_seed}-ag-{s}", rng.uniform(0, 40 * scale), tuple(turns)))
+        # Sessions arrive faster than 8 slots serve them, so the engines stay saturated and the
+        # wall time measures throughput (as in issue 42's run), not the arrival schedule.
+        sessions.append(Session(f"s{content_seed}-ag-{s}", rng.uniform(0, 12 * scale), tuple(turns)))
     return sessions
 
 
@@ -266,3 +268,38 @@ def time_averaged_loads(samples: Sequence[tuple[float, Sequence[int]]]) -> list[
 def max_over_mean(loads: Sequence[float]) -> float | None:
     mean = sum(loads) / len(loads) if loads else 0.0
     return max(loads) / mean if mean > 0 else None
+
+
+GOAL_MAX_OVER_MEAN = 1.25
+AGENTIC_HIT_MARGIN = 0.05  # issue 42: ours' hit rate over the best peer's, absolute
+
+
+def goal(traces: dict) -> dict:
+    """Per hard trace: ours' hit rate >= the best peer's (round robin aside) at max/mean load <=
+    1.25. On ``agentic``, issue 42's acceptance instead: ours' hit rate >= the best peer's + 0.05,
+    and TTFT p50, TTFT p99 and wall time below every peer's (round robin included)."""
+    out = {}
+    for family, entry in traces.items():
+        routers = entry["routers"]
+        if family not in HARD_FAMILIES or "ours" not in routers:
+            continue
+        peers = {n: r for n, r in routers.items() if n != "ours" and n != "round_robin"}
+        best = max(peers, key=lambda n: peers[n]["hit_rate"]) if peers else None
+        ours = routers["ours"]
+        mom = ours["max_over_mean_load"]
+        margin = AGENTIC_HIT_MARGIN if family == "agentic" else 0.0
+        hit_met = best is None or ours["hit_rate"] >= peers[best]["hit_rate"] + margin
+        out[family] = {
+            "best_peer": best,
+            "best_peer_hit_rate": peers[best]["hit_rate"] if best else None,
+            "ours_hit_rate": ours["hit_rate"],
+            "ours_max_over_mean_load": mom,
+        }
+        if family == "agentic":
+            others = [r for n, r in routers.items() if n != "ours"]
+            faster = {key: all(ours[key] < r[key] for r in others) for key in ("ttft_p50_s", "ttft_p99_s", "wall_s")}
+            out[family].update({f"{k}_below_every_peer": v for k, v in faster.items()})
+            out[family]["met"] = bool(hit_met and all(faster.values()))
+        else:
+            out[family]["met"] = bool(hit_met) and mom is not None and mom <= GOAL_MAX_OVER_MEAN
+    return out

@@ -4,7 +4,7 @@ difference of two ``/metrics`` scrapes) and what the rest of the path added."""
 from __future__ import annotations
 
 from bench.chunk_timing import engine_split, summary
-from bench.router_peers_servers import engine_ttft_totals
+from bench.router_peers_metrics import engine_ttft_totals
 
 METRICS = """# TYPE vllm:time_to_first_token_seconds histogram
 vllm:time_to_first_token_seconds_sum{{engine="0",model_name="m"}} {sum}

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import prometheus_client
 
-from bench.router_peers_servers import ENGINE_ENV, EngineSpec, engine_env, engine_ttft_totals, worker_kv_blocks
+from bench.router_peers_metrics import decision_counts, engine_ttft_totals
+from bench.router_peers_servers import ENGINE_ENV, EngineSpec, engine_env, worker_kv_blocks
 
 
 def _metrics_text(num_gpu_blocks: int | None) -> str:
@@ -58,3 +59,15 @@ def test_engine_ttft_totals_sum_every_label_set_of_every_text() -> None:
     total, count = engine_ttft_totals(texts)
     assert count == 3 and abs(total - 0.6) < 1e-9
     assert engine_ttft_totals(["# nothing here\n"]) == (0.0, 0.0)
+
+
+def test_decision_counts_sum_each_reason_over_pools() -> None:
+    """Our router's decisions as its own registry renders them (what our /metrics serves)."""
+    from deployments.telemetry.router_prometheus import RouterPrometheus
+
+    prom = RouterPrometheus()
+    for pool, reason, n in (("vllm", "session", 3), ("vllm", "prefix", 2), ("tt", "session", 1)):
+        prom.decisions.labels(pool, reason).inc(n)
+    text = prometheus_client.generate_latest(prom.registry).decode()
+    assert decision_counts(text) == {"session": 4.0, "prefix": 2.0}
+    assert decision_counts("# nothing here\n") == {}
