@@ -3,7 +3,12 @@
 Per decision, over one pool:
 1. Load view: each candidate's load score (in-flight, plus engine queue and KV usage when fresh)
    and the acceptable window ``score <= min_score + max(window_abs, window_rel * min_score)``.
-2. Session: a bound replica inside the window, with the session under its in-flight cap, wins.
+2. Session: a bound replica inside the window, with the session under its in-flight cap, wins
+   while it holds at least as much of the prompt as any candidate (credited blocks). Stickiness
+   stands in for the session's cache; when the index says another replica holds more (the bound
+   engine evicted the history under KV pressure, or never held it), staying would recompute
+   blocks that are cached elsewhere and evict other sessions' blocks to make room, so the session
+   *yields*: the request goes by the cost rule (3), and the binding follows it where it lands.
    Outside the window the session spills and moves (``rebind_session``). At the cap the request
    goes by the cost rule (3) with the bound replica among the candidates, and the binding stays:
    it leaves only where that is cheaper. A burst of siblings (an agent's fan-out: sub-requests
@@ -44,10 +49,11 @@ class PrefixSessionLoadPolicy(RoutingPolicy):
         weights = self.weights
         view = load_view(ctx, weights)
         bound = ctx.session_replica
-        is_overloaded = False
+        is_overloaded = yields = False
         if bound is not None:
             is_overloaded = not view.is_acceptable(bound)
-            if ctx.can_stick and not is_overloaded:
+            yields = ctx.can_stick and not is_overloaded and not self._holds_most(ctx, bound)
+            if ctx.can_stick and not is_overloaded and not yields:
                 return Choice(bound, "session")
         # At the cap the bound replica stays a candidate (the docstring's step 2); when it is
         # overloaded the window excludes it anyway.
@@ -65,10 +71,18 @@ class PrefixSessionLoadPolicy(RoutingPolicy):
         best_id = tied[0] if len(tied) == 1 else min(tied, key=lambda r: tie_rank(key, hashes[r]))
 
         if bound is not None:
-            reason = "overloaded" if is_overloaded else "sibling" if best_id == bound else "spill"
+            reason = (
+                "overloaded" if is_overloaded else "yield" if yields else "sibling" if best_id == bound else "spill"
+            )
         else:
             reason = "prefix" if matched_get(best_id, 0) > 0 else "load"
-        return Choice(best_id, reason, rebind_session=is_overloaded)
+        return Choice(best_id, reason, rebind_session=is_overloaded or (yields and best_id != bound))
+
+    @staticmethod
+    def _holds_most(ctx: RoutingContext, bound: str) -> bool:
+        """The bound replica holds at least as many (credited) prompt blocks as any candidate."""
+        matched = ctx.matched_blocks
+        return matched.get(bound, 0) >= max(matched.values(), default=0)
 
     def _kv_has_room(self, ctx: RoutingContext) -> bool:
         """The candidates' mean KV usage (fresh stats only; none fresh: room) is below

@@ -65,7 +65,8 @@ class RoutingContext:
 class Choice:
     replica_id: str
     # "session", "prefix", "load", "round_robin", "spill", "overloaded", "sibling" (at the
-    # session's cap, yet the bound replica was the cheapest)
+    # session's cap, yet the bound replica was the cheapest), "yield" (another replica held more
+    # of the session's prompt than its bound one: chosen by cost)
     reason: str
     rebind_session: bool = False  # the session's replica was overloaded: bind it here now
 

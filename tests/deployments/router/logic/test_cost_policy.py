@@ -36,12 +36,26 @@ def test_cold_miss_goes_by_load_and_spreads_ties():
 
 
 def test_session_sticks_spills_at_cap_and_moves_when_overloaded():
-    assert choose({"a": 3, "b": 0}, {"b": 90}, session="a").reason == "session"
+    assert choose({"a": 3, "b": 0}, {"a": 40, "b": 40}, session="a").reason == "session"
+    assert choose({"a": 3, "b": 0}, session="a").reason == "session"  # nothing cached anywhere
     # At the cap with little of the prompt on the bound replica: the load term moves the request.
     choice = choose({"a": 3, "b": 0, "c": 0}, {"a": 10, "b": 8}, session="a", can_stick=False)
     assert (choice.replica_id, choice.reason, choice.rebind_session) == ("b", "spill", False)
     choice = choose({"a": 30, "b": 0, "c": 1}, {"a": 90, "c": 40}, session="a")
     assert (choice.replica_id, choice.reason, choice.rebind_session) == ("c", "overloaded", True)
+
+
+def test_a_session_yields_when_another_replica_holds_more_of_its_prompt():
+    """The bound replica's engine evicted the session's history (KV pressure) and keeps only the
+    shared system prompt, or less than another replica: the request goes by cost, and the
+    binding follows it when it lands elsewhere; where the bound replica is still the cheapest
+    the request stays and so does the binding."""
+    choice = choose({"a": 3, "b": 0}, {"b": 90}, session="a")
+    assert (choice.replica_id, choice.reason, choice.rebind_session) == ("b", "yield", True)
+    choice = choose({"a": 3, "b": 0}, {"a": 10, "b": 12}, session="a")  # 12 - 10 < 4 * 3 in load
+    assert (choice.replica_id, choice.reason, choice.rebind_session) == ("b", "yield", True)
+    choice = choose({"a": 0, "b": 3}, {"a": 10, "b": 12}, session="a")  # 2 blocks < 4 * 3 in load
+    assert (choice.replica_id, choice.reason, choice.rebind_session) == ("a", "yield", False)
 
 
 def test_a_sibling_at_the_session_cap_stays_where_the_shared_history_is():
