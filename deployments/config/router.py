@@ -43,6 +43,9 @@ class CostWeights(AffinityWeights):
 
     w_session: float = 2.0
     session_max_kv_usage: float = 0.9
+    # Load score per prompt block queued for prefill on a replica, in the cost only (cost_policy's
+    # step 5); 0.25 = one block of prefill per block (w_prefill / w_load_blocks).
+    w_queued_prefill: float = 0.0
     host_tier_credit: float = 0.8
     storage_tier_credit: float = 0.3
 

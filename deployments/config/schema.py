@@ -140,6 +140,7 @@ class RouterWeightsArgs(_Strict):
     window_rel: float = Field(default=CostWeights.window_rel, ge=0)
     w_session: float = Field(default=CostWeights.w_session, ge=0)
     session_max_kv_usage: float = Field(default=CostWeights.session_max_kv_usage, ge=0)
+    w_queued_prefill: float = Field(default=CostWeights.w_queued_prefill, ge=0)
     host_tier_credit: float = Field(default=CostWeights.host_tier_credit, ge=0, le=1)
     storage_tier_credit: float = Field(default=CostWeights.storage_tier_credit, ge=0, le=1)
 

@@ -33,9 +33,16 @@ Per decision, over one pool:
    its prefill once while the KV cache has room; once the pool's KV is nearly full of running
    requests (mean fresh usage >= ``session_max_kv_usage``) a copy costs capacity that evicts
    some session's history instead, so the term is off there and sessions gather by prefix.
+5. Queued prefill: the prompt blocks the requests in flight on a candidate still compute there
+   (``RoutingContext.queued_prefill_blocks``) delay a new request's first token as its own
+   uncached blocks would, where a count of requests cannot tell a 40-block prefill from a
+   1-block one; the cost counts ``w_queued_prefill`` of load per such block (in the cost only,
+   like step 4: the window stays in requests).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from accel.cache_affinity import cheapest
 
@@ -61,11 +68,9 @@ class PrefixSessionLoadPolicy(RoutingPolicy):
         # The shared rule (``accel.cache_affinity``): the TT lanes of the chosen replica apply it
         # again over their own caches, so the replica's best lane is where the request lands.
         matched_get, scores, limit = ctx.matched_blocks.get, view.scores, view.limit
-        expected = None
-        if ctx.new_session and weights.w_session and ctx.active_sessions and self._kv_has_room(ctx):
-            active_get, w_session = ctx.active_sessions.get, weights.w_session
-            expected = lambda r: scores[r] + w_session * active_get(r, 0)  # noqa: E731
-        tied = cheapest(ctx.candidates, scores.__getitem__, lambda r: matched_get(r, 0), limit, weights, expected)
+        tied = cheapest(
+            ctx.candidates, scores.__getitem__, lambda r: matched_get(r, 0), limit, weights, self._expected(ctx, scores)
+        )
         # (Never empty: the least-loaded candidate is always inside the window.)
         hashes, key = ctx.replica_hashes, ctx.tie_key
         best_id = tied[0] if len(tied) == 1 else min(tied, key=lambda r: tie_rank(key, hashes[r]))
@@ -83,6 +88,20 @@ class PrefixSessionLoadPolicy(RoutingPolicy):
         """The bound replica holds at least as many (credited) prompt blocks as any candidate."""
         matched = ctx.matched_blocks
         return matched.get(bound, 0) >= max(matched.values(), default=0)
+
+    def _expected(self, ctx: RoutingContext, scores: dict[str, float]) -> Callable[[str], float] | None:
+        """The load the cost counts, beyond the present scores (None: the scores as they are):
+        the sessions active on each replica when a new one is placed (step 4), and the prompt
+        blocks queued for prefill there (step 5)."""
+        weights = self.weights
+        active = ctx.active_sessions if ctx.new_session and weights.w_session and self._kv_has_room(ctx) else None
+        queued = ctx.queued_prefill_blocks if weights.w_queued_prefill else None
+        if not active and not queued:
+            return None
+        w_session, w_queued = weights.w_session, weights.w_queued_prefill
+        active_get = (active or {}).get
+        queued_get = (queued or {}).get
+        return lambda r: scores[r] + w_session * active_get(r, 0) + w_queued * queued_get(r, 0)
 
     def _kv_has_room(self, ctx: RoutingContext) -> bool:
         """The candidates' mean KV usage (fresh stats only; none fresh: room) is below

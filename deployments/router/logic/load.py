@@ -10,6 +10,12 @@ signal to in-flight counts instead of freezing it (the "everything to replica A"
 With prefill/decode disaggregation a request counts on both replicas; the prefill replica's count
 is released as soon as the prefill phase ends (``on_phase_done``).
 
+Queued prefill: each dispatch may also name, per replica, the prompt blocks it will compute there
+(its uncached blocks); ``queued_prefill_blocks`` sums them over the requests in flight, released
+with the request (or its prefill phase). The router is told when a request ends, not when its
+first token comes, so a request's blocks count for its whole life: exact for the short answers
+of agent turns, an over-estimate (by what the replica's running requests hold in KV) for long ones.
+
 With several router replicas each counts only its own decisions; the others' requests on a replica
 (``foreign_in_flight``, weighed like our own) come from the peers themselves when they are fresh:
 every router publishes its in-flight counts every ``PEER_LOAD_PERIOD_S`` (``apply_peer_in_flight``).
@@ -37,6 +43,7 @@ class ReplicaLoad:
     kv_usage: float  # engine KV usage in [0, 1] from fresh stats, else 0.0
     is_stats_fresh: bool
     num_foreign_in_flight: int = 0  # other routers' requests there, from fresh stats, else 0
+    num_queued_prefill_blocks: int = 0  # prompt blocks our requests in flight compute there
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,9 @@ class LoadTracker:
         self._clock = clock
         self._in_flight: dict[str, int] = {}
         self._replicas_of_request: dict[str, list[str]] = {}
+        # Invariant: _queued[r] is the sum of _prefill_of_request[q][r] over the requests q in flight.
+        self._queued: dict[str, int] = {}
+        self._prefill_of_request: dict[str, dict[str, int]] = {}
         self._stats: dict[str, _Snapshot] = {}
         self._fresh: dict[str, tuple[int, float]] | None = None  # fresh_stats() cache
         self._fresh_foreign: dict[str, int] = {}  # engine-derived foreign counts (same lifetime)
@@ -69,18 +79,28 @@ class LoadTracker:
     def remove_replica(self, replica_id: str) -> None:
         """Drop the replica; requests still recorded on it release nothing there later."""
         self._in_flight.pop(replica_id, None)
+        self._queued.pop(replica_id, None)
         self._stats.pop(replica_id, None)
         self._fresh = None
 
     # ----- in-flight ------------------------------------------------------------------------
-    def on_dispatched(self, request_id: str, replica_ids: Iterable[str]) -> None:
-        """Count ``request_id`` on each replica (one per phase). A repeated id is finished first."""
+    def on_dispatched(
+        self, request_id: str, replica_ids: Iterable[str], prefill_blocks: Mapping[str, int] | None = None
+    ) -> None:
+        """Count ``request_id`` on each replica (one per phase), and the prompt blocks it will
+        compute on each (``prefill_blocks``; absent: none). A repeated id is finished first."""
         if request_id in self._replicas_of_request:
             self.on_finished(request_id)
         replicas = list(replica_ids)
         for replica_id in replicas:
             self._in_flight[replica_id] += 1
         self._replicas_of_request[request_id] = replicas
+        if prefill_blocks:
+            queued = {r: n for r, n in prefill_blocks.items() if n > 0 and r in replicas}
+            for replica_id, n in queued.items():
+                self._queued[replica_id] = self._queued.get(replica_id, 0) + n
+            if queued:
+                self._prefill_of_request[request_id] = queued
 
     def on_phase_done(self, request_id: str, replica_id: str) -> None:
         """One phase (e.g. prefill) on ``replica_id`` ended; the request stays counted elsewhere."""
@@ -88,19 +108,25 @@ class LoadTracker:
         if replicas is None or replica_id not in replicas:
             return
         replicas.remove(replica_id)
-        self._release(replica_id)
+        self._release(request_id, replica_id)
         if not replicas:
             del self._replicas_of_request[request_id]
+            self._prefill_of_request.pop(request_id, None)
 
     def on_finished(self, request_id: str) -> None:
         """The request ended (completed, failed or cancelled). Unknown ids are ignored."""
         for replica_id in self._replicas_of_request.pop(request_id, ()):
-            self._release(replica_id)
+            self._release(request_id, replica_id)
+        self._prefill_of_request.pop(request_id, None)
 
-    def _release(self, replica_id: str) -> None:
+    def _release(self, request_id: str, replica_id: str) -> None:
         count = self._in_flight.get(replica_id)
         if count:  # a removed replica has no entry; counts never go below zero
             self._in_flight[replica_id] = count - 1
+        blocks = self._prefill_of_request.get(request_id, {}).pop(replica_id, 0)
+        queued = self._queued.get(replica_id)
+        if blocks and queued is not None:
+            self._queued[replica_id] = queued - blocks
 
     def num_in_flight(self, replica_id: str) -> int:
         return self._in_flight[replica_id]
@@ -109,6 +135,12 @@ class LoadTracker:
     def in_flight(self) -> Mapping[str, int]:
         """Live read-only view, replica id -> in-flight count (for the hot path)."""
         return self._in_flight
+
+    @property
+    def queued_prefill_blocks(self) -> Mapping[str, int]:
+        """Live read-only view, replica id -> prompt blocks its in-flight requests compute there
+        (absent = 0)."""
+        return self._queued
 
     @property
     def num_requests_in_flight(self) -> int:
@@ -184,4 +216,5 @@ class LoadTracker:
             kv_usage=snap.kv_usage if snap is not None else 0.0,
             is_stats_fresh=snap is not None,
             num_foreign_in_flight=self.foreign_in_flight().get(replica_id, 0),
+            num_queued_prefill_blocks=self._queued.get(replica_id, 0),
         )

@@ -59,6 +59,8 @@ class RoutingContext:
     # when placing a new session
     active_sessions: Mapping[str, int] = field(default_factory=dict)
     new_session: bool = False  # the request carries a session key that is bound nowhere yet
+    # replica -> prompt blocks its requests in flight compute there (``load.LoadTracker``; absent = 0)
+    queued_prefill_blocks: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

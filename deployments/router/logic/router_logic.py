@@ -303,6 +303,7 @@ class RouterLogic:
             num_prompt_blocks=len(hashes),
             matched_blocks=credited,
             in_flight=self._load.in_flight,
+            queued_prefill_blocks=self._load.queued_prefill_blocks,
             fresh_stats=self._load.fresh_stats(),
             foreign_in_flight=self._load.foreign_in_flight(),
             replica_hashes=self._replica_hashes,
@@ -326,7 +327,11 @@ class RouterLogic:
             raise KeyError(f"request {request.request_id!r} was not chosen (or already dispatched)")
         live = [p for p in plans if p.replica_id in self._replicas]  # a replica may have died since
         hashes = request.prompt_block_hashes
-        self._load.on_dispatched(request.request_id, (p.replica_id for p in live))
+        # The prompt blocks each phase computes: all a colocated replica lacks, and under PD the
+        # prefill replica's (the decode side receives the KV instead).
+        computing = [p for p in plans[-1:] if p in live]  # (plans: (serve,) or (decode, prefill))
+        prefill_blocks = {p.replica_id: len(hashes) - p.num_matched_blocks for p in computing}
+        self._load.on_dispatched(request.request_id, (p.replica_id for p in live), prefill_blocks)
         if request.lora is not None:
             self._adapters.on_dispatched(request.request_id, request.lora, (p.replica_id for p in live))
         keys = []

@@ -1,3 +1,5 @@
+import dataclasses
+
 from deployments.config.router import CostWeights
 from deployments.router.logic.policies import make_policy
 
@@ -105,3 +107,25 @@ def test_a_nearly_full_kv_cache_turns_the_session_term_off():
     assert choose(*args, stats=full, active_sessions=skewed, new_session=True).replica_id == "a"
     roomy = {"a": (0, 0.5), "b": (0, 0.5)}
     assert choose(*args, stats=roomy, active_sessions=skewed, new_session=True).replica_id == "b"
+
+
+def test_queued_prefill_blocks_count_as_load_in_the_cost_only():
+    """Two replicas with one request each, equal prefixes: the one whose request still computes
+    40 prompt blocks costs 40 * 0.25 = 10 more in load (40 blocks of prefill at 4 blocks per
+    unit), so the other wins; at weight 0 (the default) the tie goes by the tie-break."""
+    weights = CostWeights(w_prefill=1.0, w_load_blocks=4.0, window_abs=8.0, w_queued_prefill=0.25)
+    policy = make_policy("prefix+session+load", weights)
+    for tie_key in range(8):
+        ctx = context({"a": 1, "b": 1}, {"a": 20, "b": 20}, tie_key=tie_key)
+        queued = dataclasses.replace(ctx, queued_prefill_blocks={"a": 40})
+        assert policy.choose(queued).replica_id == "b"
+    # A bigger prefix still outweighs the queue: 50 blocks saved > 40 queued.
+    ctx = dataclasses.replace(context({"a": 1, "b": 1}, {"a": 70, "b": 20}), queued_prefill_blocks={"a": 40})
+    assert policy.choose(ctx).replica_id == "a"
+    picks = {
+        make_policy("prefix+session+load", WEIGHTS)
+        .choose(dataclasses.replace(context({"a": 1, "b": 1}, tie_key=k), queued_prefill_blocks={"a": 40}))
+        .replica_id
+        for k in range(16)
+    }
+    assert picks == {"a", "b"}

@@ -51,6 +51,24 @@ def test_redispatching_an_id_does_not_double_count():
     assert (tracker.num_in_flight("a"), tracker.num_in_flight("b")) == (0, 1)
 
 
+def test_queued_prefill_blocks_count_while_their_request_or_phase_is_in_flight():
+    tracker, _ = make()
+    tracker.on_dispatched("q1", ["a"], {"a": 40})
+    tracker.on_dispatched("q2", ["a"], {"a": 2})
+    tracker.on_dispatched("pd", ["b", "a"], {"a": 10, "b": 0})  # decode on b, prefill on a
+    assert dict(tracker.queued_prefill_blocks) == {"a": 52}
+    tracker.on_phase_done("pd", "a")
+    tracker.on_finished("q1")
+    tracker.on_finished("q1")  # reported twice: released once
+    assert dict(tracker.queued_prefill_blocks) == {"a": 2}
+    tracker.on_dispatched("q2", ["b"], {"b": 7})  # re-dispatched: its first dispatch is released
+    assert dict(tracker.queued_prefill_blocks) == {"a": 0, "b": 7}
+    tracker.remove_replica("b")
+    tracker.on_finished("q2")
+    tracker.on_finished("pd")
+    assert dict(tracker.queued_prefill_blocks) == {"a": 0} and tracker.num_requests_in_flight == 0
+
+
 def test_stale_stats_are_ignored_but_in_flight_is_not():
     tracker, clock = make()
     tracker.on_dispatched("q", ["a"])

@@ -135,6 +135,16 @@ def test_a_prefix_on_the_host_tier_is_credited_below_a_device_hit():
         CostWeights(host_tier_credit=1.5)
 
 
+def test_a_dispatch_queues_the_prompt_blocks_its_replica_lacks_until_it_ends():
+    core = core_with(2, index_mode="precise")
+    hashes = tuple(hash_prompt_blocks(SYSTEM, BS))
+    core.apply_kv_events("r0", [BlockStored(hashes[:12])])
+    decision = core.route(req("q", SYSTEM + (1,) * 8))  # 18 blocks, 12 cached on r0
+    assert decision.replica_id == "r0" and core.load("r0").num_queued_prefill_blocks == 6
+    core.on_completed("q")
+    assert core.load("r0").num_queued_prefill_blocks == 0
+
+
 def test_restarted_router_rebuilds_from_snapshots_and_agrees():
     before = core_with()
     prompts = [SYSTEM + tuple(range(1000 * k, 1000 * k + 16)) for k in range(6)]
