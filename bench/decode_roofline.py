@@ -25,7 +25,7 @@ A copy's bytes are counted as STREAM counts them (read + written, no write-alloc
 so the bandwidth is if anything under-estimated and the fractions over-estimated.
 
 Prints ONE JSON object with ``load_average`` (as ``bench/serve_overhead.py``). Run it alone:
-``flock /tmp/meshserve-bench.lock python bench/decode_roofline.py``.
+``flock /tmp/meshserve-heavy.lock python bench/decode_roofline.py``.
 """
 
 from __future__ import annotations

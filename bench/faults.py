@@ -1,6 +1,6 @@
 """The fault suite (issue 15): faults injected into a running app under load, measured from the
 client's side. Prints ONE JSON object; run it alone:
-``flock /tmp/meshserve-bench.lock python bench/faults.py [--scenarios a,b]`` (default: all five below).
+``flock /tmp/meshserve-heavy.lock python bench/faults.py [--scenarios a,b]`` (default: all five below).
 
 The app (one per run, on a fresh local Ray + Serve): tiny-llama on two TT-mesh replicas (torch
 mesh model) and two vLLM-CPU replicas, ingress ``max_concurrent_requests`` = ``--capacity``.

@@ -35,6 +35,8 @@ def process_label(cmdline: Sequence[str], name: str) -> str:
         ("vllm-router", "peer_router"),
         ("sglang-router", "peer_router"),
         ("sglang_router", "peer_router"),
+        ("sglang::router", "peer_router"),
+        ("vllm::router", "peer_router"),
     ):
         if tag in line:
             return label

@@ -42,7 +42,7 @@ prompt and output lengths, ignore_eos; the ratio is stack / in-process output to
 Prints ONE JSON object (medians over rounds; ``load_average`` = ``os.getloadavg()`` at start and
 end, its 1-minute maximum seen between runs, and ``loop_ms``: how long a fixed Python loop took
 before the servers started and after they stopped, the host's speed that hour). Run it alone:
-``flock /tmp/meshserve-bench.lock python bench/serve_overhead.py``.
+``flock /tmp/meshserve-heavy.lock python bench/serve_overhead.py``.
 """
 
 from __future__ import annotations

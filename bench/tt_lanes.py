@@ -10,7 +10,7 @@ engines' ``cached_tokens`` / prompt tokens, ``hit_ratio_vs_oracle`` against an u
 prefix cache fed the same prompts, max/mean load (the router's in-flight counts), TTFT p50/p99,
 1-minute load average at start and end. Lanes that ignore the cache lose a session's history
 whenever its next turn lands on the other lane; the figure to compare is ``2x4`` against ``1x8``.
-Run under ``flock /tmp/meshserve-bench.lock``.
+Run under ``flock /tmp/meshserve-heavy.lock``.
 """
 
 from __future__ import annotations
