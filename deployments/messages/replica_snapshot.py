@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from accel.contract import EngineStats
-from deployments.messages.kv_events import KVCursor, KVEvent
+from deployments.messages.kv_events import KVCursor, KVEvent, Tier
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,8 @@ class ReplicaSnapshot:
     publishes_kv_events: bool = False
     kv_events: tuple[KVEvent, ...] = ()
     kv_blocks: tuple[int, ...] | None = None
+    # the blocks of ``kv_blocks`` held only on a slower tier, with it (the rest are on the device)
+    kv_block_tiers: tuple[tuple[int, Tier], ...] = ()
     kv_cursor: KVCursor | None = None
     kv_from_seq: int = 0
     actor_id: str | None = None  # the replica's Ray actor id (matches RayActorError.actor_id)

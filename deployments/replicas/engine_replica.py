@@ -31,7 +31,7 @@ from accel.contract import (
     PrefixCacheChange,
 )
 from deployments.config.app import PoolConfig
-from deployments.messages.kv_events import BlockRemoved, BlockStored, KVCursor, KVEvent
+from deployments.messages.kv_events import BlockRemoved, BlockStored, KVCursor, KVEvent, Tier
 from deployments.messages.replica_snapshot import ReplicaSnapshot
 from deployments.replicas.delta_coalescer import DeltaCoalescer
 from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS, KVEventLog
@@ -286,7 +286,11 @@ class EngineReplica:
             since = self._kv_log.read(cursor)
             if cursor is None or since is None:
                 return dataclasses.replace(
-                    snap, publishes_kv_events=True, kv_blocks=self.kv_block_snapshot() or (), kv_cursor=head
+                    snap,
+                    publishes_kv_events=True,
+                    kv_blocks=self.kv_block_snapshot() or (),
+                    kv_block_tiers=self.kv_block_tiers(),
+                    kv_cursor=head,
                 )
             return dataclasses.replace(
                 snap, publishes_kv_events=True, kv_events=since, kv_cursor=head, kv_from_seq=cursor.seq
@@ -309,6 +313,11 @@ class EngineReplica:
         its KV-event subscriber's view)."""
         hashes = self._engine.kv_block_snapshot()
         return None if hashes is None else tuple(hashes)
+
+    def kv_block_tiers(self) -> tuple[tuple[int, Tier], ...]:
+        """The blocks of ``kv_block_snapshot`` held only off the device, with their tier (an
+        engine with one cache: none; ``VllmReplica`` overrides this)."""
+        return ()
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Polled by Serve (``request_routing_stats_period_s``); shows on ``RunningReplica``."""

@@ -13,9 +13,10 @@ publishes its events (vLLM's ``OffloadingConnector`` and subclasses such as torc
 device tier), loads such a prefix back instead of recomputing it, so the router credits it,
 below a device-resident one (``router.weights.host_tier_credit``). A block is held while any
 medium holds it: ``BlockStored`` carries the fastest tier holding it (``Tier``: GPU -> device,
-CPU -> host, any other medium -> storage) and is emitted again when that tier changes (the
-device evicts a block the host still holds: it is demoted; the host's copy is loaded back: it is
-promoted); ``BlockRemoved`` when the last medium drops it.
+CPU -> host, any other medium -> storage; copies are told apart by medium and ``ownership``)
+and is emitted again when that tier changes (the device evicts a block the host still holds: it
+is demoted; the host's copy is loaded back: it is promoted); ``BlockRemoved`` when the last
+medium drops it.
 
 Blocks we cannot key faithfully are left out and counted in ``num_skipped_blocks``: a parent we
 never saw (we subscribed late: the engine's snapshot repairs that), a different block size, a key
@@ -53,13 +54,20 @@ _GPU_MEDIA = (None, "GPU", "gpu")
 _GPU = "GPU"
 
 
-def _medium(event: Any) -> str:
+# Who holds a copy of a block: (medium, ownership). vLLM tells tiers of one medium apart by
+# ``ownership`` (two STORAGE tiers: a file system and an object store); a copy leaves when its own
+# holder drops it.
+_Holder = tuple[str, str | None]
+
+
+def _holder(event: Any) -> _Holder:
     medium = getattr(event, "medium", None)
-    return _GPU if medium in _GPU_MEDIA else str(medium)
+    return (_GPU if medium in _GPU_MEDIA else str(medium)), getattr(event, "ownership", None)
 
 
-def _best_tier(media: set[str]) -> Tier:
-    """The fastest tier among the media holding a block (non-empty)."""
+def _best_tier(holders: set[_Holder]) -> Tier:
+    """The fastest tier among the holders of a block (non-empty)."""
+    media = {medium for medium, _ in holders}
     if _GPU in media:
         return "device"
     return "host" if any(m.upper() == "CPU" for m in media) else "storage"
@@ -82,7 +90,7 @@ class VLLMEventTranslator:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self._ours: dict[Any, BlockHash] = {}  # vLLM block hash -> accel.block_hash hash
-        self._held: dict[Any, set[str]] = {}  # vLLM block hash -> media holding it (non-empty)
+        self._held: dict[Any, set[_Holder]] = {}  # vLLM block hash -> its holders (non-empty)
         self._anchors: set[Any] = set()  # the vLLM hashes in _ours that are image anchors
         self.num_skipped_blocks = 0
 
@@ -111,21 +119,21 @@ class VLLMEventTranslator:
     def _stored(self, event: Any) -> list[tuple[BlockHash, Tier]]:
         """Our hashes of the blocks this event makes held or moves to a faster tier, with that tier."""
         num_blocks = len(event.block_hashes)
-        medium = _medium(event)
+        holder = _holder(event)
         lora_name = getattr(event, "lora_name", None)
         block_keys = _block_keys(event, lora_name)
         unnamed_lora = getattr(event, "lora_id", None) is not None and lora_name is None
         if not _is_group0(event) or unnamed_lora or not block_keys:
             self.num_skipped_blocks += num_blocks
             return []
-        if medium == _GPU and event.block_size != self.block_size:
+        if holder[0] == _GPU and event.block_size != self.block_size:
             raise ConfigError(
                 f"router.block_size: {self.block_size} but the vLLM engine publishes "
                 f"blocks of {event.block_size} tokens; they must be equal"
             )
         keyed = self._key(event, block_keys)
         self.num_skipped_blocks += num_blocks - len(keyed)
-        return self._hold(keyed, medium)
+        return self._hold(keyed, holder)
 
     def _key(self, event: Any, block_keys: list[_BlockKeys]) -> list[Any]:
         """The event's leading vLLM hashes we can key, the new ones entered in ``_ours``: blocks
@@ -163,12 +171,12 @@ class VLLMEventTranslator:
             return None
         return self._ours.get(vllm_parent)
 
-    def _hold(self, vllm_hashes: Iterable[Any], medium: str) -> list[tuple[BlockHash, Tier]]:
+    def _hold(self, vllm_hashes: Iterable[Any], holder: _Holder) -> list[tuple[BlockHash, Tier]]:
         changed: list[tuple[BlockHash, Tier]] = []
         for h in vllm_hashes:
             media = self._held.setdefault(h, set())
             before = _best_tier(media) if media else None
-            media.add(medium)
+            media.add(holder)
             if (tier := _best_tier(media)) != before:
                 changed.append((self._ours[h], tier))
         return changed
@@ -176,13 +184,13 @@ class VLLMEventTranslator:
     def _removed(self, event: Any) -> tuple[tuple[BlockHash, ...], list[tuple[BlockHash, Tier]]]:
         """Our hashes of the blocks no medium holds any more after this event, and of those left
         only on a slower tier (with it)."""
-        medium, gone, demoted = _medium(event), [], []
+        holder, gone, demoted = _holder(event), [], []
         for h in event.block_hashes:
             media = self._held.get(h)
             if media is None:
                 continue
             before = _best_tier(media)
-            media.discard(medium)
+            media.discard(holder)
             if not media:
                 del self._held[h]
                 gone.append(self._ours.pop(h))

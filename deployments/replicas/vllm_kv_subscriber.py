@@ -9,8 +9,8 @@ each batch, rekeys it with ``VLLMEventTranslator`` (vLLM hash -> ``accel.block_h
 - ``take_events()``: the translated events since the previous call (the router poll's
   ``kv_events``), in publication order;
 - ``snapshot()``: the blocks the engine holds now, as this subscriber has seen them (stored
-  minus removed, oldest first). vLLM has no snapshot call, so this accumulated view is what a
-  restarted router resyncs from.
+  minus removed, oldest first), and ``snapshot_tiers()`` those held only off the device. vLLM
+  has no snapshot call, so this accumulated view is what a restarted router resyncs from.
 
 Invariant: the snapshot equals the fold of every event ever returned by ``take_events`` (both are
 updated under one lock from the same translated batch), so snapshot-then-events never loses or
@@ -30,7 +30,7 @@ import uuid
 from typing import Any
 
 from accel.block_hash import BlockHash
-from deployments.messages.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from deployments.messages.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, Tier
 from deployments.replicas.vllm_kv_events import VLLMEventTranslator
 
 logger = logging.getLogger(__name__)
@@ -72,7 +72,8 @@ class VllmKVEventSubscriber:
         self._translator = VLLMEventTranslator(block_size)
         self._lock = threading.Lock()
         self._pending: list[KVEvent] = []
-        self._held: dict[BlockHash, None] = {}  # the router's fold of our events; insertion order = age
+        # the router's fold of our events, each block's fastest tier; insertion order = age
+        self._held: dict[BlockHash, Tier] = {}
         self._last_seq: int | None = None
         self.num_batches = 0
         self.num_missed_batches = 0
@@ -97,6 +98,11 @@ class VllmKVEventSubscriber:
     def snapshot(self) -> tuple[BlockHash, ...]:
         with self._lock:
             return tuple(self._held)
+
+    def snapshot_tiers(self) -> tuple[tuple[BlockHash, Tier], ...]:
+        """The blocks of ``snapshot`` held only off the device, with their fastest tier."""
+        with self._lock:
+            return tuple((h, tier) for h, tier in self._held.items() if tier != "device")
 
     def close(self) -> None:
         self._stop.set()
@@ -173,7 +179,8 @@ class VllmKVEventSubscriber:
 
     def _fold(self, event: KVEvent) -> None:
         if isinstance(event, BlockStored):
-            self._held.update(dict.fromkeys(event.block_hashes))
+            for h in event.block_hashes:
+                self._held[h] = event.tier
         elif isinstance(event, BlockRemoved):
             for h in event.block_hashes:
                 self._held.pop(h, None)

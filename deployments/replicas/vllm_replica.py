@@ -36,7 +36,7 @@ from accel.vllm.tpu.backends import get_backend
 from accel.vllm.tpu.placement import SlicePlacement, replica_placement_group
 from accel.vllm.tpu.topology import parse_slice
 from deployments.config.app import PoolConfig
-from deployments.messages.kv_events import KVEvent
+from deployments.messages.kv_events import KVEvent, Tier
 from deployments.pd.wiring import native_kv_handoff, vllm_kv_transfer_config
 from deployments.replicas.engine_replica import EngineFactory, EngineReplica
 from deployments.replicas.kv_event_log import DEFAULT_CAPACITY_EVENTS
@@ -161,6 +161,9 @@ class VllmReplica(EngineReplica):
 
     def kv_block_snapshot(self) -> tuple[int, ...] | None:
         return None if self._kv_subscriber is None else self._kv_subscriber.snapshot()
+
+    def kv_block_tiers(self) -> tuple[tuple[int, Tier], ...]:
+        return () if self._kv_subscriber is None else self._kv_subscriber.snapshot_tiers()
 
     @property
     def slice_placement_group(self) -> Any:

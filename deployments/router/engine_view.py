@@ -103,7 +103,7 @@ class EngineView:
         if snap.kv_blocks is not None:
             if cursor is not None and cursor.seq >= new.seq:
                 return  # this router is already past that snapshot
-            self._logic.apply_snapshot(rid, snap.kv_blocks)
+            self._logic.apply_snapshot(rid, snap.kv_blocks, snap.kv_block_tiers)
             self.cursors[rid] = new
         elif cursor is not None and cursor.seq == snap.kv_from_seq:
             if snap.kv_events:

@@ -46,7 +46,7 @@ from collections.abc import Callable
 
 from accel.cache_affinity import cheapest
 
-from .policy import Choice, RoutingContext, RoutingPolicy, load_view, tie_rank
+from .policy import Choice, LoadView, RoutingContext, RoutingPolicy, load_view, tie_rank
 
 
 class PrefixSessionLoadPolicy(RoutingPolicy):
@@ -59,7 +59,7 @@ class PrefixSessionLoadPolicy(RoutingPolicy):
         is_overloaded = yields = False
         if bound is not None:
             is_overloaded = not view.is_acceptable(bound)
-            yields = ctx.can_stick and not is_overloaded and not self._holds_most(ctx, bound)
+            yields = ctx.can_stick and not is_overloaded and not self._holds_most(ctx, view, bound)
             if ctx.can_stick and not is_overloaded and not yields:
                 return Choice(bound, "session")
         # At the cap the bound replica stays a candidate (the docstring's step 2); when it is
@@ -76,18 +76,23 @@ class PrefixSessionLoadPolicy(RoutingPolicy):
         best_id = tied[0] if len(tied) == 1 else min(tied, key=lambda r: tie_rank(key, hashes[r]))
 
         if bound is not None:
-            reason = (
-                "overloaded" if is_overloaded else "yield" if yields else "sibling" if best_id == bound else "spill"
-            )
+            if is_overloaded:
+                reason = "overloaded"
+            elif yields:  # (it may stay: the bound replica can still be the cheapest)
+                reason = "yield" if best_id != bound else "session"
+            else:
+                reason = "sibling" if best_id == bound else "spill"
         else:
             reason = "prefix" if matched_get(best_id, 0) > 0 else "load"
         return Choice(best_id, reason, rebind_session=is_overloaded or (yields and best_id != bound))
 
     @staticmethod
-    def _holds_most(ctx: RoutingContext, bound: str) -> bool:
-        """The bound replica holds at least as many (credited) prompt blocks as any candidate."""
+    def _holds_most(ctx: RoutingContext, view: LoadView, bound: str) -> bool:
+        """The bound replica holds at least as many (credited) prompt blocks as any candidate
+        inside the load window (an overloaded one could not take the request anyway)."""
         matched = ctx.matched_blocks
-        return matched.get(bound, 0) >= max(matched.values(), default=0)
+        best = max((n for r, n in matched.items() if view.is_acceptable(r)), default=0)
+        return matched.get(bound, 0) >= best
 
     def _expected(self, ctx: RoutingContext, scores: dict[str, float]) -> Callable[[str], float] | None:
         """The load the cost counts, beyond the present scores (None: the scores as they are):

@@ -80,6 +80,9 @@ class LoadTracker:
         """Drop the replica; requests still recorded on it release nothing there later."""
         self._in_flight.pop(replica_id, None)
         self._queued.pop(replica_id, None)
+        # Its requests still in flight release nothing there later (the id may be added back).
+        for blocks in self._prefill_of_request.values():
+            blocks.pop(replica_id, None)
         self._stats.pop(replica_id, None)
         self._fresh = None
 
@@ -126,7 +129,7 @@ class LoadTracker:
         blocks = self._prefill_of_request.get(request_id, {}).pop(replica_id, 0)
         queued = self._queued.get(replica_id)
         if blocks and queued is not None:
-            self._queued[replica_id] = queued - blocks
+            self._queued[replica_id] = max(0, queued - blocks)
 
     def num_in_flight(self, replica_id: str) -> int:
         return self._in_flight[replica_id]

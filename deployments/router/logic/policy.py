@@ -70,7 +70,8 @@ class Choice:
     # session's cap, yet the bound replica was the cheapest), "yield" (another replica held more
     # of the session's prompt than its bound one: chosen by cost)
     reason: str
-    rebind_session: bool = False  # the session's replica was overloaded: bind it here now
+    # bind the session here now: its replica was overloaded, or it yielded and landed elsewhere
+    rebind_session: bool = False
 
 
 @dataclass

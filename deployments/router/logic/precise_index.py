@@ -14,6 +14,8 @@ from deployments.messages.kv_events import AllBlocksCleared, BlockRemoved, Block
 
 from .prefix_index import PrefixIndex
 
+TIER_BOUND_FACTOR = 8  # off-device blocks kept per replica, at most, in device capacities
+
 
 class PrecisePrefixIndex(PrefixIndex):
     """Follows engine KV events, plus speculative entries for what was just routed (until the
@@ -80,9 +82,18 @@ class PrecisePrefixIndex(PrefixIndex):
         self._speculative.pop(replica_id, None)
         self._tiers.pop(replica_id, None)
 
-    def apply_snapshot(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
+    def apply_snapshot(
+        self, replica_id: str, block_hashes: Sequence[BlockHash], tiers: Sequence[tuple[BlockHash, Tier]] = ()
+    ) -> None:
         self._speculative.pop(replica_id, None)  # the snapshot is the engine's whole truth
-        super().apply_snapshot(replica_id, block_hashes)
+        super().apply_snapshot(replica_id, block_hashes, tiers)
+
+    def _snapshot_tiers(self, replica_id: str, tiers: Sequence[tuple[BlockHash, Tier]]) -> None:
+        lru = self._lru[replica_id]
+        held = self._tiers.setdefault(replica_id, {})
+        for block_hash, tier in tiers:
+            if block_hash in lru and tier != "device":
+                held[block_hash] = tier
 
     def on_routed(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
         if replica_id in self._learned:
@@ -112,8 +123,9 @@ class PrecisePrefixIndex(PrefixIndex):
                     confirmed = [h for h in event.block_hashes if spec.pop(h, None) is not None]
                     if confirmed:
                         self._remove(replica_id, confirmed)
-                self._store(replica_id, event.block_hashes, event.lane)
+                # The tier first: the store's eviction bound counts off-device blocks apart.
                 self._set_tier(replica_id, event.block_hashes, event.tier)
+                self._store(replica_id, event.block_hashes, event.lane)
             elif isinstance(event, BlockRemoved):
                 if spec:
                     for block_hash in event.block_hashes:
@@ -127,24 +139,37 @@ class PrecisePrefixIndex(PrefixIndex):
                 raise TypeError(f"unknown KV event {event!r}")
 
     def _set_tier(self, replica_id: str, block_hashes: Sequence[BlockHash], tier: Tier) -> None:
+        """Record the blocks' tier before ``_store`` inserts them (invariant after it: every key
+        of ``_tiers[r]`` is in ``_lru[r]``; ``_disown`` drops the entries that leave)."""
         tiers = self._tiers.setdefault(replica_id, {})
         if tier == "device":
             for block_hash in block_hashes:
                 tiers.pop(block_hash, None)
         else:
-            lru = self._lru[replica_id]
             for block_hash in block_hashes:
-                if block_hash in lru:  # (the bound may just have dropped it)
-                    tiers[block_hash] = tier
+                tiers[block_hash] = tier
 
     def _evict_to(self, replica_id: str, lru: OrderedDict[BlockHash, None], capacity: int) -> None:
         # The bound is on what the engine reported on its device: guesses ride on top of it, so
         # recording one never pushes out a confirmed block the engine still holds (it would not
-        # report it again), and so do blocks it holds only on a slower tier (whose size it does
-        # not report).
+        # report it again). Blocks held only on a slower tier (whose size the engine does not
+        # report) are neither counted nor evicted by it; their own safety net against lost
+        # removal events is ``TIER_BOUND_FACTOR`` times the device capacity, oldest first.
         spec = self._speculative.get(replica_id)
+        bound = capacity + (len(spec) if spec else 0)
         tiers = self._tiers.get(replica_id)
-        super()._evict_to(replica_id, lru, capacity + (len(spec) if spec else 0) + (len(tiers) if tiers else 0))
+        if not tiers:
+            super()._evict_to(replica_id, lru, bound)
+            return
+        while len(lru) - len(tiers) > bound:
+            self._drop(replica_id, lru, next(h for h in lru if h not in tiers))
+        while len(tiers) > TIER_BOUND_FACTOR * capacity:
+            self._drop(replica_id, lru, next(iter(tiers)))
+
+    def _drop(self, replica_id: str, lru: OrderedDict[BlockHash, None], block_hash: BlockHash) -> None:
+        del lru[block_hash]
+        self._lanes[replica_id].pop(block_hash, None)
+        self._disown(block_hash, replica_id)
 
     def _disown(self, block_hash: BlockHash, replica_id: str) -> None:
         super()._disown(block_hash, replica_id)

@@ -180,18 +180,27 @@ class PrefixIndex(ABC):
     def apply_events(self, replica_id: str, events: Iterable[KVEvent]) -> None:
         """The engine of ``replica_id`` reported these cache changes, in order."""
 
-    def apply_snapshot(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
+    def apply_snapshot(
+        self, replica_id: str, block_hashes: Sequence[BlockHash], tiers: Sequence[tuple[BlockHash, Tier]] = ()
+    ) -> None:
         """Replace the replica's contents with the engine's full list of cached blocks.
 
         ``block_hashes`` is ordered least recently used first (an engine that cannot tell may
-        send any order; only eviction order is affected). Used after a router restart."""
+        send any order; only eviction order is affected). Used after a router restart.
+        ``tiers``: the blocks held only off the device (``_snapshot_tiers``; only the precise
+        index keeps them)."""
         self._clear(replica_id)  # lanes unknown from here on, until the lanes' events say
         lru = self._lru[replica_id]
         for block_hash in block_hashes:
             if block_hash not in lru:
                 lru[block_hash] = None
                 self._owners.setdefault(block_hash, set()).add(replica_id)
+        self._snapshot_tiers(replica_id, tiers)
         self._evict_to(replica_id, lru, self._capacity[replica_id])
+
+    def _snapshot_tiers(self, replica_id: str, tiers: Sequence[tuple[BlockHash, Tier]]) -> None:  # noqa: B027
+        """Record a snapshot's off-device blocks before its eviction bound runs (no-op here: only
+        the precise index keeps tiers)."""
 
     # ----- shared mechanics -----------------------------------------------------------------
     def _store(self, replica_id: str, block_hashes: Sequence[BlockHash], lane: int | None = None) -> None:

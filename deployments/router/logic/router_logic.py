@@ -377,11 +377,14 @@ class RouterLogic:
         if replica_id in self._replicas:
             self._index.apply_events(replica_id, events)
 
-    def apply_snapshot(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
+    def apply_snapshot(
+        self, replica_id: str, block_hashes: Sequence[BlockHash], tiers: Sequence[tuple[BlockHash, Tier]] = ()
+    ) -> None:
         """The replica's full list of cached blocks (least recently used first): rebuilds its
-        index entries after a router restart, in either index mode."""
+        index entries after a router restart, in either index mode. ``tiers``: those of them
+        held only off the device, with their tier (the precise index credits them so)."""
         if replica_id in self._replicas:
-            self._index.apply_snapshot(replica_id, block_hashes)
+            self._index.apply_snapshot(replica_id, block_hashes, tiers)
 
     # ----- introspection (metrics, tests) ------------------------------------------------------
     @property

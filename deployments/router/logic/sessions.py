@@ -71,7 +71,8 @@ class SessionTable:
 
     def on_dispatched(self, key: str, replica_id: str, *, rebind: bool) -> None:
         """A request of ``key`` went to ``replica_id``. An unbound session binds there; a bound
-        one moves only when ``rebind`` (its replica was overloaded), not on a cap spill."""
+        one moves only when ``rebind`` (its replica was overloaded, or it yielded to a replica
+        holding more of its prompt), not on a cap spill."""
         binding = self._bindings.get(key)
         now_s = self._clock()
         if binding is None:

@@ -141,3 +141,18 @@ def test_an_adapters_blocks_start_the_chain_at_the_adapters_root():
     # A block without the adapter's name among its keys cannot be keyed.
     assert tr.translate([stored([b"x"], None, TOKENS[:4], lora_id=1, lora_name="lora-a", extra_keys=None)]) == []
     assert tr.num_skipped_blocks == 1
+
+
+def test_copies_on_one_medium_are_told_apart_by_ownership():
+    """Two STORAGE tiers (vLLM's file-system and object-store tiering) hold a block: dropping it
+    from one leaves it held on the other."""
+    ours = hash_prompt_blocks(TOKENS, BS)
+    tr = VLLMEventTranslator(BS)
+    assert tr.translate([stored([b"v0"], None, TOKENS[:4], medium="STORAGE", ownership="fs")]) == [
+        BlockStored((ours[0],), tier="storage")
+    ]
+    assert tr.translate([stored([b"v0"], None, TOKENS[:4], medium="STORAGE", ownership="obj")]) == []
+    drop_fs = vllm_events.BlockRemoved(block_hashes=[b"v0"], medium="STORAGE", ownership="fs")
+    assert tr.translate([drop_fs]) == []
+    drop_obj = vllm_events.BlockRemoved(block_hashes=[b"v0"], medium="STORAGE", ownership="obj")
+    assert tr.translate([drop_obj]) == [BlockRemoved((ours[0],))]

@@ -85,6 +85,38 @@ def test_events_rekeyed_and_snapshot_is_their_fold(endpoint, publisher):
         sub.close()
 
 
+def test_the_snapshot_keeps_each_blocks_fastest_tier(endpoint, publisher):
+    """A device eviction the host tier survives: the block stays in the snapshot, listed in
+    ``snapshot_tiers`` as host-held, until it is loaded back onto the device."""
+    ours = hash_prompt_blocks(TOKENS, BS)
+    sub = VllmKVEventSubscriber(endpoint, BS)
+    try:
+        time.sleep(0.3)
+        offload = vllm_events.BlockStored(
+            block_hashes=[b"v1"],
+            parent_block_hash=None,
+            token_ids=[],
+            block_size=0,
+            lora_id=None,
+            medium="CPU",
+            lora_name=None,
+        )
+        publisher.publish(
+            _batch(
+                _stored([b"v0", b"v1"], None, TOKENS[:8]),
+                offload,
+                vllm_events.BlockRemoved(block_hashes=[b"v0", b"v1"], medium="GPU"),
+            )
+        )
+        assert _wait_for(lambda: sub.num_batches == 1)
+        assert sub.snapshot() == (ours[1],) and sub.snapshot_tiers() == ((ours[1], "host"),)
+        publisher.publish(_batch(_stored([b"v1"], b"v0", TOKENS[4:8])))
+        assert _wait_for(lambda: sub.num_batches == 2)
+        assert sub.snapshot() == (ours[1],) and sub.snapshot_tiers() == ()
+    finally:
+        sub.close()
+
+
 def test_batches_published_before_connecting_are_replayed(endpoint, publisher):
     ours = hash_prompt_blocks(TOKENS, BS)
     publisher.publish(_batch(_stored([b"v0", b"v1"], None, TOKENS[:8])))  # nobody listens yet

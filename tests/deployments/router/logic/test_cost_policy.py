@@ -57,7 +57,11 @@ def test_a_session_yields_when_another_replica_holds_more_of_its_prompt():
     choice = choose({"a": 3, "b": 0}, {"a": 10, "b": 12}, session="a")  # 12 - 10 < 4 * 3 in load
     assert (choice.replica_id, choice.reason, choice.rebind_session) == ("b", "yield", True)
     choice = choose({"a": 0, "b": 3}, {"a": 10, "b": 12}, session="a")  # 2 blocks < 4 * 3 in load
-    assert (choice.replica_id, choice.reason, choice.rebind_session) == ("a", "yield", False)
+    assert (choice.replica_id, choice.reason, choice.rebind_session) == ("a", "session", False)
+    # A replica holding more but overloaded (outside min + 8) does not make the session yield to a
+    # third one holding nothing.
+    choice = choose({"a": 0, "b": 20, "c": 0}, {"a": 5, "b": 10}, session="a")
+    assert (choice.replica_id, choice.reason) == ("a", "session")
 
 
 def test_a_sibling_at_the_session_cap_stays_where_the_shared_history_is():

@@ -64,9 +64,11 @@ def test_queued_prefill_blocks_count_while_their_request_or_phase_is_in_flight()
     tracker.on_dispatched("q2", ["b"], {"b": 7})  # re-dispatched: its first dispatch is released
     assert dict(tracker.queued_prefill_blocks) == {"a": 0, "b": 7}
     tracker.remove_replica("b")
+    tracker.add_replica("b")  # the same id back (a later poll answered): q2 releases nothing there
+    tracker.on_dispatched("q3", ["b"], {"b": 3})
     tracker.on_finished("q2")
     tracker.on_finished("pd")
-    assert dict(tracker.queued_prefill_blocks) == {"a": 0} and tracker.num_requests_in_flight == 0
+    assert dict(tracker.queued_prefill_blocks) == {"a": 0, "b": 3} and tracker.num_requests_in_flight == 1
 
 
 def test_stale_stats_are_ignored_but_in_flight_is_not():

@@ -143,3 +143,36 @@ def test_blocks_held_only_on_a_slower_tier_ride_on_top_of_the_device_bound():
     idx.apply_events("a", [BlockStored(tuple(device))])
     assert idx.match(device, {"a"}) == {"a": 4} and idx.match(offloaded, {"a"}) == {"a": 4}
     assert idx.num_blocks("a") == 8
+
+
+def test_the_device_bound_never_evicts_an_off_device_block_and_off_device_blocks_have_their_own():
+    """A device overflow (a lost removal) drops the oldest *device* block even when older
+    host-tier blocks sit before it; a new host-tier block never pushes out a device block; and
+    off-device blocks stop at ``TIER_BOUND_FACTOR`` device capacities, oldest first."""
+    from deployments.router.logic.precise_index import TIER_BOUND_FACTOR
+
+    idx = PrecisePrefixIndex()
+    idx.add_replica("a", 2)
+    runs = [blocks(list(range(1000 * k, 1000 * k + 4))) for k in range(4)]  # one block each
+    idx.apply_events("a", [BlockStored(tuple(runs[0]), tier="host")])  # oldest: host only
+    idx.apply_events("a", [BlockStored(tuple(runs[1])), BlockStored(tuple(runs[2]))])  # device full
+    idx.apply_events("a", [BlockStored(tuple(runs[3]))])  # a third device block: one must go
+    assert idx.tier_of("a", runs[0][0]) == "host" and idx.tier_of("a", runs[1][0]) is None
+    assert idx.tier_of("a", runs[2][0]) == "device" and idx.tier_of("a", runs[3][0]) == "device"
+    offloaded = [blocks(list(range(50_000 + 4 * k, 50_004 + 4 * k))) for k in range(TIER_BOUND_FACTOR * 2 + 1)]
+    for run in offloaded:
+        idx.apply_events("a", [BlockStored(tuple(run), tier="host")])
+    assert idx.tier_of("a", runs[2][0]) == "device" and idx.tier_of("a", runs[3][0]) == "device"
+    assert len(idx._tiers["a"]) == TIER_BOUND_FACTOR * 2 and idx.tier_of("a", runs[0][0]) is None
+    assert idx.tier_of("a", offloaded[1][0]) == "host"
+
+
+def test_a_snapshot_restores_each_blocks_tier():
+    """After a router restart the snapshot's off-device blocks are credited at their tier's rate
+    and ride on top of the device bound, as when they came as events."""
+    idx = PrecisePrefixIndex()
+    idx.add_replica("a", 2)
+    h = blocks(SYSTEM)  # 4 blocks: 2 on the device, 2 only on the host
+    idx.apply_snapshot("a", h, tiers=((h[2], "host"), (h[3], "host")))
+    assert idx.match(h, {"a"}) == {"a": 4}
+    assert idx.credit(h, {"a": 4}, TIER_CREDIT)["a"] == pytest.approx(2 + 2 * 0.8)
