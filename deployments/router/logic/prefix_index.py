@@ -49,6 +49,11 @@ from accel.block_hash import BlockHash
 from deployments.messages.kv_events import KVEvent, Tier
 
 
+def tier_credit(host: float, storage: float) -> dict[Tier, float]:
+    """What one held block is worth per tier, in device blocks (``CostWeights``' docstring)."""
+    return {"device": 1.0, "host": host, "storage": storage}
+
+
 class PrefixIndex(ABC):
     """Per-replica, capacity-bounded LRU sets of block hashes with longest-prefix lookup.
 

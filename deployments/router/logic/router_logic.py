@@ -62,7 +62,7 @@ from .index_modes import make_prefix_index
 from .load import LoadTracker, ReplicaLoad
 from .policies import make_policy
 from .policy import RoutingContext
-from .prefix_index import PrefixIndex
+from .prefix_index import PrefixIndex, tier_credit
 from .role_groups import RoleGroups
 from .sessions import SessionTable
 
@@ -117,13 +117,7 @@ class RouterLogic:
         self._sessions = SessionTable(self.config.sessions, clock)
         self._load = LoadTracker(self.config.load, clock)
         self._adapters = AdapterTable()  # LoRA slots and affinity (``adapters``)
-        weights = self.config.weights
-        # What a held block is worth per tier, in device blocks (``CostWeights``' docstring).
-        self._tier_credit: dict[Tier, float] = {
-            "device": 1.0,
-            "host": weights.host_tier_credit,
-            "storage": weights.storage_tier_credit,
-        }
+        self._tier_credit = tier_credit(config.weights.host_tier_credit, config.weights.storage_tier_credit)
         self._replicas: dict[str, ReplicaInfo] = {}
         self._replica_hashes: dict[str, int] = {}
         self._groups = RoleGroups()
@@ -380,9 +374,8 @@ class RouterLogic:
     def apply_snapshot(
         self, replica_id: str, block_hashes: Sequence[BlockHash], tiers: Sequence[tuple[BlockHash, Tier]] = ()
     ) -> None:
-        """The replica's full list of cached blocks (least recently used first): rebuilds its
-        index entries after a router restart, in either index mode. ``tiers``: those of them
-        held only off the device, with their tier (the precise index credits them so)."""
+        """The replica's full list of cached blocks (least recently used first) and those held only
+        off the device (``tiers``): rebuilds its index entries after a router restart."""
         if replica_id in self._replicas:
             self._index.apply_snapshot(replica_id, block_hashes, tiers)
 
