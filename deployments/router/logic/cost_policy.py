@@ -59,9 +59,10 @@ class PrefixSessionLoadPolicy(RoutingPolicy):
         is_overloaded = yields = False
         if bound is not None:
             is_overloaded = not view.is_acceptable(bound)
-            yields = ctx.can_stick and not is_overloaded and not self._holds_most(ctx, view, bound)
-            if ctx.can_stick and not is_overloaded and not yields:
-                return Choice(bound, "session")
+            if ctx.can_stick and not is_overloaded:
+                if self._holds_most(ctx, view, bound):
+                    return Choice(bound, "session")
+                yields = True
         # At the cap the bound replica stays a candidate (the docstring's step 2); when it is
         # overloaded the window excludes it anyway.
 
