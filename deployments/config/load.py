@@ -122,21 +122,10 @@ def _check_served_names(file: str, models: Sequence[ModelConfig]) -> None:
 
 
 def _to_ingress(ing: IngressArgs) -> IngressConfig:
-    return IngressConfig(
-        replicas=ing.replicas,
-        num_cpus=ing.num_cpus,
-        max_concurrent_requests=ing.max_concurrent_requests,
-        retry_after_s=ing.retry_after_s,
-        access_log=ing.access_log,
-        # As vLLM: the configured keys take precedence over the environment variable.
-        api_keys=tuple(ing.api_keys) or ((ENVS.api_key,) if ENVS.api_key else ()),
-        max_request_bytes=ing.max_request_bytes,
-        max_prompt_chars=ing.max_prompt_chars,
-        max_tokens_cap=ing.max_tokens_cap,
-        max_n=ing.max_n,
-        trust_request_chat_template=ing.trust_request_chat_template,
-        max_failovers=ing.max_failovers,
-    )
+    fields = ing.model_dump()  # IngressArgs mirrors IngressConfig field for field
+    # As vLLM: the configured keys take precedence over the environment variable.
+    fields["api_keys"] = tuple(ing.api_keys) or ((ENVS.api_key,) if ENVS.api_key else ())
+    return IngressConfig(**fields)
 
 
 def _fail(file: str, key: str, message: str) -> ConfigError:

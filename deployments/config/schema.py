@@ -42,7 +42,8 @@ Schema (``applications[].args`` of a Serve config file)::
     pd: {threshold_tokens: 512, busy_decode_threshold_tokens: 1}   # null: threshold_tokens alone
     ingress: {replicas: 1, max_concurrent_requests: 256, retry_after_s: 1, num_cpus: 0, access_log: true,
               api_keys: [...], max_request_bytes: 8388608, max_prompt_chars: null, max_tokens_cap: null,
-              max_n: 128, trust_request_chat_template: false, max_failovers: 1}
+              max_n: 128, trust_request_chat_template: false, max_failovers: 1,
+              handle_transport: grpc}     # grpc (Serve's by-value handle path) | actor (object refs)
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from accel.vllm.tpu.backends import TpuBackendName
 from deployments.config.app import AutoscalingConfig, Placement, PoolConfig
-from deployments.config.ingress import MAX_N, IngressConfig
+from deployments.config.ingress import MAX_N, HandleTransport, IngressConfig
 from deployments.config.parsing import OutputParsing, ToolStrictLevel
 from deployments.config.pd import PDConfig
 from deployments.config.router import CostWeights, IndexMode, LoadConfig, PolicyName, RouterConfig, SessionConfig
@@ -181,6 +182,7 @@ class IngressArgs(_Strict):
     max_n: int = Field(default=IngressConfig.max_n, ge=1, le=MAX_N)
     trust_request_chat_template: bool = IngressConfig.trust_request_chat_template
     max_failovers: int = Field(default=IngressConfig.max_failovers, ge=0)
+    handle_transport: HandleTransport = IngressConfig.handle_transport
 
 
 class AppArgs(_Strict):

@@ -38,9 +38,12 @@ class PoolClient(Protocol):
 
 
 class EnginePoolClient:
-    def __init__(self, handle: Any):
-        """``handle``: the pool's engine deployment ``DeploymentHandle`` (bound by the builder)."""
+    def __init__(self, handle: Any, by_value: bool = False):
+        """``handle``: the pool's engine deployment ``DeploymentHandle`` (bound by the builder).
+        ``by_value``: stream over Serve's gRPC path (``ingress.handle_transport: grpc``) instead of
+        Ray actor calls whose every streamed item is an object ref."""
         self._handle = handle
+        self._by_value = by_value
         self._streaming: Any = None  # the handle with stream=True, made on first use
 
     @property
@@ -66,7 +69,10 @@ class EnginePoolClient:
             # Plain (C) pickle for the token stream: cloudpickle, Serve's default, costs ~10x more
             # per OutputDelta (engine replicas raise only plainly picklable errors: engine_replica.py).
             self._streaming = self._handle.options(
-                stream=True, request_serialization="pickle", response_serialization="pickle"
+                stream=True,
+                request_serialization="pickle",
+                response_serialization="pickle",
+                _by_reference=not self._by_value,
             )
         return self._streaming
 

@@ -89,8 +89,9 @@ class EngineClient:
         """``tokenizers``: each model's (a failover's continuation text is made with it).
         ``local_pools``: the pools whose engine runs in this process (``placement: ingress``)."""
         self._pools = config.pools
-        self._router = RouterClient(router_handle)
-        self._engines: dict[str, PoolClient] = {name: EnginePoolClient(handle) for name, handle in pool_handles.items()}
+        by_value = config.ingress.handle_transport == "grpc"
+        self._router = RouterClient(router_handle, by_value)
+        self._engines: dict[str, PoolClient] = {n: EnginePoolClient(h, by_value) for n, h in pool_handles.items()}
         self._engines.update(local_pools or {})
         for engine in self._engines.values():
             engine.watch()  # hear of the pools' running replicas from now on (/health, /v1/models)

@@ -146,6 +146,10 @@ def test_without_config_file_errors_say_so():
             lambda a: a["router"].__setitem__("kv_event_log_size", 0),
             r"router.kv_event_log_size: Input should be greater",
         ),
+        (
+            lambda a: a.setdefault("ingress", {}).__setitem__("handle_transport", "http"),
+            r"ingress.handle_transport: Input should be 'grpc' or 'actor'",
+        ),
     ],
 )
 def test_cross_checks(mutate, message):
@@ -264,6 +268,14 @@ def test_one_default_per_setting_the_schema_reads_the_dataclasses():
     cfg = load_app_config(args)
     assert (cfg.router, cfg.pd, cfg.ingress) == (RouterConfig(), PDConfig(), IngressConfig())
     assert cfg.router.index_mode == "precise" and cfg.pd.threshold_tokens == 512
+    assert cfg.ingress.handle_transport == "grpc"
+
+
+def test_ingress_settings_are_carried_over_each_one():
+    args = _args()
+    args["ingress"] = {"handle_transport": "actor", "max_failovers": 0, "api_keys": ["k"], "max_n": 4}
+    ingress = load_app_config(args).ingress
+    assert (ingress.handle_transport, ingress.max_failovers, ingress.api_keys, ingress.max_n) == ("actor", 0, ("k",), 4)
 
 
 def test_routing_block_size_and_pd_threshold_are_derived_once_per_model():

@@ -67,6 +67,13 @@ class FakeRouterHandle:
         self.choose = FakeMethod(choose)
         self.release = FakeMethod(release)
         self.forgotten, self.dead_reports = [], []
+        self.options_seen: dict = {}
+
+    def options(self, **options):
+        """``DeploymentHandle.options`` (keyword-only; answers a copy with them set): the same
+        methods, the options recorded."""
+        self.options_seen = options
+        return self
 
     def broadcast(self, method, *args):
         target = {"forget": self.forgotten, "report_dead": self.dead_reports}[method]
@@ -98,8 +105,9 @@ class FakePoolHandle:
         self._make = make_stream
         self.generate = FakeMethod(self._call)
 
-    def options(self, stream, **serialization):
-        self.options_seen = dict(serialization, stream=stream)
+    def options(self, **options):
+        """``DeploymentHandle.options`` (keyword-only): the options recorded."""
+        self.options_seen = options
         return self
 
     def _call(self, request, replica_hint=None):

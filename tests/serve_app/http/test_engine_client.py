@@ -9,12 +9,15 @@ import asyncio
 import pytest
 
 from accel.contract import InvalidRequestError
+from deployments.config.ingress import IngressConfig
+from deployments.config.router import RouterConfig
 from deployments.messages.routing import PoolNeeds, RouteDecision, RouteRequest
 from serve_app.http.engine_client import EngineClient
 from serve_app.http.protocol.errors import APIError
 from serve_app.http.stream_merge import merge_streams
 from tests.doubles.app_configs import app_config, pool_config
 from tests.serve_app.http.engine_doubles import (
+    POOLS,
     REQ,
     FakePoolHandle,
     FakeRouterHandle,
@@ -33,12 +36,15 @@ def test_routes_to_the_chosen_replica_and_releases():
         assert len(deltas) == 1 and pools["vllm"].calls == [("r", "v1")]
         assert router.released == ["t7"] and not pools["vllm"].last.cancelled
         assert router.hints == ["R2"]  # released on the router replica that issued the ticket
-        # The token stream is read with plain pickle (cloudpickle costs ~10x per delta).
+        # The token stream is read with plain pickle (cloudpickle costs ~10x per delta), by value
+        # (ingress.handle_transport grpc, the default): Serve's gRPC path, not object refs.
         assert pools["vllm"].options_seen == {
             "stream": True,
             "request_serialization": "pickle",
             "response_serialization": "pickle",
+            "_by_reference": False,
         }
+        assert router.options_seen == {"_by_reference": False}  # choose / release by value too
 
     asyncio.run(run())
 
@@ -49,6 +55,19 @@ class Counter:
 
     def fallback(self, reason):
         self.reasons.append(reason)
+
+
+def test_actor_transport_streams_by_reference():
+    async def run():
+        router = FakeRouterHandle(RouteDecision("vllm", "v1", "t7", "least_loaded"))
+        pools = {"vllm": FakePoolHandle(lambda r: FakeStream([delta(r.request_id, 1, True)]))}
+        ingress = IngressConfig(handle_transport="actor")
+        client = EngineClient(app_config(POOLS[1:], RouterConfig(), ingress=ingress), router, pools)
+        assert len([d async for d in client.stream(REQ, RouteRequest("r", "m", 2))]) == 1
+        assert pools["vllm"].options_seen["_by_reference"] is True
+        assert router.options_seen == {}  # choose / release on the handle as given
+
+    asyncio.run(run())
 
 
 @pytest.mark.parametrize("router", [FakeRouterHandle(delay_s=1.0), FakeRouterHandle(error=RuntimeError("down"))])
