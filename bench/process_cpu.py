@@ -15,11 +15,12 @@ def process_label(cmdline: Sequence[str], name: str) -> str:
     """A readable name for one server process: Ray's proctitle (``ray::ServeReplica:...``)
     or the executable's role."""
     line = " ".join(cmdline)
+    if "ServeReplica:" in line and ":Router" in line:  # ray::ServeReplica:<app>:Router, any app name
+        return "router"
     for tag, label in (
         ("ProxyActor", "serve_proxy"),
         ("ServeController", "serve_controller"),
         ("OpenAIIngress", "ingress"),
-        ("ServeReplica:ours:Router", "router"),
         ("VllmReplica", "engine_replica"),
         ("TTMeshReplica", "engine_replica"),
         ("LLMServer", "llm_server_replica"),

@@ -11,6 +11,9 @@ from bench.process_cpu import cpu_s_by_label, machine_cpu_s, process_label
 
 def test_roles_are_read_from_ray_proctitles_and_router_binaries() -> None:
     assert process_label(["ray::ServeReplica:bench:OpenAIIngress"], "ray::ServeRepli") == "ingress"
+    # Our router under any app name (router_peers runs the app as "bench", serve_overhead as "ours").
+    for app in ("bench", "ours"):
+        assert process_label([f"ray::ServeReplica:{app}:Router"], "ray::ServeRepli") == "router"
     assert process_label(["/venv/bin/vllm-router", "--policy", "cache_aware"], "vllm-router") == "peer_router"
     assert process_label(["python", "bench/router_peers.py", "--agentic"], "python") == "driver"
     assert process_label(["VLLM::Worker"], "VLLM::Worker") == "vllm_worker"
