@@ -295,6 +295,7 @@ class OurStack:
         self.router_overrides = router
         self.url = ""
         self._router: Any = None
+        self._pool: Any = None  # the engine pool's handle (router.placement ingress)
         self._ray_started = False
 
     def start(self) -> str:
@@ -325,15 +326,26 @@ class OurStack:
         serve.run(build_app(self.app_args()), name="bench", route_prefix="/")
         self.url = f"http://127.0.0.1:{port}"
         wait_healthy(self.url, None)
-        self._router = serve.get_deployment_handle(ROUTER_NAME, "bench")
+        if (self.router_overrides or {}).get("placement", "own") == "own":
+            self._router = serve.get_deployment_handle(ROUTER_NAME, "bench")
+        else:  # the router inside the ingress: the engine replicas say what they hold
+            self._pool = serve.get_deployment_handle("VllmReplica-vllm", "bench")
         return self.url
 
     def app_args(self) -> dict[str, Any]:
         """The app's arguments (``build_app``): the vLLM pool of ``spec`` behind our router."""
         return our_app_args(self.spec, self.router_overrides)
 
+    @property
+    def has_router_deployment(self) -> bool:
+        return self._router is not None
+
     async def loads(self) -> list[int]:
-        """Requests in flight per engine replica (the router's own counts: it is the only one)."""
+        """Requests in flight per engine replica (the router's own counts: it is the only one);
+        with the router inside the ingress, the engines' running + waiting (``stats``)."""
+        if self._router is None:
+            stats = await asyncio.to_thread(lambda: self._pool.broadcast("stats").results(timeout_s=10))
+            return [s.num_running + s.num_waiting for s in stats]
         snap = await self.snapshot()
         return [view.load.num_in_flight for view in snap.replicas]
 

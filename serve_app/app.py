@@ -95,14 +95,16 @@ def build_from_config(
         pool_apps[pool.name] = serve.deployment(**options)(cls).bind(
             pool, factories.get(pool.engine), kv_event_log_size=config.router.kv_event_log_size
         )
-    router = serve.deployment(
-        name=ROUTER_NAME,
-        num_replicas=config.router.replicas,
-        ray_actor_options={"num_cpus": config.router.num_cpus},
-        max_ongoing_requests=100_000,
-        logging_config={"enable_access_log": False},
-        request_router_config=_request_router(RENDEZVOUS_REQUEST_ROUTER, stats_period_s=10),
-    )(RouterDeployment).bind(config, pool_apps)
+    router = None  # router.placement ingress: the ingress builds its router in-process
+    if config.router.placement == "own":
+        router = serve.deployment(
+            name=ROUTER_NAME,
+            num_replicas=config.router.replicas,
+            ray_actor_options={"num_cpus": config.router.num_cpus},
+            max_ongoing_requests=100_000,
+            logging_config={"enable_access_log": False},
+            request_router_config=_request_router(RENDEZVOUS_REQUEST_ROUTER, stats_period_s=10),
+        )(RouterDeployment).bind(config, pool_apps)
     ingress_options = ingress_deployment_options(config)
     inherit_runtime_env(ingress_options["ray_actor_options"], app_env)
     ingress = serve.deployment(**ingress_options)(make_ingress_class()).bind(config, router, pool_apps, factories)

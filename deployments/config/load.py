@@ -81,6 +81,8 @@ def load_app_config(args: Mapping[str, Any] | AppArgs, config_file: str | None =
     _check_pd_pools(file, all_pools)
     ing = parsed.ingress
     _check_placements(file, parsed.pools, ing.replicas)
+    if parsed.router.placement == "ingress" and (ing.replicas, parsed.router.replicas) != (1, 1):
+        raise _fail(file, "router.placement", "inside the ingress: ingress.replicas and router.replicas must be 1")
     return AppConfig(
         config_file=file,
         models=tuple(models),
@@ -328,6 +330,7 @@ def _to_router(r: RouterArgs) -> RouterConfig:
         load=LoadConfig(stats_max_age_s=r.stats_max_age_s),
         replicas=r.replicas,
         num_cpus=r.num_cpus,
+        placement=r.placement,
         stats_period_s=r.stats_period_s,
         decision_timeout_s=r.decision_timeout_s,
         kv_event_log_size=r.kv_event_log_size,

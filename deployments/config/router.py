@@ -19,6 +19,10 @@ PolicyName = Literal["prefix+session+load", "round_robin", "least_loaded", "pref
 # engines' KV events where they publish them (others are learned from routing), ``approximate``
 # learns every replica from routing.
 IndexMode = Literal["precise", "approximate"]
+# Where the router runs: "own" = its deployment (router.replicas of them, each polled and called
+# over Serve), "ingress" = inside the ingress replica, called in-process: no Serve call per request
+# (choose, release) and no router process on a small host; one ingress replica then.
+RouterPlacement = Literal["own", "ingress"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,7 @@ class RouterConfig:
     # in-flight cap live there); each broadcasts its in-flight counts to the others every 0.1 s.
     replicas: int = 1
     num_cpus: float = 0.0
+    placement: RouterPlacement = "own"
     stats_period_s: float = 0.5  # how often the router polls every engine replica (membership, load, KV)
     decision_timeout_s: float = 0.2  # the ingress waits this long for a decision, then chooses locally
     # KV events each engine replica keeps for router polls; a router further behind resyncs from
@@ -114,6 +119,7 @@ class RouterConfig:
     def __post_init__(self) -> None:
         _check_choice("router.policy", self.policy, get_args(PolicyName))
         _check_choice("router.index_mode", self.index_mode, get_args(IndexMode))
+        _check_choice("router.placement", self.placement, get_args(RouterPlacement))
         for name in ("replicas", "kv_event_log_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"router.{name}: must be >= 1, got {getattr(self, name)}")

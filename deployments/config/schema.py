@@ -37,7 +37,7 @@ Schema (``applications[].args`` of a Serve config file)::
                                         # only pool, role both, replicas = ingress.replicas)
     router: {policy: prefix+session+load, index_mode: precise, weights: {w_prefill: 1, ...},
              session_ttl_s: 600, max_in_flight_per_session: 2, session_active_s: 30, stats_max_age_s: 5,
-             replicas: 1, stats_period_s: 0.5, decision_timeout_s: 0.2, kv_event_log_size: 8192,
+             replicas: 1, placement: own, stats_period_s: 0.5, decision_timeout_s: 0.2, kv_event_log_size: 8192,
              speculative_ttl_s: 2}
     pd: {threshold_tokens: 512, busy_decode_threshold_tokens: 1}   # null: threshold_tokens alone
     ingress: {replicas: 1, max_concurrent_requests: 256, retry_after_s: 1, num_cpus: 0, access_log: true,
@@ -57,7 +57,15 @@ from deployments.config.app import AutoscalingConfig, Placement, PoolConfig
 from deployments.config.ingress import MAX_N, HandleTransport, IngressConfig
 from deployments.config.parsing import OutputParsing, ToolStrictLevel
 from deployments.config.pd import PDConfig
-from deployments.config.router import CostWeights, IndexMode, LoadConfig, PolicyName, RouterConfig, SessionConfig
+from deployments.config.router import (
+    CostWeights,
+    IndexMode,
+    LoadConfig,
+    PolicyName,
+    RouterConfig,
+    RouterPlacement,
+    SessionConfig,
+)
 
 
 class _Strict(BaseModel):
@@ -158,6 +166,7 @@ class RouterArgs(_Strict):
     stats_max_age_s: float = Field(default=LoadConfig.stats_max_age_s, gt=0)
     replicas: int = Field(default=RouterConfig.replicas, ge=1)
     num_cpus: float = Field(default=RouterConfig.num_cpus, ge=0)
+    placement: RouterPlacement = RouterConfig.placement
     stats_period_s: float = Field(default=RouterConfig.stats_period_s, gt=0)
     decision_timeout_s: float = Field(default=RouterConfig.decision_timeout_s, gt=0)
     kv_event_log_size: int = Field(default=RouterConfig.kv_event_log_size, ge=1)

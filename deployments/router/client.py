@@ -12,16 +12,47 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
+from deployments.config.app import AppConfig
 from deployments.messages.routing import RouteDecision, RouteRequest
 from deployments.router.deployment import RouterDeployment
+from deployments.router.local_client import LocalRouterClient
 from deployments.telemetry.snapshot import MetricsSnapshot, broadcast_snapshots
 
 logger = logging.getLogger(__name__)
 
 CONTROL_TIMEOUT_S = 10.0  # a broadcast control message to the routers gives up after this
+
+
+class RouterCalls(Protocol):
+    """What the ingress calls on the router: ``RouterClient`` (the router deployment, over Serve)
+    or ``local_client.LocalRouterClient`` (a router inside the ingress, ``router.placement: ingress``)."""
+
+    async def choose(self, route: RouteRequest, timeout_s: float) -> RouteDecision: ...
+
+    def release(self, decision: RouteDecision, ticket: str) -> None: ...
+
+    def forget(self, request_id: str) -> None: ...
+
+    def report_dead(self, replica_id: str | None, actor_id: str | None) -> None: ...
+
+    async def set_lora_adapter(self, name: str, path: str | None) -> None: ...
+
+    async def lora_adapters(self, timeout_s: float) -> dict[str, str | None]: ...
+
+    async def metrics_snapshots(self, timeout_s: float) -> list[MetricsSnapshot | BaseException]: ...
+
+    async def check_health(self) -> None: ...
+
+
+def router_calls(config: AppConfig, handle: Any, pool_handles: Mapping[str, Any], by_value: bool) -> RouterCalls:
+    """The ingress's router: the router deployment's ``handle`` (``router.placement: own``), or
+    a ``RouterDeployment`` built here over ``pool_handles`` (``ingress``: no router deployment)."""
+    if config.router.placement == "ingress":
+        return LocalRouterClient(RouterDeployment(config, pool_handles))
+    return RouterClient(handle, by_value)
 
 
 class RouterClient:
@@ -76,6 +107,9 @@ class RouterClient:
     async def metrics_snapshots(self, timeout_s: float) -> list[MetricsSnapshot | BaseException]:
         """``RouterDeployment.metrics_snapshot()`` of every router replica (``GET /metrics``)."""
         return await broadcast_snapshots(self._handle, RouterDeployment.metrics_snapshot.__name__, timeout_s)
+
+    async def check_health(self) -> None:
+        """Nothing of the router is the ingress's to check: Serve probes the router deployment."""
 
     def _broadcast(self, method: Callable[..., Any], *args: Any) -> None:
         """Call ``method`` on every router replica without waiting for it."""

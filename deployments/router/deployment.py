@@ -142,9 +142,10 @@ class RouterDeployment:
         """The request (or its prefill phase) ended: completed, failed or cancelled. Idempotent.
         ``replica_hint`` (this router replica's id) is read by the handle's request router."""
         del replica_hint
-        self._release(ticket)
+        self.release_ticket(ticket)
 
-    def _release(self, ticket: str) -> None:
+    def release_ticket(self, ticket: str) -> None:
+        """``release`` for a caller in this process (the router inside the ingress)."""
         entry = self._tickets.pop(ticket, None)
         if entry is None:
             return
@@ -158,8 +159,8 @@ class RouterDeployment:
         """Release every ticket of ``request_id``: the ingress gave up waiting for the decision
         (timeout) and routed locally, so a decision made late must not stay counted. (Sent to
         every router replica: the ingress does not know which one decided.)"""
-        self._release(prefill_ticket_of(request_id))
-        self._release(request_id)
+        self.release_ticket(prefill_ticket_of(request_id))
+        self.release_ticket(request_id)
 
     async def set_lora_adapter(self, name: str, path: str | None) -> None:
         """An ingress replica loaded (``path``) or unloaded (None) LoRA adapter ``name`` at run time."""
@@ -315,7 +316,7 @@ class RouterDeployment:
         deadline = time.monotonic() - self._ticket_ttl_s
         for ticket, (_, _, _, issued) in list(self._tickets.items()):
             if issued < deadline:
-                self._release(ticket)
+                self.release_ticket(ticket)
 
     def _count(self, pool: str, reason: str) -> None:
         if self._metrics is not None:

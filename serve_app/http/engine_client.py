@@ -47,7 +47,7 @@ from deployments.config.app import AppConfig
 from deployments.messages.routing import PoolNeeds, RouteDecision, RouteRequest, RoutingError, eligible_pools
 from deployments.pd.orchestrator import Call, PDOrchestrator
 from deployments.replicas.client import EnginePoolClient, PoolClient
-from deployments.router.client import RouterClient
+from deployments.router.client import RouterCalls, router_calls
 from serve_app.http.engine_errors import ReplicaDied, as_api_error, dead_replica_actor, died_error
 from serve_app.http.failover import FAILOVER_REQUEST_ID_SUFFIX, StreamProgress
 from serve_app.http.protocol.errors import APIError
@@ -90,7 +90,7 @@ class EngineClient:
         ``local_pools``: the pools whose engine runs in this process (``placement: ingress``)."""
         self._pools = config.pools
         by_value = config.ingress.handle_transport == "grpc"
-        self._router = RouterClient(router_handle, by_value)
+        self._router = router_calls(config, router_handle, pool_handles, by_value)
         self._engines: dict[str, PoolClient] = {n: EnginePoolClient(h, by_value) for n, h in pool_handles.items()}
         self._engines.update(local_pools or {})
         for engine in self._engines.values():
@@ -110,7 +110,7 @@ class EngineClient:
         return self._engines
 
     @property
-    def router(self) -> RouterClient:
+    def router(self) -> RouterCalls:
         return self._router
 
     def check_routable(self, route: RouteRequest) -> None:

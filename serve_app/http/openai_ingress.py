@@ -132,10 +132,11 @@ class OpenAIIngress:
 
     async def check_health(self) -> None:
         """Serve's periodic probe: fails when an engine inside this replica fails its own check
-        (``EngineReplica.check_health``: its in-flight streams end with the error), so Serve
-        restarts the replica, engine and all."""
+        (``EngineReplica.check_health``: its in-flight streams end with the error), or the router
+        inside it (its poll loop died), so Serve restarts the replica, engine and all."""
         for pool in self._local_pools.values():
             await pool.check_health()
+        await self._client.router.check_health()  # a router in this process (router.placement ingress)
 
     async def shutdown_local_engines(self) -> None:
         for pool in self._local_pools.values():

@@ -51,9 +51,10 @@ def test_every_config_builds(path):
     assert isinstance(app, Application)
     graph = _graph(app)
     cfg_pools = _args(path)["pools"]
-    assert INGRESS_NAME in graph and ROUTER_NAME in graph
+    router_own = _args(path).get("router", {}).get("placement", "own") == "own"
+    assert INGRESS_NAME in graph and (ROUTER_NAME in graph) == router_own
     own = [p for p in cfg_pools if p.get("placement", "own") == "own"]
-    assert len(graph) == 2 + len(own)
+    assert len(graph) == 1 + router_own + len(own)
     for pool in own:
         kind = "TTMeshReplica" if pool["engine"] == "tt" else "VllmReplica"
         d = graph[f"{kind}-{pool['name']}"]
@@ -132,6 +133,14 @@ def test_unknown_mesh_device_is_a_config_error():
     args["pools"][0]["tt"]["mesh_device"] = "T9K"
     with pytest.raises(ConfigError, match=r"configs/tt_t3k.yaml: pools\[0\].tt: unknown MESH_DEVICE"):
         build_app(args)
+
+
+def test_a_router_placed_in_the_ingress_has_no_deployment():
+    args = _args(CONFIGS[[p.stem for p in CONFIGS].index("tiny")])
+    args["router"] = dict(args.get("router") or {}, placement="ingress")
+    graph = _graph(build_app(args))
+    assert ROUTER_NAME not in graph and INGRESS_NAME in graph
+    assert len(graph) == 1 + len(args["pools"])  # the ingress and every pool's own deployment
 
 
 def test_a_pool_placed_in_the_ingress_has_no_deployment_and_the_ingress_reserves_its_resources():

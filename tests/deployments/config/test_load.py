@@ -146,6 +146,15 @@ def test_without_config_file_errors_say_so():
             lambda a: a["router"].__setitem__("kv_event_log_size", 0),
             r"router.kv_event_log_size: Input should be greater",
         ),
+        (lambda a: a["router"].__setitem__("placement", "engine"), r"router.placement: Input should be 'own' or"),
+        (
+            lambda a: (a["router"].__setitem__("placement", "ingress"), a["router"].__setitem__("replicas", 2)),
+            r"tiny.yaml: router.placement: inside the ingress: ingress.replicas and router.replicas must be 1",
+        ),
+        (
+            lambda a: (a["router"].__setitem__("placement", "ingress"), a["ingress"].__setitem__("replicas", 2)),
+            r"router.placement: inside the ingress",
+        ),
         (
             lambda a: a.setdefault("ingress", {}).__setitem__("handle_transport", "http"),
             r"ingress.handle_transport: Input should be 'grpc' or 'actor'",
