@@ -355,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 entry["routers"][ours_name if name == "ours" else name] = result
                 if proc is not None:
                     procs.stop(proc)
-                elif ours.has_router_deployment:
+                else:
                     snap = asyncio.run(ours.snapshot())
                     (args.log_dir / f"ours-{family}-snapshot.json").write_text(json.dumps(dataclasses.asdict(snap)))
                 print(f"[router_peers] {family} {name}: {json.dumps(result)}", file=sys.stderr, flush=True)

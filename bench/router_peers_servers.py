@@ -295,7 +295,7 @@ class OurStack:
         self.router_overrides = router
         self.url = ""
         self._router: Any = None
-        self._pool: Any = None  # the engine pool's handle (router.placement ingress)
+        self._ingress: Any = None  # the ingress's handle (router.placement ingress)
         self._ray_started = False
 
     def start(self) -> str:
@@ -303,7 +303,7 @@ class OurStack:
         from ray import serve
 
         from bench.serving_servers import MAKE_SERVE_ENV, server_env
-        from serve_app.app import ROUTER_NAME, build_app
+        from serve_app.app import INGRESS_NAME, ROUTER_NAME, build_app
 
         os.environ.update(ENGINE_ENV)  # Ray workers (our replicas' engines) inherit it
         for name in DROPPED_ENV:
@@ -328,30 +328,24 @@ class OurStack:
         wait_healthy(self.url, None)
         if (self.router_overrides or {}).get("placement", "own") == "own":
             self._router = serve.get_deployment_handle(ROUTER_NAME, "bench")
-        else:  # the router inside the ingress: the engine replicas say what they hold
-            self._pool = serve.get_deployment_handle("VllmReplica-vllm", "bench")
+        else:  # the router inside the ingress: the ingress's handle answers for it
+            self._ingress = serve.get_deployment_handle(INGRESS_NAME, "bench")
         return self.url
 
     def app_args(self) -> dict[str, Any]:
         """The app's arguments (``build_app``): the vLLM pool of ``spec`` behind our router."""
         return our_app_args(self.spec, self.router_overrides)
 
-    @property
-    def has_router_deployment(self) -> bool:
-        return self._router is not None
-
     async def loads(self) -> list[int]:
-        """Requests in flight per engine replica (the router's own counts: it is the only one);
-        with the router inside the ingress, the engines' running + waiting (``stats``)."""
-        if self._router is None:
-            stats = await asyncio.to_thread(lambda: self._pool.broadcast("stats").results(timeout_s=10))
-            return [s.num_running + s.num_waiting for s in stats]
+        """Requests in flight per engine replica (the router's own counts: it is the only one)."""
         snap = await self.snapshot()
         return [view.load.num_in_flight for view in snap.replicas]
 
     async def snapshot(self) -> Any:
         # The handle's blocking API on a thread: the handle stays off the caller's event loops
         # (each replay runs its own), which Serve binds a handle to in throughput mode.
+        if self._router is None:  # the router inside the ingress (router.placement ingress)
+            return await asyncio.to_thread(lambda: self._ingress.router_snapshot.remote().result(timeout_s=10))
         return await asyncio.to_thread(lambda: self._router.snapshot.remote().result(timeout_s=10))
 
     def close(self) -> None:

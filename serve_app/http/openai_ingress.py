@@ -26,6 +26,8 @@ from ray import serve
 from accel.text.tokenizer import TextTokenizer, load_tokenizer
 from deployments.config.app import AppConfig, ModelConfig
 from deployments.replicas.local import LocalPoolClient, make_replica
+from deployments.router.local_client import LocalRouterClient
+from deployments.router.views import RouterSnapshot
 from deployments.telemetry.metrics import IngressMetrics
 from serve_app.http import embeddings_route, health, invocations, limits, openapi, tokenize_routes
 from serve_app.http.auth import ApiKeyMiddleware, key_digests
@@ -137,6 +139,13 @@ class OpenAIIngress:
         for pool in self._local_pools.values():
             await pool.check_health()
         await self._client.router.check_health()  # a router in this process (router.placement ingress)
+
+    async def router_snapshot(self) -> RouterSnapshot | None:
+        """The snapshot of the router inside this replica (``router.placement: ingress``; None for
+        the router deployment, whose handle answers ``snapshot`` itself): called over the ingress's
+        Serve handle by tests and benchmarks."""
+        router = self._client.router
+        return await router.router.snapshot() if isinstance(router, LocalRouterClient) else None
 
     async def shutdown_local_engines(self) -> None:
         for pool in self._local_pools.values():

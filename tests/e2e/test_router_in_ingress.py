@@ -2,7 +2,8 @@
 ingress``) in front of two TT engine replicas (tiny-llama, torch mesh model, one lane each).
 
 - No router deployment runs; the ingress decides in-process, from its own polls of the engines
-  and their KV events (precise index), and shows the decisions on ``GET /metrics``.
+  and their KV events (precise index), shows the decisions on ``GET /metrics`` and its router's
+  snapshot over its Serve handle (``router_snapshot``), every ticket released.
 - Multi-turn conversations (one ``x-session-id`` each, turns interleaved) stay on one engine
   replica: each conversation's KV blocks are on exactly one engine.
 """
@@ -33,6 +34,14 @@ def _args(tiny_llama) -> dict:
     pool = tt_pool(replicas=2, block_size=BLOCK_SIZE, enable_prefix_caching=True)
     router = {"placement": "ingress", "index_mode": "precise", "stats_period_s": 0.25}
     return app_args("test_router_in_ingress_e2e", tiny_llama, [pool], router=router)
+
+
+async def _router_snapshot():
+    from ray import serve
+
+    from serve_app.app import INGRESS_NAME
+
+    return await serve.get_deployment_handle(INGRESS_NAME, APP).router_snapshot.remote()
 
 
 async def _routing_snapshots():
@@ -79,6 +88,11 @@ def test_the_ingress_routes_sessions_itself_without_a_router_deployment(serve_se
         assert sum(decisions.values()) == NUM_CONVERSATIONS * NUM_TURNS, decisions
         assert decisions.get("session", 0) >= NUM_CONVERSATIONS * (NUM_TURNS - 1) - 1, decisions
         assert "no_replica_known" not in decisions, decisions
+
+        # The ingress's router sees both engine replicas, and every ticket came back (released).
+        snapshot = HANDLES.call(_router_snapshot())
+        assert len(snapshot.replicas) == 2 and snapshot.num_open_tickets == 0, snapshot
+        assert all(view.load.num_in_flight == 0 for view in snapshot.replicas), snapshot
 
         engine_blocks = {s.replica_id: set(s.kv_blocks) for s in HANDLES.call(_routing_snapshots())}
         assert len(engine_blocks) == 2
