@@ -9,7 +9,7 @@ request: each violation is a 400 (or 429) naming the field, with a message that 
   message and rule);
 - n against ``max_n`` (its upper bound's one place; ``conversion`` refuses n < 1); max_tokens
   against ``max_tokens_cap`` (which is also the default), read from the parsed request by
-  ``conversion.requested_max_tokens``, its one reading;
+  ``max_tokens.requested_max_tokens``, its one reading;
 - fan-out: a request holds one slot of ``max_concurrent_requests`` per engine request (prompts x
   n), taken as a whole or not at all (``ConcurrencyBound``).
 """
@@ -25,8 +25,8 @@ from deployments.config.ingress import IngressConfig
 from serve_app.http.protocol.chat import ChatCompletionRequest
 from serve_app.http.protocol.chat_images import without_media
 from serve_app.http.protocol.completions import CompletionRequest
-from serve_app.http.protocol.conversion import requested_max_tokens
 from serve_app.http.protocol.errors import APIError, bad_request
+from serve_app.http.protocol.max_tokens import requested_max_tokens
 
 UNTRUSTED_TEMPLATE = (
     "Chat template is passed with request, but --trust-request-chat-template is not set. "

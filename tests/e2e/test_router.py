@@ -15,6 +15,7 @@ import pytest
 from accel.block_hash import hash_prompt_blocks
 from tests.doubles.app_args import app_args, tt_pool
 from tests.doubles.handle_loop import HANDLES, HandleLoop, wait_until_router_knows
+from tests.doubles.session_turns import session_turn, user_tokens
 
 pytestmark = pytest.mark.slow
 
@@ -72,38 +73,17 @@ def _deploy(serve_session, tiny_llama, handles, policy: str):
     return app
 
 
-def _turn(http: httpx.Client, app: _App, session: str, history: list[int]) -> list[int]:
-    r = http.post(
-        f"{app.base_url}/v1/completions",
-        headers={"x-session-id": session},
-        json={
-            "model": "tiny-llama",
-            "prompt": history,
-            "max_tokens": 6,
-            "temperature": 0,
-            "ignore_eos": True,
-            "return_token_ids": True,
-        },
-    )
-    assert r.status_code == 200, r.text
-    return r.json()["choices"][0]["token_ids"]
-
-
-def _user_tokens(conversation: int, turn: int, n: int) -> list[int]:
-    return [3 + (conversation * 131 + turn * 37 + i * 11) % 1000 for i in range(n)]
-
-
 def _run_script(app: _App) -> dict[str, set[str | None]]:
     """NUM_CONVERSATIONS chats, turns interleaved; each turn's prompt = the whole history so far
     (previous prompts and answers) plus a new user message. Returns session -> bound replicas."""
-    histories = {f"chat-{c}": _user_tokens(c, 0, 40) for c in range(NUM_CONVERSATIONS)}
+    histories = {f"chat-{c}": user_tokens(c, 0, 40) for c in range(NUM_CONVERSATIONS)}
     bound: dict[str, set[str | None]] = {s: set() for s in histories}
     with httpx.Client(timeout=120) as http:
         for turn in range(NUM_TURNS):
             for c, session in enumerate(histories):
-                answer = _turn(http, app, session, histories[session])
+                answer = session_turn(http, app.base_url, session, histories[session])
                 bound[session].add(app.session_replica(session))
-                histories[session] = histories[session] + answer + _user_tokens(c, turn + 1, 20)
+                histories[session] = histories[session] + answer + user_tokens(c, turn + 1, 20)
     return bound
 
 
@@ -120,10 +100,11 @@ def test_sessions_stick_and_prefix_hits_beat_round_robin(serve_session, tiny_lla
             if policy == "prefix+session+load":
                 assert all(len(replicas) == 1 and None not in replicas for replicas in bound.values()), bound
                 # One more conversation alone: its KV blocks live on exactly one engine.
-                history = _user_tokens(7, 0, 40)
+                history = user_tokens(7, 0, 40)
                 with httpx.Client(timeout=120) as http:
                     for turn in range(4):
-                        history = history + _turn(http, app, "solo", history) + _user_tokens(7, turn + 1, 20)
+                        answer = session_turn(http, app.base_url, "solo", history)
+                        history = history + answer + user_tokens(7, turn + 1, 20)
                 solo = set(hash_prompt_blocks(history[:-26], BLOCK_SIZE))  # the last prompt's full blocks
                 holders = [blocks & solo for blocks in app.cached_blocks_per_replica()]
                 assert sorted(len(h) for h in holders) == [0, len(solo)], holders

@@ -19,6 +19,7 @@ from accel.block_hash import hash_prompt_blocks
 from tests.doubles.app_args import app_args, tt_pool
 from tests.doubles.deployed_app import deployed_app
 from tests.doubles.handle_loop import HANDLES
+from tests.doubles.session_turns import session_turn, user_tokens
 
 pytestmark = pytest.mark.slow
 
@@ -50,34 +51,18 @@ async def _routing_snapshots():
     return await serve.get_deployment_handle(POOL, APP).broadcast("routing_snapshot", {}).results_async(timeout_s=30)
 
 
-def _user_tokens(conversation: int, turn: int, n: int) -> list[int]:
-    return [3 + (conversation * 131 + turn * 37 + i * 11) % 1000 for i in range(n)]
-
-
 def test_the_ingress_routes_sessions_itself_without_a_router_deployment(serve_session, tiny_llama):
     from ray import serve
 
     with deployed_app(serve_session, APP, _args(tiny_llama)) as url:
         deployments = set(serve.status().applications[APP].deployments)
         assert "Router" not in deployments and POOL in deployments, deployments
-        histories = {f"chat-{c}": _user_tokens(c, 0, 40) for c in range(NUM_CONVERSATIONS)}
+        histories = {f"chat-{c}": user_tokens(c, 0, 40) for c in range(NUM_CONVERSATIONS)}
         with httpx.Client(timeout=120) as http:
             for turn in range(NUM_TURNS):
                 for c, session in enumerate(histories):
-                    r = http.post(
-                        f"{url}/v1/completions",
-                        headers={"x-session-id": session},
-                        json={
-                            "model": "tiny-llama",
-                            "prompt": histories[session],
-                            "max_tokens": 6,
-                            "temperature": 0,
-                            "ignore_eos": True,
-                            "return_token_ids": True,
-                        },
-                    )
-                    assert r.status_code == 200, r.text
-                    histories[session] += r.json()["choices"][0]["token_ids"] + _user_tokens(c, turn + 1, 20)
+                    answer = session_turn(http, url, session, histories[session])
+                    histories[session] += answer + user_tokens(c, turn + 1, 20)
             metrics = http.get(f"{url}/metrics").text
 
         decisions: dict[str, float] = {}

@@ -22,6 +22,7 @@ from deployments.messages.routing import RouteRequest
 from tests.doubles.app_args import app_args, tt_pool
 from tests.doubles.deployed_app import deployed_app
 from tests.doubles.handle_loop import HANDLES
+from tests.doubles.session_turns import session_turn, user_tokens
 
 pytestmark = pytest.mark.slow
 
@@ -47,10 +48,6 @@ async def _broadcast(deployment: str, method: str, *args):
 
 def _call(deployment: str, method: str, *args):
     return HANDLES.call(_broadcast(deployment, method, *args))
-
-
-def _user_tokens(conversation: int, turn: int, n: int) -> list[int]:
-    return [3 + (conversation * 131 + turn * 37 + i * 11) % 1000 for i in range(n)]
 
 
 def _sessions_split_over(router_ids: list[str], per_router: int) -> dict[str, str]:
@@ -89,24 +86,12 @@ def test_router_replicas_agree_and_conversations_stay_put(app_url):
         time.sleep(0.2)
         snapshots = _call(ROUTER, "snapshot")
     owners = _sessions_split_over(router_ids, per_router=2)
-    histories = {s: _user_tokens(c, 0, 40) for c, s in enumerate(owners)}
+    histories = {s: user_tokens(c, 0, 40) for c, s in enumerate(owners)}
     with httpx.Client(timeout=120) as http:
         for turn in range(NUM_TURNS):
             for c, session in enumerate(owners):  # turns interleaved; the proxy spreads the ingresses
-                r = http.post(
-                    f"{app_url}/v1/completions",
-                    headers={"x-session-id": session},
-                    json={
-                        "model": "tiny-llama",
-                        "prompt": histories[session],
-                        "max_tokens": 6,
-                        "temperature": 0,
-                        "ignore_eos": True,
-                        "return_token_ids": True,
-                    },
-                )
-                assert r.status_code == 200, r.text
-                histories[session] += r.json()["choices"][0]["token_ids"] + _user_tokens(c, turn + 1, 20)
+                answer = session_turn(http, app_url, session, histories[session])
+                histories[session] += answer + user_tokens(c, turn + 1, 20)
 
     # Each session is bound on the router replica that owns its key, and only there. (Broadcast
     # results come in the handle's replica order; the two calls around check it did not change.)

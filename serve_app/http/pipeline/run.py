@@ -26,6 +26,7 @@ from serve_app.http.pipeline.prompt import Prompts, prompt
 from serve_app.http.pipeline.sampling import sampling
 from serve_app.http.protocol import conversion as conv
 from serve_app.http.protocol import responses as rsp
+from serve_app.http.protocol.max_tokens import echo_only
 from serve_app.http.protocol.messages_api import token_count_body
 from serve_app.http.protocol.tool_output import ChoiceParser
 from serve_app.http.protocol.tool_request import ChatTools
@@ -102,7 +103,7 @@ def _render_options(parsed: Parsed, endpoint: Endpoint, prompts: Prompts, planne
         num_prompt_tokens=len(prompts.token_ids[0]),
         tokens_as_ids=bool(req.return_tokens_as_token_ids),
         echo=conv.echo_texts(req, parsed.target.tok),
-        echo_only=conv.echo_only(req),
+        echo_only=echo_only(req),
     )
 
 

@@ -114,7 +114,7 @@ class RenderOptions:
     num_prompt_tokens: int = 0  # of the (first) prompt: the chat role chunk's continuous usage
     tokens_as_ids: bool = False  # return_tokens_as_token_ids: logprob tokens as "token_id:<id>"
     echo: tuple[str, ...] = ()  # per prompt: what echo prepends to its choices' text (conversion.echo_texts)
-    echo_only: bool = False  # conversion.echo_only: the generated text is not shown, only the echo
+    echo_only: bool = False  # max_tokens.echo_only: the generated text is not shown, only the echo
 
     def echo_of(self, prompt_index: int) -> str:
         return self.echo[prompt_index] if self.echo else ""

@@ -10,6 +10,7 @@ from serve_app.http.protocol import conversion as conv
 from serve_app.http.protocol.chat import ChatCompletionRequest
 from serve_app.http.protocol.completions import CompletionRequest
 from serve_app.http.protocol.errors import APIError
+from serve_app.http.protocol.max_tokens import echo_only
 
 
 @pytest.fixture(scope="module")
@@ -175,11 +176,11 @@ def test_echo_with_max_tokens_0_generates_one_token_as_vllm():
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest as VllmCompletion
 
     req = _completion(echo=True, max_tokens=0)
-    assert conv.echo_only(req) and conv.sampling_params(req, 3, 512).max_tokens == 1
+    assert echo_only(req) and conv.sampling_params(req, 3, 512).max_tokens == 1
     vllm_req = VllmCompletion.model_validate({"model": "m", "prompt": "hello", "echo": True, "max_tokens": 0})
     assert vllm_req.to_sampling_params(512).max_tokens == 1
     plain = _completion(max_tokens=0)
-    assert not conv.echo_only(plain)
+    assert not echo_only(plain)
     with pytest.raises(APIError) as err:
         conv.sampling_params(plain, 3, 512)
     assert err.value.param == "max_tokens"
