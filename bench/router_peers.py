@@ -15,7 +15,9 @@ for each run with its defaults:
 
 and against ``ours``: our Serve stack (``serve_app.app.build_app``) with one vLLM pool of two
 replicas of the same engine args and the router at its defaults (``prefix+session+load``,
-precise index from the engines' KV events, 0.5 s poll).
+precise index from the engines' KV events, 0.5 s poll), or with overrides (``--ours-router``,
+repeatable: ``ours{...}`` entries beside ``ours``). Each variant's stack is started just before
+its replay and stopped after it.
 
 Traces (``router_peers_traces``): for each family every router replays the same shape with
 fresh content (its own ``content_seed``), so no run hits another's cache. Multi-turn sessions
@@ -267,9 +269,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--ours-router",
         type=json.loads,
-        default=None,
-        help='diagnosis: JSON overrides of our router config (e.g. \'{"index_mode": "approximate"}\'); the '
-        "entry is then named ours[<overrides>], not ours",
+        action="append",
+        help='JSON overrides of our router config (e.g. \'{"placement": "ingress"}\'), each run as its own '
+        "entry named ours<overrides> ({} = the defaults, named ours); repeatable: every variant runs on its "
+        "own fresh stack, started just before its replay and stopped after it",
     )
     p.add_argument("--log-dir", type=Path, default=Path("/tmp/meshserve-bench/router_peers"))
     p.add_argument("--out", type=Path, help="also write the JSON object here (Ray may print to stdout at shutdown)")
@@ -306,20 +309,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     procs = ProcessSet(args.log_dir)
-    ours = OurStack(spec, args.ours_router)
-    ours_name = "ours" if not args.ours_router else f"ours{json.dumps(args.ours_router, sort_keys=True)}"
+    variants = {_ours_name(o): o for o in (args.ours_router or [{}])}  # entry name -> router overrides
+    routers = [v for r in routers for v in (variants if r == "ours" else [r])]
+    ours: OurStack | None = None
     started = time.perf_counter()
     out: dict = {"bench": "router_peers", "engine": dataclasses.asdict(spec), "scale": args.scale, "seed": args.seed}
     out["load_average_start"] = _load_avg()
     traces: dict = {}
     try:
-        peers_wanted = [r for r in routers if r != "ours"]
+        peers_wanted = [r for r in routers if r not in variants]
         workers = start_workers(procs, spec) if peers_wanted else []
         if workers:
             asyncio.run(_warm(workers[0].url, spec.served_name))
             asyncio.run(_warm(workers[1].url, spec.served_name))
-        if "ours" in routers:
-            asyncio.run(_warm(ours.start(), spec.served_name))
         for f_index, family in enumerate(families):
             entry: dict = {"routers": {}}
             traces[family] = entry
@@ -329,7 +331,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if "info" not in entry:
                     entry["info"] = trace_info(sessions, tokenize, spec.block_size, kv_total)
                 load_start = _load_avg()
-                if name == "ours":
+                is_ours = name in variants
+                if is_ours:
+                    ours = OurStack(spec, variants[name] or None)
+                    asyncio.run(_warm(ours.start(), spec.served_name))
                     url, loads, proc = ours.url, ours.loads, None
                 else:
                     url, proc = start_peer(procs, name, workers, spec, tag=f"-{family}")
@@ -339,28 +344,31 @@ def main(argv: Sequence[str] | None = None) -> int:
                             return list(await asyncio.gather(*(worker_load(http, w.url) for w in ws)))
 
                 limit = SESSION_CONCURRENCY.get(family)
-                metrics_urls = [url + "/metrics"] if name == "ours" else [w.url + "/metrics" for w in workers]
+                metrics_urls = [url + "/metrics"] if is_ours else [w.url + "/metrics" for w in workers]
                 ttft_before = asyncio.run(read_engine_ttft(metrics_urls))
-                decisions_before = asyncio.run(read_decisions(url)) if name == "ours" else {}
+                decisions_before = asyncio.run(read_decisions(url)) if is_ours else {}
                 cpu_before = machine_cpu_s()
                 records, samples, wall_s = asyncio.run(replay(url, spec.served_name, sessions, loads, limit))
                 result = figures(records, samples, wall_s, tokenize, spec.block_size)
                 result["cpu_s_by_process"] = cpu_s_by_label(cpu_before, machine_cpu_s())
-                if name == "ours":  # how our router decided (the policy's ``Choice.reason``)
+                if is_ours:  # how our router decided (the policy's ``Choice.reason``)
                     after = asyncio.run(read_decisions(url))
                     result["decisions"] = {k: int(v - decisions_before.get(k, 0)) for k, v in after.items()}
                 engine_mean = engine_ttft_mean_s(ttft_before, asyncio.run(read_engine_ttft(metrics_urls)))
                 result["engine_ttft_mean_s"] = round(engine_mean, 4) if engine_mean is not None else None
                 result["load_average"] = [load_start, _load_avg()]
-                entry["routers"][ours_name if name == "ours" else name] = result
+                entry["routers"][name] = result
                 if proc is not None:
                     procs.stop(proc)
-                else:
+                elif ours is not None:
                     snap = asyncio.run(ours.snapshot())
-                    (args.log_dir / f"ours-{family}-snapshot.json").write_text(json.dumps(dataclasses.asdict(snap)))
+                    (args.log_dir / f"{name}-{family}-snapshot.json").write_text(json.dumps(dataclasses.asdict(snap)))
+                    ours.close()
+                    ours = None
                 print(f"[router_peers] {family} {name}: {json.dumps(result)}", file=sys.stderr, flush=True)
     finally:
-        ours.close()
+        if ours is not None:
+            ours.close()
         procs.close()
     if args.ours_router:
         out["ours_router_overrides"] = args.ours_router
@@ -373,6 +381,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out.write_text(text + "\n")
     print(text)
     return 0
+
+
+def _ours_name(overrides: dict) -> str:
+    return f"ours{json.dumps(overrides, sort_keys=True)}" if overrides else "ours"
 
 
 if __name__ == "__main__":

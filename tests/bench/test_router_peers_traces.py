@@ -164,6 +164,10 @@ def test_the_agentic_goal_is_issue_42s_acceptance():
         assert not out["met"], key
     out = traces.goal({"agentic": {"routers": {**routers, "ours": {**routers["ours"], "ttft_p50_s": 0.11}}}})
     assert out["agentic"]["ttft_p50_s_below_every_peer"] is False and out["agentic"]["wall_s_below_every_peer"]
+    # A variant of ours run in the same script (--ours-router) is not a peer to beat.
+    variant = {**routers, 'ours{"placement": "ingress"}': r(0.9, 0.05, 0.5, 10.0)}
+    out = traces.goal({"agentic": {"routers": variant}})["agentic"]
+    assert out["met"] and out["best_peer"] == "sglang_router_cache_aware"
 
 
 def test_block_hash_distinct_prefix_count_matches_trace_info():
