@@ -62,26 +62,21 @@ class RouterClient:
         (``ingress.handle_transport: grpc``); broadcasts stay on ``handle``, as Serve's
         ``broadcast`` calls every replica's actor."""
         self._handle = handle
-        self._by_value = by_value
-        self._calls: Any = None  # the handle choose / release go through, made on first use
+        # the handle choose / release go through (None: tests that never call the router)
+        self._calls = handle.options(_by_reference=False) if by_value and handle is not None else handle
         self._control_tasks: set[asyncio.Task[None]] = set()  # broadcasts in flight
-
-    def _call_handle(self) -> Any:
-        if self._calls is None:
-            self._calls = self._handle.options(_by_reference=False) if self._by_value else self._handle
-        return self._calls
 
     async def choose(self, route: RouteRequest, timeout_s: float) -> RouteDecision:
         """``RouterDeployment.choose``; raises ``asyncio.TimeoutError`` past ``timeout_s``, and
         whatever the call raised (``RoutingError`` for a request no pool may serve)."""
-        decision: RouteDecision = await asyncio.wait_for(self._call_handle().choose.remote(route), timeout_s)
+        decision: RouteDecision = await asyncio.wait_for(self._calls.choose.remote(route), timeout_s)
         return decision
 
     def release(self, decision: RouteDecision, ticket: str) -> None:
         """``RouterDeployment.release`` on the router replica that issued ``ticket`` (not awaited:
         a router that is down expires its tickets)."""
         try:
-            self._call_handle().release.remote(ticket, replica_hint=decision.router_replica_id)
+            self._calls.release.remote(ticket, replica_hint=decision.router_replica_id)
         except Exception:
             logger.debug("release of %s failed", ticket, exc_info=True)
 

@@ -4,10 +4,10 @@ The same ``RouterDeployment`` object the router deployment would run, built in t
 process and called on the ingress's event loop: a decision is a coroutine call, not a Serve
 call to another process and back, and a release is a method call. On a small host that saves
 the CPU of two Serve calls per request on each side and a process's share of the cores
-(bench/router_peers --agentic: ingress + router 4.3 against 5.6-5.9 CPU-s for the same replay,
-TTFT p50 145-149 against 166-178 ms). It polls the engine replicas and follows their KV events
-itself, as the deployment does. One ingress replica only (the config loader refuses more):
-sessions and in-flight counts live in this process.
+(bench/router_peers --agentic, ours alone, alternating: ingress + router + replica fronts 9.8 / 7.7
+against 12.7 / 13.0 CPU-s, TTFT p50 172 / 131 against 224 / 225 ms; docs/BENCHMARKS.md). It
+polls the engine replicas and follows their KV events itself, as the deployment does. One ingress
+replica only (the config loader refuses more): sessions and in-flight counts live in this process.
 """
 
 from __future__ import annotations
