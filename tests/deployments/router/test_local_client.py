@@ -10,6 +10,7 @@ from deployments.router.client import RouterClient, router_calls
 from deployments.router.local_client import LocalRouterClient
 from tests.doubles.app_configs import app_config
 from tests.doubles.router_fakes import POOLS, in_flight_counts, make_router, prompt_ids, route_request
+from tests.serve_app.http.engine_doubles import FakeRouterHandle
 
 
 def test_decisions_count_load_and_release_in_process():
@@ -67,5 +68,5 @@ def test_placement_picks_the_client():
     config = app_config(POOLS, RouterConfig(placement="ingress"))
     local = router_calls(config, None, {}, by_value=True)
     assert isinstance(local, LocalRouterClient) and local.router.logic is not None
-    own = router_calls(app_config(POOLS, RouterConfig()), object(), {}, by_value=True)
+    own = router_calls(app_config(POOLS, RouterConfig()), FakeRouterHandle(), {}, by_value=True)
     assert isinstance(own, RouterClient)
